@@ -1,0 +1,1 @@
+//! Pollux block-device layer.

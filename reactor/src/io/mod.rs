@@ -1,0 +1,1 @@
+//! Owned-buffer wrappers over io_uring and Linux native AIO.

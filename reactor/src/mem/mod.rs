@@ -1,0 +1,1 @@
+//! DMA-able memory: fd-backed hugepage arenas, buffer pools and object pools.

@@ -1,0 +1,1 @@
+//! Pollux verbs layer.
