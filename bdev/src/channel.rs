@@ -1,0 +1,731 @@
+//! The per-core I/O channel: where I/O is submitted and completions are delivered.
+//!
+//! One [`ChannelCore`] per bdev per core (the reactor's io_device channel),
+//! shared through cheap [`IoChannel`] handles by every submitter on that core.
+//! It owns the backend's per-core state, a request table preallocated to the
+//! queue depth, and one poller that drives the backend and runs completion
+//! callbacks. Nothing here locks or allocates per I/O, and a completion
+//! callback never runs inside a submit call: errors found at submission are
+//! queued like any completion and delivered by the next poll.
+
+use std::cell::{Cell, RefCell};
+use std::rc::{Rc, Weak};
+
+use pollux_reactor::{PollStatus, PollerId, Reactor};
+
+use crate::backend::{BackendChannel, Completions, IoSlot};
+use crate::bdev::{type_bit, Bdev};
+use crate::io::{
+    BdevError, BdevIo, CompletedIo, IoCompletion, IoError, IoStatus, IoTag, IoType, Rejected,
+    SgList,
+};
+
+/// Per-channel counters (successful I/Os by type, bytes, failures).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ChannelStats {
+    /// Successful reads.
+    pub read_ops: u64,
+    /// Successful writes.
+    pub write_ops: u64,
+    /// Successful flushes.
+    pub flush_ops: u64,
+    /// Successful write-zeroes.
+    pub write_zeroes_ops: u64,
+    /// Successful unmaps.
+    pub unmap_ops: u64,
+    /// Bytes read by successful reads.
+    pub bytes_read: u64,
+    /// Bytes written by successful writes.
+    pub bytes_written: u64,
+    /// I/Os completed with an error.
+    pub errors: u64,
+    /// Submissions refused with [`IoError::ChannelFull`].
+    pub rejected: u64,
+    /// Completions a backend reported for a tag that was not in flight (backend bugs).
+    pub stale_completions: u64,
+}
+
+impl ChannelStats {
+    fn record(&mut self, io: &BdevIo, status: &IoStatus, block_size: u64) {
+        if status.is_err() {
+            self.errors += 1;
+            return;
+        }
+        let bytes = io.num_blocks * block_size;
+        match io.io_type {
+            IoType::Read => {
+                self.read_ops += 1;
+                self.bytes_read += bytes;
+            }
+            IoType::Write => {
+                self.write_ops += 1;
+                self.bytes_written += bytes;
+            }
+            IoType::Flush => self.flush_ops += 1,
+            IoType::WriteZeroes => self.write_zeroes_ops += 1,
+            IoType::Unmap => self.unmap_ops += 1,
+        }
+    }
+
+    /// All successful I/Os.
+    pub fn ops(&self) -> u64 {
+        self.read_ops + self.write_ops + self.flush_ops + self.write_zeroes_ops + self.unmap_ops
+    }
+}
+
+struct ChannelState {
+    backend: Box<dyn BackendChannel>,
+    done: Completions,
+    stats: ChannelStats,
+}
+
+/// A bdev's state on one core (the reactor's io_device channel for [`Bdev`]).
+/// Used through [`IoChannel`] handles; `!Send`.
+pub struct ChannelCore {
+    reactor: Reactor,
+    poller: Cell<Option<PollerId>>,
+    /// A reference to itself while I/Os are in flight, so that dropping every
+    /// handle early still delivers their completions (then the channel goes).
+    keepalive: Cell<Option<Rc<ChannelCore>>>,
+    pinned: Cell<bool>,
+    name: String,
+    num_blocks: u64,
+    block_size: u64,
+    buf_block_size: u64,
+    supported: u8,
+    state: RefCell<ChannelState>,
+}
+
+impl ChannelCore {
+    /// Control path: the backend's per-core state and a request table of
+    /// `queue_depth` slots.
+    pub(crate) fn new(bdev: &Bdev, reactor: &Reactor) -> Result<Self, BdevError> {
+        let info = bdev.info();
+        let depth = bdev.backend().queue_depth().clamp(1, u32::MAX as usize);
+        let backend = bdev.backend().create_channel(reactor)?;
+        Ok(Self {
+            reactor: reactor.clone(),
+            poller: Cell::new(None),
+            keepalive: Cell::new(None),
+            pinned: Cell::new(false),
+            name: format!("bdev:{}", info.name()),
+            num_blocks: info.num_blocks(),
+            block_size: u64::from(info.block_size()),
+            buf_block_size: u64::from(info.buf_block_size()),
+            supported: bdev.supported_mask(),
+            state: RefCell::new(ChannelState {
+                backend,
+                done: Completions::with_depth(depth),
+                stats: ChannelStats::default(),
+            }),
+        })
+    }
+
+    /// Register this channel's poller (once, on the first handle).
+    fn start_poller(self: &Rc<Self>) {
+        if self.poller.get().is_some() {
+            return;
+        }
+        let weak: Weak<ChannelCore> = Rc::downgrade(self);
+        let id = self.reactor.add_poller(self.name.clone(), move || {
+            match weak.upgrade() {
+                Some(c) => c.poll(),
+                None => PollStatus::Idle,
+            }
+        });
+        self.poller.set(Some(id));
+    }
+
+    fn check(
+        &self,
+        io_type: IoType,
+        offset_blocks: u64,
+        num_blocks: u64,
+        bufs: &SgList,
+        writable: bool,
+    ) -> IoStatus {
+        if self.supported & type_bit(io_type) == 0 {
+            return Err(IoError::Unsupported(io_type));
+        }
+        if io_type.modifies() && !writable {
+            return Err(IoError::ReadOnly(io_type));
+        }
+        // A flush of zero blocks is allowed (it flushes nothing in particular,
+        // i.e. everything written before it); other types need blocks.
+        if num_blocks == 0 && io_type != IoType::Flush {
+            return Err(IoError::ZeroLength(io_type));
+        }
+        match offset_blocks.checked_add(num_blocks) {
+            Some(end) if end <= self.num_blocks => {}
+            _ => {
+                return Err(IoError::OutOfRange {
+                    lba: offset_blocks,
+                    blocks: num_blocks,
+                    num_blocks: self.num_blocks,
+                })
+            }
+        }
+        if io_type.has_data() {
+            // In range, so this cannot overflow (checked when the info was built).
+            let expected = num_blocks * self.buf_block_size;
+            let actual = bufs.total_len() as u64;
+            if actual != expected {
+                return Err(IoError::BadLength { expected, actual });
+            }
+        } else if !bufs.is_empty() {
+            return Err(IoError::UnexpectedBuffers(io_type));
+        }
+        Ok(())
+    }
+
+    fn submit(
+        &self,
+        io_type: IoType,
+        offset_blocks: u64,
+        num_blocks: u64,
+        bufs: SgList,
+        cb: &Rc<dyn IoCompletion>,
+        ctx: u64,
+        writable: bool,
+    ) -> Result<(), Rejected> {
+        let mut guard = self.state.borrow_mut();
+        let st = &mut *guard;
+        if st.done.slots.len() >= st.done.depth {
+            st.stats.rejected += 1;
+            return Err(Rejected {
+                error: IoError::ChannelFull,
+                bufs,
+            });
+        }
+        let check = self.check(io_type, offset_blocks, num_blocks, &bufs, writable);
+        let entry = st.done.slots.vacant_entry();
+        // The table never holds more than `depth <= u32::MAX` slots.
+        let tag = IoTag(entry.key() as u32);
+        let slot = entry.insert(IoSlot {
+            io: BdevIo {
+                io_type,
+                offset_blocks,
+                num_blocks,
+                bufs,
+            },
+            cb: Rc::clone(cb),
+            ctx,
+            completed: false,
+        });
+        match check {
+            Ok(()) => st.backend.submit(tag, &mut slot.io),
+            Err(e) => {
+                slot.completed = true;
+                st.done.ready.push_back((tag, Err(e)));
+            }
+        }
+        Ok(())
+    }
+
+    /// Drive the backend, then deliver the completions that were ready when
+    /// the poll started (callbacks may submit more; those wait for the next poll).
+    fn poll(&self) -> PollStatus {
+        let (backend_status, ready) = {
+            let mut guard = self.state.borrow_mut();
+            let st = &mut *guard;
+            let s = st.backend.poll(&mut st.done);
+            st.stats.stale_completions = st.done.stale;
+            (s, st.done.ready.len())
+        };
+        let mut delivered = 0usize;
+        while delivered < ready {
+            let next = {
+                let mut guard = self.state.borrow_mut();
+                let st = &mut *guard;
+                let Some((tag, status)) = st.done.ready.pop_front() else {
+                    break;
+                };
+                let slot = st.done.slots.try_remove(tag.0 as usize);
+                if let Some(slot) = &slot {
+                    st.stats.record(&slot.io, &status, self.block_size);
+                }
+                slot.map(|s| (s, status))
+            };
+            delivered += 1;
+            // Only `Completions::complete` and `submit` queue tags, both for
+            // live slots, each once; a missing slot cannot happen.
+            if let Some((slot, status)) = next {
+                let IoSlot { io, cb, ctx, .. } = slot;
+                cb.complete(CompletedIo {
+                    ctx,
+                    io_type: io.io_type,
+                    offset_blocks: io.offset_blocks,
+                    num_blocks: io.num_blocks,
+                    status,
+                    bufs: io.bufs,
+                });
+            }
+        }
+        if self.pinned.get() && self.state.borrow().done.slots.is_empty() {
+            self.pinned.set(false);
+            // The poller holds a strong reference while it runs us, so this
+            // never drops `self` under our feet.
+            drop(self.keepalive.take());
+        }
+        backend_status.or(PollStatus::from_work(delivered > 0))
+    }
+}
+
+impl Drop for ChannelCore {
+    fn drop(&mut self) {
+        if let Some(id) = self.poller.take() {
+            self.reactor.remove_poller(id);
+        }
+        let in_flight = self.state.get_mut().done.slots.len();
+        if in_flight > 0 {
+            log::warn!(
+                "{}: channel dropped with {in_flight} I/Os in flight; their completions are lost",
+                self.name
+            );
+        }
+    }
+}
+
+/// A submitter's handle to a bdev's channel on this core: cheap to clone,
+/// `!Send`. All handles of a core share one request table and one poller.
+///
+/// Every submit method either queues the I/O and returns `Ok(())` (the
+/// completion follows from the channel's poller, on this core, never inside
+/// the call) or, when the channel already has `queue_depth` I/Os in flight,
+/// returns [`Rejected`] with the buffers (back-pressure: retry after a
+/// completion). Checks (range, length, type, write permission) fail through
+/// the completion.
+///
+/// ```compile_fail
+/// fn assert_send<T: Send>() {}
+/// assert_send::<pollux_bdev::IoChannel>();
+/// ```
+#[derive(Clone)]
+pub struct IoChannel {
+    core: Rc<ChannelCore>,
+    writable: bool,
+}
+
+impl std::fmt::Debug for IoChannel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IoChannel")
+            .field("bdev", &self.core.name)
+            .field("writable", &self.writable)
+            .finish()
+    }
+}
+
+impl IoChannel {
+    pub(crate) fn new(core: Rc<ChannelCore>, writable: bool) -> Self {
+        core.start_poller();
+        Self { core, writable }
+    }
+
+    /// Submit an I/O of any type; `bufs` must be empty unless it is a read or write.
+    ///
+    /// # Errors
+    ///
+    /// [`Rejected`] ([`IoError::ChannelFull`]) when the channel is full.
+    pub fn submit(
+        &self,
+        io_type: IoType,
+        offset_blocks: u64,
+        num_blocks: u64,
+        bufs: SgList,
+        cb: &Rc<dyn IoCompletion>,
+        ctx: u64,
+    ) -> Result<(), Rejected> {
+        let r = self.core.submit(
+            io_type,
+            offset_blocks,
+            num_blocks,
+            bufs,
+            cb,
+            ctx,
+            self.writable,
+        );
+        if !self.core.pinned.get() && r.is_ok() {
+            self.core.pinned.set(true);
+            self.core.keepalive.set(Some(Rc::clone(&self.core)));
+        }
+        r
+    }
+
+    /// Read `num_blocks` blocks from `offset_blocks` into `bufs`, whose
+    /// lengths must add up to `num_blocks` × the bdev's buffer block size.
+    ///
+    /// # Errors
+    ///
+    /// [`Rejected`] when the channel is full.
+    pub fn read(
+        &self,
+        offset_blocks: u64,
+        num_blocks: u64,
+        bufs: SgList,
+        cb: &Rc<dyn IoCompletion>,
+        ctx: u64,
+    ) -> Result<(), Rejected> {
+        self.submit(IoType::Read, offset_blocks, num_blocks, bufs, cb, ctx)
+    }
+
+    /// Write `bufs` to `num_blocks` blocks from `offset_blocks`.
+    ///
+    /// # Errors
+    ///
+    /// [`Rejected`] when the channel is full.
+    pub fn write(
+        &self,
+        offset_blocks: u64,
+        num_blocks: u64,
+        bufs: SgList,
+        cb: &Rc<dyn IoCompletion>,
+        ctx: u64,
+    ) -> Result<(), Rejected> {
+        self.submit(IoType::Write, offset_blocks, num_blocks, bufs, cb, ctx)
+    }
+
+    /// Make completed writes durable (the range is checked; backends flush everything).
+    ///
+    /// # Errors
+    ///
+    /// [`Rejected`] when the channel is full.
+    pub fn flush(
+        &self,
+        offset_blocks: u64,
+        num_blocks: u64,
+        cb: &Rc<dyn IoCompletion>,
+        ctx: u64,
+    ) -> Result<(), Rejected> {
+        let none = SgList::new();
+        self.submit(IoType::Flush, offset_blocks, num_blocks, none, cb, ctx)
+    }
+
+    /// Write zeroes to a block range.
+    ///
+    /// # Errors
+    ///
+    /// [`Rejected`] when the channel is full.
+    pub fn write_zeroes(
+        &self,
+        offset_blocks: u64,
+        num_blocks: u64,
+        cb: &Rc<dyn IoCompletion>,
+        ctx: u64,
+    ) -> Result<(), Rejected> {
+        let none = SgList::new();
+        self.submit(IoType::WriteZeroes, offset_blocks, num_blocks, none, cb, ctx)
+    }
+
+    /// Discard a block range.
+    ///
+    /// # Errors
+    ///
+    /// [`Rejected`] when the channel is full.
+    pub fn unmap(
+        &self,
+        offset_blocks: u64,
+        num_blocks: u64,
+        cb: &Rc<dyn IoCompletion>,
+        ctx: u64,
+    ) -> Result<(), Rejected> {
+        let none = SgList::new();
+        self.submit(IoType::Unmap, offset_blocks, num_blocks, none, cb, ctx)
+    }
+
+    /// I/Os in flight on this core's channel (all handles together).
+    pub fn in_flight(&self) -> usize {
+        self.core.state.borrow().done.slots.len()
+    }
+
+    /// The most I/Os this core's channel keeps in flight.
+    pub fn queue_depth(&self) -> usize {
+        self.core.state.borrow().done.depth
+    }
+
+    /// Counters of this core's channel (all handles together).
+    pub fn stats(&self) -> ChannelStats {
+        self.core.state.borrow().stats
+    }
+
+    /// Whether write-type I/O is allowed through this handle.
+    pub fn is_writable(&self) -> bool {
+        self.writable
+    }
+
+    /// The bdev's block count.
+    pub fn num_blocks(&self) -> u64 {
+        self.core.num_blocks
+    }
+
+    /// Bytes per block in the data buffers (block size plus interleaved metadata).
+    pub fn buf_block_size(&self) -> u64 {
+        self.core.buf_block_size
+    }
+
+    /// The reactor this channel lives on.
+    pub fn reactor(&self) -> &Reactor {
+        &self.core.reactor
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use pollux_reactor::TestCluster;
+
+    use super::*;
+    use crate::backend::BdevBackend;
+    use crate::info::BdevInfo;
+    use crate::null::{NullBackend, NullOptions};
+    use crate::testutil::{sg, Recorder};
+
+    fn null_bdev(block: u32, blocks: u64, depth: usize) -> Arc<Bdev> {
+        let info = BdevInfo::new("n", NullBackend::PRODUCT, block, blocks).unwrap();
+        Bdev::new(Arc::new(NullBackend::new(
+            info,
+            NullOptions {
+                queue_depth: Some(depth),
+                ..Default::default()
+            },
+        )))
+    }
+
+    /// A null bdev that supports reads only.
+    struct ReadOnlyNull(NullBackend);
+
+    impl BdevBackend for ReadOnlyNull {
+        fn info(&self) -> &BdevInfo {
+            self.0.info()
+        }
+        fn supports(&self, t: IoType) -> bool {
+            t == IoType::Read
+        }
+        fn create_channel(&self, r: &Reactor) -> Result<Box<dyn BackendChannel>, BdevError> {
+            self.0.create_channel(r)
+        }
+    }
+
+    #[test]
+    fn completion_never_runs_inside_submit() {
+        let bdev = null_bdev(512, 64, 16);
+        let desc = bdev.open(true).unwrap();
+        let cluster = TestCluster::new(1);
+        let (rec, cb) = Recorder::new();
+        cluster.on(0, |r| {
+            let ch = desc.channel(r).unwrap();
+            ch.read(0, 2, sg(&[1024], 0), &cb, 1).unwrap();
+            // An error found at submit time is deferred too.
+            ch.read(64, 1, sg(&[512], 0), &cb, 2).unwrap();
+            assert_eq!(rec.len(), 0, "a completion ran inside submit");
+            assert_eq!(ch.in_flight(), 2);
+        });
+        cluster.poll_until_idle().unwrap();
+        let mut done = rec.take();
+        done.sort_by_key(|d| d.1.ctx);
+        assert_eq!(done.len(), 2);
+        assert_eq!(done[0].1.ctx, 1);
+        assert_eq!(done[0].1.status, Ok(()));
+        assert_eq!(done[0].1.bufs.total_len(), 1024, "buffers come back");
+        assert!(done[1].1.status.is_err());
+    }
+
+    #[test]
+    fn checks_fail_through_the_completion_with_the_right_error() {
+        let info = BdevInfo::new("ro", "t", 4096, 100).unwrap();
+        let ro = Bdev::new(Arc::new(ReadOnlyNull(NullBackend::new(
+            info,
+            NullOptions::default(),
+        ))));
+        let bdev = null_bdev(4096, 100, 64);
+        let desc = bdev.open(true).unwrap();
+        let rdesc = bdev.open(false).unwrap();
+        let ro_desc = ro.open(true).unwrap();
+        let cluster = TestCluster::new(1);
+        let (rec, cb) = Recorder::new();
+        cluster.on(0, |r| {
+            let ch = desc.channel(r).unwrap();
+            let rch = rdesc.channel(r).unwrap();
+            let roch = ro_desc.channel(r).unwrap();
+            ch.read(99, 2, sg(&[8192], 0), &cb, 0).unwrap();
+            ch.write(u64::MAX, 2, sg(&[8192], 0), &cb, 1).unwrap();
+            ch.read(5, 0, sg(&[], 0), &cb, 2).unwrap();
+            ch.read(5, 2, sg(&[4096, 4000], 0), &cb, 3).unwrap();
+            ch.unmap(0, 0, &cb, 4).unwrap();
+            ch.submit(IoType::Flush, 0, 1, sg(&[4096], 0), &cb, 5).unwrap();
+            roch.write(0, 1, sg(&[4096], 0), &cb, 6).unwrap();
+            rch.write_zeroes(0, 1, &cb, 7).unwrap();
+            ch.flush(0, 0, &cb, 8).unwrap();
+            roch.read(0, 1, sg(&[4096], 0), &cb, 9).unwrap();
+        });
+        cluster.poll_until_idle().unwrap();
+        let mut done = rec.take();
+        done.sort_by_key(|d| d.1.ctx);
+        let st: Vec<IoStatus> = done.iter().map(|d| d.1.status).collect();
+        assert_eq!(
+            st,
+            vec![
+                Err(IoError::OutOfRange {
+                    lba: 99,
+                    blocks: 2,
+                    num_blocks: 100
+                }),
+                Err(IoError::OutOfRange {
+                    lba: u64::MAX,
+                    blocks: 2,
+                    num_blocks: 100
+                }),
+                Err(IoError::ZeroLength(IoType::Read)),
+                Err(IoError::BadLength {
+                    expected: 8192,
+                    actual: 8096
+                }),
+                Err(IoError::ZeroLength(IoType::Unmap)),
+                Err(IoError::UnexpectedBuffers(IoType::Flush)),
+                Err(IoError::Unsupported(IoType::Write)),
+                Err(IoError::ReadOnly(IoType::WriteZeroes)),
+                Ok(()),
+                Ok(()),
+            ]
+        );
+        // Failed I/Os hand their buffers back too.
+        assert_eq!(done[3].1.bufs.total_len(), 8096);
+    }
+
+    #[test]
+    fn a_full_channel_pushes_back_and_recovers() {
+        let bdev = null_bdev(512, 64, 4);
+        let desc = bdev.open(true).unwrap();
+        let cluster = TestCluster::new(1);
+        let (rec, cb) = Recorder::new();
+        let ch = cluster.on(0, |r| desc.channel(r).unwrap());
+        cluster.on(0, |_| {
+            for i in 0..4 {
+                ch.write(i, 1, sg(&[512], 0), &cb, i).unwrap();
+            }
+            let rej = ch.write(9, 1, sg(&[512], 0), &cb, 9).unwrap_err();
+            assert_eq!(rej.error, IoError::ChannelFull);
+            assert_eq!(rej.bufs.total_len(), 512, "buffers handed back");
+            // Even an invalid I/O is refused first: it would need a slot.
+            let rej = ch.read(1000, 1, sg(&[512], 0), &cb, 10).unwrap_err();
+            assert_eq!(rej.error, IoError::ChannelFull);
+        });
+        cluster.poll_until_idle().unwrap();
+        assert_eq!(rec.len(), 4);
+        cluster.on(0, |_| ch.write(9, 1, sg(&[512], 0), &cb, 9).unwrap());
+        cluster.poll_until_idle().unwrap();
+        assert_eq!(rec.len(), 5);
+        let s = ch.stats();
+        assert_eq!((s.write_ops, s.bytes_written, s.rejected), (5, 5 * 512, 2));
+        assert_eq!(ch.in_flight(), 0);
+    }
+
+    #[test]
+    fn completions_run_on_the_submitting_reactor() {
+        let bdev = null_bdev(512, 64, 8);
+        let desc = bdev.open(true).unwrap();
+        let cluster = TestCluster::new(2);
+        let (rec, cb) = Recorder::new();
+        let chans: Vec<IoChannel> = (0..2)
+            .map(|c| cluster.on(c, |r| desc.channel(r).unwrap()))
+            .collect();
+        for (c, ch) in chans.iter().enumerate() {
+            cluster.on(c as u32, |_| {
+                for i in 0..3 {
+                    ch.read(i, 1, sg(&[512], 0), &cb, c as u64).unwrap();
+                }
+            });
+        }
+        cluster.poll_until_idle().unwrap();
+        let done = rec.take();
+        assert_eq!(done.len(), 6);
+        for (core, io) in done {
+            assert_eq!(core, Some(io.ctx as u32), "completion ran on another core");
+        }
+        // One channel per core: each saw its own three reads.
+        assert!(chans.iter().all(|c| c.stats().read_ops == 3));
+    }
+
+    #[test]
+    fn a_callback_may_resubmit_and_the_poller_goes_idle() {
+        struct Again {
+            ch: RefCell<Option<IoChannel>>,
+            me: RefCell<Option<Rc<dyn IoCompletion>>>,
+            left: Cell<u32>,
+        }
+        impl IoCompletion for Again {
+            fn complete(&self, io: CompletedIo) {
+                assert_eq!(io.status, Ok(()));
+                if self.left.get() > 0 {
+                    self.left.set(self.left.get() - 1);
+                    let ch = self.ch.borrow().clone().unwrap();
+                    let me = self.me.borrow().clone().unwrap();
+                    ch.read(io.offset_blocks, 1, io.bufs, &me, 0).unwrap();
+                }
+            }
+        }
+        let bdev = null_bdev(512, 64, 2);
+        let desc = bdev.open(false).unwrap();
+        let cluster = TestCluster::new(1);
+        let again = Rc::new(Again {
+            ch: RefCell::new(None),
+            me: RefCell::new(None),
+            left: Cell::new(10),
+        });
+        cluster.on(0, |r| {
+            let ch = desc.channel(r).unwrap();
+            let cb: Rc<dyn IoCompletion> = again.clone();
+            ch.read(3, 1, sg(&[512], 0), &cb, 0).unwrap();
+            *again.ch.borrow_mut() = Some(ch);
+            *again.me.borrow_mut() = Some(cb);
+        });
+        cluster.poll_until_idle().unwrap();
+        assert_eq!(again.left.get(), 0);
+        let ch = again.ch.borrow_mut().take().unwrap();
+        assert_eq!(ch.stats().read_ops, 11);
+        // Idle once nothing is in flight.
+        cluster.on(0, |r| assert_eq!(r.poll_once(), PollStatus::Idle));
+        again.me.borrow_mut().take();
+    }
+
+    #[test]
+    fn dropping_the_last_handle_removes_the_poller() {
+        let bdev = null_bdev(512, 8, 2);
+        let desc = bdev.open(false).unwrap();
+        let cluster = TestCluster::new(1);
+        cluster.on(0, |r| {
+            let before = r.poller_count();
+            let a = desc.channel(r).unwrap();
+            let b = desc.channel(r).unwrap();
+            assert_eq!(r.poller_count(), before + 1, "one poller per core channel");
+            drop(a);
+            assert_eq!(r.poller_count(), before + 1);
+            drop(b);
+            assert_eq!(r.poller_count(), before);
+        });
+    }
+
+    #[test]
+    fn stale_completions_are_counted_not_delivered() {
+        let mut c = Completions::with_depth(2);
+        let (_rec, cb) = Recorder::new();
+        let key = c.slots.insert(IoSlot {
+            io: BdevIo {
+                io_type: IoType::Read,
+                offset_blocks: 0,
+                num_blocks: 1,
+                bufs: SgList::new(),
+            },
+            cb,
+            ctx: 0,
+            completed: false,
+        });
+        let tag = IoTag(key as u32);
+        c.complete(tag, Ok(()));
+        c.complete(tag, Ok(()));
+        c.complete(IoTag(1), Ok(()));
+        assert_eq!(c.ready.len(), 1);
+        assert_eq!(c.stale, 2);
+        assert!(c.io_mut(tag).is_none(), "a completed I/O is no longer the backend's");
+    }
+}

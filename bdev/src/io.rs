@@ -1,0 +1,330 @@
+//! The I/O request, its completion, and the error types.
+//!
+//! An I/O is described by a [`BdevIo`]: an [`IoType`], a block range and, for
+//! reads and writes, a scatter-gather list of owned [`DmaBuf`]s. The I/O owns
+//! its buffers until it completes; the completion ([`CompletedIo`]) hands them
+//! back to the submitter, with the read data in them.
+//!
+//! Two error types: [`IoError`] is the status of one I/O (small, `Copy`,
+//! delivered through the completion), [`BdevError`] is a control-path error
+//! (creating, opening or destroying a bdev).
+
+use std::fmt;
+
+pub use pollux_reactor::mem::{DmaBuf, SgList, SG_INLINE};
+use thiserror::Error;
+
+/// The kind of an I/O.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum IoType {
+    /// Read blocks into the I/O's buffers.
+    Read,
+    /// Write blocks from the I/O's buffers.
+    Write,
+    /// Make earlier completed writes durable. Carries no buffers.
+    Flush,
+    /// Write zeroes to a block range. Carries no buffers.
+    WriteZeroes,
+    /// Discard a block range (later reads return zeroes or old data, backend-defined). Carries no buffers.
+    Unmap,
+}
+
+impl IoType {
+    /// Every I/O type, for iterating over capabilities.
+    pub const ALL: [IoType; 5] = [
+        IoType::Read,
+        IoType::Write,
+        IoType::Flush,
+        IoType::WriteZeroes,
+        IoType::Unmap,
+    ];
+
+    /// Whether this I/O carries data buffers (read and write).
+    pub fn has_data(self) -> bool {
+        matches!(self, IoType::Read | IoType::Write)
+    }
+
+    /// Whether this I/O changes the bdev's contents (needs a writable descriptor).
+    pub fn modifies(self) -> bool {
+        matches!(self, IoType::Write | IoType::WriteZeroes | IoType::Unmap)
+    }
+
+    /// A short lowercase name (`"read"`, `"write_zeroes"`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IoType::Read => "read",
+            IoType::Write => "write",
+            IoType::Flush => "flush",
+            IoType::WriteZeroes => "write_zeroes",
+            IoType::Unmap => "unmap",
+        }
+    }
+}
+
+impl fmt::Display for IoType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why one I/O failed. Delivered through the completion, never by a panic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum IoError {
+    /// The block range does not fit in the bdev.
+    #[error("blocks {lba}..+{blocks} are out of range (the bdev has {num_blocks} blocks)")]
+    OutOfRange {
+        /// First block of the I/O.
+        lba: u64,
+        /// Number of blocks of the I/O.
+        blocks: u64,
+        /// Number of blocks of the bdev.
+        num_blocks: u64,
+    },
+    /// A read, write, write-zeroes or unmap of zero blocks.
+    #[error("zero-length {0} I/O")]
+    ZeroLength(IoType),
+    /// The buffers' total length is not `num_blocks * block size`.
+    #[error("buffers hold {actual} bytes, the I/O needs {expected}")]
+    BadLength {
+        /// Bytes the block range needs.
+        expected: u64,
+        /// Bytes the buffers hold.
+        actual: u64,
+    },
+    /// The I/O carries buffers it must not carry (flush, write zeroes, unmap).
+    #[error("{0} I/O must not carry data buffers")]
+    UnexpectedBuffers(IoType),
+    /// The bdev does not support this I/O type.
+    #[error("the bdev does not support {0}")]
+    Unsupported(IoType),
+    /// A write-type I/O through a read-only descriptor.
+    #[error("{0} through a read-only descriptor")]
+    ReadOnly(IoType),
+    /// The channel has as many I/Os in flight as its queue depth (back-pressure: retry later).
+    #[error("the channel is full")]
+    ChannelFull,
+    /// The backend's device failed the I/O with this errno.
+    #[error("device error (errno {0})")]
+    Device(i32),
+    /// The device transferred fewer bytes than asked for.
+    #[error("short transfer: {done} of {expected} bytes")]
+    ShortTransfer {
+        /// Bytes asked for.
+        expected: u64,
+        /// Bytes transferred.
+        done: u64,
+    },
+}
+
+/// The status of a completed I/O.
+pub type IoStatus = Result<(), IoError>;
+
+/// A control-path error: creating, opening or destroying a bdev or a channel.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum BdevError {
+    /// The bdev's geometry or metadata layout is invalid.
+    #[error("invalid bdev geometry: {0}")]
+    InvalidGeometry(String),
+    /// A spec string or [`crate::BdevSpec`] value is invalid; `key` names the offending key.
+    #[error("bad bdev spec key `{key}`: {reason}")]
+    Spec {
+        /// The key (or `"type"` for the part before the colon).
+        key: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// No bdev of that name.
+    #[error("no bdev named `{0}`")]
+    NotFound(String),
+    /// A bdev of that name exists already.
+    #[error("a bdev named `{0}` exists already")]
+    AlreadyExists(String),
+    /// The bdev still has open descriptors.
+    #[error("bdev `{name}` is open ({opens} descriptors)")]
+    InUse {
+        /// The bdev.
+        name: String,
+        /// Its open descriptors.
+        opens: usize,
+    },
+    /// The backend cannot do what was asked (an option or layout it lacks).
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    /// The file or device refused `O_DIRECT`.
+    #[error("`{path}` refused O_DIRECT ({source}); pass direct=false to use the page cache")]
+    DirectRefused {
+        /// The file or device.
+        path: String,
+        /// The error from `open`.
+        #[source]
+        source: std::io::Error,
+    },
+    /// An operating-system error on a file or device.
+    #[error("{what} `{path}`: {source}")]
+    Os {
+        /// What was being done (`"open"`, `"stat"`, ...).
+        what: &'static str,
+        /// The file or device.
+        path: String,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Backing memory could not be allocated.
+    #[error("memory: {0}")]
+    Memory(String),
+    /// The I/O engine (io_uring or Linux AIO) could not be set up.
+    #[error("I/O engine: {0}")]
+    Engine(String),
+    /// There is no reactor on this thread.
+    #[error("no reactor on this thread")]
+    NoReactor,
+}
+
+/// Identifies one in-flight I/O inside its channel (a slot of the channel's request table).
+///
+/// Backends keep it while the I/O is in flight (in a queue, or as the
+/// `user_data` of a kernel submission) and give it back to
+/// [`Completions::complete`](crate::Completions::complete).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct IoTag(pub(crate) u32);
+
+impl IoTag {
+    /// The tag as a number, for use as a kernel `user_data`.
+    pub fn as_u64(self) -> u64 {
+        u64::from(self.0)
+    }
+
+    /// The tag from a number made by [`IoTag::as_u64`]. A number that was not
+    /// a live tag is rejected by [`Completions`](crate::Completions), never trusted.
+    pub fn from_u64(v: u64) -> Option<Self> {
+        u32::try_from(v).ok().map(IoTag)
+    }
+}
+
+/// One I/O as a backend sees it: already checked by the generic layer.
+///
+/// When a backend gets it, the range is inside the bdev, the type is supported,
+/// and for reads and writes the buffers hold exactly
+/// `num_blocks * buf_block_size` bytes (other types carry no buffers).
+#[derive(Debug)]
+pub struct BdevIo {
+    pub(crate) io_type: IoType,
+    pub(crate) offset_blocks: u64,
+    pub(crate) num_blocks: u64,
+    /// The data buffers. A backend may `std::mem::take` them while the kernel
+    /// owns them and must put them back before completing the I/O.
+    pub bufs: SgList,
+}
+
+impl BdevIo {
+    /// The I/O type.
+    pub fn io_type(&self) -> IoType {
+        self.io_type
+    }
+
+    /// The first block.
+    pub fn offset_blocks(&self) -> u64 {
+        self.offset_blocks
+    }
+
+    /// The number of blocks.
+    pub fn num_blocks(&self) -> u64 {
+        self.num_blocks
+    }
+}
+
+/// A finished I/O, handed to the submitter's [`IoCompletion`].
+#[derive(Debug)]
+pub struct CompletedIo {
+    /// The submitter's context value, as given at submit time.
+    pub ctx: u64,
+    /// The I/O type.
+    pub io_type: IoType,
+    /// The first block.
+    pub offset_blocks: u64,
+    /// The number of blocks.
+    pub num_blocks: u64,
+    /// Success, or why the I/O failed.
+    pub status: IoStatus,
+    /// The buffers given at submit time (read data is in them), empty for
+    /// flush, write zeroes and unmap.
+    pub bufs: SgList,
+}
+
+/// The receiver of completions, registered once by a submitter and shared
+/// (`Rc`) by all its I/Os. Runs on the submitting reactor, from the channel's
+/// poller, never inside a submit call.
+///
+/// A submitter with many outstanding I/Os tells them apart by
+/// [`CompletedIo::ctx`]. The callback may submit new I/Os on the same channel.
+pub trait IoCompletion {
+    /// Called once per I/O, when it finishes (successfully or not).
+    fn complete(&self, io: CompletedIo);
+}
+
+/// Any `Fn(CompletedIo)` closure is a completion target.
+impl<F: Fn(CompletedIo)> IoCompletion for F {
+    fn complete(&self, io: CompletedIo) {
+        self(io)
+    }
+}
+
+/// A submission the channel refused at once, with the buffers handed back.
+///
+/// Only back-pressure is reported this way ([`IoError::ChannelFull`]): retry
+/// after some of the channel's I/Os complete. Every other error is delivered
+/// through the completion.
+#[derive(Debug)]
+pub struct Rejected {
+    /// Why the I/O was refused.
+    pub error: IoError,
+    /// The buffers of the refused I/O.
+    pub bufs: SgList,
+}
+
+impl fmt::Display for Rejected {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "I/O rejected: {}", self.error)
+    }
+}
+
+impl std::error::Error for Rejected {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn io_type_properties() {
+        assert!(IoType::Read.has_data() && IoType::Write.has_data());
+        assert!(!IoType::Flush.has_data() && !IoType::Unmap.has_data());
+        assert!(!IoType::Read.modifies() && !IoType::Flush.modifies());
+        assert!(IoType::WriteZeroes.modifies() && IoType::Unmap.modifies());
+        assert_eq!(IoType::WriteZeroes.to_string(), "write_zeroes");
+    }
+
+    #[test]
+    fn tags_round_trip_and_reject_wide_values() {
+        let t = IoTag(77);
+        assert_eq!(IoTag::from_u64(t.as_u64()), Some(t));
+        assert_eq!(IoTag::from_u64(u64::MAX), None);
+    }
+
+    #[test]
+    fn errors_say_what_is_wrong() {
+        let e = IoError::OutOfRange {
+            lba: 10,
+            blocks: 4,
+            num_blocks: 12,
+        };
+        assert!(e.to_string().contains("12 blocks"));
+        let e = BdevError::Spec {
+            key: "size".into(),
+            reason: "bad".into(),
+        };
+        assert!(e.to_string().contains("`size`"));
+    }
+}

@@ -1,0 +1,219 @@
+//! `DmaBuf`: an exclusively owned, aligned buffer inside a [`DmaArena`].
+
+use std::fmt;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use super::arena::{ArenaId, ArenaOptions, DmaArena, HugepageMode};
+use super::cache;
+use super::error::{MemError, MemResult};
+use super::pool::PoolShared;
+
+/// Where a buffer goes back to when dropped.
+enum Origin {
+    /// Slot `idx` of a [`BufPool`](super::BufPool).
+    Pool { pool: Arc<PoolShared>, idx: u32 },
+    /// A whole arena of its own ([`DmaBuf::alloc`]); freed with the arena.
+    Standalone(Arc<DmaArena>),
+}
+
+/// An owned, aligned buffer of DMA-able memory inside a [`DmaArena`].
+///
+/// It is owned by whoever holds it, and by the engine or queue pair carrying
+/// it until that I/O completes. Dropping a pool buffer returns it to its pool:
+/// to the current thread's [`BufCache`](super::BufCache) for that pool when
+/// there is one (no lock, no atomic read-modify-write beyond the pool `Arc`'s
+/// reference count, no allocation), else to the pool's shared lock-free queue.
+///
+/// `DmaBuf` is `Send` (and `Sync`): it can be handed to another core in a
+/// message, and from there it returns to that core's cache or to the shared
+/// queue. It is the only handle to its bytes, exactly like a `Box<[u8]>`.
+pub struct DmaBuf {
+    // INVARIANT: `ptr..ptr+cap` lies inside the arena of `origin`, which this
+    // buffer keeps alive (through the pool or directly), and no other live
+    // `DmaBuf` or reference covers any byte of it: pools hand each slot to at
+    // most one `DmaBuf` at a time (a slot index is in exactly one of: the
+    // shared free queue, one cache's free list, one `DmaBuf`). `len <= cap`.
+    ptr: NonNull<u8>,
+    len: usize,
+    cap: usize,
+    origin: Origin,
+}
+
+// SAFETY: the buffer exclusively owns its bytes (see INVARIANT) and its origin
+// is `Arc`-shared `Send + Sync` state; returning it from another thread goes
+// through that thread's own cache or the lock-free shared queue.
+unsafe impl Send for DmaBuf {}
+// SAFETY: `&DmaBuf` only allows reading the bytes it exclusively owns.
+unsafe impl Sync for DmaBuf {}
+
+impl DmaBuf {
+    /// Slot `idx` of `pool`. Only the pool and its caches call this, with an
+    /// index they just took off a free list.
+    pub(super) fn from_pool(pool: Arc<PoolShared>, idx: u32) -> DmaBuf {
+        let ptr = pool.slot_ptr(idx);
+        let cap = pool.buf_size();
+        DmaBuf {
+            ptr,
+            len: cap,
+            cap,
+            origin: Origin::Pool { pool, idx },
+        }
+    }
+
+    /// A standalone buffer of `len` bytes in an arena of its own (ordinary
+    /// pages, registered like any arena), 4 KiB aligned. For tests, apps and
+    /// the control path: each call creates a memfd and a mapping.
+    ///
+    /// # Errors
+    /// As [`DmaArena::new`].
+    pub fn alloc(len: usize) -> MemResult<DmaBuf> {
+        if len == 0 {
+            return Err(MemError::InvalidArgument("buffer length is zero"));
+        }
+        let arena = DmaArena::new(
+            len,
+            ArenaOptions::named("pollux-standalone").hugepages(HugepageMode::Never),
+        )?;
+        let ptr =
+            NonNull::new(arena.base()).ok_or(MemError::InvalidArgument("arena base is null"))?;
+        Ok(DmaBuf {
+            ptr,
+            len,
+            cap: len,
+            origin: Origin::Standalone(arena),
+        })
+    }
+
+    /// The first `len()` bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `ptr..ptr+len` is mapped, initialized (mmap zero-fills and
+        // only bytes are ever written) and exclusively ours (INVARIANT).
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// The first `len()` bytes, mutably.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as in `as_slice`, and `&mut self` makes the access unique.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// Pointer to the first byte (for iovecs and work requests).
+    pub fn as_ptr(&self) -> *const u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Mutable pointer to the first byte (for iovecs and work requests).
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Address of the first byte.
+    pub fn addr(&self) -> usize {
+        self.ptr.as_ptr() as usize
+    }
+
+    /// Length in use (initially the capacity).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether `len() == 0`.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes available in the buffer.
+    pub fn capacity(&self) -> usize {
+        self.cap
+    }
+
+    /// Set the length in use.
+    ///
+    /// # Errors
+    /// [`MemError::InvalidArgument`] when `len > capacity()`; the length is
+    /// unchanged then.
+    pub fn set_len(&mut self, len: usize) -> MemResult<()> {
+        if len > self.cap {
+            return Err(MemError::InvalidArgument("buffer length exceeds capacity"));
+        }
+        self.len = len;
+        Ok(())
+    }
+
+    /// The arena the buffer lives in.
+    pub fn arena(&self) -> &Arc<DmaArena> {
+        match &self.origin {
+            Origin::Pool { pool, idx } => pool.arena_of(*idx).0,
+            Origin::Standalone(a) => a,
+        }
+    }
+
+    /// Id of the arena the buffer lives in.
+    pub fn arena_id(&self) -> ArenaId {
+        self.arena().id()
+    }
+
+    /// Offset of the first byte from the arena's base.
+    pub fn arena_offset(&self) -> usize {
+        match &self.origin {
+            Origin::Pool { pool, idx } => pool.arena_of(*idx).1,
+            Origin::Standalone(_) => 0,
+        }
+    }
+}
+
+impl fmt::Debug for DmaBuf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DmaBuf")
+            .field("arena", &self.arena_id())
+            .field("offset", &self.arena_offset())
+            .field("len", &self.len)
+            .field("cap", &self.cap)
+            .finish()
+    }
+}
+
+impl Drop for DmaBuf {
+    fn drop(&mut self) {
+        if let Origin::Pool { pool, idx } = &self.origin {
+            cache::return_slot(pool, *idx);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn standalone_buffer_is_usable_and_aligned() {
+        let mut b = DmaBuf::alloc(10_000).unwrap();
+        assert_eq!(b.len(), 10_000);
+        assert_eq!(b.capacity(), 10_000);
+        assert_eq!(b.addr() % 4096, 0);
+        assert_eq!(b.arena_offset(), 0);
+        b.as_mut_slice().fill(0x11);
+        assert!(b.as_slice().iter().all(|&x| x == 0x11));
+        assert!(b.set_len(10_001).is_err());
+        assert_eq!(b.len(), 10_000);
+        b.set_len(10).unwrap();
+        assert_eq!(b.as_slice().len(), 10);
+        // The registry knows where it lives.
+        let (a, off) = crate::mem::ArenaRegistry::global()
+            .lookup(b.addr(), 10)
+            .unwrap();
+        assert_eq!(a.id(), b.arena_id());
+        assert_eq!(off, 0);
+    }
+
+    #[test]
+    fn buffers_are_send() {
+        fn is_send<T: Send + Sync>() {}
+        is_send::<DmaBuf>();
+        let mut b = DmaBuf::alloc(64).unwrap();
+        b.as_mut_slice()[0] = 9;
+        let b = std::thread::spawn(move || b).join().unwrap();
+        assert_eq!(b.as_slice()[0], 9);
+    }
+}

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The project's test command (README.md): unit, integration and fault tests
+# over the software provider, then the interop checks with real verbs in the
+# soft-RoCE VM (tests/vm). `--quick` skips the VM.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+quick=0
+[[ "${1:-}" == "--quick" ]] && quick=1
+
+echo "=== cargo test --workspace"
+cargo test --workspace --release
+
+if ((quick)); then
+  echo "=== VM interop skipped (--quick)"
+  exit 0
+fi
+echo "=== VM interop (tests/vm)"
+bash tests/vm/run-all.sh

@@ -1,0 +1,123 @@
+//! The `ibverbs` provider: the provider traits over libibverbs and librdmacm
+//! (crate `rdma-sys`). Feature `ibverbs`; needs rdma-core's headers and
+//! libraries on the build host (`libibverbs-dev`, `librdmacm-dev`, `libclang`
+//! for bindgen) and an RDMA device at run time (`tests/vm/lab` provides two
+//! soft-RoCE devices in a VM).
+//!
+//! # Design
+//!
+//! - **Ownership.** Every object holds an `Rc` to its parent: an MR and a QP
+//!   hold their PD, a QP holds its CQs and SRQ, a PD and a CQ hold the device
+//!   context. Freeing therefore happens child first (QP before CQ before PD
+//!   before the context) whatever order the caller drops handles in. All
+//!   objects are `!Send` (raw pointers, `Rc`): they belong to one reactor.
+//! - **Data path.** `post_send`/`post_recv` translate the caller's WR slice
+//!   into `ibv_send_wr`/`ibv_recv_wr` and `ibv_sge` arrays preallocated at QP
+//!   creation (sized by the QP's depth and SGE count), chain them and ring one
+//!   doorbell per call. CQ polling fills a preallocated `ibv_wc` array. No
+//!   allocation, no lock of ours, no system call beyond the provider's own
+//!   doorbell.
+//! - **Connection manager.** Each listener and each connection has its own
+//!   non-blocking `rdma_event_channel`, so [`CmListener::get_request`] and
+//!   [`CmId::get_event`] never block and are meant to be called from a reactor
+//!   poller. A connect request is moved (`rdma_migrate_id`) to a fresh channel
+//!   of its own. QPs are created by [`ProtectionDomain::create_qp`] and handed
+//!   to librdmacm at connect/accept, which moves them RESET/INIT → RTR → RTS.
+//!   The active side binds its source address to the device's own IPv4 GID,
+//!   so the connection leaves through the device it was opened on.
+//! - **Capabilities.** User-space verbs offer no fast registration (REG_MR)
+//!   and no signature (T10-PI integrity) offload, so [`DeviceCaps`] reports
+//!   `mem_mgt_extensions: false` and `integrity: false` (soft-RoCE has
+//!   neither anyway); upper layers then pick their software PI path and
+//!   pre-registered memory. `RegMr`/`RegMrIntegrity` WRs are refused with
+//!   [`PostErrorKind::InvalidOpcode`](crate::PostErrorKind::InvalidOpcode).
+//! - **QP states.** Without the CM, a QP can go to INIT, SQD, ERR and RESET
+//!   by [`QueuePair::modify`]; RTR needs a path (GIDs), which only the CM
+//!   provides here, so `modify` to RTR is [`VerbsError::Unsupported`].
+//!
+//! [`CmListener::get_request`]: crate::CmListener::get_request
+//! [`CmId::get_event`]: crate::CmId::get_event
+//! [`ProtectionDomain::create_qp`]: crate::ProtectionDomain::create_qp
+//! [`QueuePair::modify`]: crate::QueuePair::modify
+//! [`DeviceCaps`]: crate::DeviceCaps
+//! [`VerbsError::Unsupported`]: crate::VerbsError::Unsupported
+
+mod cm;
+mod cq;
+mod device;
+mod mr;
+mod qp;
+
+use std::io;
+use std::os::fd::RawFd;
+
+pub use cm::{IbvCmId, IbvListener};
+pub use cq::IbvCq;
+pub use device::{IbvDevice, IbvPd};
+pub use mr::IbvMr;
+pub use qp::{IbvQp, IbvSrq};
+
+use crate::error::VerbsError;
+use crate::provider::{DeviceInfo, Provider};
+
+/// The libibverbs/librdmacm provider.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Ibverbs;
+
+impl Provider for Ibverbs {
+    const NAME: &'static str = "ibverbs";
+    type Device = IbvDevice;
+    type Pd = IbvPd;
+    type Mr = IbvMr;
+    type Cq = IbvCq;
+    type Srq = IbvSrq;
+    type Qp = IbvQp;
+    type CmListener = IbvListener;
+    type CmId = IbvCmId;
+
+    fn list_devices() -> Result<Vec<DeviceInfo>, VerbsError> {
+        device::list_devices()
+    }
+
+    fn open_device(name: &str) -> Result<IbvDevice, VerbsError> {
+        IbvDevice::open(name)
+    }
+}
+
+/// The calling thread's last OS error.
+fn last_err() -> io::Error {
+    io::Error::last_os_error()
+}
+
+/// An error from a verbs call that returns an errno value (positive, or
+/// negative in some providers) instead of setting `errno`.
+fn rc_err(rc: i32) -> io::Error {
+    io::Error::from_raw_os_error(rc.abs())
+}
+
+/// Make `fd` non-blocking.
+fn set_nonblocking(fd: RawFd) -> io::Result<()> {
+    // SAFETY: fcntl on a descriptor we own (or librdmacm/libibverbs own and
+    // keep open for the object's life); F_GETFL/F_SETFL touch no memory.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 {
+        return Err(last_err());
+    }
+    // SAFETY: as above.
+    if unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+        return Err(last_err());
+    }
+    Ok(())
+}
+
+/// A boxed slice of `n` all-zero `T`s.
+///
+/// # Safety
+/// The all-zero bit pattern must be a valid `T` (plain C structs of integers,
+/// raw pointers and unions of those).
+unsafe fn zeroed_slice<T>(n: usize) -> Box<[T]> {
+    (0..n)
+        // SAFETY: the caller guarantees that all-zero is a valid `T`.
+        .map(|_| unsafe { std::mem::zeroed::<T>() })
+        .collect()
+}

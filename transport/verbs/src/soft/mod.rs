@@ -1,0 +1,1 @@
+//! Software RDMA provider over shared memory.

@@ -1,0 +1,342 @@
+//! Memory regions and the shared MR table.
+//!
+//! Each PD owns one MR table: a sealed memfd of [`MR_TABLE_ENTRIES`]
+//! entries of [`MR_ENTRY_SIZE`] bytes, mapped read/write by the owner and
+//! read-only by every connected peer, so a requester checks an rkey, the
+//! access rights and the bounds without a round trip, then copies.
+//!
+//! Key format: `pd_tag << 24 | index << 8 | consumer byte`. Entry layout
+//! (all little-endian atomics): `key u32 @0` (the valid key, 0 = free),
+//! `access u32 @4`, `nseg u32 @8`, `kind u32 @12`, `iova u64 @16`,
+//! `len u64 @24`, then up to [`MR_MAX_SEGS`] segments of
+//! `{arena slot u64, arena offset u64, len u64}` from @32.
+//!
+//! Updates are seqlock-like: the owner stores key 0, a release fence, the
+//! fields, then the new key with release. A reader loads the key (acquire),
+//! the fields, an acquire fence, and the key again: any change means the key
+//! was invalidated or re-registered meanwhile, and the access fails (no
+//! retry loop).
+
+use std::sync::atomic::{fence, Ordering};
+use std::sync::Arc;
+
+use pollux_reactor::mem::DmaArena;
+
+use super::pd::SoftPd;
+use super::shm::{arena_span, Shm, SpanList};
+use crate::error::VerbsError;
+use crate::provider::MemoryRegion;
+use crate::sig::{SigAttrs, SigError};
+use crate::types::Access;
+
+/// Bytes per MR table entry.
+pub const MR_ENTRY_SIZE: usize = 512;
+/// Entries per PD table (index 0 is never used, so key 0 is never valid).
+pub const MR_TABLE_ENTRIES: u32 = 4096;
+/// Maximum segments of one MR (fast-reg scatter entries).
+pub const MR_MAX_SEGS: usize = 16;
+
+const E_KEY: usize = 0;
+const E_ACCESS: usize = 4;
+const E_NSEG: usize = 8;
+const E_KIND: usize = 12;
+const E_IOVA: usize = 16;
+const E_LEN: usize = 24;
+const E_SEG: usize = 32;
+const SEG_SIZE: usize = 24;
+
+/// Kind of an MR table entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MrKind {
+    /// `reg_mr`: never invalidated by LOCAL_INV/SEND_WITH_INV.
+    Regular = 1,
+    /// Fast registration.
+    FastReg = 2,
+    /// Integrity (signature) MR.
+    Integrity = 3,
+}
+
+/// One segment of an MR: a range of an arena slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Seg {
+    pub(crate) slot: u64,
+    pub(crate) off: u64,
+    pub(crate) len: u64,
+}
+
+/// Why a key check failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum KeyErr {
+    /// Bad key, wrong PD, bounds or rights.
+    Denied,
+    /// The MR points into an arena slot this side has not mapped (yet).
+    UnknownArena,
+}
+
+/// Index bits of a key.
+pub(crate) fn key_index(key: u32) -> u32 {
+    (key >> 8) & 0xffff
+}
+
+/// PD-tag bits of a key.
+pub(crate) fn key_tag(key: u32) -> u8 {
+    (key >> 24) as u8
+}
+
+fn entry_off(idx: u32) -> usize {
+    idx as usize * MR_ENTRY_SIZE
+}
+
+/// Write an entry (owner only) and make `key` valid.
+pub(crate) fn table_write(
+    t: &Shm,
+    idx: u32,
+    key: u32,
+    access: Access,
+    kind: MrKind,
+    iova: u64,
+    segs: &[Seg],
+) {
+    let e = entry_off(idx);
+    let len: u64 = segs.iter().map(|s| s.len).sum();
+    t.u32_at(e + E_KEY).store(0, Ordering::Relaxed);
+    fence(Ordering::Release);
+    t.u32_at(e + E_ACCESS).store(access.bits(), Ordering::Relaxed);
+    t.u32_at(e + E_NSEG).store(segs.len().min(MR_MAX_SEGS) as u32, Ordering::Relaxed);
+    t.u32_at(e + E_KIND).store(kind as u32, Ordering::Relaxed);
+    t.u64_at(e + E_IOVA).store(iova, Ordering::Relaxed);
+    t.u64_at(e + E_LEN).store(len, Ordering::Relaxed);
+    for (i, s) in segs.iter().take(MR_MAX_SEGS).enumerate() {
+        let so = e + E_SEG + i * SEG_SIZE;
+        t.u64_at(so).store(s.slot, Ordering::Relaxed);
+        t.u64_at(so + 8).store(s.off, Ordering::Relaxed);
+        t.u64_at(so + 16).store(s.len, Ordering::Relaxed);
+    }
+    t.u32_at(e + E_KEY).store(key, Ordering::Release);
+}
+
+/// Invalidate an entry (owner only).
+pub(crate) fn table_invalidate(t: &Shm, idx: u32) {
+    t.u32_at(entry_off(idx) + E_KEY).store(0, Ordering::Release);
+}
+
+/// The valid key of entry `idx` (0 = free).
+pub(crate) fn table_key(t: &Shm, idx: u32) -> u32 {
+    t.u32_at(entry_off(idx) + E_KEY).load(Ordering::Acquire)
+}
+
+/// The kind stored in entry `idx`.
+pub(crate) fn table_kind(t: &Shm, idx: u32) -> u32 {
+    t.u32_at(entry_off(idx) + E_KIND).load(Ordering::Relaxed)
+}
+
+/// `(iova, len, access)` of entry `idx`.
+pub(crate) fn table_info(t: &Shm, idx: u32) -> (u64, u64, Access) {
+    let e = entry_off(idx);
+    (
+        t.u64_at(e + E_IOVA).load(Ordering::Relaxed),
+        t.u64_at(e + E_LEN).load(Ordering::Relaxed),
+        Access(t.u32_at(e + E_ACCESS).load(Ordering::Relaxed)),
+    )
+}
+
+/// Check `key` for `[addr, addr+len)` with rights `need` in table `t` (of the
+/// PD tagged `tag`) and append the memory it reaches to `out`. `arenas` maps
+/// the slots named in the table to mappings on this side. Every value read
+/// from the table is validated: a hostile table can only cause a denial.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn resolve(
+    t: &Shm,
+    tag: u8,
+    key: u32,
+    addr: u64,
+    len: u64,
+    need: Access,
+    arenas: &[Option<Arc<DmaArena>>],
+    out: &mut SpanList,
+) -> Result<(), KeyErr> {
+    let idx = key_index(key);
+    if key_tag(key) != tag || idx == 0 || idx >= MR_TABLE_ENTRIES || key == 0 {
+        return Err(KeyErr::Denied);
+    }
+    let e = entry_off(idx);
+    let k1 = t.u32_at(e + E_KEY).load(Ordering::Acquire);
+    if k1 != key {
+        return Err(KeyErr::Denied);
+    }
+    let access = Access(t.u32_at(e + E_ACCESS).load(Ordering::Relaxed));
+    let nseg = t.u32_at(e + E_NSEG).load(Ordering::Relaxed) as usize;
+    let iova = t.u64_at(e + E_IOVA).load(Ordering::Relaxed);
+    let mlen = t.u64_at(e + E_LEN).load(Ordering::Relaxed);
+    if !access.contains(need) || nseg > MR_MAX_SEGS {
+        return Err(KeyErr::Denied);
+    }
+    let start = if access.contains(Access::ZERO_BASED) {
+        addr
+    } else {
+        addr.checked_sub(iova).ok_or(KeyErr::Denied)?
+    };
+    if start.checked_add(len).map_or(true, |end| end > mlen) {
+        return Err(KeyErr::Denied);
+    }
+    let (mut skip, mut left) = (start, len);
+    let mut i = 0;
+    while left > 0 && i < nseg {
+        let so = e + E_SEG + i * SEG_SIZE;
+        let slot = t.u64_at(so).load(Ordering::Relaxed);
+        let soff = t.u64_at(so + 8).load(Ordering::Relaxed);
+        let slen = t.u64_at(so + 16).load(Ordering::Relaxed);
+        i += 1;
+        if skip >= slen {
+            skip -= slen;
+            continue;
+        }
+        let n = (slen - skip).min(left);
+        let arena = usize::try_from(slot)
+            .ok()
+            .and_then(|s| arenas.get(s))
+            .and_then(|a| a.as_ref())
+            .ok_or(KeyErr::UnknownArena)?;
+        let span = arena_span(arena, soff.checked_add(skip).ok_or(KeyErr::Denied)?, n)
+            .ok_or(KeyErr::Denied)?;
+        if !out.push(span) {
+            return Err(KeyErr::Denied);
+        }
+        skip = 0;
+        left -= n;
+    }
+    fence(Ordering::Acquire);
+    if left != 0 || t.u32_at(e + E_KEY).load(Ordering::Relaxed) != k1 {
+        return Err(KeyErr::Denied);
+    }
+    Ok(())
+}
+
+/// The segments `key` covers for `[addr, addr+len)` in the owner's table,
+/// for building a fast registration out of local SGEs. Returns the number of
+/// segments written into `out` (merged with `out[..n]` if contiguous).
+pub(crate) fn resolve_segs(
+    t: &Shm,
+    tag: u8,
+    key: u32,
+    addr: u64,
+    len: u64,
+    out: &mut [Seg; MR_MAX_SEGS],
+    mut n: usize,
+) -> Option<usize> {
+    let idx = key_index(key);
+    if key_tag(key) != tag || idx == 0 || idx >= MR_TABLE_ENTRIES || table_key(t, idx) != key {
+        return None;
+    }
+    let e = entry_off(idx);
+    let access = Access(t.u32_at(e + E_ACCESS).load(Ordering::Relaxed));
+    let nseg = (t.u32_at(e + E_NSEG).load(Ordering::Relaxed) as usize).min(MR_MAX_SEGS);
+    let (iova, mlen, _) = table_info(t, idx);
+    let start = if access.contains(Access::ZERO_BASED) {
+        addr
+    } else {
+        addr.checked_sub(iova)?
+    };
+    if start.checked_add(len)? > mlen {
+        return None;
+    }
+    let (mut skip, mut left) = (start, len);
+    for i in 0..nseg {
+        if left == 0 {
+            break;
+        }
+        let so = e + E_SEG + i * SEG_SIZE;
+        let s = Seg {
+            slot: t.u64_at(so).load(Ordering::Relaxed),
+            off: t.u64_at(so + 8).load(Ordering::Relaxed),
+            len: t.u64_at(so + 16).load(Ordering::Relaxed),
+        };
+        if skip >= s.len {
+            skip -= s.len;
+            continue;
+        }
+        let take = (s.len - skip).min(left);
+        let seg = Seg {
+            slot: s.slot,
+            off: s.off + skip,
+            len: take,
+        };
+        if n > 0 && out[n - 1].slot == seg.slot && out[n - 1].off + out[n - 1].len == seg.off {
+            out[n - 1].len += take;
+        } else {
+            if n == MR_MAX_SEGS {
+                return None;
+            }
+            out[n] = seg;
+            n += 1;
+        }
+        skip = 0;
+        left -= take;
+    }
+    (left == 0).then_some(n)
+}
+
+/// A soft-provider memory region. Deregistered (its key invalidated and its
+/// table entry freed) on drop.
+pub struct SoftMr {
+    pub(crate) pd: SoftPd,
+    pub(crate) idx: u32,
+    pub(crate) kind: MrKind,
+    /// Keeps the arena of a regular MR mapped.
+    pub(crate) _arena: Option<Arc<DmaArena>>,
+}
+
+impl std::fmt::Debug for SoftMr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SoftMr(idx {}, {:?}, key {:#x})", self.idx, self.kind, self.lkey())
+    }
+}
+
+impl SoftMr {
+    /// The key a `RegMr`/`RegMrIntegrity` WR should use next: same index,
+    /// consumer byte incremented (`ib_inc_rkey`).
+    pub fn next_key(&self) -> u32 {
+        let k = self.lkey();
+        (k & !0xff) | (k.wrapping_add(1) & 0xff)
+    }
+}
+
+impl MemoryRegion for SoftMr {
+    fn lkey(&self) -> u32 {
+        self.pd.0.cur_key(self.idx)
+    }
+    fn rkey(&self) -> u32 {
+        self.lkey()
+    }
+    fn addr(&self) -> u64 {
+        table_info(&self.pd.0.table, self.idx).0
+    }
+    fn len(&self) -> u64 {
+        if table_key(&self.pd.0.table, self.idx) == 0 {
+            return 0;
+        }
+        table_info(&self.pd.0.table, self.idx).1
+    }
+    fn access(&self) -> Access {
+        table_info(&self.pd.0.table, self.idx).2
+    }
+    fn check_sig_status(&self) -> Result<Option<SigError>, VerbsError> {
+        if self.kind != MrKind::Integrity {
+            return Err(VerbsError::Unsupported("not an integrity MR"));
+        }
+        Ok(self.pd.0.take_sig_error(self.idx))
+    }
+}
+
+impl Drop for SoftMr {
+    fn drop(&mut self) {
+        self.pd.0.free_mr(self.idx);
+    }
+}
+
+/// Signature attributes remembered for an integrity MR (owner side).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct SigState {
+    pub(crate) attrs: Option<SigAttrs>,
+    pub(crate) err: Option<SigError>,
+}

@@ -1,0 +1,285 @@
+//! Protection domains: own the MR table and create MRs, SRQs and QPs.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use pollux_reactor::mem::DmaArena;
+
+use super::device::SoftDevice;
+use super::mr::{
+    resolve, resolve_segs, table_invalidate, table_key, table_kind, table_write, KeyErr, MrKind,
+    Seg, SigState, SoftMr, MR_ENTRY_SIZE, MR_MAX_SEGS, MR_TABLE_ENTRIES,
+};
+use super::qp::SoftQp;
+use super::shm::{Shm, SpanList};
+use super::srq::SoftSrq;
+use super::Soft;
+use crate::error::VerbsError;
+use crate::provider::{ProtectionDomain, QpInit};
+use crate::sig::{SigAttrs, SigError};
+use crate::types::{Access, Sge};
+
+/// A soft protection domain.
+#[derive(Clone)]
+pub struct SoftPd(pub(crate) Rc<PdInner>);
+
+#[derive(Clone, Copy)]
+struct LocalEntry {
+    in_use: bool,
+    kind: MrKind,
+    max_segs: u32,
+    cur_key: u32,
+    sig: SigState,
+}
+
+pub(crate) struct PdInner {
+    pub(crate) dev: SoftDevice,
+    pub(crate) tag: u8,
+    /// The shared MR table (peers map it read-only).
+    pub(crate) table: Shm,
+    local: RefCell<Vec<LocalEntry>>,
+    free: RefCell<Vec<u32>>,
+}
+
+impl SoftPd {
+    pub(crate) fn new(dev: &SoftDevice) -> Result<SoftPd, VerbsError> {
+        let table = Shm::create(
+            "pollux-soft-mrtable",
+            MR_TABLE_ENTRIES as usize * MR_ENTRY_SIZE,
+        )?;
+        let blank = LocalEntry {
+            in_use: false,
+            kind: MrKind::Regular,
+            max_segs: 0,
+            cur_key: 0,
+            sig: SigState::default(),
+        };
+        Ok(SoftPd(Rc::new(PdInner {
+            dev: dev.clone(),
+            tag: dev.0.next_tag(),
+            table,
+            local: RefCell::new(vec![blank; MR_TABLE_ENTRIES as usize]),
+            free: RefCell::new((1..MR_TABLE_ENTRIES).rev().collect()),
+        })))
+    }
+
+    fn alloc_entry(&self, kind: MrKind, max_segs: u32) -> Result<u32, VerbsError> {
+        let idx = self
+            .0
+            .free
+            .borrow_mut()
+            .pop()
+            .ok_or(VerbsError::Limit("MR table full"))?;
+        let mut l = self.0.local.borrow_mut();
+        let e = &mut l[idx as usize];
+        e.in_use = true;
+        e.kind = kind;
+        e.max_segs = max_segs;
+        e.cur_key = (u32::from(self.0.tag) << 24) | (idx << 8) | (e.cur_key & 0xff);
+        e.sig = SigState::default();
+        Ok(idx)
+    }
+
+    fn alloc_special(&self, max_segments: u32, kind: MrKind) -> Result<SoftMr, VerbsError> {
+        if max_segments == 0 || max_segments as usize > MR_MAX_SEGS {
+            return Err(VerbsError::InvalidArgument("max_segments out of range"));
+        }
+        self.0.dev.0.expose_all();
+        let idx = self.alloc_entry(kind, max_segments)?;
+        Ok(SoftMr {
+            pd: self.clone(),
+            idx,
+            kind,
+            _arena: None,
+        })
+    }
+}
+
+impl PdInner {
+    pub(crate) fn cur_key(&self, idx: u32) -> u32 {
+        self.local.borrow().get(idx as usize).map_or(0, |e| e.cur_key)
+    }
+
+    pub(crate) fn free_mr(&self, idx: u32) {
+        table_invalidate(&self.table, idx);
+        if let Some(e) = self.local.borrow_mut().get_mut(idx as usize) {
+            e.in_use = false;
+            // Bump the consumer byte so a stale key never matches again.
+            e.cur_key = e.cur_key.wrapping_add(1) & 0xff;
+        }
+        self.free.borrow_mut().push(idx);
+    }
+
+    pub(crate) fn take_sig_error(&self, idx: u32) -> Option<SigError> {
+        self.local
+            .borrow_mut()
+            .get_mut(idx as usize)
+            .and_then(|e| e.sig.err.take())
+    }
+
+    /// Check a local SGE and append its memory to `out` (data path).
+    pub(crate) fn resolve_local(&self, sge: &Sge, need: Access, out: &mut SpanList) -> bool {
+        let slots = self.dev.0.slots.borrow();
+        matches!(
+            resolve(
+                &self.table,
+                self.tag,
+                sge.lkey,
+                sge.addr,
+                u64::from(sge.length),
+                need,
+                &slots,
+                out
+            ),
+            Ok(())
+        )
+    }
+
+    /// Invalidate an invalidatable (fast-reg/integrity) key. Errors when the
+    /// key is not one, is free, or its consumer byte does not match.
+    pub(crate) fn invalidate(&self, key: u32) -> Result<(), KeyErr> {
+        let idx = super::mr::key_index(key);
+        if super::mr::key_tag(key) != self.tag || idx == 0 || idx >= MR_TABLE_ENTRIES {
+            return Err(KeyErr::Denied);
+        }
+        let kind = self.local.borrow()[idx as usize].kind;
+        let in_use = self.local.borrow()[idx as usize].in_use;
+        if !in_use || kind == MrKind::Regular || table_key(&self.table, idx) != key {
+            return Err(KeyErr::Denied);
+        }
+        table_invalidate(&self.table, idx);
+        Ok(())
+    }
+
+    /// Fast registration (REG_MR / REG_MR_INTEGRITY) executed from the SQ.
+    pub(crate) fn fast_reg(
+        &self,
+        key: u32,
+        iova: u64,
+        access: Access,
+        sges: &[Sge],
+        sig: Option<SigAttrs>,
+    ) -> Result<(), KeyErr> {
+        let idx = super::mr::key_index(key);
+        if super::mr::key_tag(key) != self.tag || idx == 0 || idx >= MR_TABLE_ENTRIES {
+            return Err(KeyErr::Denied);
+        }
+        let e = self.local.borrow()[idx as usize];
+        let want = if sig.is_some() {
+            MrKind::Integrity
+        } else {
+            MrKind::FastReg
+        };
+        if !e.in_use
+            || e.kind != want
+            || table_key(&self.table, idx) != 0
+            || sges.len() > e.max_segs as usize
+            || !access.is_consistent()
+        {
+            return Err(KeyErr::Denied);
+        }
+        let mut segs = [Seg::default(); MR_MAX_SEGS];
+        let mut n = 0;
+        for s in sges {
+            n = resolve_segs(
+                &self.table,
+                self.tag,
+                s.lkey,
+                s.addr,
+                u64::from(s.length),
+                &mut segs,
+                n,
+            )
+            .ok_or(KeyErr::Denied)?;
+        }
+        table_write(&self.table, idx, key, access, want, iova, &segs[..n]);
+        let mut l = self.local.borrow_mut();
+        l[idx as usize].cur_key = key;
+        l[idx as usize].sig = SigState {
+            attrs: sig,
+            err: None,
+        };
+        Ok(())
+    }
+
+    /// Whether entry `idx` of this table is an invalidatable kind.
+    pub(crate) fn is_special(&self, idx: u32) -> bool {
+        table_kind(&self.table, idx) != MrKind::Regular as u32
+    }
+}
+
+impl ProtectionDomain<Soft> for SoftPd {
+    fn reg_mr(
+        &self,
+        arena: &Arc<DmaArena>,
+        offset: usize,
+        len: usize,
+        access: Access,
+    ) -> Result<SoftMr, VerbsError> {
+        if len == 0 {
+            return Err(VerbsError::InvalidArgument("MR length is zero"));
+        }
+        if !access.is_consistent() {
+            return Err(VerbsError::InvalidArgument(
+                "REMOTE_WRITE/REMOTE_ATOMIC require LOCAL_WRITE",
+            ));
+        }
+        if offset.checked_add(len).is_none_or_gt(arena.len()) {
+            return Err(VerbsError::NotInArena {
+                addr: (arena.base_addr() as u64).wrapping_add(offset as u64),
+                len: len as u64,
+            });
+        }
+        let slot = self
+            .0
+            .dev
+            .0
+            .slot_for(arena, access.intersects(Access::REMOTE_ANY));
+        let idx = self.alloc_entry(MrKind::Regular, 1)?;
+        let key = self.0.cur_key(idx);
+        let iova = if access.contains(Access::ZERO_BASED) {
+            0
+        } else {
+            (arena.base_addr() + offset) as u64
+        };
+        let seg = Seg {
+            slot,
+            off: offset as u64,
+            len: len as u64,
+        };
+        table_write(&self.0.table, idx, key, access, MrKind::Regular, iova, &[seg]);
+        Ok(SoftMr {
+            pd: self.clone(),
+            idx,
+            kind: MrKind::Regular,
+            _arena: Some(arena.clone()),
+        })
+    }
+
+    fn alloc_fast_reg_mr(&self, max_segments: u32) -> Result<SoftMr, VerbsError> {
+        self.alloc_special(max_segments, MrKind::FastReg)
+    }
+
+    fn alloc_integrity_mr(&self, max_segments: u32) -> Result<SoftMr, VerbsError> {
+        self.alloc_special(max_segments, MrKind::Integrity)
+    }
+
+    fn create_srq(&self, max_wr: u32, max_sge: u32) -> Result<SoftSrq, VerbsError> {
+        SoftSrq::new(self, max_wr, max_sge)
+    }
+
+    fn create_qp(&self, init: &QpInit<'_, Soft>) -> Result<SoftQp, VerbsError> {
+        SoftQp::new(self, init)
+    }
+}
+
+trait GtExt {
+    fn is_none_or_gt(self, limit: usize) -> bool;
+}
+
+impl GtExt for Option<usize> {
+    fn is_none_or_gt(self, limit: usize) -> bool {
+        self.map_or(true, |v| v > limit)
+    }
+}
