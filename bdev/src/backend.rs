@@ -106,7 +106,10 @@ impl Completions {
             }
             _ => {
                 self.stale += 1;
-                log::error!("bdev backend completed unknown or finished I/O tag {}", tag.0);
+                log::error!(
+                    "bdev backend completed unknown or finished I/O tag {}",
+                    tag.0
+                );
             }
         }
     }

@@ -243,10 +243,7 @@ mod tests {
     #[test]
     fn pi_needs_eight_bytes_of_metadata() {
         let base = BdevInfo::new("a", "t", 512, 8).unwrap();
-        let md = base
-            .clone()
-            .with_metadata(8, true, PiType::Type1)
-            .unwrap();
+        let md = base.clone().with_metadata(8, true, PiType::Type1).unwrap();
         assert_eq!(md.md_size(), 8);
         assert_eq!(md.pi_type(), PiType::Type1);
         assert_eq!(md.buf_block_size(), 520);

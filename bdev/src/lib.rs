@@ -93,9 +93,7 @@ pub use aio::{AioBackend, AioEngineKind, AioOptions};
 pub use backend::{BackendChannel, BdevBackend, Completions, DEFAULT_QUEUE_DEPTH};
 pub use bdev::{Bdev, BdevDesc};
 pub use channel::{ChannelCore, ChannelStats, IoChannel};
-pub use info::{
-    BdevInfo, PiType, PI_TUPLE_SIZE, SUPPORTED_BLOCK_SIZES, SUPPORTED_MD_SIZES,
-};
+pub use info::{BdevInfo, PiType, PI_TUPLE_SIZE, SUPPORTED_BLOCK_SIZES, SUPPORTED_MD_SIZES};
 pub use io::{
     BdevError, BdevIo, CompletedIo, DmaBuf, IoCompletion, IoError, IoStatus, IoTag, IoType,
     Rejected, SgList, SG_INLINE,

@@ -96,7 +96,9 @@ pub struct MallocBackend {
 
 impl std::fmt::Debug for MallocBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MallocBackend").field("info", &self.info).finish()
+        f.debug_struct("MallocBackend")
+            .field("info", &self.info)
+            .finish()
     }
 }
 
@@ -242,7 +244,9 @@ mod tests {
         let (rec, cb) = Recorder::new();
         let ch = cluster.on(0, |r| desc.channel(r).unwrap());
         let data = pattern(8 * 4096, 2);
-        cluster.on(0, |_| ch.write(0, 8, sg_with(&data, &[8 * 4096]), &cb, 0).unwrap());
+        cluster.on(0, |_| {
+            ch.write(0, 8, sg_with(&data, &[8 * 4096]), &cb, 0).unwrap()
+        });
         cluster.poll_until_idle().unwrap();
         cluster.on(0, |_| {
             ch.write_zeroes(1, 2, &cb, 1).unwrap();
@@ -270,7 +274,9 @@ mod tests {
         let data = pattern(512, 3);
         let ch0 = cluster.on(0, |r| desc.channel(r).unwrap());
         let ch1 = cluster.on(1, |r| desc.channel(r).unwrap());
-        cluster.on(0, |_| ch0.write(15, 1, sg_with(&data, &[512]), &cb, 0).unwrap());
+        cluster.on(0, |_| {
+            ch0.write(15, 1, sg_with(&data, &[512]), &cb, 0).unwrap()
+        });
         cluster.poll_until_idle().unwrap();
         cluster.on(1, |_| {
             ch1.read(15, 1, sg(&[512], 0), &cb, 1).unwrap();
@@ -280,7 +286,11 @@ mod tests {
         cluster.poll_until_idle().unwrap();
         let mut done = rec.take();
         done.sort_by_key(|d| d.1.ctx);
-        assert_eq!(bytes_of(&done[1].1.bufs), data, "core 1 reads what core 0 wrote");
+        assert_eq!(
+            bytes_of(&done[1].1.bufs),
+            data,
+            "core 1 reads what core 0 wrote"
+        );
         assert!(matches!(done[2].1.status, Err(IoError::OutOfRange { .. })));
         assert_eq!(
             done[3].1.status,
@@ -303,7 +313,9 @@ mod tests {
         let (rec, cb) = Recorder::new();
         let ch = cluster.on(0, |r| desc.channel(r).unwrap());
         let data = pattern(2 * 520, 4);
-        cluster.on(0, |_| ch.write(1, 2, sg_with(&data, &[1040]), &cb, 0).unwrap());
+        cluster.on(0, |_| {
+            ch.write(1, 2, sg_with(&data, &[1040]), &cb, 0).unwrap()
+        });
         cluster.poll_until_idle().unwrap();
         cluster.on(0, |_| ch.read(2, 1, sg(&[520], 0), &cb, 1).unwrap());
         cluster.poll_until_idle().unwrap();

@@ -145,7 +145,10 @@ impl BdevSpec {
             match (key, &mut spec.backend) {
                 ("name", _) => {
                     if value.is_empty() || value.contains(|c: char| c.is_whitespace()) {
-                        return Err(spec_err(key, "a name must be non-empty, without spaces".into()));
+                        return Err(spec_err(
+                            key,
+                            "a name must be non-empty, without spaces".into(),
+                        ));
                     }
                     spec.name = Some(value.to_owned());
                 }
@@ -257,7 +260,9 @@ impl BdevSpec {
 
     /// The number of blocks `size` makes (for null and malloc, where it is required).
     pub(crate) fn num_blocks(&self) -> Result<u64, BdevError> {
-        let size = self.size.ok_or_else(|| spec_err("size", "missing".into()))?;
+        let size = self
+            .size
+            .ok_or_else(|| spec_err("size", "missing".into()))?;
         Ok(size / u64::from(self.effective_block_size()))
     }
 }
@@ -300,7 +305,12 @@ pub fn parse_size(key: &str, value: &str) -> Result<u64, BdevError> {
                 'M' => 20,
                 'G' => 30,
                 'T' => 40,
-                _ => return Err(spec_err(key, format!("`{value}`: unknown suffix `{c}` (K, M, G, T)"))),
+                _ => {
+                    return Err(spec_err(
+                        key,
+                        format!("`{value}`: unknown suffix `{c}` (K, M, G, T)"),
+                    ))
+                }
             };
             (&value[..i], shift)
         }
@@ -371,7 +381,9 @@ impl BdevRegistry {
         spec.validate()?;
         let mut inner = self.lock();
         let name = match &spec.name {
-            Some(n) if inner.bdevs.contains_key(n) => return Err(BdevError::AlreadyExists(n.clone())),
+            Some(n) if inner.bdevs.contains_key(n) => {
+                return Err(BdevError::AlreadyExists(n.clone()))
+            }
             Some(n) => n.clone(),
             None => {
                 let ty = spec.backend.type_name();
@@ -498,7 +510,10 @@ mod tests {
         assert_eq!(s.queue_depth, Some(64));
         let s = BdevSpec::parse("null:size=8K,latency_us=5,md=8,pi=1,md_interleave=1").unwrap();
         assert_eq!(s.backend, BackendSpec::Null { latency_us: 5 });
-        assert_eq!((s.md_size, s.pi_type, s.md_interleave), (8, PiType::Type1, true));
+        assert_eq!(
+            (s.md_size, s.pi_type, s.md_interleave),
+            (8, PiType::Type1, true)
+        );
     }
 
     #[test]
@@ -554,7 +569,10 @@ mod tests {
         let names: Vec<String> = reg.list().iter().map(|b| b.name().to_owned()).collect();
         assert_eq!(names, ["null0", "null1"]);
         let desc = a.open(true).unwrap();
-        assert!(matches!(reg.destroy("null0"), Err(BdevError::InUse { opens: 1, .. })));
+        assert!(matches!(
+            reg.destroy("null0"),
+            Err(BdevError::InUse { opens: 1, .. })
+        ));
         drop(desc);
         reg.destroy("null0").unwrap();
         assert!(reg.get("null0").is_none());

@@ -399,6 +399,75 @@ impl DmaArena {
     }
 }
 
+/// Whole-arena byte access, for a backend that owns an arena outright (the
+/// malloc bdev's disk image) rather than carving buffers out of it.
+///
+/// The bytes are plain shared memory, like a disk's media: the copies below
+/// check bounds and never hand out a reference, so no Rust reference ever
+/// aliases them. Two copies that overlap in time and space (two cores writing
+/// one block, or a read racing a write) leave one of the writes or a mix of
+/// both, exactly as a real disk would; callers that need ordering (a
+/// filesystem, NVMe fused commands) provide it above. Do not use these on an
+/// arena whose ranges are carved into [`DmaBuf`](super::DmaBuf)s by a pool.
+impl DmaArena {
+    fn check_range(&self, offset: usize, len: usize) -> MemResult<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(MemError::InvalidArgument("range outside the arena")),
+        }
+    }
+
+    /// Copies `src` into the arena at byte `offset`.
+    ///
+    /// # Errors
+    ///
+    /// [`MemError::InvalidArgument`] when `offset + src.len()` passes the end.
+    pub fn copy_in(&self, offset: usize, src: &[u8]) -> MemResult<()> {
+        self.check_range(offset, src.len())?;
+        // SAFETY: the range is inside the live mapping (checked above,
+        // INVARIANT of DmaArena); `src` is a Rust slice and cannot overlap the
+        // arena, because the arena's bytes are never lent out as references by
+        // this API. Racing copies only mix bytes (documented above).
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), self.base.as_ptr().add(offset), src.len());
+        }
+        Ok(())
+    }
+
+    /// Copies bytes from the arena at `offset` into `dst`.
+    ///
+    /// # Errors
+    ///
+    /// [`MemError::InvalidArgument`] when `offset + dst.len()` passes the end.
+    pub fn copy_out(&self, offset: usize, dst: &mut [u8]) -> MemResult<()> {
+        self.check_range(offset, dst.len())?;
+        // SAFETY: as in `copy_in`, with the direction reversed; `dst` is an
+        // exclusive Rust slice outside the arena's never-lent bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.base.as_ptr().add(offset),
+                dst.as_mut_ptr(),
+                dst.len(),
+            );
+        }
+        Ok(())
+    }
+
+    /// Sets `len` bytes at `offset` to `byte`.
+    ///
+    /// # Errors
+    ///
+    /// [`MemError::InvalidArgument`] when the range passes the end.
+    pub fn fill(&self, offset: usize, len: usize, byte: u8) -> MemResult<()> {
+        self.check_range(offset, len)?;
+        // SAFETY: the range is inside the live mapping (checked above).
+        unsafe {
+            std::ptr::write_bytes(self.base.as_ptr().add(offset), byte, len);
+        }
+        Ok(())
+    }
+}
+
 impl Drop for DmaArena {
     fn drop(&mut self) {
         if self.local {
@@ -585,5 +654,26 @@ mod tests {
             DmaArena::map_foreign(unsealed, 4096),
             Err(MemError::ForeignNotSealed)
         ));
+    }
+
+    #[test]
+    fn whole_arena_copies_are_bounds_checked() {
+        let a = DmaArena::new(
+            8192,
+            ArenaOptions::named("copy-test").hugepages(HugepageMode::Never),
+        )
+        .unwrap();
+        a.copy_in(100, b"hello").unwrap();
+        let mut out = [0u8; 5];
+        a.copy_out(100, &mut out).unwrap();
+        assert_eq!(&out, b"hello");
+        a.fill(101, 3, b'z').unwrap();
+        a.copy_out(100, &mut out).unwrap();
+        assert_eq!(&out, b"hzzzo");
+        let len = a.len();
+        assert!(a.copy_in(len - 2, b"abc").is_err());
+        assert!(a.copy_out(usize::MAX, &mut out).is_err());
+        assert!(a.fill(len, 1, 0).is_err());
+        a.copy_in(len - 3, b"abc").unwrap();
     }
 }
