@@ -92,7 +92,11 @@ mod tests {
             h.record(ns * 1000); // 1 us .. 1000 us
         }
         assert_eq!(h.count(), 1000);
-        assert!((h.quantile_us(0.5) - 500.0).abs() < 1.0, "{}", h.quantile_us(0.5));
+        assert!(
+            (h.quantile_us(0.5) - 500.0).abs() < 1.0,
+            "{}",
+            h.quantile_us(0.5)
+        );
         assert!((h.quantile_us(0.99) - 990.0).abs() < 2.0);
         assert!((h.min_us() - 1.0).abs() < 0.01);
         assert!((h.max_us() - 1000.0).abs() < 1.0);

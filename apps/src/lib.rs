@@ -1,7 +1,14 @@
 //! Shared code of the Pollux applications (`pollux-bdevperf`, and later
-//! `pollux-tgt` and `pollux-perf`): the workload generator, latency
-//! histograms and the results report (human table or JSON).
+//! `pollux-tgt` and `pollux-perf`): command-line and configuration parsing,
+//! the workload generator, latency histograms, the results report (human
+//! table or JSON), and the bdevperf engine.
 
+pub mod bdevperf;
+pub mod cli;
+pub mod config;
+mod error;
 pub mod latency;
 pub mod report;
 pub mod workload;
+
+pub use error::AppError;

@@ -64,7 +64,11 @@ pub struct Figures {
 impl Figures {
     /// Computes the figures of `tally` over `seconds` of measurement.
     pub fn from_tally(tally: &Tally, seconds: f64) -> Self {
-        let secs = if seconds > 0.0 { seconds } else { f64::MIN_POSITIVE };
+        let secs = if seconds > 0.0 {
+            seconds
+        } else {
+            f64::MIN_POSITIVE
+        };
         let l = &tally.latency;
         Figures {
             iops: tally.ios as f64 / secs,
@@ -141,8 +145,17 @@ impl Report {
         let _ = writeln!(
             s,
             "{:<8} {:>12} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>7} {:>7}",
-            "core", "IOPS", "MiB/s", "avg(us)", "min(us)", "p50(us)", "p99(us)", "p99.9(us)",
-            "max(us)", "busy%", "errors"
+            "core",
+            "IOPS",
+            "MiB/s",
+            "avg(us)",
+            "min(us)",
+            "p50(us)",
+            "p99(us)",
+            "p99.9(us)",
+            "max(us)",
+            "busy%",
+            "errors"
         );
         let row = |s: &mut String, name: &str, f: &Figures, busy: Option<f64>| {
             let busy = busy.map_or_else(|| "-".to_string(), |b| format!("{b:.1}"));
@@ -189,7 +202,10 @@ mod tests {
 
     #[test]
     fn json_has_the_fields_our_checks_read() {
-        let r = Report::new(2.0, &[(0, tally(1000, 5_000), 97.5), (1, tally(3000, 7_000), 50.0)]);
+        let r = Report::new(
+            2.0,
+            &[(0, tally(1000, 5_000), 97.5), (1, tally(3000, 7_000), 50.0)],
+        );
         let v: serde_json::Value = serde_json::from_str(&r.to_json()).unwrap();
         assert_eq!(v["iops"].as_f64().unwrap(), 2000.0);
         let mibps = v["mibps"].as_f64().unwrap();

@@ -62,7 +62,10 @@ impl fmt::Display for Workload {
 impl Workload {
     /// Whether offsets are random.
     pub fn is_random(self) -> bool {
-        matches!(self, Workload::RandRead | Workload::RandWrite | Workload::RandRw)
+        matches!(
+            self,
+            Workload::RandRead | Workload::RandWrite | Workload::RandRw
+        )
     }
 
     /// The read percentage this workload implies, given the `-M` value
@@ -85,7 +88,11 @@ pub struct Rng(u64);
 impl Rng {
     /// A generator from `seed` (0 is replaced by a fixed odd constant).
     pub fn new(seed: u64) -> Self {
-        Rng(if seed == 0 { 0x9E37_79B9_7F4A_7C15 } else { seed })
+        Rng(if seed == 0 {
+            0x9E37_79B9_7F4A_7C15
+        } else {
+            seed
+        })
     }
 
     /// The next 64 random bits.
@@ -171,7 +178,11 @@ pub fn check_pattern(buf: &[u8], offset: u64, generation: u64) -> Result<(), usi
     for (i, chunk) in buf.chunks(8).enumerate() {
         let word = pattern_word(offset, i as u64, generation).to_le_bytes();
         if chunk != &word[..chunk.len()] {
-            let at = chunk.iter().zip(word.iter()).position(|(a, b)| a != b).unwrap_or(0);
+            let at = chunk
+                .iter()
+                .zip(word.iter())
+                .position(|(a, b)| a != b)
+                .unwrap_or(0);
             return Err(i * 8 + at);
         }
     }
@@ -189,10 +200,21 @@ mod tests {
 
     #[test]
     fn workloads_parse_and_print() {
-        for w in ["read", "write", "randread", "randwrite", "rw", "randrw", "verify"] {
+        for w in [
+            "read",
+            "write",
+            "randread",
+            "randwrite",
+            "rw",
+            "randrw",
+            "verify",
+        ] {
             assert_eq!(w.parse::<Workload>().unwrap().to_string(), w);
         }
-        assert_eq!("bogus".parse::<Workload>(), Err(UnknownWorkload("bogus".into())));
+        assert_eq!(
+            "bogus".parse::<Workload>(),
+            Err(UnknownWorkload("bogus".into()))
+        );
     }
 
     #[test]
@@ -207,7 +229,10 @@ mod tests {
             assert!(u < 10);
             seen[u as usize] = true;
         }
-        assert!(seen.iter().all(|s| *s), "random offsets should cover a small range");
+        assert!(
+            seen.iter().all(|s| *s),
+            "random offsets should cover a small range"
+        );
     }
 
     #[test]

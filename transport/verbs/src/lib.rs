@@ -26,6 +26,8 @@
 pub mod cm;
 pub mod conformance;
 pub mod error;
+#[cfg(feature = "ibverbs")]
+pub mod ibv;
 pub mod provider;
 pub mod sig;
 pub mod soft;

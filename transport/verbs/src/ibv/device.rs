@@ -134,7 +134,7 @@ impl IbvDevice {
             ipv4: None,
         };
         dev.caps = query_caps(ctx)?;
-        dev.ipv4 = find_ipv4(ctx, &dev.caps);
+        dev.ipv4 = find_ipv4(ctx);
         // SAFETY: the context is open; async_fd is its async event fd.
         let async_fd = unsafe { (*ctx.as_ptr()).async_fd };
         set_nonblocking(async_fd).map_err(|e| VerbsError::sys("async fd O_NONBLOCK", e))?;
@@ -250,7 +250,7 @@ fn probe_inline(ctx: NonNull<ibv_context>) -> u32 {
 }
 
 /// The first IPv4-mapped GID (`::ffff:a.b.c.d`) of the port.
-fn find_ipv4(ctx: NonNull<ibv_context>, _caps: &DeviceCaps) -> Option<Ipv4Addr> {
+fn find_ipv4(ctx: NonNull<ibv_context>) -> Option<Ipv4Addr> {
     for index in 0..16 {
         let mut gid = MaybeUninit::<ibv_gid>::zeroed();
         // SAFETY: open context, `gid` is a writable ibv_gid.

@@ -76,7 +76,7 @@ impl RecHdr {
     }
 }
 
-fn rec_len(payload: usize) -> u64 {
+pub(crate) fn rec_len(payload: usize) -> u64 {
     ((HDR + payload + 63) & !63) as u64
 }
 

@@ -1,0 +1,522 @@
+//! The engine of `pollux-bdevperf`: one job per bdev on every selected core,
+//! each keeping `queue_depth` I/Os in flight on its core's I/O channel for
+//! the run's duration, then reporting per-core and total figures.
+//!
+//! Per I/O the job does no allocation and takes no lock: each of its slots
+//! owns one DMA buffer that travels with the I/O and comes back in the
+//! completion, and latency is measured with the reactor's per-loop clock
+//! (`Reactor::now`), so an I/O's latency is counted in whole reactor loops,
+//! which is what a polled-mode application can observe anyway.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pollux_bdev::{Bdev, BdevDesc, CompletedIo, IoChannel, IoCompletion, IoType, SgList};
+use pollux_reactor::mem::{BufPool, BufPoolOptions};
+use pollux_reactor::{launch, CoreId, Cores, IdleMode, LaunchConfig, PollStatus, Reactor};
+
+use crate::report::{Report, Tally};
+use crate::workload::{check_pattern, fill_pattern, OffsetGen, Workload};
+use crate::AppError;
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct PerfParams {
+    /// I/Os in flight per job.
+    pub queue_depth: usize,
+    /// Bytes per I/O (a multiple of every bdev's block size).
+    pub io_size: usize,
+    /// The access pattern.
+    pub workload: Workload,
+    /// Read percentage for `rw`/`randrw`.
+    pub read_pct: u8,
+    /// How long to run.
+    pub duration: Duration,
+}
+
+/// Progress or results sent from a reactor to the main thread.
+enum Msg {
+    Progress { core: CoreId, ios: u64 },
+    Done(Box<CoreDone>),
+    Failed { core: CoreId, error: String },
+}
+
+struct CoreDone {
+    core: CoreId,
+    tally: Tally,
+    busy_pct: f64,
+    seconds: f64,
+}
+
+/// Runs the benchmark on `bdevs` and returns the report.
+///
+/// `progress`, when set, receives the total IOPS of each second while the
+/// run lasts (the binary prints it on a terminal).
+///
+/// # Errors
+///
+/// [`AppError`] when the parameters do not fit a bdev, a bdev cannot be
+/// opened, the reactors cannot start, or a core fails to set up its jobs.
+pub fn run(
+    bdevs: &[Arc<Bdev>],
+    cores: Cores,
+    idle: IdleMode,
+    params: &PerfParams,
+    mut progress: Option<&mut dyn FnMut(f64)>,
+) -> Result<Report, AppError> {
+    check_params(bdevs, params)?;
+    let writable = params.workload != Workload::Read && params.workload != Workload::RandRead;
+    let mut descs = Vec::with_capacity(bdevs.len());
+    for b in bdevs {
+        descs.push(
+            b.open(writable)
+                .map_err(|e| AppError::Bdev(e.to_string()))?,
+        );
+    }
+    let descs = Arc::new(descs);
+    let ncores = cores.len();
+    let core_ids: Vec<CoreId> = cores.iter().collect();
+    let mut cfg = LaunchConfig::new(cores);
+    cfg.idle = idle;
+    let set = launch(cfg, |_| {}).map_err(|e| AppError::Reactor(e.to_string()))?;
+    let (tx, rx) = mpsc::channel::<Msg>();
+    for (index, &core) in core_ids.iter().enumerate() {
+        let (descs, params, tx) = (Arc::clone(&descs), params.clone(), tx.clone());
+        let sent = set.messenger().send(core, move |r| {
+            if let Err(error) = start_core(r, &descs, &params, index, ncores, tx.clone()) {
+                let _ = tx.send(Msg::Failed { core, error });
+            }
+        });
+        if let Err(e) = sent {
+            set.stop_all();
+            let _ = set.join();
+            return Err(AppError::Reactor(e.to_string()));
+        }
+    }
+    drop(tx);
+
+    let mut done = Vec::with_capacity(ncores);
+    let mut failure = None;
+    let mut second: Vec<u64> = Vec::new();
+    let mut last: Vec<u64> = vec![0; ncores];
+    while done.len() + usize::from(failure.is_some()) < ncores {
+        match rx.recv() {
+            Ok(Msg::Progress { core, ios }) => {
+                let i = core_ids.iter().position(|c| *c == core).unwrap_or(0);
+                second.push(ios.saturating_sub(last[i]));
+                last[i] = ios;
+                if second.len() == ncores {
+                    if let Some(p) = progress.as_mut() {
+                        p(second.iter().sum::<u64>() as f64);
+                    }
+                    second.clear();
+                }
+            }
+            Ok(Msg::Done(d)) => done.push(*d),
+            Ok(Msg::Failed { core, error }) => {
+                failure = Some(AppError::Setup(format!("core {core}: {error}")));
+                break;
+            }
+            Err(_) => {
+                failure = Some(AppError::Reactor("a reactor exited early".into()));
+                break;
+            }
+        }
+    }
+    set.stop_all();
+    let joined = set.join();
+    if let Some(f) = failure {
+        return Err(f);
+    }
+    joined.map_err(|e| AppError::Reactor(e.to_string()))?;
+    done.sort_by_key(|d| d.core);
+    let seconds = done.iter().map(|d| d.seconds).fold(0.0, f64::max);
+    let per_core: Vec<(u32, Tally, f64)> = done
+        .into_iter()
+        .map(|d| (d.core, d.tally, d.busy_pct))
+        .collect();
+    Ok(Report::new(seconds, &per_core))
+}
+
+fn check_params(bdevs: &[Arc<Bdev>], p: &PerfParams) -> Result<(), AppError> {
+    if bdevs.is_empty() {
+        return Err(AppError::Usage(
+            "no bdev given (use --bdev or --config)".into(),
+        ));
+    }
+    if p.queue_depth == 0 {
+        return Err(AppError::Usage("queue depth must be at least 1".into()));
+    }
+    if p.duration.is_zero() {
+        return Err(AppError::Usage("run time must be positive".into()));
+    }
+    for b in bdevs {
+        let info = b.info();
+        let bs = info.buf_block_size() as usize;
+        if p.io_size % bs != 0 {
+            return Err(AppError::Usage(format!(
+                "io size {} is not a multiple of bdev {}'s block size {bs}",
+                p.io_size,
+                info.name()
+            )));
+        }
+        if (p.io_size / bs) as u64 > info.num_blocks() {
+            return Err(AppError::Usage(format!(
+                "io size {} is larger than bdev {}",
+                p.io_size,
+                info.name()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Per-core state shared by that core's jobs.
+struct CoreRun {
+    core: CoreId,
+    jobs_left: usize,
+    tally: Tally,
+    started: Instant,
+    busy0: (u64, u64),
+    tx: mpsc::Sender<Msg>,
+}
+
+fn start_core(
+    r: &Reactor,
+    descs: &[BdevDesc],
+    p: &PerfParams,
+    index: usize,
+    ncores: usize,
+    tx: mpsc::Sender<Msg>,
+) -> Result<(), String> {
+    let s0 = r.stats();
+    let run = Rc::new(RefCell::new(CoreRun {
+        core: r.core(),
+        jobs_left: descs.len(),
+        tally: Tally::default(),
+        started: r.now(),
+        busy0: (s0.busy_ns, s0.idle_ns),
+        tx: tx.clone(),
+    }));
+    let mut jobs = Vec::with_capacity(descs.len());
+    for (j, desc) in descs.iter().enumerate() {
+        let ch = desc.channel(r).map_err(|e| e.to_string())?;
+        let job = Job::new(r, ch, p, index, ncores, j, Rc::clone(&run))?;
+        jobs.push(job);
+    }
+    // Start every job, then arm the end-of-run timer and the progress ticker.
+    for job in &jobs {
+        Job::start(job);
+    }
+    let stop_jobs = jobs.clone();
+    let rr = r.clone();
+    let end = Rc::new(std::cell::Cell::new(None));
+    let end2 = Rc::clone(&end);
+    let id = r.add_timed_poller("bdevperf-end", p.duration, move || {
+        for job in &stop_jobs {
+            Job::stop(job);
+        }
+        if let Some(id) = end2.get() {
+            rr.remove_poller(id);
+        }
+        PollStatus::Busy
+    });
+    end.set(Some(id));
+    let tick_jobs = jobs.clone();
+    let core = r.core();
+    let ticker = Rc::new(std::cell::Cell::new(None));
+    let ticker2 = Rc::clone(&ticker);
+    let rr = r.clone();
+    let id = r.add_timed_poller("bdevperf-progress", Duration::from_secs(1), move || {
+        let ios: u64 = tick_jobs.iter().map(|j| j.0.borrow().tally.ios).sum();
+        let running = tick_jobs.iter().any(|j| !j.0.borrow().stopping);
+        if running {
+            let _ = tx.send(Msg::Progress { core, ios });
+        } else if let Some(id) = ticker2.get() {
+            rr.remove_poller(id);
+        }
+        PollStatus::Idle
+    });
+    ticker.set(Some(id));
+    // A poller retries I/Os that the channel pushed back (queue full).
+    let retry_jobs = jobs;
+    let rr = r.clone();
+    let retry = Rc::new(std::cell::Cell::new(None));
+    let retry2 = Rc::clone(&retry);
+    let id = r.add_poller("bdevperf-retry", move || {
+        let mut busy = PollStatus::Idle;
+        let mut all_done = true;
+        for job in &retry_jobs {
+            if Job::retry_parked(job) {
+                busy = PollStatus::Busy;
+            }
+            all_done &= job.0.borrow().finished;
+        }
+        if all_done {
+            if let Some(id) = retry2.get() {
+                rr.remove_poller(id);
+            }
+        }
+        busy
+    });
+    retry.set(Some(id));
+    Ok(())
+}
+
+/// What a verify slot does next with its unit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Write,
+    Read,
+}
+
+struct Slot {
+    bufs: Option<SgList>,
+    submitted: Instant,
+    unit: u64,
+    phase: Phase,
+    generation: u64,
+    is_read: bool,
+}
+
+struct JobState {
+    ch: IoChannel,
+    cb: Option<Rc<dyn IoCompletion>>,
+    gen: OffsetGen,
+    workload: Workload,
+    io_blocks: u64,
+    io_bytes: u64,
+    first_block: u64,
+    units: u64,
+    slots: Vec<Slot>,
+    parked: Vec<usize>,
+    in_flight: usize,
+    stopping: bool,
+    finished: bool,
+    tally: Tally,
+    run: Rc<RefCell<CoreRun>>,
+}
+
+struct Job(RefCell<JobState>);
+
+impl IoCompletion for Job {
+    fn complete(&self, io: CompletedIo) {
+        let mut s = self.0.borrow_mut();
+        s.on_complete(io);
+    }
+}
+
+impl Job {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        r: &Reactor,
+        ch: IoChannel,
+        p: &PerfParams,
+        core_index: usize,
+        ncores: usize,
+        job_index: usize,
+        run: Rc<RefCell<CoreRun>>,
+    ) -> Result<Rc<Job>, String> {
+        let bs = ch.buf_block_size();
+        let io_blocks = p.io_size as u64 / bs;
+        let total_units = ch.num_blocks() / io_blocks;
+        // Verify gives each core its own stripe of the bdev, and each slot its
+        // own units within it, so no two I/Os ever touch the same blocks.
+        let (first_unit, units) = if p.workload == Workload::Verify {
+            let per = total_units / ncores as u64;
+            (per * core_index as u64, per)
+        } else {
+            (0, total_units)
+        };
+        if units == 0 {
+            return Err(format!(
+                "bdev too small for {} cores at io size {}",
+                ncores, p.io_size
+            ));
+        }
+        let depth = if p.workload == Workload::Verify {
+            p.queue_depth.min(units as usize)
+        } else {
+            p.queue_depth
+        };
+        let pool = BufPool::new(BufPoolOptions::new(
+            format!("bdevperf-c{}-j{job_index}", r.core()),
+            p.io_size,
+            depth,
+        ))
+        .map_err(|e| format!("buffers: {e}"))?;
+        let mut slots = Vec::with_capacity(depth);
+        for i in 0..depth {
+            let mut buf = pool.get().ok_or("buffer pool smaller than its count")?;
+            fill_pattern(buf.as_mut_slice(), i as u64 * p.io_size as u64, 0);
+            slots.push(Slot {
+                bufs: Some(SgList::from_buf(buf)),
+                submitted: r.now(),
+                unit: i as u64,
+                phase: Phase::Write,
+                generation: 0,
+                is_read: false,
+            });
+        }
+        let seed = 0x5EED ^ ((r.core() as u64) << 32) ^ job_index as u64;
+        let job = Rc::new(Job(RefCell::new(JobState {
+            ch,
+            cb: None,
+            gen: OffsetGen::new(p.workload, p.read_pct, units, seed),
+            workload: p.workload,
+            io_blocks,
+            io_bytes: p.io_size as u64,
+            first_block: first_unit * io_blocks,
+            units,
+            slots,
+            parked: Vec::with_capacity(depth),
+            in_flight: 0,
+            stopping: false,
+            finished: false,
+            tally: Tally::default(),
+            run,
+        })));
+        let cb: Rc<dyn IoCompletion> = job.clone();
+        job.0.borrow_mut().cb = Some(cb);
+        Ok(job)
+    }
+
+    fn start(job: &Rc<Job>) {
+        let mut s = job.0.borrow_mut();
+        for i in 0..s.slots.len() {
+            s.submit(i);
+        }
+    }
+
+    fn stop(job: &Rc<Job>) {
+        let mut s = job.0.borrow_mut();
+        s.stopping = true;
+        s.parked.clear();
+        s.maybe_finish();
+    }
+
+    /// Resubmits parked slots; whether any went out.
+    fn retry_parked(job: &Rc<Job>) -> bool {
+        let mut s = job.0.borrow_mut();
+        if s.parked.is_empty() || s.stopping {
+            return false;
+        }
+        let n = s.parked.len();
+        for _ in 0..n {
+            let Some(i) = s.parked.pop() else { break };
+            s.submit(i);
+        }
+        s.parked.len() < n
+    }
+}
+
+impl JobState {
+    fn submit(&mut self, i: usize) {
+        let now = self.ch.reactor().now();
+        let slot = &mut self.slots[i];
+        let (unit, is_read) = if self.workload == Workload::Verify {
+            (slot.unit, slot.phase == Phase::Read)
+        } else {
+            (self.gen.next_unit(), self.gen.next_is_read())
+        };
+        if self.workload == Workload::Verify && slot.phase == Phase::Write {
+            let offset = (self.first_block + unit * self.io_blocks) * self.ch.buf_block_size();
+            if let Some(b) = slot.bufs.as_mut().and_then(|l| l.iter_mut().next()) {
+                fill_pattern(b.as_mut_slice(), offset, slot.generation);
+            }
+        }
+        slot.unit = unit;
+        slot.is_read = is_read;
+        slot.submitted = now;
+        let Some(bufs) = slot.bufs.take() else { return };
+        let Some(cb) = self.cb.as_ref() else { return };
+        let lba = self.first_block + unit * self.io_blocks;
+        let t = if is_read { IoType::Read } else { IoType::Write };
+        match self.ch.submit(t, lba, self.io_blocks, bufs, cb, i as u64) {
+            Ok(()) => self.in_flight += 1,
+            Err(rej) => {
+                self.slots[i].bufs = Some(rej.bufs);
+                self.parked.push(i);
+            }
+        }
+    }
+
+    fn on_complete(&mut self, io: CompletedIo) {
+        self.in_flight -= 1;
+        let i = io.ctx as usize;
+        let now = self.ch.reactor().now();
+        let ok = io.status.is_ok();
+        let depth = self.slots.len() as u64;
+        let Some(slot) = self.slots.get_mut(i) else {
+            return;
+        };
+        self.tally.ios += 1;
+        self.tally
+            .latency
+            .record(now.saturating_duration_since(slot.submitted).as_nanos() as u64);
+        if ok {
+            self.tally.bytes += self.io_bytes;
+        } else {
+            self.tally.errors += 1;
+        }
+        let bufs = io.bufs;
+        if self.workload == Workload::Verify && ok {
+            match slot.phase {
+                Phase::Write => slot.phase = Phase::Read,
+                Phase::Read => {
+                    let offset = io.offset_blocks * self.ch.buf_block_size();
+                    if let Some(b) = bufs.iter().next() {
+                        if check_pattern(b.as_slice(), offset, slot.generation).is_err() {
+                            self.tally.miscompares += 1;
+                        }
+                    }
+                    slot.phase = Phase::Write;
+                    let mut next = slot.unit + depth;
+                    if next >= self.units {
+                        next = i as u64;
+                        slot.generation += 1;
+                    }
+                    slot.unit = next;
+                }
+            }
+        }
+        self.slots[i].bufs = Some(bufs);
+        if self.stopping {
+            self.maybe_finish();
+        } else {
+            self.submit(i);
+        }
+    }
+
+    fn maybe_finish(&mut self) {
+        if self.finished || self.in_flight > 0 {
+            return;
+        }
+        self.finished = true;
+        self.cb = None; // breaks the job <-> callback cycle
+        let mut run = self.run.borrow_mut();
+        run.tally.merge(&self.tally);
+        run.jobs_left -= 1;
+        if run.jobs_left == 0 {
+            let r = self.ch.reactor();
+            let s = r.stats();
+            let busy = s.busy_ns.saturating_sub(run.busy0.0);
+            let idle = s.idle_ns.saturating_sub(run.busy0.1);
+            let busy_pct = if busy + idle == 0 {
+                0.0
+            } else {
+                busy as f64 * 100.0 / (busy + idle) as f64
+            };
+            let done = CoreDone {
+                core: run.core,
+                tally: std::mem::take(&mut run.tally),
+                busy_pct,
+                seconds: r.now().saturating_duration_since(run.started).as_secs_f64(),
+            };
+            let _ = run.tx.send(Msg::Done(Box::new(done)));
+        }
+    }
+}

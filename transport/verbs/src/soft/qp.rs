@@ -1,0 +1,976 @@
+//! RC queue pairs: post-time checks, the send-queue executor (WRITE/READ as
+//! one copy between mappings, SEND through the ring, local key operations),
+//! in-order retirement with RC-ack semantics, the responder, and error/flush.
+//!
+//! Semantics chosen (and why they keep the verbs ordering guarantees):
+//! - WRs execute in posting order, at `post_send` and again from the send
+//!   CQ's poll when one was blocked (ring full). WRITE/READ data moves when
+//!   the WR executes; a SEND is published to the ring after everything
+//!   posted before it has executed, so "WRITE then SEND" data is in the
+//!   responder's memory before the SEND can be consumed (release/acquire
+//!   on the ring tail).
+//! - A SEND (or WRITE_WITH_IMM) completes when the responder has consumed it
+//!   into a receive (the ring head passed it): RC ack semantics. Send
+//!   completions come out in posting order.
+//! - FENCE is implied: a WR never starts before earlier WRs executed, and
+//!   READs execute synchronously.
+//! - RNR: a SEND with no receive posted stays at the ring head (blocking
+//!   later messages of that QP, as an RC retry would); the responder fails
+//!   it with RNR_RETRY_EXC_ERR once `rnr_retry × min_rnr_timer` has passed
+//!   (never with 7).
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use super::cq::{CqInner, SoftCq};
+use super::link::{Link, FATAL_ACCESS, FATAL_ERR};
+use super::mr::{resolve, KeyErr};
+use super::pd::SoftPd;
+use super::ring::{
+    peek, produce, publish, rec_len, release, RecHdr, CTL_HEAD, CTL_NAK, CTL_RNR_RETRY, CTL_TAIL,
+    REC_PAD, REC_SEND, REC_WRITE_IMM, RF_IMM, RF_INV,
+};
+use super::shm::{copy_spans, Span, SpanList};
+use super::srq::{RecvQueue, SoftSrq};
+use super::state_table::{inbound_processed, recv_allowed, send_allowed, transition_allowed};
+use super::Soft;
+use crate::error::{PostError, PostErrorKind, VerbsError};
+use crate::provider::{QpInit, QueuePair};
+use crate::sig::SigAttrs;
+use crate::types::{
+    rnr_timer_us, Access, AsyncEvent, QpAttr, QpCaps, QpState, RemoteAddr, SendFlags, Sge, Wc,
+    WcFlags, WcOpcode, WcStatus, WrId,
+};
+use crate::wr::{RecvWr, SendOp, SendWr};
+
+/// Inbound records handled per poll and QP.
+const RECV_BATCH: usize = 256;
+const NAK_POS_MASK: u64 = (1 << 56) - 1;
+
+#[derive(Debug, Clone, Copy)]
+enum OpCopy {
+    Send,
+    SendImm(u32),
+    SendInv(u32),
+    Write(RemoteAddr),
+    WriteImm(RemoteAddr, u32),
+    Read(RemoteAddr),
+    LocalInv(u32),
+    RegMr {
+        key: u32,
+        iova: u64,
+        access: Access,
+        sig: Option<SigAttrs>,
+    },
+}
+
+impl OpCopy {
+    fn wc_opcode(&self) -> WcOpcode {
+        match self {
+            OpCopy::Send | OpCopy::SendImm(_) | OpCopy::SendInv(_) => WcOpcode::Send,
+            OpCopy::Write(_) | OpCopy::WriteImm(..) => WcOpcode::RdmaWrite,
+            OpCopy::Read(_) => WcOpcode::RdmaRead,
+            OpCopy::LocalInv(_) => WcOpcode::LocalInv,
+            OpCopy::RegMr { sig: None, .. } => WcOpcode::RegMr,
+            OpCopy::RegMr { sig: Some(_), .. } => WcOpcode::RegMrIntegrity,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SlotState {
+    Pending,
+    Ack { start: u64, end: u64 },
+    Done(WcStatus),
+}
+
+#[derive(Debug, Clone, Copy)]
+struct SqSlot {
+    wr_id: WrId,
+    op: OpCopy,
+    signaled: bool,
+    inline: bool,
+    nsge: u32,
+    inline_len: u32,
+    byte_len: u32,
+    st: SlotState,
+}
+
+/// The send queue: slots plus per-slot SGE and inline storage, allocated
+/// once. Counters are free-running: `head ≤ exec ≤ tail`.
+struct SendQueue {
+    slots: Vec<SqSlot>,
+    sges: Vec<Sge>,
+    inl: Vec<u8>,
+    max_sge: usize,
+    max_inline: usize,
+    head: u64,
+    exec: u64,
+    tail: u64,
+}
+
+impl SendQueue {
+    fn idx(&self, c: u64) -> usize {
+        (c % self.slots.len() as u64) as usize
+    }
+}
+
+enum Run {
+    Done,
+    Ack(u64, u64),
+    Blocked,
+    Fail(WcStatus, u32),
+}
+
+/// A soft RC queue pair (`!Send`).
+#[derive(Clone)]
+pub struct SoftQp(pub(crate) Rc<QpInner>);
+
+pub(crate) struct QpInner {
+    pub(crate) pd: SoftPd,
+    pub(crate) num: u32,
+    caps: QpCaps,
+    send_cq: SoftCq,
+    recv_cq: SoftCq,
+    srq: Option<SoftSrq>,
+    sq_sig_all: bool,
+    state: Cell<QpState>,
+    rnr_retry: Cell<u8>,
+    min_rnr_timer: Cell<u8>,
+    sq: RefCell<SendQueue>,
+    rq: RefCell<RecvQueue>,
+    pub(crate) link: RefCell<Option<Rc<Link>>>,
+    rnr_since: Cell<Option<Instant>>,
+    /// Fault injection: polls to skip.
+    pub(crate) stall: Cell<u32>,
+}
+
+impl SoftQp {
+    pub(crate) fn new(pd: &SoftPd, init: &QpInit<'_, Soft>) -> Result<SoftQp, VerbsError> {
+        let dc = &pd.0.dev.0.caps;
+        let c = init.caps;
+        if c.max_send_wr == 0
+            || c.max_send_wr > dc.max_qp_wr
+            || c.max_recv_wr > dc.max_qp_wr
+            || c.max_send_sge > dc.max_sge
+            || c.max_recv_sge > dc.max_sge
+            || c.max_inline_data > dc.max_inline_data
+        {
+            return Err(VerbsError::InvalidArgument("QP caps above device limits"));
+        }
+        let same_dev = |cq: &SoftCq| Rc::ptr_eq(&cq.0.dev().0, &pd.0.dev.0);
+        if !same_dev(init.send_cq) || !same_dev(init.recv_cq) {
+            return Err(VerbsError::InvalidArgument("CQ of another device"));
+        }
+        if let Some(s) = init.srq {
+            if !Rc::ptr_eq(&s.0.pd.0, &pd.0) {
+                return Err(VerbsError::InvalidArgument("SRQ of another PD"));
+            }
+        }
+        let caps = QpCaps {
+            max_recv_wr: if init.srq.is_some() { 0 } else { c.max_recv_wr },
+            ..c
+        };
+        let sq = SendQueue {
+            slots: vec![
+                SqSlot {
+                    wr_id: WrId(0),
+                    op: OpCopy::Send,
+                    signaled: false,
+                    inline: false,
+                    nsge: 0,
+                    inline_len: 0,
+                    byte_len: 0,
+                    st: SlotState::Pending,
+                };
+                c.max_send_wr as usize
+            ],
+            sges: vec![Sge::default(); (c.max_send_wr * c.max_send_sge.max(1)) as usize],
+            inl: vec![0; (c.max_send_wr * c.max_inline_data) as usize],
+            max_sge: c.max_send_sge.max(1) as usize,
+            max_inline: c.max_inline_data as usize,
+            head: 0,
+            exec: 0,
+            tail: 0,
+        };
+        let inner = Rc::new(QpInner {
+            pd: pd.clone(),
+            num: pd.0.dev.0.next_num(),
+            caps,
+            send_cq: init.send_cq.clone(),
+            recv_cq: init.recv_cq.clone(),
+            srq: init.srq.cloned(),
+            sq_sig_all: init.sq_sig_all,
+            state: Cell::new(QpState::Reset),
+            rnr_retry: Cell::new(7),
+            min_rnr_timer: Cell::new(1),
+            sq: RefCell::new(sq),
+            rq: RefCell::new(RecvQueue::new(
+                caps.max_recv_wr as usize,
+                c.max_recv_sge.max(1) as usize,
+            )),
+            link: RefCell::new(None),
+            rnr_since: Cell::new(None),
+            stall: Cell::new(0),
+        });
+        for cq in [init.send_cq, init.recv_cq] {
+            let mut l = cq.0.qps.borrow_mut();
+            l.retain(|w| w.strong_count() > 0);
+            if !l.iter().any(|w| w.as_ptr() == Rc::as_ptr(&inner)) {
+                l.push(Rc::downgrade(&inner));
+            }
+        }
+        Ok(SoftQp(inner))
+    }
+
+    /// The QP's receive-queue SRQ, if any.
+    pub fn srq(&self) -> Option<&SoftSrq> {
+        self.0.srq.as_ref()
+    }
+}
+
+impl QpInner {
+    pub(crate) fn state(&self) -> QpState {
+        self.state.get()
+    }
+
+    /// Attach the peer link (CM, before RTR).
+    pub(crate) fn attach(&self, link: Rc<Link>) {
+        *self.link.borrow_mut() = Some(link);
+    }
+
+    pub(crate) fn set_rnr_retry(&self, r: u8) {
+        self.rnr_retry.set(r.min(7));
+    }
+
+    /// Drive the QP from a poll of `cq`.
+    pub(crate) fn progress(&self, cq: &CqInner) {
+        if self.stall.get() > 0 {
+            self.stall.set(self.stall.get() - 1);
+            return;
+        }
+        if std::ptr::eq(cq, &*self.recv_cq.0) {
+            self.recv();
+        }
+        if std::ptr::eq(cq, &*self.send_cq.0) {
+            self.execute();
+            self.retire();
+        }
+    }
+
+    /// Arm wake-ups from the peer for `cq`; true if work is already pending.
+    pub(crate) fn arm_links(&self, cq: &CqInner) -> bool {
+        let link = self.link.borrow().clone();
+        let Some(l) = link else { return false };
+        let mut pending = false;
+        if std::ptr::eq(cq, &*self.recv_cq.0) {
+            l.shm
+                .u32_at(l.in_ctl(super::ring::CTL_CONSUMER_ARMED))
+                .store(1, Ordering::SeqCst);
+            let tail = l.shm.u64_at(l.in_ctl(CTL_TAIL)).load(Ordering::SeqCst);
+            pending |= tail != l.in_head.get();
+        }
+        if std::ptr::eq(cq, &*self.send_cq.0) {
+            l.shm
+                .u32_at(l.out_ctl(super::ring::CTL_PRODUCER_ARMED))
+                .store(1, Ordering::SeqCst);
+            let sq = self.sq.borrow();
+            pending |= sq.head < sq.exec;
+        }
+        pending
+    }
+
+    /// The CQ died (overflow): ERR.
+    pub(crate) fn cq_died(&self) {
+        self.to_err(None, Some(AsyncEvent::QpFatal { qp_num: self.num }));
+    }
+
+    /// Enter ERR: flush the SQ (the first unfinished WR gets `head_status`
+    /// if given) and the RQ, tell the peer, raise `ev`.
+    pub(crate) fn to_err(&self, head_status: Option<WcStatus>, ev: Option<AsyncEvent>) {
+        if self.state.get() == QpState::Err {
+            return;
+        }
+        self.state.set(QpState::Err);
+        {
+            let mut sq = self.sq.borrow_mut();
+            let mut hs = head_status;
+            for c in sq.head..sq.tail {
+                let i = sq.idx(c);
+                if !matches!(sq.slots[i].st, SlotState::Done(_)) {
+                    sq.slots[i].st = SlotState::Done(hs.take().unwrap_or(WcStatus::WrFlushErr));
+                }
+            }
+            sq.exec = sq.tail;
+        }
+        self.flush_rq();
+        let dev = &self.pd.0.dev.0;
+        if let Some(ev) = ev {
+            dev.push_event(ev);
+        }
+        if self.srq.is_some() {
+            dev.push_event(AsyncEvent::QpLastWqeReached { qp_num: self.num });
+        }
+        if let Some(l) = self.link.borrow().as_ref() {
+            l.set_fatal(FATAL_ERR);
+        }
+        self.send_cq.0.signal();
+    }
+
+    fn flush_rq(&self) {
+        let mut rq = self.rq.borrow_mut();
+        while let Some(id) = rq.pop() {
+            self.recv_cq.0.push(self.err_wc(id, WcStatus::WrFlushErr, WcOpcode::Recv));
+        }
+    }
+
+    fn err_wc(&self, wr_id: WrId, status: WcStatus, opcode: WcOpcode) -> Wc {
+        Wc {
+            wr_id,
+            status,
+            opcode,
+            qp_num: self.num,
+            ..Wc::default()
+        }
+    }
+
+    /// Execute queued send WRs in order until one blocks or fails.
+    fn execute(&self) {
+        let link = self.link.borrow().clone();
+        let mut fail = None;
+        {
+            let mut sq = self.sq.borrow_mut();
+            if self.state.get() != QpState::Rts {
+                return;
+            }
+            let mut tail = link.as_ref().map_or(0, |l| l.out_tail.get());
+            while sq.exec < sq.tail {
+                let i = sq.idx(sq.exec);
+                let slot = sq.slots[i];
+                let s0 = i * sq.max_sge;
+                let sges = &sq.sges[s0..s0 + slot.nsge as usize];
+                let i0 = i * sq.max_inline;
+                let inl = &sq.inl[i0..i0 + slot.inline_len as usize];
+                let r = self.run(&slot, sges, inl, link.as_deref(), &mut tail);
+                match r {
+                    Run::Done => sq.slots[i].st = SlotState::Done(WcStatus::Success),
+                    Run::Ack(start, end) => sq.slots[i].st = SlotState::Ack { start, end },
+                    Run::Blocked => break,
+                    Run::Fail(st, code) => {
+                        sq.slots[i].st = SlotState::Done(st);
+                        sq.exec += 1;
+                        fail = Some(code);
+                        break;
+                    }
+                }
+                sq.exec += 1;
+            }
+            if let Some(l) = link.as_ref() {
+                if tail != l.published.get() {
+                    l.out_tail.set(tail);
+                    l.published.set(tail);
+                    publish(&l.shm, l.out_d, tail);
+                    l.wake_peer_recv();
+                }
+            }
+        }
+        if let Some(code) = fail {
+            let ev = AsyncEvent::QpFatal { qp_num: self.num };
+            if code == FATAL_ACCESS {
+                if let Some(l) = link.as_ref() {
+                    l.set_fatal(FATAL_ACCESS);
+                }
+            }
+            self.to_err(None, Some(ev));
+        }
+    }
+
+    /// Gather the payload of a send-type WR.
+    fn gather(&self, slot: &SqSlot, sges: &[Sge], inl: &[u8], out: &mut SpanList) -> bool {
+        if slot.inline {
+            return out.push(Span {
+                ptr: inl.as_ptr().cast_mut(),
+                len: inl.len(),
+            });
+        }
+        sges.iter()
+            .all(|s| self.pd.0.resolve_local(s, Access::NONE, out))
+    }
+
+    /// Resolve a remote range against the peer's table, mapping newly
+    /// announced arenas once if needed.
+    fn remote(&self, l: &Link, ra: RemoteAddr, len: u64, need: Access, out: &mut SpanList) -> bool {
+        let try_once = |out: &mut SpanList| {
+            let arenas = l.peer_arenas.borrow();
+            resolve(&l.peer_table, l.peer_tag, ra.rkey, ra.addr, len, need, &arenas, out)
+        };
+        match try_once(out) {
+            Ok(()) => true,
+            Err(KeyErr::Denied) => false,
+            Err(KeyErr::UnknownArena) => {
+                l.refresh_arenas();
+                *out = SpanList::new();
+                try_once(out).is_ok()
+            }
+        }
+    }
+
+    fn run(&self, slot: &SqSlot, sges: &[Sge], inl: &[u8], link: Option<&Link>, tail: &mut u64) -> Run {
+        let pd = &self.pd.0;
+        let needs_link = !matches!(slot.op, OpCopy::LocalInv(_) | OpCopy::RegMr { .. });
+        let l = match (needs_link, link) {
+            (true, None) => return Run::Fail(WcStatus::RetryExcErr, FATAL_ERR),
+            (_, l) => l,
+        };
+        match slot.op {
+            OpCopy::LocalInv(key) => match pd.invalidate(key) {
+                Ok(()) => Run::Done,
+                Err(_) => Run::Fail(WcStatus::LocQpOpErr, FATAL_ERR),
+            },
+            OpCopy::RegMr {
+                key,
+                iova,
+                access,
+                sig,
+            } => match pd.fast_reg(key, iova, access, sges, sig) {
+                Ok(()) => Run::Done,
+                Err(_) => Run::Fail(WcStatus::LocQpOpErr, FATAL_ERR),
+            },
+            OpCopy::Send | OpCopy::SendImm(_) | OpCopy::SendInv(_) => {
+                let Some(l) = l else { return Run::Blocked };
+                let mut src = SpanList::new();
+                if !self.gather(slot, sges, inl, &mut src) {
+                    return Run::Fail(WcStatus::LocProtErr, FATAL_ERR);
+                }
+                let (flags, imm, aux) = match slot.op {
+                    OpCopy::SendImm(i) => (RF_IMM, i, 0),
+                    OpCopy::SendInv(k) => (RF_INV, 0, k),
+                    _ => (0, 0, 0),
+                };
+                let hdr = RecHdr {
+                    kind: REC_SEND,
+                    flags,
+                    len: src.total() as u32,
+                    imm,
+                    aux,
+                };
+                self.push_record(l, hdr, Some(&src), tail)
+            }
+            OpCopy::Write(ra) | OpCopy::WriteImm(ra, _) => {
+                let Some(l) = l else { return Run::Blocked };
+                if let OpCopy::WriteImm(..) = slot.op {
+                    // Check ring space first so the data is written once.
+                    if !ring_has_room(l, *tail, 0) {
+                        return Run::Blocked;
+                    }
+                }
+                let mut src = SpanList::new();
+                if !self.gather(slot, sges, inl, &mut src) {
+                    return Run::Fail(WcStatus::LocProtErr, FATAL_ERR);
+                }
+                let mut dst = SpanList::new();
+                if !self.remote(l, ra, src.total() as u64, Access::REMOTE_WRITE, &mut dst) {
+                    return Run::Fail(WcStatus::RemAccessErr, FATAL_ACCESS);
+                }
+                copy_spans(&dst, &src, usize::MAX);
+                match slot.op {
+                    OpCopy::WriteImm(_, imm) => {
+                        let hdr = RecHdr {
+                            kind: REC_WRITE_IMM,
+                            flags: RF_IMM,
+                            len: src.total() as u32,
+                            imm,
+                            aux: 0,
+                        };
+                        self.push_record(l, hdr, None, tail)
+                    }
+                    _ => Run::Done,
+                }
+            }
+            OpCopy::Read(ra) => {
+                let Some(l) = l else { return Run::Blocked };
+                let mut dst = SpanList::new();
+                if !sges
+                    .iter()
+                    .all(|s| pd.resolve_local(s, Access::LOCAL_WRITE, &mut dst))
+                {
+                    return Run::Fail(WcStatus::LocProtErr, FATAL_ERR);
+                }
+                let mut src = SpanList::new();
+                if !self.remote(l, ra, dst.total() as u64, Access::REMOTE_READ, &mut src) {
+                    return Run::Fail(WcStatus::RemAccessErr, FATAL_ACCESS);
+                }
+                copy_spans(&dst, &src, usize::MAX);
+                Run::Done
+            }
+        }
+    }
+
+    fn push_record(&self, l: &Link, hdr: RecHdr, src: Option<&SpanList>, tail: &mut u64) -> Run {
+        let len = hdr.len as usize;
+        let r = produce(&l.shm, l.out_d, *tail, hdr, |span| {
+            if let Some(src) = src {
+                let mut dst = SpanList::new();
+                dst.push(span);
+                copy_spans(&dst, src, len);
+            }
+        });
+        match r {
+            Some(end) => {
+                *tail = end;
+                let rl = if hdr.kind == REC_WRITE_IMM { rec_len(0) } else { rec_len(len) };
+                Run::Ack(end - rl, end)
+            }
+            None => Run::Blocked,
+        }
+    }
+
+    /// Look at the peer's NAK and state words.
+    fn check_peer(&self, l: &Link) {
+        if !l.nak_done.get() {
+            let nak = l.shm.u64_at(l.out_ctl(CTL_NAK)).load(Ordering::Acquire);
+            if nak != 0 {
+                l.nak_done.set(true);
+                let status = WcStatus::from_u8((nak >> 56) as u8);
+                let pos = nak & NAK_POS_MASK;
+                {
+                    let mut sq = self.sq.borrow_mut();
+                    let mut found = false;
+                    for c in sq.head..sq.exec {
+                        let i = sq.idx(c);
+                        if let SlotState::Ack { start, .. } = sq.slots[i].st {
+                            if found {
+                                continue;
+                            }
+                            if start & NAK_POS_MASK == pos {
+                                sq.slots[i].st = SlotState::Done(status);
+                                found = true;
+                            } else {
+                                sq.slots[i].st = SlotState::Done(WcStatus::Success);
+                            }
+                        }
+                    }
+                }
+                self.to_err(None, Some(AsyncEvent::QpFatal { qp_num: self.num }));
+                return;
+            }
+        }
+        if self.state.get() != QpState::Err {
+            match l.peer_fatal() {
+                FATAL_ACCESS => self.to_err(None, Some(AsyncEvent::QpAccessErr { qp_num: self.num })),
+                0 => {}
+                _ => {
+                    let unacked = {
+                        let sq = self.sq.borrow();
+                        sq.head < sq.tail
+                    };
+                    let hs = unacked.then_some(WcStatus::RetryExcErr);
+                    self.to_err(hs, Some(AsyncEvent::QpFatal { qp_num: self.num }));
+                }
+            }
+        }
+    }
+
+    /// Emit completions for finished WRs, in order.
+    fn retire(&self) {
+        let link = self.link.borrow().clone();
+        let mut head_pos = None;
+        if let Some(l) = link.as_ref() {
+            self.check_peer(l);
+            let h = l.shm.u64_at(l.out_ctl(CTL_HEAD)).load(Ordering::Acquire);
+            if h.wrapping_sub(l.published.get()) as i64 > 0 {
+                // The peer claims to have consumed more than we produced.
+                self.to_err(None, Some(AsyncEvent::QpFatal { qp_num: self.num }));
+            } else {
+                head_pos = Some(h);
+            }
+        }
+        let mut sq = self.sq.borrow_mut();
+        while sq.head < sq.exec {
+            let i = sq.idx(sq.head);
+            let s = sq.slots[i];
+            let status = match s.st {
+                SlotState::Done(st) => st,
+                SlotState::Ack { end, .. } => match head_pos {
+                    Some(h) if (end.wrapping_sub(h) as i64) <= 0 => WcStatus::Success,
+                    _ => break,
+                },
+                SlotState::Pending => break,
+            };
+            if status != WcStatus::Success || s.signaled {
+                let wc = Wc {
+                    wr_id: s.wr_id,
+                    status,
+                    opcode: s.op.wc_opcode(),
+                    byte_len: s.byte_len,
+                    qp_num: self.num,
+                    ..Wc::default()
+                };
+                let wc = if status == WcStatus::Success {
+                    wc
+                } else {
+                    self.err_wc(s.wr_id, status, s.op.wc_opcode())
+                };
+                if !self.send_cq.0.push(wc) {
+                    break;
+                }
+            }
+            sq.head += 1;
+        }
+    }
+
+    fn nak(&self, l: &Link, status: WcStatus, pos: u64) {
+        l.shm
+            .u64_at(l.in_ctl(CTL_NAK))
+            .store(((status as u64) << 56) | (pos & NAK_POS_MASK), Ordering::Release);
+        l.wake_peer_send();
+    }
+
+    /// Take the next receive (SRQ or RQ): its id and whether its SGEs check.
+    fn take_recv(&self, dst: &mut SpanList) -> Option<(WrId, bool)> {
+        let pd = &self.pd.0;
+        let take = |q: &mut RecvQueue| {
+            let (id, sges) = q.front()?;
+            let ok = sges
+                .iter()
+                .all(|s| pd.resolve_local(s, Access::LOCAL_WRITE, dst));
+            q.pop();
+            Some((id, ok))
+        };
+        match &self.srq {
+            Some(srq) => {
+                let r = take(&mut srq.0.q.borrow_mut());
+                if r.is_some() {
+                    srq.0.after_take();
+                }
+                r
+            }
+            None => take(&mut self.rq.borrow_mut()),
+        }
+    }
+
+    /// The responder: consume inbound records into receives.
+    fn recv(&self) {
+        let link = self.link.borrow().clone();
+        let Some(l) = link else { return };
+        if inbound_processed(self.state.get()) {
+            self.consume(&l);
+        }
+        self.check_peer(&l);
+    }
+
+    fn consume(&self, l: &Link) {
+        let start_head = l.in_head.get();
+        let mut head = start_head;
+        for _ in 0..RECV_BATCH {
+            let p = match peek(&l.shm, l.in_d, head) {
+                Ok(Some(p)) => p,
+                Ok(None) => break,
+                Err(_) => {
+                    self.to_err(None, Some(AsyncEvent::QpFatal { qp_num: self.num }));
+                    break;
+                }
+            };
+            if p.hdr.kind == REC_PAD {
+                head += p.rec_len;
+                continue;
+            }
+            let mut dst = SpanList::new();
+            let Some((wr_id, ok)) = self.take_recv(&mut dst) else {
+                if self.rnr_expired(l) {
+                    self.nak(l, WcStatus::RnrRetryExcErr, head);
+                    head += p.rec_len;
+                    self.to_err(None, None);
+                }
+                break;
+            };
+            self.rnr_since.set(None);
+            let mut wc = Wc {
+                wr_id,
+                status: WcStatus::Success,
+                opcode: WcOpcode::Recv,
+                byte_len: p.hdr.len,
+                imm: 0,
+                flags: WcFlags::NONE,
+                qp_num: self.num,
+                vendor_err: 0,
+            };
+            let fail = if p.hdr.kind == REC_WRITE_IMM {
+                wc.opcode = WcOpcode::RecvRdmaWithImm;
+                wc.flags = WcFlags::WITH_IMM;
+                wc.imm = p.hdr.imm;
+                None
+            } else if !ok {
+                Some((WcStatus::LocProtErr, WcStatus::RemOpErr))
+            } else if p.payload.len > dst.total() {
+                Some((WcStatus::LocLenErr, WcStatus::RemInvReqErr))
+            } else if p.hdr.flags & RF_INV != 0 && self.pd.0.invalidate(p.hdr.aux).is_err() {
+                Some((WcStatus::RemInvReqErr, WcStatus::RemInvReqErr))
+            } else {
+                let mut src = SpanList::new();
+                src.push(p.payload);
+                copy_spans(&dst, &src, p.payload.len);
+                if p.hdr.flags & RF_IMM != 0 {
+                    wc.flags = WcFlags::WITH_IMM;
+                    wc.imm = p.hdr.imm;
+                } else if p.hdr.flags & RF_INV != 0 {
+                    wc.flags = WcFlags::WITH_INV;
+                    wc.imm = p.hdr.aux;
+                }
+                None
+            };
+            if let Some((mine, theirs)) = fail {
+                self.recv_cq.0.push(self.err_wc(wr_id, mine, WcOpcode::Recv));
+                self.nak(l, theirs, head);
+                head += p.rec_len;
+                l.in_head.set(head);
+                release(&l.shm, l.in_d, head);
+                self.to_err(None, Some(AsyncEvent::QpFatal { qp_num: self.num }));
+                return;
+            }
+            head += p.rec_len;
+            if !self.recv_cq.0.push(wc) {
+                break;
+            }
+        }
+        if head != start_head {
+            l.in_head.set(head);
+            release(&l.shm, l.in_d, head);
+            l.wake_peer_send();
+        }
+    }
+
+    /// RNR bookkeeping: true once the requester's retry budget is spent.
+    fn rnr_expired(&self, l: &Link) -> bool {
+        let retry = l
+            .shm
+            .u32_at(l.in_ctl(CTL_RNR_RETRY))
+            .load(Ordering::Acquire)
+            .min(7);
+        if retry == 7 {
+            return false;
+        }
+        let now = Instant::now();
+        let since = match self.rnr_since.get() {
+            Some(t) => t,
+            None => {
+                self.rnr_since.set(Some(now));
+                now
+            }
+        };
+        let budget = u128::from(retry) * u128::from(rnr_timer_us(self.min_rnr_timer.get()));
+        now.duration_since(since).as_micros() >= budget
+    }
+}
+
+fn ring_has_room(l: &Link, tail: u64, len: usize) -> bool {
+    let head = l.shm.u64_at(l.out_ctl(CTL_HEAD)).load(Ordering::Acquire);
+    tail.wrapping_sub(head) + 2 * rec_len(len) <= super::ring::RING_SIZE
+}
+
+impl QueuePair for SoftQp {
+    fn qp_num(&self) -> u32 {
+        self.0.num
+    }
+
+    fn state(&self) -> QpState {
+        self.0.state.get()
+    }
+
+    fn caps(&self) -> QpCaps {
+        self.0.caps
+    }
+
+    fn modify(&self, attr: &QpAttr) -> Result<(), VerbsError> {
+        let q = &self.0;
+        let from = q.state.get();
+        let to = attr.state;
+        if !transition_allowed(from, to) {
+            return Err(VerbsError::InvalidTransition { from, to });
+        }
+        match to {
+            QpState::Reset => {
+                let mut sq = q.sq.borrow_mut();
+                sq.head = 0;
+                sq.exec = 0;
+                sq.tail = 0;
+                q.rq.borrow_mut().clear();
+                q.state.set(QpState::Reset);
+            }
+            QpState::Err => q.to_err(None, None),
+            QpState::Rtr => {
+                q.min_rnr_timer.set(attr.min_rnr_timer & 31);
+                q.state.set(to);
+            }
+            QpState::Rts => {
+                q.set_rnr_retry(attr.rnr_retry);
+                if let Some(l) = q.link.borrow().as_ref() {
+                    l.shm
+                        .u32_at(l.out_ctl(CTL_RNR_RETRY))
+                        .store(u32::from(q.rnr_retry.get()), Ordering::Release);
+                }
+                q.state.set(to);
+            }
+            _ => q.state.set(to),
+        }
+        Ok(())
+    }
+
+    fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
+        let q = &self.0;
+        let mut res = Ok(());
+        {
+            let mut sq = q.sq.borrow_mut();
+            for (index, wr) in wrs.iter().enumerate() {
+                if let Err(kind) = q.check_send(&sq, wr) {
+                    res = Err(PostError { index, kind });
+                    break;
+                }
+                let (op, extra) = match wr.op {
+                    SendOp::Send => (OpCopy::Send, &[][..]),
+                    SendOp::SendWithImm { imm } => (OpCopy::SendImm(imm), &[][..]),
+                    SendOp::SendWithInv { rkey } => (OpCopy::SendInv(rkey), &[][..]),
+                    SendOp::RdmaWrite { remote } => (OpCopy::Write(remote), &[][..]),
+                    SendOp::RdmaWriteWithImm { remote, imm } => (OpCopy::WriteImm(remote, imm), &[][..]),
+                    SendOp::RdmaRead { remote } => (OpCopy::Read(remote), &[][..]),
+                    SendOp::LocalInv { key } => (OpCopy::LocalInv(key), &[][..]),
+                    SendOp::RegMr { key, iova, access } => (
+                        OpCopy::RegMr {
+                            key,
+                            iova,
+                            access,
+                            sig: None,
+                        },
+                        &[][..],
+                    ),
+                    SendOp::RegMrIntegrity {
+                        key,
+                        iova,
+                        access,
+                        sig,
+                        prot,
+                    } => (
+                        OpCopy::RegMr {
+                            key,
+                            iova,
+                            access,
+                            sig: Some(sig),
+                        },
+                        prot,
+                    ),
+                };
+                let inline = wr.flags.contains(SendFlags::INLINE);
+                let c = sq.tail;
+                let i = sq.idx(c);
+                let s0 = i * sq.max_sge;
+                let n = if inline { 0 } else { wr.sg_list.len() };
+                sq.sges[s0..s0 + n].copy_from_slice(&wr.sg_list[..n]);
+                sq.sges[s0 + n..s0 + n + extra.len()].copy_from_slice(extra);
+                let il = if inline { wr.inline.len() } else { 0 };
+                let i0 = i * sq.max_inline;
+                sq.inl[i0..i0 + il].copy_from_slice(&wr.inline[..il]);
+                let st = if q.state.get() == QpState::Err {
+                    SlotState::Done(WcStatus::WrFlushErr)
+                } else {
+                    SlotState::Pending
+                };
+                sq.slots[i] = SqSlot {
+                    wr_id: wr.wr_id,
+                    op,
+                    signaled: q.sq_sig_all || wr.flags.contains(SendFlags::SIGNALED),
+                    inline,
+                    nsge: (n + extra.len()) as u32,
+                    inline_len: il as u32,
+                    byte_len: u32::try_from(wr.payload_len()).unwrap_or(u32::MAX),
+                    st,
+                };
+                sq.tail += 1;
+                if q.state.get() == QpState::Err {
+                    sq.exec = sq.tail;
+                }
+            }
+        }
+        q.execute();
+        if q.state.get() == QpState::Err {
+            q.send_cq.0.signal();
+        }
+        res
+    }
+
+    fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
+        let q = &self.0;
+        if q.srq.is_some() {
+            return Err(PostError {
+                index: 0,
+                kind: PostErrorKind::UsesSrq,
+            });
+        }
+        let st = q.state.get();
+        if !recv_allowed(st) {
+            return Err(PostError {
+                index: 0,
+                kind: PostErrorKind::WrongState(st),
+            });
+        }
+        let mut rq = q.rq.borrow_mut();
+        for (index, wr) in wrs.iter().enumerate() {
+            rq.push(wr).map_err(|kind| PostError { index, kind })?;
+        }
+        drop(rq);
+        if st == QpState::Err {
+            q.flush_rq();
+        }
+        Ok(())
+    }
+}
+
+impl QpInner {
+    fn check_send(&self, sq: &SendQueue, wr: &SendWr<'_>) -> Result<(), PostErrorKind> {
+        let st = self.state.get();
+        if !send_allowed(st) {
+            return Err(PostErrorKind::WrongState(st));
+        }
+        if sq.tail - sq.head >= sq.slots.len() as u64 {
+            return Err(PostErrorKind::QueueFull);
+        }
+        let inline = wr.flags.contains(SendFlags::INLINE);
+        let extra = match wr.op {
+            SendOp::RegMrIntegrity { prot, .. } => prot.len(),
+            _ => 0,
+        };
+        if inline {
+            let ok_op = matches!(
+                wr.op,
+                SendOp::Send
+                    | SendOp::SendWithImm { .. }
+                    | SendOp::SendWithInv { .. }
+                    | SendOp::RdmaWrite { .. }
+                    | SendOp::RdmaWriteWithImm { .. }
+            );
+            if !ok_op {
+                return Err(PostErrorKind::InvalidOpcode);
+            }
+            if wr.inline.len() > sq.max_inline {
+                return Err(PostErrorKind::InlineTooLong);
+            }
+        } else if wr.sg_list.len() + extra > self.caps.max_send_sge as usize
+            || wr.sg_list.len() + extra > sq.max_sge
+        {
+            return Err(PostErrorKind::TooManySge);
+        }
+        if wr.payload_len() > u64::from(self.pd.0.dev.0.caps.max_msg_size)
+            && matches!(
+                wr.op,
+                SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. }
+            )
+        {
+            return Err(PostErrorKind::MessageTooLong);
+        }
+        if wr.payload_len() > u64::from(u32::MAX) {
+            return Err(PostErrorKind::MessageTooLong);
+        }
+        Ok(())
+    }
+}
