@@ -422,10 +422,15 @@ impl JobState {
         } else {
             (self.gen.next_unit(), self.gen.next_is_read())
         };
-        if self.workload == Workload::Verify && slot.phase == Phase::Write {
+        if self.workload == Workload::Verify {
             let offset = (self.first_block + unit * self.io_blocks) * self.ch.buf_block_size();
             if let Some(b) = slot.bufs.as_mut().and_then(|l| l.iter_mut().next()) {
-                fill_pattern(b.as_mut_slice(), offset, slot.generation);
+                match slot.phase {
+                    Phase::Write => fill_pattern(b.as_mut_slice(), offset, slot.generation),
+                    // Poison the buffer so that a read which moves no data
+                    // cannot pass for one that returned what was written.
+                    Phase::Read => b.as_mut_slice().fill(0xDB),
+                }
             }
         }
         slot.unit = unit;

@@ -61,11 +61,14 @@
 //! the next timed-poller deadline, or on an fd registered with
 //! [`Reactor::register_wake_fd`].
 //!
-//! Measured with `cargo bench -p pollux-reactor --bench wake_latency`
-//! (a `call` round trip between two reactors on two cores; 2-core VM,
-//! Linux 6.18, release build): busy-poll about **WAKE_BUSY ns** per round trip,
-//! adaptive with both reactors asleep about **WAKE_ADAPTIVE µs** (two
-//! eventfd wake-ups per round trip).
+//! Measured with `cargo bench -p pollux-reactor --bench wake_latency` (a
+//! `call` round trip between reactors on cores 0 and 1; 2-core VM, Linux
+//! 6.18, release build, other builds running): busy-poll **~0.45 µs** per
+//! round trip on a quiet machine (1.5 µs under load); adaptive with
+//! `sleep_after = 0`, both reactors asleep, **~60-80 µs** (two eventfd
+//! wake-ups per round trip). Use a `sleep_after` of a few hundred
+//! microseconds to keep busy-poll latency under load and sleep only when
+//! truly idle.
 //!
 //! # Modules
 //!

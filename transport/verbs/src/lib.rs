@@ -40,8 +40,8 @@ pub use cm::{
 };
 pub use error::{CqError, PostError, PostErrorKind, VerbsError};
 pub use provider::{
-    CmId, CmListener, CompletionQueue, Device, DeviceInfo, MemoryRegion, Provider,
-    ProtectionDomain, QpInit, QueuePair, SharedRecvQueue,
+    CmId, CmListener, CompletionQueue, Device, DeviceInfo, MemoryRegion, ProtectionDomain,
+    Provider, QpInit, QueuePair, SharedRecvQueue,
 };
 pub use sig::{SigAttrs, SigDomain, SigErrKind, SigError, T10Dif};
 pub use types::{

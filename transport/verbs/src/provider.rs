@@ -95,8 +95,12 @@ pub trait Device<P: Provider> {
     /// [`VerbsError::PrivateDataTooLong`] (over 56 bytes),
     /// [`VerbsError::CmState`] (QP in a wrong state or already connected),
     /// [`VerbsError::Sys`].
-    fn connect(&self, addr: &CmAddr, qp: &P::Qp, param: &ConnParam<'_>)
-        -> Result<P::CmId, VerbsError>;
+    fn connect(
+        &self,
+        addr: &CmAddr,
+        qp: &P::Qp,
+        param: &ConnParam<'_>,
+    ) -> Result<P::CmId, VerbsError>;
 
     /// The next affiliated asynchronous event, if any (non-blocking).
     fn poll_async_event(&self) -> Option<AsyncEvent>;

@@ -273,7 +273,11 @@ impl IbvListener {
     }
 }
 
-pub(super) fn listen(ctx: &Rc<Ctx>, addr: &CmAddr, backlog: u32) -> Result<IbvListener, VerbsError> {
+pub(super) fn listen(
+    ctx: &Rc<Ctx>,
+    addr: &CmAddr,
+    backlog: u32,
+) -> Result<IbvListener, VerbsError> {
     let sa = parse_addr(addr)?;
     let raw = new_id(Channel::new()?)?;
     let mut ss = sockaddr(&sa);
@@ -528,8 +532,10 @@ impl CmId<Ibverbs> for IbvCmId {
     }
 
     fn disconnect(&self) -> Result<(), VerbsError> {
-        if !matches!(self.state.get(), ConnState::Connected | ConnState::Connecting)
-            || self.qp.borrow().is_none()
+        if !matches!(
+            self.state.get(),
+            ConnState::Connected | ConnState::Connecting
+        ) || self.qp.borrow().is_none()
         {
             return Err(VerbsError::CmState("not connected"));
         }
@@ -548,7 +554,10 @@ impl CmId<Ibverbs> for IbvCmId {
             match ev.kind {
                 RDMA_CM_EVENT_ADDR_RESOLVED => {
                     if !on_device(&self.raw, &self.ctx) {
-                        log::warn!("rdma_cm: {} is reached through another device", self.ctx.name);
+                        log::warn!(
+                            "rdma_cm: {} is reached through another device",
+                            self.ctx.name
+                        );
                         self.state.set(ConnState::Closed);
                         return Ok(Some(CmEvent::ConnectError));
                     }
@@ -569,7 +578,9 @@ impl CmId<Ibverbs> for IbvCmId {
                     }
                     self.state.set(ConnState::Connecting);
                 }
-                RDMA_CM_EVENT_ADDR_ERROR | RDMA_CM_EVENT_ROUTE_ERROR | RDMA_CM_EVENT_UNREACHABLE => {
+                RDMA_CM_EVENT_ADDR_ERROR
+                | RDMA_CM_EVENT_ROUTE_ERROR
+                | RDMA_CM_EVENT_UNREACHABLE => {
                     self.state.set(ConnState::Closed);
                     return Ok(Some(CmEvent::Unreachable));
                 }

@@ -187,9 +187,8 @@ impl CompletionQueue for IbvCq {
             let mut cq = ptr::null_mut();
             let mut cq_ctx = ptr::null_mut();
             // SAFETY: live channel with a non-blocking fd; out pointers valid.
-            let rc = unsafe {
-                ibv_get_cq_event(self.inner.channel.ch.as_ptr(), &mut cq, &mut cq_ctx)
-            };
+            let rc =
+                unsafe { ibv_get_cq_event(self.inner.channel.ch.as_ptr(), &mut cq, &mut cq_ctx) };
             if rc != 0 {
                 return any;
             }

@@ -48,7 +48,10 @@ impl IbvMr {
         if len == 0 {
             return Err(VerbsError::InvalidArgument("MR length 0"));
         }
-        if offset.checked_add(len).map_or(true, |end| end > arena.len()) {
+        if offset
+            .checked_add(len)
+            .map_or(true, |end| end > arena.len())
+        {
             return Err(VerbsError::InvalidArgument("MR range outside the arena"));
         }
         if !access.is_consistent() {

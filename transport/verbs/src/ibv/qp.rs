@@ -205,7 +205,10 @@ fn qp_state_from(v: u32) -> QpState {
 }
 
 impl IbvQp {
-    pub(super) fn create(pd: &Rc<PdInner>, init: &QpInit<'_, Ibverbs>) -> Result<IbvQp, VerbsError> {
+    pub(super) fn create(
+        pd: &Rc<PdInner>,
+        init: &QpInit<'_, Ibverbs>,
+    ) -> Result<IbvQp, VerbsError> {
         let ctx = pd.ctx.ctx;
         if init.send_cq.inner.ctx.ctx != ctx || init.recv_cq.inner.ctx.ctx != ctx {
             return Err(VerbsError::InvalidArgument("CQ of another device"));
@@ -237,7 +240,11 @@ impl IbvQp {
             max_send_wr: c.max_send_wr,
             max_recv_wr: if init.srq.is_some() { 0 } else { c.max_recv_wr },
             max_send_sge: c.max_send_sge,
-            max_recv_sge: if init.srq.is_some() { 0 } else { c.max_recv_sge },
+            max_recv_sge: if init.srq.is_some() {
+                0
+            } else {
+                c.max_recv_sge
+            },
             max_inline_data: c.max_inline_data,
         };
         // SAFETY: `pd`, the CQs and the SRQ are live objects of one context
@@ -552,7 +559,11 @@ impl std::fmt::Debug for IbvSrq {
 }
 
 impl IbvSrq {
-    pub(super) fn create(pd: &Rc<PdInner>, max_wr: u32, max_sge: u32) -> Result<IbvSrq, VerbsError> {
+    pub(super) fn create(
+        pd: &Rc<PdInner>,
+        max_wr: u32,
+        max_sge: u32,
+    ) -> Result<IbvSrq, VerbsError> {
         let dc = &pd.ctx.caps;
         if max_wr == 0 || max_wr > dc.max_srq_wr || max_sge == 0 || max_sge > dc.max_srq_sge {
             return Err(VerbsError::InvalidArgument("SRQ size above device limits"));

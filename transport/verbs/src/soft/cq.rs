@@ -68,7 +68,9 @@ impl CqInner {
         if q.len() >= self.depth as usize {
             self.overflow.set(true);
             drop(q);
-            self.dev.0.push_event(AsyncEvent::CqErr { cq_num: self.num });
+            self.dev
+                .0
+                .push_event(AsyncEvent::CqErr { cq_num: self.num });
             return false;
         }
         q.push_back(wc);

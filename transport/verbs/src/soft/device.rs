@@ -152,7 +152,12 @@ impl DeviceInner {
         let arena = self.slots.borrow().get(slot).cloned().flatten();
         let Some(arena) = arena else { return };
         self.conns.borrow_mut().retain(|c| c.strong_count() > 0);
-        let conns: Vec<Rc<Conn>> = self.conns.borrow().iter().filter_map(Weak::upgrade).collect();
+        let conns: Vec<Rc<Conn>> = self
+            .conns
+            .borrow()
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
         for c in conns {
             c.send_arena(slot as u64, &arena);
         }

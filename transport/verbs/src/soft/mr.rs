@@ -101,8 +101,10 @@ pub(crate) fn table_write(
     let len: u64 = segs.iter().map(|s| s.len).sum();
     t.u32_at(e + E_KEY).store(0, Ordering::Relaxed);
     fence(Ordering::Release);
-    t.u32_at(e + E_ACCESS).store(access.bits(), Ordering::Relaxed);
-    t.u32_at(e + E_NSEG).store(segs.len().min(MR_MAX_SEGS) as u32, Ordering::Relaxed);
+    t.u32_at(e + E_ACCESS)
+        .store(access.bits(), Ordering::Relaxed);
+    t.u32_at(e + E_NSEG)
+        .store(segs.len().min(MR_MAX_SEGS) as u32, Ordering::Relaxed);
     t.u32_at(e + E_KIND).store(kind as u32, Ordering::Relaxed);
     t.u64_at(e + E_IOVA).store(iova, Ordering::Relaxed);
     t.u64_at(e + E_LEN).store(len, Ordering::Relaxed);
@@ -288,7 +290,13 @@ pub struct SoftMr {
 
 impl std::fmt::Debug for SoftMr {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "SoftMr(idx {}, {:?}, key {:#x})", self.idx, self.kind, self.lkey())
+        write!(
+            f,
+            "SoftMr(idx {}, {:?}, key {:#x})",
+            self.idx,
+            self.kind,
+            self.lkey()
+        )
     }
 }
 

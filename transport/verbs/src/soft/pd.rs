@@ -98,7 +98,10 @@ impl SoftPd {
 
 impl PdInner {
     pub(crate) fn cur_key(&self, idx: u32) -> u32 {
-        self.local.borrow().get(idx as usize).map_or(0, |e| e.cur_key)
+        self.local
+            .borrow()
+            .get(idx as usize)
+            .map_or(0, |e| e.cur_key)
     }
 
     pub(crate) fn free_mr(&self, idx: u32) {
@@ -248,7 +251,15 @@ impl ProtectionDomain<Soft> for SoftPd {
             off: offset as u64,
             len: len as u64,
         };
-        table_write(&self.0.table, idx, key, access, MrKind::Regular, iova, &[seg]);
+        table_write(
+            &self.0.table,
+            idx,
+            key,
+            access,
+            MrKind::Regular,
+            iova,
+            &[seg],
+        );
         Ok(SoftMr {
             pd: self.clone(),
             idx,

@@ -132,8 +132,8 @@ pub(crate) struct QpInner {
     pub(crate) pd: SoftPd,
     pub(crate) num: u32,
     caps: QpCaps,
-    send_cq: SoftCq,
-    recv_cq: SoftCq,
+    pub(crate) send_cq: SoftCq,
+    pub(crate) recv_cq: SoftCq,
     srq: Option<SoftSrq>,
     sq_sig_all: bool,
     state: Cell<QpState>,
@@ -322,7 +322,9 @@ impl QpInner {
     fn flush_rq(&self) {
         let mut rq = self.rq.borrow_mut();
         while let Some(id) = rq.pop() {
-            self.recv_cq.0.push(self.err_wc(id, WcStatus::WrFlushErr, WcOpcode::Recv));
+            self.recv_cq
+                .0
+                .push(self.err_wc(id, WcStatus::WrFlushErr, WcOpcode::Recv));
         }
     }
 
@@ -404,7 +406,16 @@ impl QpInner {
     fn remote(&self, l: &Link, ra: RemoteAddr, len: u64, need: Access, out: &mut SpanList) -> bool {
         let try_once = |out: &mut SpanList| {
             let arenas = l.peer_arenas.borrow();
-            resolve(&l.peer_table, l.peer_tag, ra.rkey, ra.addr, len, need, &arenas, out)
+            resolve(
+                &l.peer_table,
+                l.peer_tag,
+                ra.rkey,
+                ra.addr,
+                len,
+                need,
+                &arenas,
+                out,
+            )
         };
         match try_once(out) {
             Ok(()) => true,
@@ -417,7 +428,14 @@ impl QpInner {
         }
     }
 
-    fn run(&self, slot: &SqSlot, sges: &[Sge], inl: &[u8], link: Option<&Link>, tail: &mut u64) -> Run {
+    fn run(
+        &self,
+        slot: &SqSlot,
+        sges: &[Sge],
+        inl: &[u8],
+        link: Option<&Link>,
+        tail: &mut u64,
+    ) -> Run {
         let pd = &self.pd.0;
         let needs_link = !matches!(slot.op, OpCopy::LocalInv(_) | OpCopy::RegMr { .. });
         let l = match (needs_link, link) {
@@ -520,7 +538,11 @@ impl QpInner {
         match r {
             Some(end) => {
                 *tail = end;
-                let rl = if hdr.kind == REC_WRITE_IMM { rec_len(0) } else { rec_len(len) };
+                let rl = if hdr.kind == REC_WRITE_IMM {
+                    rec_len(0)
+                } else {
+                    rec_len(len)
+                };
                 Run::Ack(end - rl, end)
             }
             None => Run::Blocked,
@@ -559,7 +581,9 @@ impl QpInner {
         }
         if self.state.get() != QpState::Err {
             match l.peer_fatal() {
-                FATAL_ACCESS => self.to_err(None, Some(AsyncEvent::QpAccessErr { qp_num: self.num })),
+                FATAL_ACCESS => {
+                    self.to_err(None, Some(AsyncEvent::QpAccessErr { qp_num: self.num }))
+                }
                 0 => {}
                 _ => {
                     let unacked = {
@@ -622,16 +646,17 @@ impl QpInner {
     }
 
     fn nak(&self, l: &Link, status: WcStatus, pos: u64) {
-        l.shm
-            .u64_at(l.in_ctl(CTL_NAK))
-            .store(((status as u64) << 56) | (pos & NAK_POS_MASK), Ordering::Release);
+        l.shm.u64_at(l.in_ctl(CTL_NAK)).store(
+            ((status as u64) << 56) | (pos & NAK_POS_MASK),
+            Ordering::Release,
+        );
         l.wake_peer_send();
     }
 
     /// Take the next receive (SRQ or RQ): its id and whether its SGEs check.
     fn take_recv(&self, dst: &mut SpanList) -> Option<(WrId, bool)> {
         let pd = &self.pd.0;
-        let take = |q: &mut RecvQueue| {
+        let mut take = |q: &mut RecvQueue| {
             let (id, sges) = q.front()?;
             let ok = sges
                 .iter()
@@ -722,7 +747,9 @@ impl QpInner {
                 None
             };
             if let Some((mine, theirs)) = fail {
-                self.recv_cq.0.push(self.err_wc(wr_id, mine, WcOpcode::Recv));
+                self.recv_cq
+                    .0
+                    .push(self.err_wc(wr_id, mine, WcOpcode::Recv));
                 self.nak(l, theirs, head);
                 head += p.rec_len;
                 l.in_head.set(head);
@@ -833,7 +860,9 @@ impl QueuePair for SoftQp {
                     SendOp::SendWithImm { imm } => (OpCopy::SendImm(imm), &[][..]),
                     SendOp::SendWithInv { rkey } => (OpCopy::SendInv(rkey), &[][..]),
                     SendOp::RdmaWrite { remote } => (OpCopy::Write(remote), &[][..]),
-                    SendOp::RdmaWriteWithImm { remote, imm } => (OpCopy::WriteImm(remote, imm), &[][..]),
+                    SendOp::RdmaWriteWithImm { remote, imm } => {
+                        (OpCopy::WriteImm(remote, imm), &[][..])
+                    }
                     SendOp::RdmaRead { remote } => (OpCopy::Read(remote), &[][..]),
                     SendOp::LocalInv { key } => (OpCopy::LocalInv(key), &[][..]),
                     SendOp::RegMr { key, iova, access } => (

@@ -144,7 +144,8 @@ pub(crate) fn produce(
 
 /// Producer: make records up to `tail` visible.
 pub(crate) fn publish(shm: &Shm, d: usize, tail: u64) {
-    shm.u64_at(ctl_off(d) + CTL_TAIL).store(tail, Ordering::Release);
+    shm.u64_at(ctl_off(d) + CTL_TAIL)
+        .store(tail, Ordering::Release);
 }
 
 /// Consumer: look at the record at `head`, if any.
@@ -185,7 +186,8 @@ pub(crate) fn peek(shm: &Shm, d: usize, head: u64) -> Result<Option<Peeked>, Cor
 
 /// Consumer: free everything before `head`.
 pub(crate) fn release(shm: &Shm, d: usize, head: u64) {
-    shm.u64_at(ctl_off(d) + CTL_HEAD).store(head, Ordering::Release);
+    shm.u64_at(ctl_off(d) + CTL_HEAD)
+        .store(head, Ordering::Release);
 }
 
 #[cfg(test)]

@@ -60,11 +60,11 @@ impl Shm {
         };
         // SAFETY: a fresh mapping at a kernel-chosen address (null hint)
         // replaces no existing memory; `len` is the file size.
-        let p = unsafe {
-            rustix::mm::mmap(std::ptr::null_mut(), len, prot, MapFlags::SHARED, &fd, 0)
-        }
-        .map_err(|e| VerbsError::sys("mmap", e))?;
-        let base = NonNull::new(p.cast::<u8>()).ok_or(VerbsError::Protocol("mmap returned null"))?;
+        let p =
+            unsafe { rustix::mm::mmap(std::ptr::null_mut(), len, prot, MapFlags::SHARED, &fd, 0) }
+                .map_err(|e| VerbsError::sys("mmap", e))?;
+        let base =
+            NonNull::new(p.cast::<u8>()).ok_or(VerbsError::Protocol("mmap returned null"))?;
         Ok(Shm {
             fd,
             base,
@@ -258,7 +258,11 @@ pub(crate) fn copy_slice_to_spans(dst: &SpanList, src: &[u8]) -> usize {
 }
 
 /// A span over a [`pollux_reactor::mem::DmaArena`] range, if in bounds.
-pub(crate) fn arena_span(arena: &pollux_reactor::mem::DmaArena, off: u64, len: u64) -> Option<Span> {
+pub(crate) fn arena_span(
+    arena: &pollux_reactor::mem::DmaArena,
+    off: u64,
+    len: u64,
+) -> Option<Span> {
     let off = usize::try_from(off).ok()?;
     let len = usize::try_from(len).ok()?;
     if off.checked_add(len)? > arena.len() {

@@ -54,7 +54,11 @@ impl Msg {
     pub(crate) fn encode(&self, b: &mut [u8; MSG_MAX]) -> usize {
         match self {
             Msg::Req(h) | Msg::Rep(h) => {
-                b[0] = if matches!(self, Msg::Req(_)) { K_REQ } else { K_REP };
+                b[0] = if matches!(self, Msg::Req(_)) {
+                    K_REQ
+                } else {
+                    K_REP
+                };
                 b[1..5].copy_from_slice(&h.qp_num.to_le_bytes());
                 b[5] = h.pd_tag;
                 b[6] = h.responder_resources;
@@ -164,7 +168,13 @@ mod tests {
             pdata,
         };
         let mut b = [0; MSG_MAX];
-        for m in [Msg::Req(h), Msg::Rep(h), Msg::Rtu, Msg::Dreq, Msg::Arena { slot: 9, len: 4096 }] {
+        for m in [
+            Msg::Req(h),
+            Msg::Rep(h),
+            Msg::Rtu,
+            Msg::Dreq,
+            Msg::Arena { slot: 9, len: 4096 },
+        ] {
             let n = m.encode(&mut b);
             assert_eq!(Msg::decode(&b[..n]), Some(m));
         }

@@ -1,0 +1,473 @@
+#![cfg(feature = "ibverbs")]
+//! The `ibverbs` provider against real RDMA devices: end-to-end checks over
+//! the provider traits (connect through RDMA CM, SEND/RECV with immediate,
+//! RDMA WRITE then SEND ordering, RDMA READ, a batch in one doorbell,
+//! disconnect and flush).
+//!
+//! Run inside the VM lab (two soft-RoCE devices):
+//! `tests/vm/run-verbs-conformance.sh`. The target side listens on
+//! `$LAB_TARGET_ADDR`, the host side connects from `$LAB_HOST_ADDR`'s device.
+//! Without an RDMA device (or outside the lab) every test prints why it is
+//! skipped and passes.
+
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use pollux_reactor::mem::DmaBuf;
+use pollux_verbs::ibv::{IbvCmId, IbvCq, IbvDevice, IbvMr, IbvPd, IbvQp, Ibverbs};
+use pollux_verbs::{
+    Access, CmAddr, CmEvent, CmId, CmListener, CompletionQueue, ConnParam, Device, MemoryRegion,
+    PostErrorKind, ProtectionDomain, Provider, QpAttr, QpCaps, QpInit, QpState, QueuePair, RecvWr,
+    RemoteAddr, SendOp, SendWr, Sge, Wc, WcFlags, WcOpcode, WcStatus, WrId,
+};
+
+/// A failure bound, not a timing assumption: every step normally finishes in
+/// milliseconds; this only turns a hang into a test failure.
+const STEP_LIMIT: Duration = Duration::from_secs(60);
+
+/// The lab's two sides, or the reason to skip.
+struct Lab {
+    target_addr: String,
+    target_dev: String,
+    host_dev: String,
+}
+
+/// Print a skip reason where `cargo test` shows it (not captured).
+fn skip(why: std::fmt::Arguments<'_>) -> Option<Lab> {
+    let _ = writeln!(std::io::stderr(), "SKIP: {why}");
+    None
+}
+
+fn lab() -> Option<Lab> {
+    let devices = match Ibverbs::list_devices() {
+        Ok(d) if d.len() >= 2 => d,
+        Ok(d) => {
+            return skip(format_args!(
+                "{} RDMA device(s), need two (run in tests/vm/lab)",
+                d.len()
+            ))
+        }
+        Err(e) => return skip(format_args!("no RDMA here ({e}); run in tests/vm/lab")),
+    };
+    let Ok(target_addr) = std::env::var("LAB_TARGET_ADDR") else {
+        return skip(format_args!(
+            "LAB_TARGET_ADDR not set (run in tests/vm/lab)"
+        ));
+    };
+    let pick = |var: &str, i: usize| std::env::var(var).unwrap_or_else(|_| devices[i].name.clone());
+    Some(Lab {
+        target_addr,
+        target_dev: pick("LAB_TARGET_DEV", 0),
+        host_dev: pick("LAB_HOST_DEV", 1),
+    })
+}
+
+/// Poll `f` until it yields a value; panic after [`STEP_LIMIT`].
+fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(start.elapsed() < STEP_LIMIT, "timed out waiting for {what}");
+        std::thread::yield_now();
+    }
+}
+
+/// Poll `cq` until `n` completions arrived.
+fn completions(cq: &IbvCq, n: usize, what: &str) -> Vec<Wc> {
+    let mut out = Vec::new();
+    let mut buf = [Wc::default(); 16];
+    wait_for(what, || {
+        let got = cq.poll(&mut buf).expect("CQ poll");
+        out.extend_from_slice(&buf[..got]);
+        (out.len() >= n).then_some(())
+    });
+    out
+}
+
+/// One side: device, PD, CQ, QP, and a registered buffer.
+struct Side {
+    dev: IbvDevice,
+    pd: IbvPd,
+    cq: IbvCq,
+    qp: IbvQp,
+    mr: IbvMr,
+    buf: DmaBuf,
+}
+
+impl Side {
+    fn new(dev_name: &str) -> Side {
+        let dev = Ibverbs::open_device(dev_name).expect("open device");
+        let caps = dev.caps().clone();
+        assert!(!caps.integrity, "rxe has no signature offload");
+        assert!(!caps.mem_mgt_extensions, "no REG_MR in user space");
+        let pd = dev.alloc_pd().expect("alloc_pd");
+        let cq = dev.create_cq(256).expect("create_cq");
+        let qp = pd
+            .create_qp(&QpInit {
+                send_cq: &cq,
+                recv_cq: &cq,
+                srq: None,
+                caps: QpCaps {
+                    max_send_wr: 32,
+                    max_recv_wr: 32,
+                    max_send_sge: 2,
+                    max_recv_sge: 2,
+                    max_inline_data: 64.min(caps.max_inline_data),
+                },
+                sq_sig_all: false,
+            })
+            .expect("create_qp");
+        assert_eq!(qp.state(), QpState::Reset);
+        // INIT first, so receives can be posted before the connection exists.
+        qp.modify(&QpAttr::to(QpState::Init))
+            .expect("RESET -> INIT");
+        assert_eq!(qp.state(), QpState::Init);
+        let mut buf = DmaBuf::alloc(64 * 1024).expect("DMA buffer");
+        buf.as_mut_slice().fill(0);
+        let mr = pd
+            .reg_mr(
+                buf.arena(),
+                buf.arena_offset(),
+                buf.len(),
+                Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE,
+            )
+            .expect("reg_mr");
+        assert_eq!(mr.addr(), buf.addr() as u64);
+        Side {
+            dev,
+            pd,
+            cq,
+            qp,
+            mr,
+            buf,
+        }
+    }
+
+    fn sge(&self, offset: u64, length: u32) -> Sge {
+        Sge {
+            addr: self.mr.addr() + offset,
+            length,
+            lkey: self.mr.lkey(),
+        }
+    }
+
+    fn post_recvs(&self, first_id: u64, n: u64, offset: u64, len: u32) {
+        let sges: Vec<Sge> = (0..n)
+            .map(|i| self.sge(offset + i * u64::from(len), len))
+            .collect();
+        let wrs: Vec<RecvWr<'_>> = (0..n as usize)
+            .map(|i| RecvWr {
+                wr_id: WrId(first_id + i as u64),
+                sg_list: std::slice::from_ref(&sges[i]),
+            })
+            .collect();
+        self.qp.post_recv(&wrs).expect("post_recv");
+    }
+}
+
+/// A connected pair: host (active) and target (passive) with their CM ids.
+struct Pair {
+    host: Side,
+    target: Side,
+    host_id: IbvCmId,
+    target_id: IbvCmId,
+}
+
+fn connect(lab: &Lab, port: u16, target_recvs: u64) -> Pair {
+    let host = Side::new(&lab.host_dev);
+    let target = Side::new(&lab.target_dev);
+    let addr = CmAddr::new(format!("{}:{port}", lab.target_addr));
+    let listener = target.dev.listen(&addr, 8).expect("listen");
+    target.post_recvs(1000, target_recvs, 0, 1024);
+
+    let host_id = host
+        .dev
+        .connect(&addr, &host.qp, &ConnParam::with_data(b"hello from host"))
+        .expect("connect");
+    let target_id = wait_for("the connect request", || {
+        assert_eq!(host_id.get_event().expect("host CM event"), None);
+        listener.get_request().expect("get_request")
+    });
+    let req = *target_id.request().expect("passive id has the request");
+    assert_eq!(
+        req.private_data.as_bytes().len(),
+        56,
+        "REQ private data is reported as 56 bytes"
+    );
+    assert!(req.private_data.as_bytes().starts_with(b"hello from host"));
+    assert_eq!(req.qp_num, host.qp.qp_num());
+    target_id
+        .accept(&target.qp, &ConnParam::with_data(b"welcome"))
+        .expect("accept");
+    assert_eq!(target.qp.state(), QpState::Rts, "RTS when accept returns");
+
+    let (mut host_up, mut target_up) = (false, false);
+    wait_for("ESTABLISHED on both sides", || {
+        if let Some(ev) = host_id.get_event().expect("host CM event") {
+            match ev {
+                CmEvent::Established { private_data } => {
+                    assert_eq!(private_data.as_bytes().len(), 196);
+                    assert!(private_data.as_bytes().starts_with(b"welcome"));
+                    host_up = true;
+                }
+                other => panic!("host: unexpected {other:?}"),
+            }
+        }
+        if let Some(ev) = target_id.get_event().expect("target CM event") {
+            assert!(
+                matches!(ev, CmEvent::Established { .. }),
+                "target: unexpected {ev:?}"
+            );
+            target_up = true;
+        }
+        (host_up && target_up).then_some(())
+    });
+    assert_eq!(host.qp.state(), QpState::Rts);
+    Pair {
+        host,
+        target,
+        host_id,
+        target_id,
+    }
+}
+
+#[test]
+fn send_write_read_and_disconnect() {
+    let Some(lab) = lab() else { return };
+    let mut p = connect(&lab, 7471, 16);
+    let (host, target) = (&mut p.host, &mut p.target);
+
+    // RDMA WRITE (unsignaled) then SEND_WITH_IMM (signaled), one doorbell:
+    // when the target sees the receive, the written data is in place.
+    let pattern: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 3) as u8).collect();
+    host.buf.as_mut_slice()[8192..8192 + 4096].copy_from_slice(&pattern);
+    host.buf.as_mut_slice()[..5].copy_from_slice(b"ping!");
+    let write_sge = [host.sge(8192, 4096)];
+    let send_sge = [host.sge(0, 5)];
+    let remote = RemoteAddr {
+        addr: target.mr.addr() + 32 * 1024,
+        rkey: target.mr.rkey(),
+    };
+    host.qp
+        .post_send(&[
+            SendWr::new(WrId(1), SendOp::RdmaWrite { remote }, &write_sge),
+            SendWr::new(WrId(2), SendOp::SendWithImm { imm: 0xdead_beef }, &send_sge).signaled(),
+        ])
+        .expect("post WRITE + SEND");
+    let rx = completions(&target.cq, 1, "the target's receive");
+    assert_eq!(rx[0].status, WcStatus::Success);
+    assert_eq!(rx[0].wr_id, WrId(1000));
+    assert_eq!(rx[0].opcode, WcOpcode::Recv);
+    assert_eq!(rx[0].byte_len, 5);
+    assert!(rx[0].flags.contains(WcFlags::WITH_IMM));
+    assert_eq!(rx[0].imm, 0xdead_beef);
+    assert_eq!(rx[0].qp_num, target.qp.qp_num());
+    assert_eq!(&target.buf.as_slice()[..5], b"ping!");
+    assert_eq!(
+        &target.buf.as_slice()[32 * 1024..32 * 1024 + 4096],
+        &pattern[..]
+    );
+    let tx = completions(&host.cq, 1, "the host's SEND completion");
+    assert_eq!(
+        (tx[0].wr_id, tx[0].status),
+        (WrId(2), WcStatus::Success),
+        "only the signaled WR"
+    );
+
+    // RDMA READ back into another place of the host buffer.
+    let read_sge = [host.sge(16 * 1024, 4096)];
+    host.qp
+        .post_send(&[SendWr::new(WrId(3), SendOp::RdmaRead { remote }, &read_sge).signaled()])
+        .expect("post READ");
+    let rd = completions(&host.cq, 1, "the READ completion");
+    assert_eq!(
+        (rd[0].wr_id, rd[0].status, rd[0].opcode),
+        (WrId(3), WcStatus::Success, WcOpcode::RdmaRead)
+    );
+    assert_eq!(
+        &host.buf.as_slice()[16 * 1024..16 * 1024 + 4096],
+        &pattern[..]
+    );
+
+    // Eight SENDs in one post (one doorbell), the last inline; receives
+    // complete in posting order.
+    let msgs: Vec<[Sge; 1]> = (0..7).map(|i| [host.sge(40 * 1024 + i * 64, 64)]).collect();
+    let mut batch: Vec<SendWr<'_>> = msgs
+        .iter()
+        .enumerate()
+        .map(|(i, s)| SendWr::new(WrId(100 + i as u64), SendOp::Send, s))
+        .collect();
+    let inline_ok = host.qp.caps().max_inline_data >= 4;
+    if inline_ok {
+        batch.push(
+            SendWr::new(WrId(107), SendOp::Send, &[])
+                .with_inline(b"tail")
+                .signaled(),
+        );
+    } else {
+        batch.push(SendWr::new(WrId(107), SendOp::Send, &msgs[0]).signaled());
+    }
+    host.qp.post_send(&batch).expect("post a batch");
+    let rx = completions(&target.cq, 8, "eight receives");
+    let ids: Vec<u64> = rx.iter().map(|w| w.wr_id.0).collect();
+    assert_eq!(ids, (1001..1009).collect::<Vec<_>>());
+    assert!(rx
+        .iter()
+        .all(|w| w.status == WcStatus::Success && w.opcode == WcOpcode::Recv));
+    if inline_ok {
+        assert_eq!(rx[7].byte_len, 4);
+        assert_eq!(&target.buf.as_slice()[8 * 1024..8 * 1024 + 4], b"tail");
+    }
+    let tx = completions(&host.cq, 1, "the batch's signaled completion");
+    assert_eq!(tx[0].wr_id, WrId(107));
+
+    // Refused WRs: too many SGEs, and REG_MR (no fast registration here).
+    let too_many: Vec<Sge> = (0..=u64::from(host.qp.caps().max_send_sge))
+        .map(|i| host.sge(i, 1))
+        .collect();
+    let e = host
+        .qp
+        .post_send(&[SendWr::new(WrId(9), SendOp::Send, &too_many)])
+        .unwrap_err();
+    assert_eq!((e.index, e.kind), (0, PostErrorKind::TooManySge));
+    assert!(host.pd.alloc_fast_reg_mr(4).is_err());
+    assert!(host.pd.alloc_integrity_mr(4).is_err());
+
+    // Disconnect: the host QP goes to ERR, the target hears about it and its
+    // remaining receives flush.
+    p.host_id.disconnect().expect("disconnect");
+    assert_eq!(p.host.qp.state(), QpState::Err);
+    wait_for("DISCONNECTED at the target", || {
+        p.target_id
+            .get_event()
+            .expect("target CM event")
+            .map(|ev| assert_eq!(ev, CmEvent::Disconnected))
+    });
+    let flushed = completions(&p.target.cq, 7, "flushed receives");
+    assert!(
+        flushed.iter().all(|w| w.status == WcStatus::WrFlushErr),
+        "{flushed:?}"
+    );
+    assert_eq!(p.target.qp.state(), QpState::Err);
+}
+
+#[test]
+fn reject_and_nobody_listening() {
+    let Some(lab) = lab() else { return };
+    let host = Side::new(&lab.host_dev);
+    let target = Side::new(&lab.target_dev);
+    let addr = CmAddr::new(format!("{}:7472", lab.target_addr));
+    let listener = target.dev.listen(&addr, 8).expect("listen");
+    let id = host
+        .dev
+        .connect(&addr, &host.qp, &ConnParam::with_data(b"let me in"))
+        .expect("connect");
+    let req = wait_for("the connect request", || {
+        assert_eq!(id.get_event().expect("host CM event"), None);
+        listener.get_request().expect("get_request")
+    });
+    assert!(
+        req.reject(&[7u8; 149]).is_err(),
+        "reject private data is limited to 148 bytes"
+    );
+    req.reject(b"go away").expect("reject");
+    let ev = wait_for("REJECTED", || id.get_event().expect("host CM event"));
+    match ev {
+        CmEvent::Rejected {
+            reason,
+            private_data,
+        } => {
+            assert_eq!(reason, 28, "consumer reject");
+            assert!(private_data.as_bytes().starts_with(b"go away"));
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+
+    // A port nobody listens on: rejected (or unreachable), never ESTABLISHED.
+    let qp2 = host
+        .pd
+        .create_qp(&QpInit {
+            send_cq: &host.cq,
+            recv_cq: &host.cq,
+            srq: None,
+            caps: QpCaps::default(),
+            sq_sig_all: false,
+        })
+        .expect("create_qp");
+    let nobody = CmAddr::new(format!("{}:7473", lab.target_addr));
+    let id2 = host
+        .dev
+        .connect(&nobody, &qp2, &ConnParam::with_data(&[]))
+        .expect("connect");
+    let ev = wait_for("the answer of an empty port", || {
+        id2.get_event().expect("CM event")
+    });
+    assert!(
+        matches!(
+            ev,
+            CmEvent::Rejected { .. } | CmEvent::Unreachable | CmEvent::ConnectError
+        ),
+        "unexpected {ev:?}"
+    );
+    assert!(
+        host.dev
+            .connect(&addr, &host.qp, &ConnParam::with_data(&[0; 57]))
+            .is_err(),
+        "connect private data is limited to 56 bytes"
+    );
+}
+
+#[test]
+fn objects_drop_in_any_order() {
+    let Some(lab) = lab() else { return };
+    let dev = Ibverbs::open_device(&lab.host_dev).expect("open");
+    let pd = dev.alloc_pd().expect("pd");
+    let cq = dev.create_cq(16).expect("cq");
+    let srq = pd.create_srq(16, 1).expect("srq");
+    let qp = pd
+        .create_qp(&QpInit {
+            send_cq: &cq,
+            recv_cq: &cq,
+            srq: Some(&srq),
+            caps: QpCaps::default(),
+            sq_sig_all: true,
+        })
+        .expect("qp on an SRQ");
+    let buf = DmaBuf::alloc(4096).expect("buf");
+    let mr = pd
+        .reg_mr(
+            buf.arena(),
+            buf.arena_offset(),
+            buf.len(),
+            Access::LOCAL_WRITE,
+        )
+        .expect("mr");
+    let e = qp
+        .post_recv(&[RecvWr {
+            wr_id: WrId(1),
+            sg_list: &[],
+        }])
+        .unwrap_err();
+    assert_eq!(e.kind, PostErrorKind::UsesSrq);
+    assert!(
+        pd.reg_mr(buf.arena(), 0, 0, Access::LOCAL_WRITE).is_err(),
+        "length 0"
+    );
+    assert!(
+        pd.reg_mr(buf.arena(), 0, buf.len(), Access::REMOTE_WRITE)
+            .is_err(),
+        "REMOTE_WRITE without LOCAL_WRITE"
+    );
+    // Parents first: children keep them alive, so this must not crash or
+    // leak (the QP is destroyed before its CQ, SRQ and PD).
+    drop(dev);
+    drop(pd);
+    drop(cq);
+    drop(srq);
+    drop(mr);
+    drop(buf);
+    assert!(qp.qp_num() > 0);
+    drop(qp);
+}
