@@ -68,6 +68,8 @@ pub(crate) struct IoSlot {
     pub(crate) io: BdevIo,
     pub(crate) cb: Rc<dyn IoCompletion>,
     pub(crate) ctx: u64,
+    /// The status, once completed.
+    pub(crate) status: IoStatus,
     /// Completed by the backend (or by a check), waiting for delivery.
     pub(crate) completed: bool,
 }
@@ -78,7 +80,8 @@ pub(crate) struct IoSlot {
 /// allocates afterwards. Backends see it in [`BackendChannel::poll`].
 pub struct Completions {
     pub(crate) slots: Slab<IoSlot>,
-    pub(crate) ready: VecDeque<(IoTag, IoStatus)>,
+    /// Completed tags in completion order (the status is in the slot).
+    pub(crate) ready: VecDeque<IoTag>,
     pub(crate) depth: usize,
     pub(crate) stale: u64,
 }
@@ -98,11 +101,13 @@ impl Completions {
     /// A tag that is not in flight, or that was completed already, is counted
     /// as stale (see [`ChannelStats::stale_completions`](crate::ChannelStats))
     /// and ignored: a backend bug never corrupts another I/O.
+    #[inline]
     pub fn complete(&mut self, tag: IoTag, status: IoStatus) {
         match self.slots.get_mut(tag.0 as usize) {
             Some(slot) if !slot.completed => {
                 slot.completed = true;
-                self.ready.push_back((tag, status));
+                slot.status = status;
+                self.ready.push_back(tag);
             }
             _ => {
                 self.stale += 1;
@@ -116,6 +121,7 @@ impl Completions {
 
     /// The in-flight I/O `tag` (to put back buffers the kernel returned), or
     /// `None` when the tag is not in flight or was completed already.
+    #[inline]
     pub fn io_mut(&mut self, tag: IoTag) -> Option<&mut BdevIo> {
         match self.slots.get_mut(tag.0 as usize) {
             Some(slot) if !slot.completed => Some(&mut slot.io),

@@ -50,6 +50,7 @@ pub struct ChannelStats {
 }
 
 impl ChannelStats {
+    #[inline]
     fn record(&mut self, io: &BdevIo, status: &IoStatus, block_size: u64) {
         if status.is_err() {
             self.errors += 1;
@@ -140,6 +141,7 @@ impl ChannelCore {
         self.poller.set(Some(id));
     }
 
+    #[inline]
     fn check(
         &self,
         io_type: IoType,
@@ -183,6 +185,7 @@ impl ChannelCore {
     }
 
     // One private entry point shared by the typed wrappers of `IoChannel`.
+    #[inline]
     #[allow(clippy::too_many_arguments)]
     fn submit(
         &self,
@@ -216,13 +219,15 @@ impl ChannelCore {
             },
             cb: Rc::clone(cb),
             ctx,
+            status: Ok(()),
             completed: false,
         });
         match check {
             Ok(()) => st.backend.submit(tag, &mut slot.io),
             Err(e) => {
                 slot.completed = true;
-                st.done.ready.push_back((tag, Err(e)));
+                slot.status = Err(e);
+                st.done.ready.push_back(tag);
             }
         }
         Ok(())
@@ -243,20 +248,26 @@ impl ChannelCore {
             let next = {
                 let mut guard = self.state.borrow_mut();
                 let st = &mut *guard;
-                let Some((tag, status)) = st.done.ready.pop_front() else {
+                let Some(tag) = st.done.ready.pop_front() else {
                     break;
                 };
                 let slot = st.done.slots.try_remove(tag.0 as usize);
                 if let Some(slot) = &slot {
-                    st.stats.record(&slot.io, &status, self.block_size);
+                    st.stats.record(&slot.io, &slot.status, self.block_size);
                 }
-                slot.map(|s| (s, status))
+                slot
             };
             delivered += 1;
             // Only `Completions::complete` and `submit` queue tags, both for
             // live slots, each once; a missing slot cannot happen.
-            if let Some((slot, status)) = next {
-                let IoSlot { io, cb, ctx, .. } = slot;
+            if let Some(IoSlot {
+                io,
+                cb,
+                ctx,
+                status,
+                ..
+            }) = next
+            {
                 cb.complete(CompletedIo {
                     ctx,
                     io_type: io.io_type,
@@ -333,6 +344,7 @@ impl IoChannel {
     /// # Errors
     ///
     /// [`Rejected`] ([`IoError::ChannelFull`]) when the channel is full.
+    #[inline]
     pub fn submit(
         &self,
         io_type: IoType,
@@ -364,6 +376,7 @@ impl IoChannel {
     /// # Errors
     ///
     /// [`Rejected`] when the channel is full.
+    #[inline]
     pub fn read(
         &self,
         offset_blocks: u64,
@@ -380,6 +393,7 @@ impl IoChannel {
     /// # Errors
     ///
     /// [`Rejected`] when the channel is full.
+    #[inline]
     pub fn write(
         &self,
         offset_blocks: u64,
@@ -733,6 +747,7 @@ mod tests {
             },
             cb,
             ctx: 0,
+            status: Ok(()),
             completed: false,
         });
         let tag = IoTag(key as u32);

@@ -45,6 +45,10 @@ pub(crate) struct Inner {
     idle: IdleMode,
     /// The time read at the start of the current loop.
     now: Cell<Instant>,
+    /// `now` as nanoseconds since `epoch` (cached with it, for cheap integer arithmetic).
+    now_ns: Cell<u64>,
+    /// The reactor's creation time, origin of `now_ns`.
+    epoch: Instant,
     /// When the previous loop started (for busy/idle accounting).
     loop_start: Cell<Instant>,
     /// Whether the previous loop was busy.
@@ -110,6 +114,8 @@ impl Reactor {
             clock,
             idle,
             now: Cell::new(now),
+            now_ns: Cell::new(0),
+            epoch: now,
             loop_start: Cell::new(now),
             last_busy: Cell::new(false),
             last_busy_at: Cell::new(now),
@@ -148,8 +154,17 @@ impl Reactor {
 
     /// The time read at the start of the current (or last) loop. Cheap: no
     /// clock read.
+    #[inline]
     pub fn now(&self) -> Instant {
         self.0.now.get()
+    }
+
+    /// [`now`](Self::now) as whole nanoseconds since this reactor was
+    /// created, cached per loop like `now`: for per-I/O timestamps and
+    /// latencies in integer arithmetic (no `Instant` subtraction per I/O).
+    #[inline]
+    pub fn now_ns(&self) -> u64 {
+        self.0.now_ns.get()
     }
 
     /// A `Send` handle that reaches every reactor of this set.
@@ -265,6 +280,9 @@ impl Reactor {
         inner.counters.set(c);
         inner.loop_start.set(now);
         inner.now.set(now);
+        inner
+            .now_ns
+            .set(nanos(now.saturating_duration_since(inner.epoch)));
         inner.in_poll.set(true);
 
         let mut busy = false;

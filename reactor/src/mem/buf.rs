@@ -9,14 +9,6 @@ use super::cache;
 use super::error::{MemError, MemResult};
 use super::pool::PoolShared;
 
-/// Where a buffer goes back to when dropped.
-enum Origin {
-    /// Slot `idx` of a [`BufPool`](super::BufPool).
-    Pool { pool: Arc<PoolShared>, idx: u32 },
-    /// A whole arena of its own ([`DmaBuf::alloc`]); freed with the arena.
-    Standalone(Arc<DmaArena>),
-}
-
 /// An owned, aligned buffer of DMA-able memory inside a [`DmaArena`].
 ///
 /// It is owned by whoever holds it, and by the engine or queue pair carrying
@@ -33,11 +25,17 @@ pub struct DmaBuf {
     // buffer keeps alive (through the pool or directly), and no other live
     // `DmaBuf` or reference covers any byte of it: pools hand each slot to at
     // most one `DmaBuf` at a time (a slot index is in exactly one of: the
-    // shared free queue, one cache's free list, one `DmaBuf`). `len <= cap`.
+    // shared free queue, one cache's free list, one `DmaBuf`). `len <= cap`,
+    // where `cap` is `pool.buf_size()`. A standalone buffer
+    // ([`DmaBuf::alloc`]) has a one-slot pool of its own that is never
+    // returned to (`pool.is_standalone()`); it is freed with that pool.
+    //
+    // Kept at 24 bytes (pointer, pool, slot, length): buffers travel by value
+    // with every I/O, inline in `SgList`s.
     ptr: NonNull<u8>,
-    len: usize,
-    cap: usize,
-    origin: Origin,
+    pool: Arc<PoolShared>,
+    idx: u32,
+    len: u32,
 }
 
 // SAFETY: the buffer exclusively owns its bytes (see INVARIANT) and its origin
@@ -50,14 +48,16 @@ unsafe impl Sync for DmaBuf {}
 impl DmaBuf {
     /// Slot `idx` of `pool`. Only the pool and its caches call this, with an
     /// index they just took off a free list.
+    #[inline]
     pub(super) fn from_pool(pool: Arc<PoolShared>, idx: u32) -> DmaBuf {
         let ptr = pool.slot_ptr(idx);
-        let cap = pool.buf_size();
+        // Pools refuse buffer sizes over `u32::MAX`.
+        let len = pool.buf_size() as u32;
         DmaBuf {
             ptr,
-            len: cap,
-            cap,
-            origin: Origin::Pool { pool, idx },
+            pool,
+            idx,
+            len,
         }
     }
 
@@ -71,6 +71,8 @@ impl DmaBuf {
         if len == 0 {
             return Err(MemError::InvalidArgument("buffer length is zero"));
         }
+        let len32 = u32::try_from(len)
+            .map_err(|_| MemError::InvalidArgument("buffer length exceeds u32::MAX"))?;
         let arena = DmaArena::new(
             len,
             ArenaOptions::named("pollux-standalone").hugepages(HugepageMode::Never),
@@ -79,53 +81,61 @@ impl DmaBuf {
             NonNull::new(arena.base()).ok_or(MemError::InvalidArgument("arena base is null"))?;
         Ok(DmaBuf {
             ptr,
-            len,
-            cap: len,
-            origin: Origin::Standalone(arena),
+            pool: PoolShared::standalone(arena, len),
+            idx: 0,
+            len: len32,
         })
     }
 
     /// The first `len()` bytes.
+    #[inline]
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: `ptr..ptr+len` is mapped, initialized (mmap zero-fills and
         // only bytes are ever written) and exclusively ours (INVARIANT).
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len as usize) }
     }
 
     /// The first `len()` bytes, mutably.
+    #[inline]
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: as in `as_slice`, and `&mut self` makes the access unique.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len as usize) }
     }
 
     /// Pointer to the first byte (for iovecs and work requests).
+    #[inline]
     pub fn as_ptr(&self) -> *const u8 {
         self.ptr.as_ptr()
     }
 
     /// Mutable pointer to the first byte (for iovecs and work requests).
+    #[inline]
     pub fn as_mut_ptr(&mut self) -> *mut u8 {
         self.ptr.as_ptr()
     }
 
     /// Address of the first byte.
+    #[inline]
     pub fn addr(&self) -> usize {
         self.ptr.as_ptr() as usize
     }
 
     /// Length in use (initially the capacity).
+    #[inline]
     pub fn len(&self) -> usize {
-        self.len
+        self.len as usize
     }
 
     /// Whether `len() == 0`.
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
     /// Bytes available in the buffer.
+    #[inline]
     pub fn capacity(&self) -> usize {
-        self.cap
+        self.pool.buf_size()
     }
 
     /// Set the length in use.
@@ -134,19 +144,17 @@ impl DmaBuf {
     /// [`MemError::InvalidArgument`] when `len > capacity()`; the length is
     /// unchanged then.
     pub fn set_len(&mut self, len: usize) -> MemResult<()> {
-        if len > self.cap {
+        if len > self.capacity() {
             return Err(MemError::InvalidArgument("buffer length exceeds capacity"));
         }
-        self.len = len;
+        // `capacity() <= u32::MAX` (pools and `alloc` refuse larger buffers).
+        self.len = len as u32;
         Ok(())
     }
 
     /// The arena the buffer lives in.
     pub fn arena(&self) -> &Arc<DmaArena> {
-        match &self.origin {
-            Origin::Pool { pool, idx } => pool.arena_of(*idx).0,
-            Origin::Standalone(a) => a,
-        }
+        self.pool.arena_of(self.idx).0
     }
 
     /// Id of the arena the buffer lives in.
@@ -156,10 +164,7 @@ impl DmaBuf {
 
     /// Offset of the first byte from the arena's base.
     pub fn arena_offset(&self) -> usize {
-        match &self.origin {
-            Origin::Pool { pool, idx } => pool.arena_of(*idx).1,
-            Origin::Standalone(_) => 0,
-        }
+        self.pool.arena_of(self.idx).1
     }
 }
 
@@ -169,15 +174,16 @@ impl fmt::Debug for DmaBuf {
             .field("arena", &self.arena_id())
             .field("offset", &self.arena_offset())
             .field("len", &self.len)
-            .field("cap", &self.cap)
+            .field("cap", &self.capacity())
             .finish()
     }
 }
 
 impl Drop for DmaBuf {
+    #[inline]
     fn drop(&mut self) {
-        if let Origin::Pool { pool, idx } = &self.origin {
-            cache::return_slot(pool, *idx);
+        if !self.pool.is_standalone() {
+            cache::return_slot(&self.pool, self.idx);
         }
     }
 }
@@ -205,6 +211,11 @@ mod tests {
             .unwrap();
         assert_eq!(a.id(), b.arena_id());
         assert_eq!(off, 0);
+    }
+
+    #[test]
+    fn buffers_are_small() {
+        assert_eq!(std::mem::size_of::<DmaBuf>(), 24);
     }
 
     #[test]

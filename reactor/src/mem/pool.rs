@@ -54,6 +54,9 @@ impl BufPoolOptions {
     }
 }
 
+/// Source of pool ids (control path).
+static NEXT_POOL_ID: AtomicU64 = AtomicU64::new(1);
+
 /// State shared by a pool, its caches and its buffers.
 pub(crate) struct PoolShared {
     // INVARIANT: slot `i < count` is `stride` bytes at offset
@@ -69,13 +72,38 @@ pub(crate) struct PoolShared {
     count: usize,
     cache_size: usize,
     free: ArrayQueue<u32>,
+    /// A one-slot pool made by [`DmaBuf::alloc`]: its buffer is never returned.
+    standalone: bool,
 }
 
 impl PoolShared {
+    /// The one-slot pool of a standalone buffer of `len` bytes filling `arena`
+    /// (control path: allocates).
+    pub(crate) fn standalone(arena: Arc<DmaArena>, len: usize) -> Arc<PoolShared> {
+        Arc::new(PoolShared {
+            id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed),
+            name: String::from("pollux-standalone"),
+            arenas: vec![arena],
+            buf_size: len,
+            stride: len,
+            per_arena: 1,
+            count: 1,
+            cache_size: 2,
+            free: ArrayQueue::new(1),
+            standalone: true,
+        })
+    }
+
+    #[inline]
+    pub(crate) fn is_standalone(&self) -> bool {
+        self.standalone
+    }
+
     pub(crate) fn id(&self) -> u64 {
         self.id
     }
 
+    #[inline]
     pub(crate) fn buf_size(&self) -> usize {
         self.buf_size
     }
@@ -85,6 +113,7 @@ impl PoolShared {
     }
 
     /// The arena of slot `idx` and the slot's offset in it.
+    #[inline]
     pub(crate) fn arena_of(&self, idx: u32) -> (&Arc<DmaArena>, usize) {
         let i = idx as usize;
         // Indices only come from this pool's own free list, so `i < count`
@@ -97,6 +126,7 @@ impl PoolShared {
         (arena, (i % self.per_arena) * self.stride)
     }
 
+    #[inline]
     pub(crate) fn slot_ptr(&self, idx: u32) -> NonNull<u8> {
         let (arena, off) = self.arena_of(idx);
         // SAFETY: `off + stride <= arena.len()` (INVARIANT), so the pointer
@@ -158,12 +188,17 @@ impl BufPool {
     ///
     /// # Errors
     /// [`MemError::InvalidArgument`] for a zero size or count, a count over
-    /// `u32::MAX`, an alignment that is not a power of two or exceeds 4096;
+    /// `u32::MAX` or a buffer size over `u32::MAX`, an alignment that is not a power of two or exceeds 4096;
     /// arena creation errors otherwise.
     pub fn new(opts: BufPoolOptions) -> MemResult<BufPool> {
         if opts.buf_size == 0 || opts.count == 0 {
             return Err(MemError::InvalidArgument(
                 "pool buffer size or count is zero",
+            ));
+        }
+        if u32::try_from(opts.buf_size).is_err() {
+            return Err(MemError::InvalidArgument(
+                "pool buffer size exceeds u32::MAX",
             ));
         }
         if !opts.align.is_power_of_two() || opts.align > 4096 {
@@ -197,9 +232,8 @@ impl BufPool {
             // Capacity is exactly `count`: cannot fail.
             let _ = free.push(i);
         }
-        static NEXT: AtomicU64 = AtomicU64::new(1);
         let shared = Arc::new(PoolShared {
-            id: NEXT.fetch_add(1, Ordering::Relaxed),
+            id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed),
             name: opts.name,
             arenas,
             buf_size: opts.buf_size,
@@ -208,6 +242,7 @@ impl BufPool {
             count: opts.count,
             cache_size: opts.cache_size.max(2),
             free,
+            standalone: false,
         });
         Ok(BufPool { shared })
     }

@@ -18,6 +18,7 @@ pub struct SgList {
 
 impl SgList {
     /// An empty list.
+    #[inline]
     pub fn new() -> SgList {
         SgList {
             segs: SmallVec::new(),
@@ -25,6 +26,7 @@ impl SgList {
     }
 
     /// A list of one segment.
+    #[inline]
     pub fn from_buf(buf: DmaBuf) -> SgList {
         let mut l = SgList::new();
         l.push(buf);
@@ -32,62 +34,74 @@ impl SgList {
     }
 
     /// Append a segment (allocates only past [`SG_INLINE`] segments).
+    #[inline]
     pub fn push(&mut self, buf: DmaBuf) {
         self.segs.push(buf);
     }
 
     /// Remove and return the last segment.
+    #[inline]
     pub fn pop(&mut self) -> Option<DmaBuf> {
         self.segs.pop()
     }
 
     /// Number of segments.
+    #[inline]
     pub fn len(&self) -> usize {
         self.segs.len()
     }
 
     /// Whether there are no segments.
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.segs.is_empty()
     }
 
     /// Sum of the segments' lengths in bytes.
+    #[inline]
     pub fn total_len(&self) -> usize {
         self.segs.iter().map(DmaBuf::len).sum()
     }
 
     /// Whether the segments are still inline (no heap allocation).
+    #[inline]
     pub fn is_inline(&self) -> bool {
         !self.segs.spilled()
     }
 
     /// The segments.
+    #[inline]
     pub fn iter(&self) -> std::slice::Iter<'_, DmaBuf> {
         self.segs.iter()
     }
 
     /// The segments, mutably.
+    #[inline]
     pub fn iter_mut(&mut self) -> std::slice::IterMut<'_, DmaBuf> {
         self.segs.iter_mut()
     }
 
     /// The segments as a slice.
+    #[inline]
     pub fn as_slice(&self) -> &[DmaBuf] {
         &self.segs
     }
 
     /// The segments as a mutable slice.
+    #[inline]
     pub fn as_mut_slice(&mut self) -> &mut [DmaBuf] {
         &mut self.segs
     }
 
     /// Drop every segment (returning pool buffers to their pools).
+    #[inline]
     pub fn clear(&mut self) {
         self.segs.clear();
     }
 
     /// Copy `src` into the segments in order, from the start; returns the
     /// number of bytes copied (at most `total_len()`).
+    #[inline]
     pub fn copy_from_slice(&mut self, src: &[u8]) -> usize {
         let mut done = 0;
         for seg in self.segs.iter_mut() {
@@ -103,6 +117,7 @@ impl SgList {
 
     /// Copy the segments' bytes, in order, into `dst`; returns the number of
     /// bytes copied (at most `total_len()`).
+    #[inline]
     pub fn copy_to_slice(&self, dst: &mut [u8]) -> usize {
         let mut done = 0;
         for seg in self.segs.iter() {
@@ -118,6 +133,7 @@ impl SgList {
 }
 
 impl From<DmaBuf> for SgList {
+    #[inline]
     fn from(buf: DmaBuf) -> SgList {
         SgList::from_buf(buf)
     }
@@ -140,6 +156,7 @@ impl Extend<DmaBuf> for SgList {
 impl IntoIterator for SgList {
     type Item = DmaBuf;
     type IntoIter = smallvec::IntoIter<[DmaBuf; SG_INLINE]>;
+    #[inline]
     fn into_iter(self) -> Self::IntoIter {
         self.segs.into_iter()
     }
@@ -148,6 +165,7 @@ impl IntoIterator for SgList {
 impl<'a> IntoIterator for &'a SgList {
     type Item = &'a DmaBuf;
     type IntoIter = std::slice::Iter<'a, DmaBuf>;
+    #[inline]
     fn into_iter(self) -> Self::IntoIter {
         self.segs.iter()
     }
@@ -156,6 +174,7 @@ impl<'a> IntoIterator for &'a SgList {
 impl<'a> IntoIterator for &'a mut SgList {
     type Item = &'a mut DmaBuf;
     type IntoIter = std::slice::IterMut<'a, DmaBuf>;
+    #[inline]
     fn into_iter(self) -> Self::IntoIter {
         self.segs.iter_mut()
     }

@@ -471,3 +471,100 @@ fn objects_drop_in_any_order() {
     assert!(qp.qp_num() > 0);
     drop(qp);
 }
+
+/// Not a check: the numbers that `tests/vm/run-verbs-conformance.sh --perf`
+/// prints beside perftest's `ib_send_lat` / `ib_write_bw` (same sizes and
+/// counts). Run with `--ignored --nocapture` inside the lab.
+#[test]
+#[ignore = "measurement, run by run-verbs-conformance.sh --perf"]
+fn perf_send_lat_and_write_bw() {
+    let Some(lab) = lab() else { return };
+    let p = connect(&lab, 7474, 0);
+    let (host, target) = (&p.host, &p.target);
+    let mut wc = [Wc::default(); 16];
+    let mut poll_one = |cq: &IbvCq| {
+        wait_for("a completion", || {
+            match cq.poll(&mut wc[..1]).expect("poll") {
+                0 => None,
+                _ => Some(wc[0]),
+            }
+        })
+    };
+
+    // Ping-pong of 2-byte SENDs (inline when possible): half the round trip.
+    const LAT_ITERS: usize = 1000;
+    let inline = host.qp.caps().max_inline_data >= 2 && target.qp.caps().max_inline_data >= 2;
+    let send = |side: &Side, id: u64| {
+        let sge = [side.sge(60 * 1024, 2)];
+        let wr = SendWr::new(WrId(id), SendOp::Send, &sge).signaled();
+        let wr = if inline { wr.with_inline(b"pp") } else { wr };
+        side.qp.post_send(&[wr]).expect("post ping");
+    };
+    let start = Instant::now();
+    for i in 0..LAT_ITERS as u64 {
+        target.post_recvs(i, 1, 0, 64);
+        host.post_recvs(i, 1, 0, 64);
+        send(host, i);
+        assert_eq!(poll_one(&target.cq).status, WcStatus::Success); // the ping
+        send(target, i);
+        // The host sees its send completion and the pong, in either order.
+        for _ in 0..2 {
+            assert_eq!(poll_one(&host.cq).status, WcStatus::Success);
+        }
+        assert_eq!(poll_one(&target.cq).status, WcStatus::Success); // pong sent
+    }
+    let lat_us = start.elapsed().as_secs_f64() * 1e6 / (2 * LAT_ITERS) as f64;
+
+    // 500 RDMA WRITEs of 64 KiB, up to 16 outstanding.
+    const BW_ITERS: usize = 500;
+    const BW_SIZE: u32 = 64 * 1024;
+    let mut big = DmaBuf::alloc(BW_SIZE as usize).expect("buffer");
+    big.as_mut_slice().fill(0x5a);
+    let src = host
+        .pd
+        .reg_mr(
+            big.arena(),
+            big.arena_offset(),
+            big.len(),
+            Access::LOCAL_WRITE,
+        )
+        .expect("reg_mr");
+    let dst_buf = DmaBuf::alloc(BW_SIZE as usize).expect("buffer");
+    let dst = target
+        .pd
+        .reg_mr(
+            dst_buf.arena(),
+            dst_buf.arena_offset(),
+            dst_buf.len(),
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        )
+        .expect("reg_mr");
+    let sge = [Sge {
+        addr: src.addr(),
+        length: BW_SIZE,
+        lkey: src.lkey(),
+    }];
+    let remote = RemoteAddr {
+        addr: dst.addr(),
+        rkey: dst.rkey(),
+    };
+    let (mut posted, mut done) = (0usize, 0usize);
+    let start = Instant::now();
+    while done < BW_ITERS {
+        while posted < BW_ITERS && posted - done < 16 {
+            let wr =
+                SendWr::new(WrId(posted as u64), SendOp::RdmaWrite { remote }, &sge).signaled();
+            host.qp.post_send(&[wr]).expect("post WRITE");
+            posted += 1;
+        }
+        let n = host.cq.poll(&mut wc).expect("poll");
+        assert!(wc[..n].iter().all(|w| w.status == WcStatus::Success));
+        done += n;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let gbps = (BW_ITERS as f64 * f64::from(BW_SIZE) * 8.0) / secs / 1e9;
+    let _ = writeln!(
+        std::io::stdout(),
+        "POLLUX_PERF send_lat_avg_us={lat_us:.2} write_bw_gbps={gbps:.3}"
+    );
+}

@@ -64,6 +64,7 @@ fn seqpacket() -> Result<OwnedFd, VerbsError> {
 }
 
 /// A received message, or why none came.
+#[allow(clippy::large_enum_variant)]
 enum Rx {
     Msg(Msg, Vec<OwnedFd>),
     Empty,

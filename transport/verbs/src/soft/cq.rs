@@ -79,10 +79,6 @@ impl CqInner {
         true
     }
 
-    pub(crate) fn is_dead(&self) -> bool {
-        self.overflow.get()
-    }
-
     /// Write the eventfd if armed (one-shot).
     pub(crate) fn signal(&self) {
         if self.armed.replace(false) {

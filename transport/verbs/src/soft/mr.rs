@@ -127,11 +127,6 @@ pub(crate) fn table_key(t: &Shm, idx: u32) -> u32 {
     t.u32_at(entry_off(idx) + E_KEY).load(Ordering::Acquire)
 }
 
-/// The kind stored in entry `idx`.
-pub(crate) fn table_kind(t: &Shm, idx: u32) -> u32 {
-    t.u32_at(entry_off(idx) + E_KIND).load(Ordering::Relaxed)
-}
-
 /// `(iova, len, access)` of entry `idx`.
 pub(crate) fn table_info(t: &Shm, idx: u32) -> (u64, u64, Access) {
     let e = entry_off(idx);
@@ -345,6 +340,8 @@ impl Drop for SoftMr {
 /// Signature attributes remembered for an integrity MR (owner side).
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct SigState {
+    /// Kept for the PI work (checks are not implemented yet).
+    #[allow(dead_code)]
     pub(crate) attrs: Option<SigAttrs>,
     pub(crate) err: Option<SigError>,
 }

@@ -8,8 +8,8 @@ use pollux_reactor::mem::DmaArena;
 
 use super::device::SoftDevice;
 use super::mr::{
-    resolve, resolve_segs, table_invalidate, table_key, table_kind, table_write, KeyErr, MrKind,
-    Seg, SigState, SoftMr, MR_ENTRY_SIZE, MR_MAX_SEGS, MR_TABLE_ENTRIES,
+    resolve, resolve_segs, table_invalidate, table_key, table_write, KeyErr, MrKind, Seg, SigState,
+    SoftMr, MR_ENTRY_SIZE, MR_MAX_SEGS, MR_TABLE_ENTRIES,
 };
 use super::qp::SoftQp;
 use super::shm::{Shm, SpanList};
@@ -205,11 +205,6 @@ impl PdInner {
         };
         Ok(())
     }
-
-    /// Whether entry `idx` of this table is an invalidatable kind.
-    pub(crate) fn is_special(&self, idx: u32) -> bool {
-        table_kind(&self.table, idx) != MrKind::Regular as u32
-    }
 }
 
 impl ProtectionDomain<Soft> for SoftPd {
@@ -228,7 +223,7 @@ impl ProtectionDomain<Soft> for SoftPd {
                 "REMOTE_WRITE/REMOTE_ATOMIC require LOCAL_WRITE",
             ));
         }
-        if offset.checked_add(len).is_none_or_gt(arena.len()) {
+        if offset.checked_add(len).exceeds(arena.len()) {
             return Err(VerbsError::NotInArena {
                 addr: (arena.base_addr() as u64).wrapping_add(offset as u64),
                 len: len as u64,
@@ -286,11 +281,11 @@ impl ProtectionDomain<Soft> for SoftPd {
 }
 
 trait GtExt {
-    fn is_none_or_gt(self, limit: usize) -> bool;
+    fn exceeds(self, limit: usize) -> bool;
 }
 
 impl GtExt for Option<usize> {
-    fn is_none_or_gt(self, limit: usize) -> bool {
+    fn exceeds(self, limit: usize) -> bool {
         self.map_or(true, |v| v > limit)
     }
 }

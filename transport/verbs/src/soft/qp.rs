@@ -232,10 +232,6 @@ impl SoftQp {
 }
 
 impl QpInner {
-    pub(crate) fn state(&self) -> QpState {
-        self.state.get()
-    }
-
     /// Attach the peer link (CM, before RTR).
     pub(crate) fn attach(&self, link: Rc<Link>) {
         *self.link.borrow_mut() = Some(link);

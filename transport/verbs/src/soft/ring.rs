@@ -3,8 +3,7 @@
 //!
 //! Layout: page 0 header; control block of direction `d` at
 //! `4096 * (1 + d)` (`tail` @0, `head` @64, `nak` @128, `fatal` @192,
-//! `consumer_armed` @256, `producer_armed` @320, `rnr_retry` @384,
-//! `closed` @448); ring data of direction `d` at `16384 + d * RING_SIZE`.
+//! `consumer_armed` @256, `producer_armed` @320, `rnr_retry` @384); ring data of direction `d` at `16384 + d * RING_SIZE`.
 //! Direction 0 carries active → passive traffic.
 //!
 //! Records are 64-byte aligned: a 16-byte header `{kind u8, flags u8,
@@ -30,8 +29,6 @@ pub(crate) const CTL_FATAL: usize = 192;
 pub(crate) const CTL_CONSUMER_ARMED: usize = 256;
 pub(crate) const CTL_PRODUCER_ARMED: usize = 320;
 pub(crate) const CTL_RNR_RETRY: usize = 384;
-pub(crate) const CTL_CLOSED: usize = 448;
-
 /// Record kinds.
 pub(crate) const REC_SEND: u8 = 1;
 pub(crate) const REC_WRITE_IMM: u8 = 2;

@@ -78,11 +78,6 @@ impl Shm {
         self.fd.as_fd()
     }
 
-    /// Length in bytes.
-    pub(crate) fn len(&self) -> usize {
-        self.len
-    }
-
     fn in_range(&self, off: usize, size: usize, align: usize) -> bool {
         off % align == 0 && off.checked_add(size).is_some_and(|e| e <= self.len)
     }
@@ -106,11 +101,6 @@ impl Shm {
         }
         // SAFETY: as in `u64_at`.
         unsafe { &*self.base.as_ptr().add(off).cast::<AtomicU32>() }
-    }
-
-    /// Whether stores are allowed (read/write mapping).
-    pub(crate) fn writable(&self) -> bool {
-        self.writable
     }
 
     /// Copy `dst.len()` bytes out of the mapping at `off`; false if out of range.
@@ -207,10 +197,6 @@ impl SpanList {
     pub(crate) fn total(&self) -> usize {
         self.total
     }
-
-    pub(crate) fn as_slice(&self) -> &[Span] {
-        &self.spans[..self.n]
-    }
 }
 
 /// Copy `min(dst.total, src.total, limit)` bytes from `src` to `dst`, span
@@ -238,21 +224,6 @@ pub(crate) fn copy_spans(dst: &SpanList, src: &SpanList, limit: usize) -> usize 
             si += 1;
             soff = 0;
         }
-    }
-    done
-}
-
-/// Copy bytes from a local slice into spans.
-pub(crate) fn copy_slice_to_spans(dst: &SpanList, src: &[u8]) -> usize {
-    let mut done = 0;
-    for d in dst.as_slice() {
-        if done == src.len() {
-            break;
-        }
-        let n = d.len.min(src.len() - done);
-        // SAFETY: `d` lies in a live mapping; `src` is a local slice.
-        unsafe { std::ptr::copy(src.as_ptr().add(done), d.ptr, n) };
-        done += n;
     }
     done
 }

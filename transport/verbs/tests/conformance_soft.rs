@@ -1,0 +1,56 @@
+//! The conformance suite against the soft provider (two endpoints in one
+//! process, connected through the real Unix-socket CM).
+
+#![allow(clippy::unwrap_used)]
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use pollux_verbs::conformance::{self as c, Fixture};
+use pollux_verbs::soft::{Soft, SoftDevice, SOFT_DEVICE_NAME};
+use pollux_verbs::{CmAddr, Provider};
+
+struct SoftFixture;
+
+impl Fixture for SoftFixture {
+    type P = Soft;
+    fn open(&self) -> SoftDevice {
+        Soft::open_device(SOFT_DEVICE_NAME).unwrap()
+    }
+    fn listen_addr(&self) -> CmAddr {
+        static N: AtomicU32 = AtomicU32::new(0);
+        CmAddr::new(format!(
+            "@pollux-conf-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ))
+    }
+}
+
+macro_rules! cases {
+    ($($name:ident),* $(,)?) => {
+        $(#[test] fn $name() { c::$name(&SoftFixture); })*
+    };
+}
+
+cases!(
+    connect_accept_private_data,
+    reject_with_private_data,
+    private_data_limits,
+    qp_state_table_and_post_checks,
+    send_recv_imm_inline,
+    write_then_send_ordering,
+    write_with_imm,
+    rdma_read,
+    bad_rkey_is_remote_access_error,
+    out_of_bounds_and_rights,
+    bad_lkey_is_local_protection_error,
+    recv_too_small,
+    rnr_retry_forever_waits,
+    rnr_retry_exhausted,
+    fast_reg_send_with_inv_local_inv,
+    flush_after_error_and_drain,
+    srq_shared_by_qps_and_cq_shared,
+    cq_overflow,
+    disconnect_during_traffic,
+    cq_arm_event_fd,
+);
