@@ -28,4 +28,4 @@ echo "test binaries: ${bins[*]}" >&2
 if [ "$PERF" = 1 ]; then
   exec "$LAB" -t 420 run tests/vm/guest-verbs.sh --perf "${bins[@]}"
 fi
-exec "$LAB" -t 300 run tests/vm/guest-run-tests.sh "${bins[@]}"
+exec "$LAB" -t 480 run tests/vm/guest-run-tests.sh "${bins[@]}"

@@ -1,8 +1,9 @@
 #![cfg(feature = "ibverbs")]
-//! The `ibverbs` provider against real RDMA devices: end-to-end checks over
-//! the provider traits (connect through RDMA CM, SEND/RECV with immediate,
-//! RDMA WRITE then SEND ordering, RDMA READ, a batch in one doorbell,
-//! disconnect and flush).
+//! The `ibverbs` provider against real RDMA devices: the provider-generic
+//! conformance suite (`pollux_verbs::conformance`) through [`IbvFixture`],
+//! plus end-to-end checks of our own (connect through RDMA CM, SEND/RECV
+//! with immediate, RDMA WRITE then SEND ordering, RDMA READ, a batch in one
+//! doorbell, disconnect and flush).
 //!
 //! Run inside the VM lab (two soft-RoCE devices):
 //! `tests/vm/run-verbs-conformance.sh`. The target side listens on
@@ -10,11 +11,14 @@
 //! Without an RDMA device (or outside the lab) every test prints why it is
 //! skipped and passes.
 
+use std::cell::Cell;
 use std::io::Write;
+use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
 use pollux_reactor::mem::DmaBuf;
 use pollux_verbs::ibv::{IbvCmId, IbvCq, IbvDevice, IbvMr, IbvPd, IbvQp, Ibverbs};
+use pollux_verbs::conformance::{self as c, Fixture};
 use pollux_verbs::{
     Access, CmAddr, CmEvent, CmId, CmListener, CompletionQueue, ConnParam, Device, MemoryRegion,
     PostErrorKind, ProtectionDomain, Provider, QpAttr, QpCaps, QpInit, QpState, QueuePair, RecvWr,
@@ -33,7 +37,7 @@ struct Lab {
 }
 
 /// Print a skip reason where `cargo test` shows it (not captured).
-fn skip(why: std::fmt::Arguments<'_>) -> Option<Lab> {
+fn skip<T>(why: std::fmt::Arguments<'_>) -> Option<T> {
     let _ = writeln!(std::io::stderr(), "SKIP: {why}");
     None
 }
@@ -61,6 +65,87 @@ fn lab() -> Option<Lab> {
         host_dev: pick("LAB_HOST_DEV", 1),
     })
 }
+
+/// The suite's fixture: `open` alternates between the host device and the
+/// target device (host first), and `listen_addr` is a fresh port on the
+/// address of the device opened last. The suite opens the active side, then
+/// the passive side, then listens, so connections go host -> target across
+/// the veth pair.
+struct IbvFixture {
+    /// Device names, host first.
+    devs: [String; 2],
+    /// Their addresses, host first.
+    addrs: [String; 2],
+    next: Cell<usize>,
+    last: Cell<usize>,
+}
+
+/// Listen ports, unique within the process (tests run in parallel).
+static PORT: AtomicU16 = AtomicU16::new(18_000);
+
+impl IbvFixture {
+    fn new() -> Option<IbvFixture> {
+        let lab = lab()?;
+        let Ok(host_addr) = std::env::var("LAB_HOST_ADDR") else {
+            return skip(format_args!("LAB_HOST_ADDR not set (run in tests/vm/lab)"));
+        };
+        Some(IbvFixture {
+            devs: [lab.host_dev, lab.target_dev],
+            addrs: [host_addr, lab.target_addr],
+            next: Cell::new(0),
+            last: Cell::new(1),
+        })
+    }
+}
+
+impl Fixture for IbvFixture {
+    type P = Ibverbs;
+
+    fn open(&self) -> IbvDevice {
+        let i = self.next.get();
+        self.next.set(i ^ 1);
+        self.last.set(i);
+        Ibverbs::open_device(&self.devs[i]).expect("open device")
+    }
+
+    fn listen_addr(&self) -> CmAddr {
+        let port = PORT.fetch_add(1, Ordering::Relaxed);
+        CmAddr::new(format!("{}:{port}", self.addrs[self.last.get()]))
+    }
+}
+
+macro_rules! suite {
+    ($($name:ident),* $(,)?) => {
+        $(#[test] fn $name() {
+            if let Some(f) = IbvFixture::new() {
+                c::$name(&f);
+            }
+        })*
+    };
+}
+
+suite!(
+    connect_accept_private_data,
+    reject_with_private_data,
+    private_data_limits,
+    qp_state_table_and_post_checks,
+    send_recv_imm_inline,
+    write_then_send_ordering,
+    write_with_imm,
+    rdma_read,
+    bad_rkey_is_remote_access_error,
+    out_of_bounds_and_rights,
+    bad_lkey_is_local_protection_error,
+    recv_too_small,
+    rnr_retry_forever_waits,
+    rnr_retry_exhausted,
+    fast_reg_send_with_inv_local_inv,
+    flush_after_error_and_drain,
+    srq_shared_by_qps_and_cq_shared,
+    cq_overflow,
+    disconnect_during_traffic,
+    cq_arm_event_fd,
+);
 
 /// Poll `f` until it yields a value; panic after [`STEP_LIMIT`].
 fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {

@@ -132,6 +132,24 @@ fn next_event(ch: &Channel) -> Result<Option<Event>, VerbsError> {
     Ok(Some(out))
 }
 
+/// Wait (bounded by `ms`) until `ch` has an event, and return it.
+fn wait_event(ch: &Channel, ms: i32) -> Result<Option<Event>, VerbsError> {
+    if let Some(ev) = next_event(ch)? {
+        return Ok(Some(ev));
+    }
+    let mut pfd = libc::pollfd {
+        // SAFETY: live channel.
+        fd: unsafe { ch.ch.as_ref().fd },
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    if unsafe { libc::poll(&mut pfd, 1, ms) } < 0 {
+        return Err(VerbsError::sys("poll(rdma_cm channel)", last_err()));
+    }
+    next_event(ch)
+}
+
 fn parse_addr(addr: &CmAddr) -> Result<SocketAddr, VerbsError> {
     addr.0
         .parse()
@@ -344,6 +362,7 @@ impl CmListener<Ibverbs> for IbvListener {
                 state: Cell::new(ConnState::Requested),
                 qp: RefCell::new(None),
                 pending: RefCell::new(None),
+                outcome: Cell::new(None),
             }));
         }
         Ok(None)
@@ -375,6 +394,8 @@ pub struct IbvCmId {
     state: Cell<ConnState>,
     qp: RefCell<Option<Rc<QpInner>>>,
     pending: RefCell<Option<PendingParam>>,
+    /// An outcome found during `connect`'s resolution, reported first.
+    outcome: Cell<Option<CmEvent>>,
 }
 
 impl std::fmt::Debug for IbvCmId {
@@ -397,6 +418,72 @@ impl IbvCmId {
     fn qp_state(&self, s: QpState) {
         if let Some(qp) = self.qp.borrow().as_ref() {
             qp.state.set(s);
+        }
+    }
+
+    /// Act on one event; returns what to report, if anything. On the active
+    /// side this also drives route resolution and the connect itself.
+    fn handle(&self, ev: &Event) -> Option<CmEvent> {
+        use rdma_cm_event_type::*;
+        match ev.kind {
+            RDMA_CM_EVENT_ADDR_RESOLVED => {
+                if !on_device(&self.raw, &self.ctx) {
+                    log::warn!("rdma_cm: the address is not reached through {}", self.ctx.name);
+                    self.state.set(ConnState::Closed);
+                    return Some(CmEvent::ConnectError);
+                }
+                // SAFETY: live id with a resolved address.
+                if unsafe { rdma_resolve_route(self.raw.id.as_ptr(), RESOLVE_TIMEOUT_MS) } != 0 {
+                    log::warn!("rdma_resolve_route: {}", last_err());
+                    self.state.set(ConnState::Closed);
+                    return Some(CmEvent::ConnectError);
+                }
+                self.state.set(ConnState::ResolvingRoute);
+                None
+            }
+            RDMA_CM_EVENT_ROUTE_RESOLVED => {
+                if let Err(e) = self.send_connect() {
+                    log::warn!("{e}");
+                    self.state.set(ConnState::Closed);
+                    return Some(CmEvent::ConnectError);
+                }
+                self.state.set(ConnState::Connecting);
+                None
+            }
+            RDMA_CM_EVENT_ADDR_ERROR | RDMA_CM_EVENT_ROUTE_ERROR | RDMA_CM_EVENT_UNREACHABLE => {
+                self.state.set(ConnState::Closed);
+                Some(CmEvent::Unreachable)
+            }
+            RDMA_CM_EVENT_REJECTED => {
+                self.state.set(ConnState::Closed);
+                Some(CmEvent::Rejected {
+                    reason: ev.status,
+                    private_data: ev.private(REJECT_PRIVATE_DATA_MAX),
+                })
+            }
+            RDMA_CM_EVENT_CONNECT_ERROR => {
+                self.state.set(ConnState::Closed);
+                Some(CmEvent::ConnectError)
+            }
+            RDMA_CM_EVENT_ESTABLISHED => {
+                self.state.set(ConnState::Connected);
+                self.qp_state(QpState::Rts);
+                let private_data = if self.request.is_some() {
+                    PrivateData::EMPTY
+                } else {
+                    ev.private(ACCEPT_PRIVATE_DATA_MAX)
+                };
+                Some(CmEvent::Established { private_data })
+            }
+            RDMA_CM_EVENT_DISCONNECTED | RDMA_CM_EVENT_DEVICE_REMOVAL => {
+                self.state.set(ConnState::Closed);
+                // The peer left: make sure our WRs flush.
+                if let Some(qp) = self.qp.borrow().as_ref() {
+                    qp.to_error();
+                }
+                Some(CmEvent::Disconnected)
+            }
+            _ => None, // TIMEWAIT_EXIT and others: nothing to report
         }
     }
 
@@ -459,14 +546,30 @@ pub(super) fn connect(
     if rc != 0 {
         return Err(VerbsError::sys("rdma_resolve_addr", last_err()));
     }
-    Ok(IbvCmId {
+    let id = IbvCmId {
         raw,
         ctx: ctx.clone(),
         request: None,
         state: Cell::new(ConnState::ResolvingAddr),
         qp: RefCell::new(Some(qp.inner.clone())),
         pending: RefCell::new(Some(pending)),
-    })
+        outcome: Cell::new(None),
+    };
+    // Address and route resolution are local (neighbour and route lookup):
+    // wait for them here, so that the request is on the wire when `connect`
+    // returns, as with every provider. Bounded by twice the resolve timeout.
+    for _ in 0..2 {
+        let ev = wait_event(&id.raw.ch, 2 * RESOLVE_TIMEOUT_MS + 500)?
+            .ok_or(VerbsError::CmState("address/route resolution timed out"))?;
+        if let Some(out) = id.handle(&ev) {
+            id.outcome.set(Some(out));
+            break;
+        }
+        if id.state.get() == ConnState::Connecting {
+            break;
+        }
+    }
+    Ok(id)
 }
 
 impl CmId<Ibverbs> for IbvCmId {
@@ -549,71 +652,12 @@ impl CmId<Ibverbs> for IbvCmId {
     }
 
     fn get_event(&self) -> Result<Option<CmEvent>, VerbsError> {
-        use rdma_cm_event_type::*;
+        if let Some(out) = self.outcome.take() {
+            return Ok(Some(out));
+        }
         while let Some(ev) = next_event(&self.raw.ch)? {
-            match ev.kind {
-                RDMA_CM_EVENT_ADDR_RESOLVED => {
-                    if !on_device(&self.raw, &self.ctx) {
-                        log::warn!(
-                            "rdma_cm: {} is reached through another device",
-                            self.ctx.name
-                        );
-                        self.state.set(ConnState::Closed);
-                        return Ok(Some(CmEvent::ConnectError));
-                    }
-                    // SAFETY: live id with a resolved address.
-                    if unsafe { rdma_resolve_route(self.raw.id.as_ptr(), RESOLVE_TIMEOUT_MS) } != 0
-                    {
-                        log::warn!("rdma_resolve_route: {}", last_err());
-                        self.state.set(ConnState::Closed);
-                        return Ok(Some(CmEvent::ConnectError));
-                    }
-                    self.state.set(ConnState::ResolvingRoute);
-                }
-                RDMA_CM_EVENT_ROUTE_RESOLVED => {
-                    if let Err(e) = self.send_connect() {
-                        log::warn!("rdma_connect: {e}");
-                        self.state.set(ConnState::Closed);
-                        return Ok(Some(CmEvent::ConnectError));
-                    }
-                    self.state.set(ConnState::Connecting);
-                }
-                RDMA_CM_EVENT_ADDR_ERROR
-                | RDMA_CM_EVENT_ROUTE_ERROR
-                | RDMA_CM_EVENT_UNREACHABLE => {
-                    self.state.set(ConnState::Closed);
-                    return Ok(Some(CmEvent::Unreachable));
-                }
-                RDMA_CM_EVENT_REJECTED => {
-                    self.state.set(ConnState::Closed);
-                    return Ok(Some(CmEvent::Rejected {
-                        reason: ev.status,
-                        private_data: ev.private(REJECT_PRIVATE_DATA_MAX),
-                    }));
-                }
-                RDMA_CM_EVENT_CONNECT_ERROR => {
-                    self.state.set(ConnState::Closed);
-                    return Ok(Some(CmEvent::ConnectError));
-                }
-                RDMA_CM_EVENT_ESTABLISHED => {
-                    self.state.set(ConnState::Connected);
-                    self.qp_state(QpState::Rts);
-                    let private_data = if self.request.is_some() {
-                        PrivateData::EMPTY
-                    } else {
-                        ev.private(ACCEPT_PRIVATE_DATA_MAX)
-                    };
-                    return Ok(Some(CmEvent::Established { private_data }));
-                }
-                RDMA_CM_EVENT_DISCONNECTED | RDMA_CM_EVENT_DEVICE_REMOVAL => {
-                    self.state.set(ConnState::Closed);
-                    // The peer left: make sure our WRs flush.
-                    if let Some(qp) = self.qp.borrow().as_ref() {
-                        qp.to_error();
-                    }
-                    return Ok(Some(CmEvent::Disconnected));
-                }
-                _ => {} // TIMEWAIT_EXIT and others: nothing to report
+            if let Some(out) = self.handle(&ev) {
+                return Ok(Some(out));
             }
         }
         Ok(None)
