@@ -1,6 +1,8 @@
 //! The `pollux-bdevperf` binary as our checks use it: the JSON shape, the
 //! human table, several `--bdev`s, a config file, and clear errors.
 
+#![allow(clippy::unwrap_used)] // test helpers: a failed unwrap is a failed test
+
 use std::process::Command;
 
 fn bdevperf(args: &[&str]) -> std::process::Output {

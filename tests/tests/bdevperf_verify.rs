@@ -1,6 +1,8 @@
 //! bdevperf's engine on every backend: `verify` writes a pattern per block
 //! and reads it back; any mismatch or I/O error fails the test.
 
+#![allow(clippy::unwrap_used)] // test helpers: a failed unwrap is a failed test
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -70,7 +72,7 @@ fn null_randread_counts_io_and_verify_catches_a_lying_disk() {
     let reg = BdevRegistry::new();
     let b = reg.create("null:size=64M,block=4096").unwrap();
     let rep = run(
-        &[b.clone()],
+        std::slice::from_ref(&b),
         Cores::parse("0").unwrap(),
         IdleMode::BusyPoll,
         &params(Workload::RandRead, 32, 4096),
@@ -109,7 +111,7 @@ fn bad_parameters_are_errors_not_panics() {
         params(Workload::Read, 4, 1000),
         params(Workload::Read, 4, 2 << 20),
     ] {
-        assert!(run(&[b.clone()], c(), IdleMode::BusyPoll, &p, None).is_err());
+        assert!(run(std::slice::from_ref(&b), c(), IdleMode::BusyPoll, &p, None).is_err());
     }
     assert!(run(
         &[],
