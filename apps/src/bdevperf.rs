@@ -14,7 +14,9 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pollux_bdev::{Bdev, BdevDesc, CompletedIo, IoChannel, IoCompletion, IoType, SgList};
+use pollux_bdev::{
+    Bdev, BdevDesc, CompletedIo, InPlaceIo, IoChannel, IoCompletion, IoType, SgList,
+};
 use pollux_reactor::mem::{BufPool, BufPoolOptions};
 use pollux_reactor::{launch, CoreId, Cores, IdleMode, LaunchConfig, PollStatus, Reactor};
 
@@ -280,11 +282,11 @@ struct Slot {
     unit: u64,
     phase: Phase,
     generation: u64,
-    is_read: bool,
 }
 
 struct JobState {
     ch: IoChannel,
+    reactor: Reactor,
     cb: Option<Rc<dyn IoCompletion>>,
     gen: OffsetGen,
     workload: Workload,
@@ -304,9 +306,21 @@ struct JobState {
 struct Job(RefCell<JobState>);
 
 impl IoCompletion for Job {
-    fn complete(&self, io: CompletedIo) {
+    fn complete(&self, mut io: CompletedIo) {
+        // Only reached for an I/O submitted the slow way (never, today).
         let mut s = self.0.borrow_mut();
-        s.on_complete(io);
+        let i = io.ctx as usize;
+        let bufs = std::mem::take(&mut io.bufs);
+        if let Some(slot) = s.slots.get_mut(i) {
+            slot.bufs = Some(bufs);
+        }
+        s.in_flight -= 1;
+        s.maybe_finish();
+    }
+
+    #[inline]
+    fn complete_in_place(&self, mut io: InPlaceIo<'_>) {
+        self.0.borrow_mut().on_complete(&mut io);
     }
 }
 
@@ -359,11 +373,11 @@ impl Job {
                 unit: i as u64,
                 phase: Phase::Write,
                 generation: 0,
-                is_read: false,
             });
         }
         let seed = 0x5EED ^ ((r.core() as u64) << 32) ^ job_index as u64;
         let job = Rc::new(Job(RefCell::new(JobState {
+            reactor: ch.reactor().clone(),
             ch,
             cb: None,
             gen: OffsetGen::new(p.workload, p.read_pct, units, seed),
@@ -415,18 +429,19 @@ impl Job {
 }
 
 impl JobState {
+    /// Picks slot `i`'s next I/O: (unit, is_read), preparing a verify buffer.
     #[inline]
-    fn submit(&mut self, i: usize) {
-        let now = self.ch.reactor().now_ns();
-        let slot = &mut self.slots[i];
+    fn next_io(&mut self, i: usize, bufs: Option<&mut SgList>) -> (u64, bool) {
         let (unit, is_read) = if self.workload == Workload::Verify {
+            let slot = &self.slots[i];
             (slot.unit, slot.phase == Phase::Read)
         } else {
             (self.gen.next_unit(), self.gen.next_is_read())
         };
         if self.workload == Workload::Verify {
+            let slot = &self.slots[i];
             let offset = (self.first_block + unit * self.io_blocks) * self.ch.buf_block_size();
-            if let Some(b) = slot.bufs.as_mut().and_then(|l| l.iter_mut().next()) {
+            if let Some(b) = bufs.and_then(|l| l.iter_mut().next()) {
                 match slot.phase {
                     Phase::Write => fill_pattern(b.as_mut_slice(), offset, slot.generation),
                     // Poison the buffer so that a read which moves no data
@@ -435,14 +450,30 @@ impl JobState {
                 }
             }
         }
+        (unit, is_read)
+    }
+
+    /// First submission of slot `i` (and resubmission after back-pressure):
+    /// the buffers move into the channel's request slot and stay there.
+    fn submit(&mut self, i: usize) {
+        let Some(mut bufs) = self.slots[i].bufs.take() else {
+            return;
+        };
+        let (unit, is_read) = self.next_io(i, Some(&mut bufs));
+        let now = self.ch.reactor().now_ns();
+        let slot = &mut self.slots[i];
         slot.unit = unit;
-        slot.is_read = is_read;
         slot.submitted = now;
-        let Some(bufs) = slot.bufs.take() else { return };
-        let Some(cb) = self.cb.as_ref() else { return };
+        let Some(cb) = self.cb.as_ref() else {
+            self.slots[i].bufs = Some(bufs);
+            return;
+        };
         let lba = self.first_block + unit * self.io_blocks;
         let t = if is_read { IoType::Read } else { IoType::Write };
-        match self.ch.submit(t, lba, self.io_blocks, bufs, cb, i as u64) {
+        match self
+            .ch
+            .submit_in_place(t, lba, self.io_blocks, bufs, cb, i as u64)
+        {
             Ok(()) => self.in_flight += 1,
             Err(rej) => {
                 self.slots[i].bufs = Some(rej.bufs);
@@ -451,32 +482,64 @@ impl JobState {
         }
     }
 
+    /// A completion, in the channel's slot: count it and resubmit in place.
     #[inline]
-    fn on_complete(&mut self, io: CompletedIo) {
-        self.in_flight -= 1;
-        let i = io.ctx as usize;
-        let now = self.ch.reactor().now_ns();
-        let ok = io.status.is_ok();
-        let depth = self.slots.len() as u64;
+    fn on_complete(&mut self, io: &mut InPlaceIo<'_>) {
+        let i = io.ctx() as usize;
+        let now = self.reactor.now_ns();
+        let ok = io.status().is_ok();
         let Some(slot) = self.slots.get_mut(i) else {
             return;
         };
+        let latency = now.saturating_sub(slot.submitted);
+        slot.submitted = now;
         self.tally.ios += 1;
-        self.tally
-            .latency
-            .record(now.saturating_sub(slot.submitted));
+        self.tally.latency.record(latency);
         if ok {
             self.tally.bytes += self.io_bytes;
         } else {
             self.tally.errors += 1;
         }
-        let bufs = io.bufs;
-        if self.workload == Workload::Verify && ok {
+        if self.workload == Workload::Verify {
+            self.verify_complete(i, ok, io);
+            return;
+        }
+        if self.stopping {
+            // Not resubmitted: the slot is freed and the buffers go back to
+            // the job's pool.
+            self.in_flight -= 1;
+            self.maybe_finish();
+            return;
+        }
+        let unit = self.gen.next_unit();
+        let t = if self.gen.next_is_read() {
+            IoType::Read
+        } else {
+            IoType::Write
+        };
+        io.resubmit(
+            t,
+            self.first_block + unit * self.io_blocks,
+            self.io_blocks,
+            i as u64,
+        );
+    }
+
+    /// The verify half of [`on_complete`](Self::on_complete): check what a
+    /// read returned, move the slot to its next unit, refill and resubmit.
+    #[cold]
+    fn verify_complete(&mut self, i: usize, ok: bool, io: &mut InPlaceIo<'_>) {
+        let depth = self.slots.len() as u64;
+        let bbs = self.ch.buf_block_size();
+        let Some(slot) = self.slots.get_mut(i) else {
+            return;
+        };
+        if ok {
             match slot.phase {
                 Phase::Write => slot.phase = Phase::Read,
                 Phase::Read => {
-                    let offset = io.offset_blocks * self.ch.buf_block_size();
-                    if let Some(b) = bufs.iter().next() {
+                    let offset = io.offset_blocks() * bbs;
+                    if let Some(b) = io.bufs().iter().next() {
                         if check_pattern(b.as_slice(), offset, slot.generation).is_err() {
                             self.tally.miscompares += 1;
                         }
@@ -491,12 +554,16 @@ impl JobState {
                 }
             }
         }
-        self.slots[i].bufs = Some(bufs);
         if self.stopping {
+            self.in_flight -= 1;
             self.maybe_finish();
-        } else {
-            self.submit(i);
+            return;
         }
+        let (unit, is_read) = self.next_io(i, Some(io.bufs_mut()));
+        self.slots[i].unit = unit;
+        let lba = self.first_block + unit * self.io_blocks;
+        let t = if is_read { IoType::Read } else { IoType::Write };
+        io.resubmit(t, lba, self.io_blocks, i as u64);
     }
 
     fn maybe_finish(&mut self) {

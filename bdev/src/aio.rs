@@ -262,7 +262,7 @@ impl BackendChannel for AioChannel {
         }
     }
 
-    fn poll(&mut self, done: &mut Completions) -> PollStatus {
+    fn poll(&mut self, done: &mut Completions<'_>) -> PollStatus {
         let mut work = false;
         if self.queued > 0 {
             match self.engine.submit() {
@@ -277,7 +277,7 @@ impl BackendChannel for AioChannel {
             let Some(tag) = IoTag::from_u64(d.token) else {
                 return;
             };
-            let Some(io) = done.io_mut(tag) else {
+            let Some(mut io) = done.io_mut(tag) else {
                 // Unknown token: `complete` counts it as stale.
                 done.complete(tag, Err(IoError::Device(EINVAL)));
                 return;
@@ -288,6 +288,7 @@ impl BackendChannel for AioChannel {
                 0
             };
             io.bufs = d.bufs;
+            drop(io);
             let status = match d.result {
                 Ok(n) if n as u64 == expected => Ok(()),
                 Ok(n) => Err(IoError::ShortTransfer {

@@ -7,11 +7,10 @@
 //! (bounds and length checks, the request table, back-pressure, stats,
 //! delivery of completions on the submitting reactor) is the generic layer's.
 
-use std::collections::VecDeque;
+use std::cell::{RefCell, RefMut};
 use std::rc::Rc;
 
 use pollux_reactor::{PollStatus, Reactor};
-use slab::Slab;
 
 use crate::info::BdevInfo;
 use crate::io::{BdevError, BdevIo, IoCompletion, IoStatus, IoTag, IoType};
@@ -60,42 +59,96 @@ pub trait BackendChannel {
     /// Make progress: flush batched submissions, reap finished I/Os and
     /// report each with [`Completions::complete`]. Returns
     /// [`PollStatus::Busy`] when it did any work.
-    fn poll(&mut self, done: &mut Completions) -> PollStatus;
+    fn poll(&mut self, done: &mut Completions<'_>) -> PollStatus;
 }
 
-/// One in-flight I/O in a channel's request table.
-pub(crate) struct IoSlot {
+/// Where a request slot is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SlotState {
+    /// On the channel's free list.
+    Free,
+    /// The backend owns the I/O.
+    InFlight,
+    /// Completed by the backend (or by a check), waiting for delivery.
+    Completed,
+}
+
+/// The part of a request slot a fast-path completion may touch
+/// (see [`InPlaceIo`](crate::InPlaceIo)).
+pub(crate) struct SlotReq {
     pub(crate) io: BdevIo,
-    pub(crate) cb: Rc<dyn IoCompletion>,
     pub(crate) ctx: u64,
     /// The status, once completed.
     pub(crate) status: IoStatus,
-    /// Completed by the backend (or by a check), waiting for delivery.
-    pub(crate) completed: bool,
+    /// Write-type I/O allowed (the submitting handle's permission).
+    pub(crate) writable: bool,
+    /// Set by [`InPlaceIo::resubmit`](crate::InPlaceIo::resubmit).
+    pub(crate) again: bool,
 }
 
-/// A channel's request table and its queue of finished I/Os.
-///
-/// Preallocated to the queue depth at channel creation: nothing here
-/// allocates afterwards. Backends see it in [`BackendChannel::poll`].
-pub struct Completions {
-    pub(crate) slots: Slab<IoSlot>,
-    /// Completed tags in completion order (the status is in the slot).
-    pub(crate) ready: VecDeque<IoTag>,
-    pub(crate) depth: usize,
+/// One request slot of a channel's table (preallocated, reused: the buffers
+/// of an I/O are moved in once at submit time and stay here until the I/O
+/// is delivered; a fast-path completion may resubmit them in place).
+pub(crate) struct IoSlot {
+    pub(crate) req: SlotReq,
+    /// The submitter's callback while the slot is in use.
+    pub(crate) cb: Option<Rc<dyn IoCompletion>>,
+    pub(crate) state: SlotState,
+    /// Delivered through [`IoCompletion::complete_in_place`].
+    pub(crate) in_place: bool,
+}
+
+impl IoSlot {
+    pub(crate) fn empty() -> Self {
+        Self {
+            req: SlotReq {
+                io: BdevIo {
+                    io_type: IoType::Read,
+                    offset_blocks: 0,
+                    num_blocks: 0,
+                    bufs: crate::io::SgList::new(),
+                },
+                ctx: 0,
+                status: Ok(()),
+                writable: false,
+                again: false,
+            },
+            cb: None,
+            state: SlotState::Free,
+            in_place: false,
+        }
+    }
+}
+
+/// The queue of completed tags (in completion order) and the stale counter.
+pub(crate) struct ReadyQueue {
+    /// Each slot is queued at most once at a time, so this never grows
+    /// past the depth it was created with.
+    pub(crate) ready: Vec<IoTag>,
     pub(crate) stale: u64,
 }
 
-impl Completions {
+impl ReadyQueue {
     pub(crate) fn with_depth(depth: usize) -> Self {
         Self {
-            slots: Slab::with_capacity(depth),
-            ready: VecDeque::with_capacity(depth),
-            depth,
+            ready: Vec::with_capacity(depth),
             stale: 0,
         }
     }
+}
 
+/// A channel's request table and its queue of finished I/Os, as a backend
+/// sees them in [`BackendChannel::poll`].
+///
+/// Preallocated to the queue depth at channel creation: nothing here
+/// allocates afterwards.
+pub struct Completions<'a> {
+    pub(crate) slots: &'a [RefCell<IoSlot>],
+    pub(crate) q: &'a mut ReadyQueue,
+    pub(crate) in_flight: usize,
+}
+
+impl Completions<'_> {
     /// Report that the I/O `tag` finished with `status`.
     ///
     /// A tag that is not in flight, or that was completed already, is counted
@@ -103,14 +156,18 @@ impl Completions {
     /// and ignored: a backend bug never corrupts another I/O.
     #[inline]
     pub fn complete(&mut self, tag: IoTag, status: IoStatus) {
-        match self.slots.get_mut(tag.0 as usize) {
-            Some(slot) if !slot.completed => {
-                slot.completed = true;
-                slot.status = status;
-                self.ready.push_back(tag);
+        let slot = self
+            .slots
+            .get(tag.0 as usize)
+            .and_then(|c| c.try_borrow_mut().ok());
+        match slot {
+            Some(mut slot) if slot.state == SlotState::InFlight => {
+                slot.state = SlotState::Completed;
+                slot.req.status = status;
+                self.q.ready.push(tag);
             }
             _ => {
-                self.stale += 1;
+                self.q.stale += 1;
                 log::error!(
                     "bdev backend completed unknown or finished I/O tag {}",
                     tag.0
@@ -120,23 +177,25 @@ impl Completions {
     }
 
     /// The in-flight I/O `tag` (to put back buffers the kernel returned), or
-    /// `None` when the tag is not in flight or was completed already.
+    /// `None` when the tag is not in flight or was completed already. Drop
+    /// the guard before calling [`complete`](Self::complete) for the same tag.
     #[inline]
-    pub fn io_mut(&mut self, tag: IoTag) -> Option<&mut BdevIo> {
-        match self.slots.get_mut(tag.0 as usize) {
-            Some(slot) if !slot.completed => Some(&mut slot.io),
-            _ => None,
+    pub fn io_mut(&mut self, tag: IoTag) -> Option<RefMut<'_, BdevIo>> {
+        let slot = self.slots.get(tag.0 as usize)?.try_borrow_mut().ok()?;
+        if slot.state != SlotState::InFlight {
+            return None;
         }
+        Some(RefMut::map(slot, |s| &mut s.req.io))
     }
 
     /// How many I/Os are in flight in this channel (completed ones waiting
     /// for delivery included).
     pub fn in_flight(&self) -> usize {
-        self.slots.len()
+        self.in_flight
     }
 
     /// The channel's queue depth.
     pub fn depth(&self) -> usize {
-        self.depth
+        self.slots.len()
     }
 }

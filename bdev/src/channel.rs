@@ -17,11 +17,10 @@ use std::rc::{Rc, Weak};
 
 use pollux_reactor::{PollStatus, PollerId, Reactor};
 
-use crate::backend::{BackendChannel, Completions, IoSlot};
+use crate::backend::{BackendChannel, Completions, IoSlot, ReadyQueue, SlotState};
 use crate::bdev::{type_bit, Bdev};
 use crate::io::{
-    BdevError, BdevIo, CompletedIo, IoCompletion, IoError, IoStatus, IoTag, IoType, Rejected,
-    SgList,
+    BdevError, BdevIo, InPlaceIo, IoCompletion, IoError, IoStatus, IoTag, IoType, Rejected, SgList,
 };
 
 /// Per-channel counters (successful I/Os by type, bytes, failures).
@@ -72,6 +71,20 @@ impl ChannelStats {
         }
     }
 
+    /// Adds `other`'s counters (all but `stale_completions`) to these.
+    #[inline]
+    fn add(&mut self, o: &ChannelStats) {
+        self.read_ops += o.read_ops;
+        self.write_ops += o.write_ops;
+        self.flush_ops += o.flush_ops;
+        self.write_zeroes_ops += o.write_zeroes_ops;
+        self.unmap_ops += o.unmap_ops;
+        self.bytes_read += o.bytes_read;
+        self.bytes_written += o.bytes_written;
+        self.errors += o.errors;
+        self.rejected += o.rejected;
+    }
+
     /// All successful I/Os.
     pub fn ops(&self) -> u64 {
         self.read_ops + self.write_ops + self.flush_ops + self.write_zeroes_ops + self.unmap_ops
@@ -80,7 +93,12 @@ impl ChannelStats {
 
 struct ChannelState {
     backend: Box<dyn BackendChannel>,
-    done: Completions,
+    q: ReadyQueue,
+    /// The other half of the ready queue's double buffer: delivery takes the
+    /// ready tags as one batch and leaves this (empty) buffer in their place.
+    spare: Vec<IoTag>,
+    /// Free slot indexes (a stack: the most recently freed slot is reused first).
+    free: Vec<u32>,
     stats: ChannelStats,
 }
 
@@ -99,6 +117,9 @@ pub struct ChannelCore {
     buf_block_size: u64,
     supported: u8,
     state: RefCell<ChannelState>,
+    /// The request table, one cell per slot and outside `state`, so that a
+    /// fast-path completion can hold its slot while submitting others.
+    slots: Box<[RefCell<IoSlot>]>,
 }
 
 impl ChannelCore {
@@ -120,9 +141,13 @@ impl ChannelCore {
             supported: bdev.supported_mask(),
             state: RefCell::new(ChannelState {
                 backend,
-                done: Completions::with_depth(depth),
+                q: ReadyQueue::with_depth(depth),
+                spare: Vec::with_capacity(depth),
+                // Popped from the end: slot 0 first.
+                free: (0..depth as u32).rev().collect(),
                 stats: ChannelStats::default(),
             }),
+            slots: (0..depth).map(|_| RefCell::new(IoSlot::empty())).collect(),
         })
     }
 
@@ -184,6 +209,31 @@ impl ChannelCore {
         Ok(())
     }
 
+    /// Hand slot `tag` (filled in, state `InFlight`) to the backend, or queue
+    /// its check error for the next poll.
+    #[inline]
+    fn start(&self, st: &mut ChannelState, tag: u32, slot: &mut IoSlot) {
+        let r = &mut slot.req;
+        let check = self.check(
+            r.io.io_type,
+            r.io.offset_blocks,
+            r.io.num_blocks,
+            &r.io.bufs,
+            r.writable,
+        );
+        match check {
+            Ok(()) => {
+                slot.state = SlotState::InFlight;
+                st.backend.submit(IoTag(tag), &mut r.io);
+            }
+            Err(e) => {
+                slot.state = SlotState::Completed;
+                r.status = Err(e);
+                st.q.ready.push(IoTag(tag));
+            }
+        }
+    }
+
     // One private entry point shared by the typed wrappers of `IoChannel`.
     #[inline]
     #[allow(clippy::too_many_arguments)]
@@ -196,95 +246,119 @@ impl ChannelCore {
         cb: &Rc<dyn IoCompletion>,
         ctx: u64,
         writable: bool,
+        in_place: bool,
     ) -> Result<(), Rejected> {
         let mut guard = self.state.borrow_mut();
         let st = &mut *guard;
-        if st.done.slots.len() >= st.done.depth {
+        let cell = match st.free.pop() {
+            Some(tag) => self.slots.get(tag as usize).map(|c| (tag, c)),
+            None => None,
+        };
+        // A free slot is never borrowed (only delivery borrows, an in-use slot).
+        let Some((tag, Ok(mut slot))) = cell.map(|(t, c)| (t, c.try_borrow_mut())) else {
             st.stats.rejected += 1;
             return Err(Rejected {
                 error: IoError::ChannelFull,
                 bufs,
             });
-        }
-        let check = self.check(io_type, offset_blocks, num_blocks, &bufs, writable);
-        let entry = st.done.slots.vacant_entry();
-        // The table never holds more than `depth <= u32::MAX` slots.
-        let tag = IoTag(entry.key() as u32);
-        let slot = entry.insert(IoSlot {
-            io: BdevIo {
-                io_type,
-                offset_blocks,
-                num_blocks,
-                bufs,
-            },
-            cb: Rc::clone(cb),
-            ctx,
-            status: Ok(()),
-            completed: false,
-        });
-        match check {
-            Ok(()) => st.backend.submit(tag, &mut slot.io),
-            Err(e) => {
-                slot.completed = true;
-                slot.status = Err(e);
-                st.done.ready.push_back(tag);
-            }
-        }
+        };
+        let slot = &mut *slot;
+        slot.req.io.io_type = io_type;
+        slot.req.io.offset_blocks = offset_blocks;
+        slot.req.io.num_blocks = num_blocks;
+        slot.req.io.bufs = bufs;
+        slot.req.ctx = ctx;
+        slot.req.status = Ok(());
+        slot.req.writable = writable;
+        slot.req.again = false;
+        slot.in_place = in_place;
+        slot.cb = Some(Rc::clone(cb));
+        self.start(st, tag, slot);
         Ok(())
     }
 
     /// Drive the backend, then deliver the completions that were ready when
     /// the poll started (callbacks may submit more; those wait for the next poll).
     fn poll(&self) -> PollStatus {
-        let (backend_status, ready) = {
+        let (backend_status, batch) = {
             let mut guard = self.state.borrow_mut();
             let st = &mut *guard;
-            let s = st.backend.poll(&mut st.done);
-            st.stats.stale_completions = st.done.stale;
-            (s, st.done.ready.len())
-        };
-        let mut delivered = 0usize;
-        while delivered < ready {
-            let next = {
-                let mut guard = self.state.borrow_mut();
-                let st = &mut *guard;
-                let Some(tag) = st.done.ready.pop_front() else {
-                    break;
-                };
-                let slot = st.done.slots.try_remove(tag.0 as usize);
-                if let Some(slot) = &slot {
-                    st.stats.record(&slot.io, &slot.status, self.block_size);
-                }
-                slot
+            let in_flight = self.slots.len() - st.free.len();
+            let mut done = Completions {
+                slots: &self.slots,
+                q: &mut st.q,
+                in_flight,
             };
-            delivered += 1;
-            // Only `Completions::complete` and `submit` queue tags, both for
-            // live slots, each once; a missing slot cannot happen.
-            if let Some(IoSlot {
-                io,
-                cb,
-                ctx,
-                status,
-                ..
-            }) = next
-            {
-                cb.complete(CompletedIo {
-                    ctx,
-                    io_type: io.io_type,
-                    offset_blocks: io.offset_blocks,
-                    num_blocks: io.num_blocks,
-                    status,
-                    bufs: io.bufs,
-                });
-            }
+            let s = st.backend.poll(&mut done);
+            st.stats.stale_completions = st.q.stale;
+            let spare = std::mem::take(&mut st.spare);
+            (s, std::mem::replace(&mut st.q.ready, spare))
+        };
+        let mut stats = ChannelStats::default();
+        for &tag in &batch {
+            self.deliver(tag.0, &mut stats);
         }
-        if self.pinned.get() && self.state.borrow().done.slots.is_empty() {
+        let delivered = batch.len();
+        {
+            let mut st = self.state.borrow_mut();
+            st.stats.add(&stats);
+            let mut batch = batch;
+            batch.clear();
+            st.spare = batch;
+        }
+        if self.pinned.get() && self.in_flight() == 0 {
             self.pinned.set(false);
             // The poller holds a strong reference while it runs us, so this
             // never drops `self` under our feet.
             drop(self.keepalive.take());
         }
         backend_status.or(PollStatus::from_work(delivered > 0))
+    }
+
+    /// Deliver the completed slot `tag` (no borrow of `state` is held).
+    #[inline]
+    fn deliver(&self, tag: u32, stats: &mut ChannelStats) {
+        // Only `Completions::complete` and `start` queue tags, both for live
+        // slots, each once: the slot is there and not borrowed.
+        let Some(Ok(mut slot)) = self.slots.get(tag as usize).map(RefCell::try_borrow_mut) else {
+            return;
+        };
+        stats.record(&slot.req.io, &slot.req.status, self.block_size);
+        if slot.in_place {
+            let IoSlot { req, cb, .. } = &mut *slot;
+            req.again = false;
+            if let Some(cb) = cb.as_deref() {
+                cb.complete_in_place(InPlaceIo { req });
+            }
+            if slot.req.again {
+                slot.req.again = false;
+                slot.req.status = Ok(());
+                let mut st = self.state.borrow_mut();
+                self.start(&mut st, tag, &mut slot);
+            } else {
+                let cb = slot.cb.take();
+                slot.req.io.bufs.clear();
+                slot.state = SlotState::Free;
+                drop(slot);
+                self.state.borrow_mut().free.push(tag);
+                drop(cb);
+            }
+        } else {
+            // Move the I/O out and free the slot first, so that the callback
+            // may reuse it.
+            let cb = slot.cb.take();
+            let io = InPlaceIo { req: &mut slot.req }.take_completed();
+            slot.state = SlotState::Free;
+            drop(slot);
+            self.state.borrow_mut().free.push(tag);
+            if let Some(cb) = cb {
+                cb.complete(io);
+            }
+        }
+    }
+
+    fn in_flight(&self) -> usize {
+        self.slots.len() - self.state.borrow().free.len()
     }
 }
 
@@ -293,7 +367,7 @@ impl Drop for ChannelCore {
         if let Some(id) = self.poller.take() {
             self.reactor.remove_poller(id);
         }
-        let in_flight = self.state.get_mut().done.slots.len();
+        let in_flight = self.slots.len() - self.state.get_mut().free.len();
         if in_flight > 0 {
             log::warn!(
                 "{}: channel dropped with {in_flight} I/Os in flight; their completions are lost",
@@ -362,12 +436,51 @@ impl IoChannel {
             cb,
             ctx,
             self.writable,
+            false,
         );
-        if !self.core.pinned.get() && r.is_ok() {
+        self.pin(r.is_ok());
+        r
+    }
+
+    /// Like [`submit`](Self::submit), but the completion is delivered in
+    /// place, through [`IoCompletion::complete_in_place`]: the buffers stay in
+    /// the channel's request slot, and the callback may resubmit the slot
+    /// with them ([`InPlaceIo::resubmit`]) without moving them or cloning
+    /// the callback. The fastest way to keep a queue full.
+    ///
+    /// # Errors
+    ///
+    /// [`Rejected`] ([`IoError::ChannelFull`]) when the channel is full.
+    #[inline]
+    pub fn submit_in_place(
+        &self,
+        io_type: IoType,
+        offset_blocks: u64,
+        num_blocks: u64,
+        bufs: SgList,
+        cb: &Rc<dyn IoCompletion>,
+        ctx: u64,
+    ) -> Result<(), Rejected> {
+        let r = self.core.submit(
+            io_type,
+            offset_blocks,
+            num_blocks,
+            bufs,
+            cb,
+            ctx,
+            self.writable,
+            true,
+        );
+        self.pin(r.is_ok());
+        r
+    }
+
+    #[inline]
+    fn pin(&self, ok: bool) {
+        if ok && !self.core.pinned.get() {
             self.core.pinned.set(true);
             self.core.keepalive.set(Some(Rc::clone(&self.core)));
         }
-        r
     }
 
     /// Read `num_blocks` blocks from `offset_blocks` into `bufs`, whose
@@ -462,12 +575,12 @@ impl IoChannel {
 
     /// I/Os in flight on this core's channel (all handles together).
     pub fn in_flight(&self) -> usize {
-        self.core.state.borrow().done.slots.len()
+        self.core.in_flight()
     }
 
     /// The most I/Os this core's channel keeps in flight.
     pub fn queue_depth(&self) -> usize {
-        self.core.state.borrow().done.depth
+        self.core.slots.len()
     }
 
     /// Counters of this core's channel (all handles together).
@@ -505,6 +618,7 @@ mod tests {
     use super::*;
     use crate::backend::BdevBackend;
     use crate::info::BdevInfo;
+    use crate::io::CompletedIo;
     use crate::null::{NullBackend, NullOptions};
     use crate::testutil::{sg, Recorder};
 
@@ -736,29 +850,110 @@ mod tests {
 
     #[test]
     fn stale_completions_are_counted_not_delivered() {
-        let mut c = Completions::with_depth(2);
-        let (_rec, cb) = Recorder::new();
-        let key = c.slots.insert(IoSlot {
-            io: BdevIo {
-                io_type: IoType::Read,
-                offset_blocks: 0,
-                num_blocks: 1,
-                bufs: SgList::new(),
-            },
-            cb,
-            ctx: 0,
-            status: Ok(()),
-            completed: false,
-        });
-        let tag = IoTag(key as u32);
+        let slots: Vec<RefCell<IoSlot>> = (0..2).map(|_| RefCell::new(IoSlot::empty())).collect();
+        slots[0].borrow_mut().state = SlotState::InFlight;
+        let mut q = ReadyQueue::with_depth(2);
+        let mut c = Completions {
+            slots: &slots,
+            q: &mut q,
+            in_flight: 1,
+        };
+        let tag = IoTag(0);
+        assert!(c.io_mut(tag).is_some());
         c.complete(tag, Ok(()));
         c.complete(tag, Ok(()));
         c.complete(IoTag(1), Ok(()));
-        assert_eq!(c.ready.len(), 1);
-        assert_eq!(c.stale, 2);
+        c.complete(IoTag(7), Ok(()));
         assert!(
             c.io_mut(tag).is_none(),
             "a completed I/O is no longer the backend's"
         );
+        assert_eq!(q.ready.len(), 1);
+        assert_eq!(q.stale, 3);
+    }
+
+    #[test]
+    fn in_place_completions_resubmit_without_freeing_the_slot() {
+        struct Loop {
+            left: Cell<u32>,
+            seen: Cell<u32>,
+        }
+        impl IoCompletion for Loop {
+            fn complete(&self, _io: CompletedIo) {
+                unreachable!("in-place I/Os are delivered in place");
+            }
+            fn complete_in_place(&self, mut io: InPlaceIo<'_>) {
+                assert_eq!(io.status(), Ok(()));
+                assert_eq!(io.bufs().total_len(), 512);
+                self.seen.set(self.seen.get() + 1);
+                if self.left.get() > 0 {
+                    self.left.set(self.left.get() - 1);
+                    io.resubmit(IoType::Read, io.offset_blocks() + 1, 1, io.ctx() + 1);
+                }
+            }
+        }
+        // Depth 1: a resubmit keeps its slot, so it is never refused.
+        let bdev = null_bdev(512, 64, 1);
+        let desc = bdev.open(false).unwrap();
+        let cluster = TestCluster::new(1);
+        let lp = Rc::new(Loop {
+            left: Cell::new(5),
+            seen: Cell::new(0),
+        });
+        let cb: Rc<dyn IoCompletion> = lp.clone();
+        let ch = cluster.on(0, |r| desc.channel(r).unwrap());
+        cluster.on(0, |_| {
+            ch.submit_in_place(IoType::Read, 0, 1, sg(&[512], 0), &cb, 0)
+                .unwrap();
+            let rej = ch.read(0, 1, sg(&[512], 0), &cb, 9).unwrap_err();
+            assert_eq!(rej.error, IoError::ChannelFull);
+        });
+        cluster.poll_until_idle().unwrap();
+        assert_eq!(lp.seen.get(), 6);
+        assert_eq!(ch.in_flight(), 0);
+        assert_eq!(ch.stats().read_ops, 6);
+        // A failed check on resubmit is delivered on a later poll, in place.
+        struct Bad(Cell<Vec<IoStatus>>);
+        impl IoCompletion for Bad {
+            fn complete(&self, _io: CompletedIo) {}
+            fn complete_in_place(&self, mut io: InPlaceIo<'_>) {
+                let mut v = self.0.take();
+                v.push(io.status());
+                if v.len() == 1 {
+                    io.resubmit(IoType::Read, 64, 1, 0);
+                } else {
+                    assert_eq!(io.take_bufs().total_len(), 512);
+                }
+                self.0.set(v);
+            }
+        }
+        let bad = Rc::new(Bad(Cell::new(Vec::new())));
+        let cb: Rc<dyn IoCompletion> = bad.clone();
+        cluster.on(0, |_| {
+            ch.submit_in_place(IoType::Read, 0, 1, sg(&[512], 0), &cb, 0)
+                .unwrap()
+        });
+        cluster.poll_until_idle().unwrap();
+        let v = bad.0.take();
+        assert_eq!(v.len(), 2);
+        assert!(matches!(v[1], Err(IoError::OutOfRange { .. })));
+        assert_eq!(ch.in_flight(), 0);
+    }
+
+    #[test]
+    fn the_default_in_place_completion_moves_the_io_out() {
+        let bdev = null_bdev(512, 64, 2);
+        let desc = bdev.open(false).unwrap();
+        let cluster = TestCluster::new(1);
+        let (rec, cb) = Recorder::new();
+        cluster.on(0, |r| {
+            let ch = desc.channel(r).unwrap();
+            ch.submit_in_place(IoType::Read, 3, 1, sg(&[512], 7), &cb, 5)
+                .unwrap();
+        });
+        cluster.poll_until_idle().unwrap();
+        let io = rec.one();
+        assert_eq!((io.ctx, io.offset_blocks, io.status), (5, 3, Ok(())));
+        assert_eq!(io.bufs.total_len(), 512);
     }
 }

@@ -14,6 +14,8 @@ use std::fmt;
 pub use pollux_reactor::mem::{DmaBuf, SgList, SG_INLINE};
 use thiserror::Error;
 
+use crate::backend::SlotReq;
+
 /// The kind of an I/O.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum IoType {
@@ -263,6 +265,119 @@ pub struct CompletedIo {
 pub trait IoCompletion {
     /// Called once per I/O, when it finishes (successfully or not).
     fn complete(&self, io: CompletedIo);
+
+    /// The fast path, for I/Os submitted with
+    /// [`IoChannel::submit_in_place`](crate::IoChannel::submit_in_place):
+    /// the finished I/O is lent in its request slot, buffers and all, instead
+    /// of being moved out. The callback may look at or change the buffers,
+    /// take them ([`InPlaceIo::take_bufs`]), or resubmit the slot as a new
+    /// I/O with the buffers it holds ([`InPlaceIo::resubmit`]: no buffer
+    /// moves, no callback clone, the slot is never freed). A slot that is not
+    /// resubmitted is freed when this returns (buffers left in it are dropped).
+    ///
+    /// While it runs, the channel holds this one slot: the callback may submit
+    /// other I/Os (they take other slots), but the slot is not free until it
+    /// returns. The default moves the I/O out and calls
+    /// [`complete`](Self::complete).
+    fn complete_in_place(&self, mut io: InPlaceIo<'_>) {
+        self.complete(io.take_completed());
+    }
+}
+
+/// A finished I/O lent to [`IoCompletion::complete_in_place`], still in its
+/// channel's request slot.
+pub struct InPlaceIo<'a> {
+    pub(crate) req: &'a mut SlotReq,
+}
+
+impl InPlaceIo<'_> {
+    /// The submitter's context value.
+    #[inline]
+    pub fn ctx(&self) -> u64 {
+        self.req.ctx
+    }
+
+    /// The I/O type.
+    #[inline]
+    pub fn io_type(&self) -> IoType {
+        self.req.io.io_type
+    }
+
+    /// The first block.
+    #[inline]
+    pub fn offset_blocks(&self) -> u64 {
+        self.req.io.offset_blocks
+    }
+
+    /// The number of blocks.
+    #[inline]
+    pub fn num_blocks(&self) -> u64 {
+        self.req.io.num_blocks
+    }
+
+    /// Success, or why the I/O failed.
+    #[inline]
+    pub fn status(&self) -> IoStatus {
+        self.req.status
+    }
+
+    /// The buffers (read data is in them).
+    #[inline]
+    pub fn bufs(&self) -> &SgList {
+        &self.req.io.bufs
+    }
+
+    /// The buffers, mutably (to refill them before a resubmit, or to swap them).
+    #[inline]
+    pub fn bufs_mut(&mut self) -> &mut SgList {
+        &mut self.req.io.bufs
+    }
+
+    /// Takes the buffers out of the slot (leaving it empty).
+    #[inline]
+    pub fn take_bufs(&mut self) -> SgList {
+        std::mem::take(&mut self.req.io.bufs)
+    }
+
+    /// Resubmits this slot, when the callback returns, as a new I/O of
+    /// `io_type` on `offset_blocks..+num_blocks` with the buffers the slot
+    /// holds then, the same callback and the given `ctx`. It goes through the
+    /// same checks as any submission (a failed check completes it with the
+    /// error on a later poll), never completes inside the call, and cannot
+    /// be refused for a full channel (it keeps its slot). The last call wins.
+    #[inline]
+    pub fn resubmit(&mut self, io_type: IoType, offset_blocks: u64, num_blocks: u64, ctx: u64) {
+        let io = &mut self.req.io;
+        io.io_type = io_type;
+        io.offset_blocks = offset_blocks;
+        io.num_blocks = num_blocks;
+        self.req.ctx = ctx;
+        self.req.again = true;
+    }
+
+    /// Moves the I/O out as a [`CompletedIo`] (the slot is freed when the
+    /// callback returns; a pending [`resubmit`](Self::resubmit) is cancelled).
+    pub fn take_completed(&mut self) -> CompletedIo {
+        self.req.again = false;
+        CompletedIo {
+            ctx: self.req.ctx,
+            io_type: self.req.io.io_type,
+            offset_blocks: self.req.io.offset_blocks,
+            num_blocks: self.req.io.num_blocks,
+            status: self.req.status,
+            bufs: std::mem::take(&mut self.req.io.bufs),
+        }
+    }
+}
+
+impl fmt::Debug for InPlaceIo<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InPlaceIo")
+            .field("ctx", &self.req.ctx)
+            .field("io", &self.req.io)
+            .field("status", &self.req.status)
+            .finish()
+    }
 }
 
 /// Any `Fn(CompletedIo)` closure is a completion target.

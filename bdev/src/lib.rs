@@ -18,6 +18,11 @@
 //!   once, plus a `u64` context per I/O) on the submitting core, from the
 //!   channel's poller, **never inside the submit call**. Range, length,
 //!   type and permission errors arrive that way too, as [`IoError`]s.
+//! - The fast path for a submitter that keeps its queue full:
+//!   [`IoChannel::submit_in_place`] keeps the buffers in the channel's
+//!   request slot, and [`IoCompletion::complete_in_place`] lends the slot
+//!   ([`InPlaceIo`]) so the callback can [`resubmit`](InPlaceIo::resubmit) it
+//!   with the same buffers: nothing is moved or cloned per I/O.
 //! - Per I/O nothing allocates and nothing locks: the request sits in a
 //!   table preallocated to the queue depth; a full table returns
 //!   [`Rejected`] with the buffers ([`IoError::ChannelFull`], back-pressure).
@@ -95,8 +100,8 @@ pub use bdev::{Bdev, BdevDesc};
 pub use channel::{ChannelCore, ChannelStats, IoChannel};
 pub use info::{BdevInfo, PiType, PI_TUPLE_SIZE, SUPPORTED_BLOCK_SIZES, SUPPORTED_MD_SIZES};
 pub use io::{
-    BdevError, BdevIo, CompletedIo, DmaBuf, IoCompletion, IoError, IoStatus, IoTag, IoType,
-    Rejected, SgList, SG_INLINE,
+    BdevError, BdevIo, CompletedIo, DmaBuf, InPlaceIo, IoCompletion, IoError, IoStatus, IoTag,
+    IoType, Rejected, SgList, SG_INLINE,
 };
 pub use malloc::MallocBackend;
 pub use null::{NullBackend, NullOptions};

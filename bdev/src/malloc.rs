@@ -12,7 +12,6 @@
 //! hugepages when reserved, ordinary pages otherwise), accessed only through
 //! the arena's bounds-checked copies.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 
 use pollux_reactor::mem::{ArenaOptions, DmaArena, HugepageMode};
@@ -111,7 +110,7 @@ impl BdevBackend for MallocBackend {
         Ok(Box::new(MallocChannel {
             store: std::sync::Arc::clone(&self.store),
             block: self.info.buf_block_size() as usize,
-            done: VecDeque::with_capacity(self.queue_depth),
+            done: Vec::with_capacity(self.queue_depth),
         }))
     }
 }
@@ -121,7 +120,7 @@ struct MallocChannel {
     /// Bytes per block in the store and in the buffers.
     block: usize,
     /// Copied, waiting for the next poll.
-    done: VecDeque<(IoTag, IoStatus)>,
+    done: Vec<(IoTag, IoStatus)>,
 }
 
 impl BackendChannel for MallocChannel {
@@ -150,14 +149,15 @@ impl BackendChannel for MallocChannel {
             IoType::WriteZeroes | IoType::Unmap => self.store.zero(start, len),
             IoType::Flush => {}
         }
-        self.done.push_back((tag, Ok(())));
+        self.done.push((tag, Ok(())));
     }
 
-    fn poll(&mut self, done: &mut Completions) -> PollStatus {
+    fn poll(&mut self, done: &mut Completions<'_>) -> PollStatus {
         let work = !self.done.is_empty();
-        for (tag, status) in self.done.drain(..) {
+        for &(tag, status) in &self.done {
             done.complete(tag, status);
         }
+        self.done.clear();
         PollStatus::from_work(work)
     }
 }

@@ -63,7 +63,8 @@ impl BdevBackend for NullBackend {
         Ok(Box::new(NullChannel {
             reactor: reactor.clone(),
             latency,
-            ready: VecDeque::with_capacity(if latency.is_zero() { depth } else { 0 }),
+            immediate: latency.is_zero(),
+            ready: Vec::with_capacity(if latency.is_zero() { depth } else { 0 }),
             delayed: VecDeque::with_capacity(if latency.is_zero() { 0 } else { depth }),
         }))
     }
@@ -73,8 +74,10 @@ impl BdevBackend for NullBackend {
 struct NullChannel {
     reactor: Reactor,
     latency: Duration,
+    /// `latency` is zero.
+    immediate: bool,
     /// Latency zero: complete on the next poll.
-    ready: VecDeque<IoTag>,
+    ready: Vec<IoTag>,
     /// Latency non-zero: complete once the loop time reaches the deadline.
     delayed: VecDeque<(IoTag, Instant)>,
 }
@@ -83,19 +86,20 @@ impl BackendChannel for NullChannel {
     fn submit(&mut self, tag: IoTag, _io: &mut BdevIo) {
         // Both queues were sized to the channel depth, which the generic layer
         // enforces: these pushes never allocate.
-        if self.latency.is_zero() {
-            self.ready.push_back(tag);
+        if self.immediate {
+            self.ready.push(tag);
         } else {
             self.delayed
                 .push_back((tag, self.reactor.now() + self.latency));
         }
     }
 
-    fn poll(&mut self, done: &mut Completions) -> PollStatus {
+    fn poll(&mut self, done: &mut Completions<'_>) -> PollStatus {
         let mut work = !self.ready.is_empty();
-        for tag in self.ready.drain(..) {
+        for &tag in &self.ready {
             done.complete(tag, Ok(()));
         }
+        self.ready.clear();
         if !self.delayed.is_empty() {
             // Deadlines are in submit order (one fixed latency): stop at the first one not due.
             let now = self.reactor.now();

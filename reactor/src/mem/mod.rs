@@ -36,7 +36,7 @@ mod pool_set;
 mod registry;
 mod sg_list;
 
-pub use arena::{ArenaId, ArenaOptions, DmaArena, HugepageMode, HUGEPAGE_SIZE};
+pub use arena::{ArenaId, ArenaOptions, DmaArena, HugepageMode, HUGEPAGE_SIZE, NT_COPY_MIN};
 pub use buf::DmaBuf;
 pub use cache::{BufCache, CacheStats};
 pub use error::{MemError, MemResult};

@@ -60,7 +60,10 @@ impl SgList {
     /// Sum of the segments' lengths in bytes.
     #[inline]
     pub fn total_len(&self) -> usize {
-        self.segs.iter().map(DmaBuf::len).sum()
+        match self.segs.as_slice() {
+            [one] => one.len(),
+            segs => segs.iter().map(DmaBuf::len).sum(),
+        }
     }
 
     /// Whether the segments are still inline (no heap allocation).

@@ -1,6 +1,9 @@
 //! T10-PI signature domain types for integrity registration
 //! (`REG_MR_INTEGRITY`), after the kernel's `ib_sig_attrs` (`t10-pi.md` §7).
 
+/// Bytes of one T10 PI tuple.
+pub const PI_TUPLE_SIZE: usize = 8;
+
 /// Guard (block guard) type of a T10-DIF domain.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GuardType {

@@ -53,4 +53,5 @@ cases!(
     cq_overflow,
     disconnect_during_traffic,
     cq_arm_event_fd,
+    integrity_t10_pi,
 );

@@ -61,6 +61,7 @@ pub fn all<F: Fixture>() -> Vec<(&'static str, Case<F>)> {
         ("cq_overflow", cq_overflow::<F>),
         ("disconnect_during_traffic", disconnect_during_traffic::<F>),
         ("cq_arm_event_fd", cq_arm_event_fd::<F>),
+        ("integrity_t10_pi", integrity_t10_pi::<F>),
     ]
 }
 
@@ -766,4 +767,242 @@ pub fn cq_arm_event_fd<F: Fixture>(f: &F) {
     assert!(fired, "event fd signalled");
     p.b.poll();
     assert_eq!(p.b.take_rwc().len(), 1);
+}
+
+/// Register integrity MR `mr` of `e` over `data` (+ `prot`) with `sig`;
+/// returns its new key.
+fn reg_integrity<F: Fixture>(
+    e: &Endpoint<F>,
+    mr: &<F::P as crate::provider::Provider>::Mr,
+    data: crate::types::Sge,
+    prot: &[crate::types::Sge],
+    sig: crate::sig::SigAttrs,
+) -> u32 {
+    let k = mr.lkey();
+    let key = (k & !0xff) | (k.wrapping_add(1) & 0xff);
+    let op = SendOp::RegMrIntegrity {
+        key,
+        iova: 0x40_0000,
+        access: Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE,
+        sig,
+        prot,
+    };
+    let sg = [data];
+    e.qp.post_send(&[SendWr::new(WrId(900), op, &sg).signaled()])
+        .unwrap();
+    let w = spin(|| {
+        e.poll();
+        e.take_swc().pop()
+    })
+    .expect("REG_MR_INTEGRITY completion");
+    assert_eq!(
+        (w.status, w.opcode),
+        (WcStatus::Success, WcOpcode::RegMrIntegrity)
+    );
+    assert_eq!(mr.rkey(), key);
+    key
+}
+
+fn t10(ref_tag: u32, app_tag: u16) -> crate::sig::T10Dif {
+    crate::sig::T10Dif {
+        bg_type: crate::sig::GuardType::Crc,
+        pi_interval: 512,
+        bg: 0,
+        app_tag,
+        ref_tag,
+        ref_remap: true,
+        app_escape: true,
+        ref_escape: false,
+        apptag_check_mask: 0xFFFF,
+    }
+}
+
+/// Integrity MRs (REG_MR_INTEGRITY) do T10-PI: the peer READs generated
+/// tuples (insert), WRITEs are checked and stripped or moved to a DIX
+/// buffer, SENDs through an integrity receive are checked, and a mismatch
+/// completes the WR successfully but shows in `check_sig_status` (guard,
+/// app tag, ref tag; wire offset of the failing interval).
+pub fn integrity_t10_pi<F: Fixture>(f: &F) {
+    use crate::sig::{check, SigAttrs, SigDomain, SigErrKind};
+    use pollux_pi::{generate, verify, Buffers, BuffersMut, PiParams, PiType};
+    let p = Pair::<F>::connect(f, caps(), MEM);
+    if !p.b.dev.caps().integrity {
+        eprintln!("skip: no integrity offload");
+        return;
+    }
+    let imr = p.b.pd.alloc_integrity_mr(4).unwrap();
+    assert!(imr.check_sig_status().unwrap().is_none());
+    assert!(p.b.mr.check_sig_status().is_err(), "not an integrity MR");
+    let all = check::GUARD | check::APPTAG | check::REFTAG;
+    let sig = SigAttrs {
+        check_mask: all,
+        mem: SigDomain::None,
+        wire: SigDomain::T10Dif(t10(100, 0x42)),
+        meta_length: 0,
+    };
+    // 4 blocks of 512 at b:0, no PI in memory; the wire has 4 × 520.
+    let data: Vec<u8> = (0..2048u32).map(|i| (i * 7 + 3) as u8).collect();
+    p.b.fill(0, &data);
+    let key = reg_integrity(&p.b, &imr, p.b.sge(0, 2048), &[], sig);
+    let params = PiParams::for_type(PiType::Type1, 512, 100, 0x42);
+    let remote = RemoteAddr {
+        addr: 0x40_0000,
+        rkey: key,
+    };
+    // READ: the target generates (inserts) the tuples.
+    let s = [p.a.sge(0, 2080)];
+    p.a.qp
+        .post_send(&[SendWr::new(WrId(1), SendOp::RdmaRead { remote }, &s).signaled()])
+        .unwrap();
+    p.until(|p| !p.a.swc.borrow().is_empty());
+    assert_eq!(p.a.take_swc()[0].status, WcStatus::Success);
+    let wire = p.a.read(0, 2080);
+    verify(Buffers::Dif(&wire), &params).unwrap();
+    for b in 0..4 {
+        assert_eq!(&wire[b * 520..b * 520 + 512], &data[b * 512..b * 512 + 512]);
+    }
+    assert!(imr.check_sig_status().unwrap().is_none());
+    // WRITE new valid DIF data: checked and stripped into memory.
+    let mut w: Vec<u8> = vec![0; 2080];
+    for (i, b) in w.iter_mut().enumerate() {
+        *b = (i * 13 + 1) as u8;
+    }
+    generate(BuffersMut::Dif(&mut w), &params).unwrap();
+    p.a.fill(4096, &w);
+    let s = [p.a.sge(4096, 2080)];
+    let write = |id: u64, s: &[crate::types::Sge]| {
+        p.a.qp
+            .post_send(&[SendWr::new(WrId(id), SendOp::RdmaWrite { remote }, s).signaled()])
+            .unwrap();
+        p.until(|p| !p.a.swc.borrow().is_empty());
+        assert_eq!(p.a.take_swc()[0].status, WcStatus::Success);
+    };
+    write(2, &s);
+    assert!(imr.check_sig_status().unwrap().is_none());
+    for b in 0..4 {
+        assert_eq!(
+            p.b.read(b * 512, 512),
+            &w[b * 520..b * 520 + 512],
+            "stripped block {b}"
+        );
+    }
+    // A bad guard in block 2: the WRITE still succeeds; the status says where.
+    let mut bad = w.clone();
+    bad[2 * 520 + 5] ^= 0x10;
+    p.a.fill(4096, &bad);
+    write(3, &s);
+    let e = imr.check_sig_status().unwrap().expect("guard error");
+    assert_eq!(
+        (e.kind, e.offset, e.key),
+        (SigErrKind::BadGuard, 2 * 520, key)
+    );
+    assert!(
+        imr.check_sig_status().unwrap().is_none(),
+        "status is cleared"
+    );
+    // A bad app tag in block 1.
+    let mut bad = w.clone();
+    bad[520 + 512 + 3] ^= 1;
+    p.a.fill(4096, &bad);
+    write(4, &s);
+    let e = imr.check_sig_status().unwrap().expect("app tag error");
+    assert_eq!(
+        (e.kind, e.offset, e.expected, e.actual),
+        (SigErrKind::BadAppTag, 520, 0x42, 0x43)
+    );
+
+    // DIX in memory: a second integrity MR over data b:8192 + PI b:16384.
+    let dmr = p.b.pd.alloc_integrity_mr(4).unwrap();
+    let sig2 = SigAttrs {
+        mem: SigDomain::T10Dif(t10(100, 0x42)),
+        ..sig
+    };
+    let prot = [p.b.sge(16384, 32)];
+    let key2 = reg_integrity(&p.b, &dmr, p.b.sge(8192, 2048), &prot, sig2);
+    let remote2 = RemoteAddr {
+        addr: 0x40_0000,
+        rkey: key2,
+    };
+    p.a.fill(4096, &w);
+    p.a.qp
+        .post_send(&[SendWr::new(WrId(5), SendOp::RdmaWrite { remote: remote2 }, &s).signaled()])
+        .unwrap();
+    p.until(|p| !p.a.swc.borrow().is_empty());
+    assert_eq!(p.a.take_swc()[0].status, WcStatus::Success);
+    assert!(dmr.check_sig_status().unwrap().is_none());
+    let (d, t) = (p.b.read(8192, 2048), p.b.read(16384, 32));
+    verify(Buffers::Dix { data: &d, pi: &t }, &params).unwrap();
+    // A wrong ref tag in block 3 (WRITE at an offset: blocks 2-3 only).
+    let mut bad = w.clone();
+    bad[3 * 520 + 519] ^= 0xFF;
+    p.a.fill(4096, &bad);
+    let s2 = [p.a.sge(4096 + 1040, 1040)];
+    let off = RemoteAddr {
+        addr: 0x40_0000 + 1040,
+        rkey: key2,
+    };
+    p.a.qp
+        .post_send(&[SendWr::new(WrId(6), SendOp::RdmaWrite { remote: off }, &s2).signaled()])
+        .unwrap();
+    p.until(|p| !p.a.swc.borrow().is_empty());
+    assert_eq!(p.a.take_swc()[0].status, WcStatus::Success);
+    let e = dmr.check_sig_status().unwrap().expect("ref tag error");
+    assert_eq!(
+        (e.kind, e.offset, e.expected),
+        (SigErrKind::BadRefTag, 3 * 520, 103)
+    );
+    assert_eq!(e.actual, u64::from(103u32 ^ 0xFF));
+
+    // SEND into a receive on the integrity MR: checked, stripped.
+    let r = [crate::types::Sge {
+        addr: 0x40_0000,
+        length: 2080,
+        lkey: key,
+    }];
+    p.b.qp
+        .post_recv(&[RecvWr {
+            wr_id: WrId(7),
+            sg_list: &r,
+        }])
+        .unwrap();
+    let mut bad = w.clone();
+    bad[7] ^= 1;
+    p.a.fill(4096, &bad);
+    p.a.qp
+        .post_send(&[SendWr::new(WrId(8), SendOp::Send, &s).signaled()])
+        .unwrap();
+    p.until(|p| !p.b.rwc.borrow().is_empty() && !p.a.swc.borrow().is_empty());
+    let rw = p.b.take_rwc()[0];
+    assert_eq!((rw.status, rw.byte_len), (WcStatus::Success, 2080));
+    assert_eq!(p.a.take_swc()[0].status, WcStatus::Success);
+    let e = imr
+        .check_sig_status()
+        .unwrap()
+        .expect("guard error on SEND");
+    assert_eq!((e.kind, e.offset), (SigErrKind::BadGuard, 0));
+    assert_eq!(p.b.read(512, 512), &w[520..1032]);
+    // SEND out of an integrity MR (memory without PI): tuples generated.
+    post_recv(&p.a, 9, 65536, 4096);
+    let g = [crate::types::Sge {
+        addr: 0x40_0000,
+        length: 2080,
+        lkey: key,
+    }];
+    p.b.qp
+        .post_send(&[SendWr::new(WrId(10), SendOp::Send, &g).signaled()])
+        .unwrap();
+    p.until(|p| !p.a.rwc.borrow().is_empty() && !p.b.swc.borrow().is_empty());
+    assert_eq!(p.a.take_rwc()[0].byte_len, 2080);
+    verify(Buffers::Dif(&p.a.read(65536, 2080)), &params).unwrap();
+    // A range that is not whole intervals is an access error.
+    let odd = RemoteAddr {
+        addr: 0x40_0000 + 8,
+        rkey: key,
+    };
+    let s3 = [p.a.sge(0, 520)];
+    p.a.qp
+        .post_send(&[SendWr::new(WrId(11), SendOp::RdmaRead { remote: odd }, &s3).signaled()])
+        .unwrap();
+    p.until(|p| !p.a.swc.borrow().is_empty());
+    assert_eq!(p.a.take_swc()[0].status, WcStatus::RemAccessErr);
 }

@@ -13,7 +13,7 @@ mod cases;
 mod harness;
 
 pub use cases::*;
-pub use harness::{Endpoint, Fixture, Pair, SPIN_LIMIT};
+pub use harness::{spin, Endpoint, Fixture, Pair, SPIN_LIMIT};
 
 /// Run every case against the fixture's provider.
 pub fn run_all<F: Fixture>(f: &F) {

@@ -428,7 +428,10 @@ impl IbvCmId {
         match ev.kind {
             RDMA_CM_EVENT_ADDR_RESOLVED => {
                 if !on_device(&self.raw, &self.ctx) {
-                    log::warn!("rdma_cm: the address is not reached through {}", self.ctx.name);
+                    log::warn!(
+                        "rdma_cm: the address is not reached through {}",
+                        self.ctx.name
+                    );
                     self.state.set(ConnState::Closed);
                     return Some(CmEvent::ConnectError);
                 }
@@ -476,8 +479,14 @@ impl IbvCmId {
                 Some(CmEvent::Established { private_data })
             }
             RDMA_CM_EVENT_DISCONNECTED | RDMA_CM_EVENT_DEVICE_REMOVAL => {
-                self.state.set(ConnState::Closed);
-                // The peer left: make sure our WRs flush.
+                if self.state.replace(ConnState::Closed) != ConnState::Closed {
+                    // The peer disconnected: answer its DREQ (otherwise it
+                    // hears of the end only when its DREQ times out).
+                    // SAFETY: live id; failing here (e.g. already answered)
+                    // changes nothing.
+                    unsafe { rdma_disconnect(self.raw.id.as_ptr()) };
+                }
+                // Make sure our WRs flush.
                 if let Some(qp) = self.qp.borrow().as_ref() {
                     qp.to_error();
                 }

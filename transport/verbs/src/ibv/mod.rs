@@ -25,6 +25,16 @@
 //!   to librdmacm at connect/accept, which moves them RESET/INIT → RTR → RTS.
 //!   The active side binds its source address to the device's own IPv4 GID,
 //!   so the connection leaves through the device it was opened on.
+//!   [`Device::connect`] waits for address and route resolution (local
+//!   neighbour and route lookups, bounded by 2 × 2.5 s), so the request is on
+//!   the wire when it returns; the outcome arrives as an event. On a peer's
+//!   `Disconnected` the id answers the DREQ itself (`rdma_disconnect`), so
+//!   the peer's own `Disconnected` comes at once rather than after a timeout.
+//! - **Errors the device reports.** Completion statuses are the device's
+//!   own: soft-RoCE completes a bad-lkey SEND with `LocQpOpErr` and a too
+//!   small receive with `LocQpOpErr`, and reports CQ overflow only as
+//!   [`AsyncEvent::CqErr`] from [`Device::poll_async_event`], never from
+//!   [`CompletionQueue::poll`].
 //! - **Capabilities.** User-space verbs offer no fast registration (REG_MR)
 //!   and no signature (T10-PI integrity) offload, so [`DeviceCaps`] reports
 //!   `mem_mgt_extensions: false` and `integrity: false` (soft-RoCE has
@@ -41,6 +51,10 @@
 //! [`QueuePair::modify`]: crate::QueuePair::modify
 //! [`DeviceCaps`]: crate::DeviceCaps
 //! [`VerbsError::Unsupported`]: crate::VerbsError::Unsupported
+//! [`Device::connect`]: crate::Device::connect
+//! [`Device::poll_async_event`]: crate::Device::poll_async_event
+//! [`CompletionQueue::poll`]: crate::CompletionQueue::poll
+//! [`AsyncEvent::CqErr`]: crate::AsyncEvent::CqErr
 
 mod cm;
 mod cq;

@@ -246,6 +246,14 @@ impl Conn {
         Rc::new(c)
     }
 
+    /// The QP's link, once connected.
+    pub(crate) fn link(&self) -> Option<Rc<Link>> {
+        self.qp
+            .borrow()
+            .as_ref()
+            .and_then(|q| q.0.link.borrow().clone())
+    }
+
     /// Ship one arena to the peer (control path).
     pub(crate) fn send_arena(&self, slot: u64, arena: &Arc<DmaArena>) {
         let m = Msg::Arena {
@@ -363,6 +371,7 @@ impl Conn {
             in_d: if active { 1 } else { 0 },
             out_tail: Cell::new(0),
             published: Cell::new(0),
+            head_cache: Cell::new(0),
             in_head: Cell::new(0),
             nak_done: Cell::new(false),
             peer_table: Shm::map(table, TABLE_LEN, false)?,

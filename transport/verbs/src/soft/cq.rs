@@ -28,6 +28,8 @@ pub(crate) struct CqInner {
     pub(crate) efd: OwnedFd,
     armed: Cell<bool>,
     pub(crate) qps: RefCell<Vec<Weak<QpInner>>>,
+    /// Fault injection: polls that return nothing.
+    pub(crate) stall: Cell<u32>,
 }
 
 impl SoftCq {
@@ -46,6 +48,7 @@ impl SoftCq {
             efd,
             armed: Cell::new(false),
             qps: RefCell::new(Vec::new()),
+            stall: Cell::new(0),
         })))
     }
 
@@ -97,6 +100,11 @@ impl CompletionQueue for SoftCq {
     }
 
     fn poll(&self, out: &mut [Wc]) -> Result<usize, CqError> {
+        let stall = self.0.stall.get();
+        if stall > 0 {
+            self.0.stall.set(stall - 1);
+            return Ok(0);
+        }
         let n = self.0.qps.borrow().len();
         for i in 0..n {
             if let Some(qp) = self.qp_at(i) {

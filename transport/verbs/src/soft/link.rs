@@ -11,8 +11,9 @@ use std::sync::Arc;
 use pollux_reactor::mem::DmaArena;
 
 use super::cm::Conn;
-use super::ring::{ctl_off, CTL_CONSUMER_ARMED, CTL_FATAL, CTL_PRODUCER_ARMED};
+use super::ring::{ctl_off, CTL_CONSUMER_ARMED, CTL_FATAL, CTL_PRODUCER_ARMED, CTL_SIGERR};
 use super::shm::Shm;
+use crate::sig::{SigErrKind, SigError};
 
 /// Peer-state words (`CTL_FATAL` of the direction a side produces).
 pub(crate) const FATAL_ACCESS: u32 = 1;
@@ -32,6 +33,8 @@ pub(crate) struct Link {
     pub(crate) out_tail: Cell<u64>,
     /// Last published tail.
     pub(crate) published: Cell<u64>,
+    /// Last consumer head seen by the producer (refreshed when full).
+    pub(crate) head_cache: Cell<u64>,
     /// Local consumer head.
     pub(crate) in_head: Cell<u64>,
     /// Whether a NAK from the peer was handled.
@@ -92,6 +95,52 @@ impl Link {
         {
             let _ = rustix::io::write(&self.peer_send_efd, &1u64.to_ne_bytes());
         }
+    }
+
+    /// Report a PI error found in the peer's integrity MR (first one wins
+    /// until the peer takes it).
+    pub(crate) fn post_sig_error(&self, e: &SigError) {
+        let o = self.out_ctl(CTL_SIGERR);
+        if self.shm.u32_at(o).load(Ordering::Acquire) != 0 {
+            return;
+        }
+        let kind = match e.kind {
+            SigErrKind::BadGuard => 1,
+            SigErrKind::BadRefTag => 2,
+            SigErrKind::BadAppTag => 3,
+        };
+        self.shm.u32_at(o + 4).store(e.key, Ordering::Relaxed);
+        self.shm.u32_at(o + 8).store(kind, Ordering::Relaxed);
+        self.shm.u64_at(o + 16).store(e.expected, Ordering::Relaxed);
+        self.shm.u64_at(o + 24).store(e.actual, Ordering::Relaxed);
+        self.shm.u64_at(o + 32).store(e.offset, Ordering::Relaxed);
+        self.shm.u32_at(o).store(1, Ordering::Release);
+    }
+
+    /// Take a PI error the peer found in our MR with index bits `idx`.
+    pub(crate) fn take_sig_error(&self, idx: u32) -> Option<SigError> {
+        let o = self.in_ctl(CTL_SIGERR);
+        if self.shm.u32_at(o).load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let key = self.shm.u32_at(o + 4).load(Ordering::Relaxed);
+        if super::mr::key_index(key) != idx {
+            return None;
+        }
+        let kind = match self.shm.u32_at(o + 8).load(Ordering::Relaxed) {
+            2 => SigErrKind::BadRefTag,
+            3 => SigErrKind::BadAppTag,
+            _ => SigErrKind::BadGuard,
+        };
+        let e = SigError {
+            kind,
+            expected: self.shm.u64_at(o + 16).load(Ordering::Relaxed),
+            actual: self.shm.u64_at(o + 24).load(Ordering::Relaxed),
+            offset: self.shm.u64_at(o + 32).load(Ordering::Relaxed),
+            key,
+        };
+        self.shm.u32_at(o).store(0, Ordering::Release);
+        Some(e)
     }
 
     /// Make sure arenas announced by the peer so far are mapped (rare: an

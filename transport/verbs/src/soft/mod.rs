@@ -26,6 +26,28 @@
 //! - **Events**: a CQ's eventfd is written when it is armed and a completion
 //!   arrives (locally, or by the peer through the link's armed words).
 //!
+//! # Reactor-owned objects are `!Send`
+//! CQs, QPs and SRQs (like the device, PDs and MRs) hold `Rc`/`RefCell`
+//! state and belong to the reactor that created them; the compiler refuses
+//! to move them to another thread:
+//!
+//! ```compile_fail
+//! fn send<T: Send>(_: T) {}
+//! fn cq(c: pollux_verbs::soft::SoftCq) { send(c) }
+//! ```
+//! ```compile_fail
+//! fn send<T: Send>(_: T) {}
+//! fn qp(q: pollux_verbs::soft::SoftQp) { send(q) }
+//! ```
+//! ```compile_fail
+//! fn send<T: Send>(_: T) {}
+//! fn srq(s: pollux_verbs::soft::SoftSrq) { send(s) }
+//! ```
+//! ```compile_fail
+//! fn sync<T: Sync>() {}
+//! fn cq() { sync::<pollux_verbs::soft::SoftCq>() }
+//! ```
+//!
 //! # Trust model
 //! For cooperating processes on one machine (tests, benchmarks, local
 //! appliances). A peer maps only exposed arenas, and keys and bounds are
@@ -36,6 +58,7 @@ mod cm;
 mod cq;
 mod device;
 pub mod fault;
+mod integrity;
 mod link;
 pub mod mr;
 mod pd;

@@ -26,7 +26,7 @@ use super::pd::SoftPd;
 use super::shm::{arena_span, Shm, SpanList};
 use crate::error::VerbsError;
 use crate::provider::MemoryRegion;
-use crate::sig::{SigAttrs, SigError};
+use crate::sig::{GuardType, SigAttrs, SigDomain, SigError, T10Dif};
 use crate::types::Access;
 
 /// Bytes per MR table entry.
@@ -44,6 +44,15 @@ const E_IOVA: usize = 16;
 const E_LEN: usize = 24;
 const E_SEG: usize = 32;
 const SEG_SIZE: usize = 24;
+/// Integrity MRs: number of data segments (the rest are PI segments).
+const E_NDATA: usize = 416;
+/// Integrity MRs: the check mask.
+const E_CHECK: usize = 420;
+/// Integrity MRs: memory domain (6 words), then wire domain (6 words).
+const E_MEM: usize = 424;
+const E_WIRE: usize = 448;
+/// Largest protection interval an integrity MR accepts (bounce buffer).
+pub(crate) const SIG_MAX_INTERVAL: u32 = 4096;
 
 /// Kind of an MR table entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,6 +80,8 @@ pub(crate) enum KeyErr {
     Denied,
     /// The MR points into an arena slot this side has not mapped (yet).
     UnknownArena,
+    /// A valid integrity key: take the signature path ([`resolve_sig`]).
+    Integrity,
 }
 
 /// Index bits of a key.
@@ -87,7 +98,9 @@ fn entry_off(idx: u32) -> usize {
     idx as usize * MR_ENTRY_SIZE
 }
 
-/// Write an entry (owner only) and make `key` valid.
+/// Write an entry (owner only) and make `key` valid. The MR length is the
+/// sum of the segments, or `wire_len` (integrity MRs).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn table_write(
     t: &Shm,
     idx: u32,
@@ -96,9 +109,10 @@ pub(crate) fn table_write(
     kind: MrKind,
     iova: u64,
     segs: &[Seg],
+    wire_len: Option<u64>,
 ) {
     let e = entry_off(idx);
-    let len: u64 = segs.iter().map(|s| s.len).sum();
+    let len: u64 = wire_len.unwrap_or_else(|| segs.iter().map(|s| s.len).sum());
     t.u32_at(e + E_KEY).store(0, Ordering::Relaxed);
     fence(Ordering::Release);
     t.u32_at(e + E_ACCESS)
@@ -168,6 +182,9 @@ pub(crate) fn resolve(
     if !access.contains(need) || nseg > MR_MAX_SEGS {
         return Err(KeyErr::Denied);
     }
+    if t.u32_at(e + E_KIND).load(Ordering::Relaxed) == MrKind::Integrity as u32 {
+        return Err(KeyErr::Integrity);
+    }
     let start = if access.contains(Access::ZERO_BASED) {
         addr
     } else {
@@ -226,6 +243,9 @@ pub(crate) fn resolve_segs(
         return None;
     }
     let e = entry_off(idx);
+    if t.u32_at(e + E_KIND).load(Ordering::Relaxed) == MrKind::Integrity as u32 {
+        return None;
+    }
     let access = Access(t.u32_at(e + E_ACCESS).load(Ordering::Relaxed));
     let nseg = (t.u32_at(e + E_NSEG).load(Ordering::Relaxed) as usize).min(MR_MAX_SEGS);
     let (iova, mlen, _) = table_info(t, idx);
@@ -337,11 +357,244 @@ impl Drop for SoftMr {
     }
 }
 
-/// Signature attributes remembered for an integrity MR (owner side).
+/// Signature state of an integrity MR (owner side): the first PI error
+/// found by a local copy since the last `check_sig_status`.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct SigState {
-    /// Kept for the PI work (checks are not implemented yet).
-    #[allow(dead_code)]
-    pub(crate) attrs: Option<SigAttrs>,
     pub(crate) err: Option<SigError>,
+}
+
+fn write_domain(t: &Shm, off: usize, d: &SigDomain) {
+    let w = |i: usize, v: u32| t.u32_at(off + 4 * i).store(v, Ordering::Relaxed);
+    match d {
+        SigDomain::None => w(0, 0),
+        SigDomain::T10Dif(x) => {
+            w(0, 1);
+            w(1, x.pi_interval);
+            w(2, x.ref_tag);
+            w(3, u32::from(x.bg) | (u32::from(x.app_tag) << 16));
+            let flags = u32::from(x.ref_remap)
+                | (u32::from(x.app_escape) << 1)
+                | (u32::from(x.ref_escape) << 2)
+                | (u32::from(x.bg_type == GuardType::IpCsum) << 3);
+            w(4, u32::from(x.apptag_check_mask) | (flags << 16));
+        }
+    }
+}
+
+fn read_domain(t: &Shm, off: usize) -> Option<SigDomain> {
+    let r = |i: usize| t.u32_at(off + 4 * i).load(Ordering::Relaxed);
+    match r(0) {
+        0 => Some(SigDomain::None),
+        1 => {
+            let (w3, w4) = (r(3), r(4));
+            let flags = w4 >> 16;
+            Some(SigDomain::T10Dif(T10Dif {
+                bg_type: if flags & 8 != 0 {
+                    GuardType::IpCsum
+                } else {
+                    GuardType::Crc
+                },
+                pi_interval: r(1),
+                bg: w3 as u16,
+                app_tag: (w3 >> 16) as u16,
+                ref_tag: r(2),
+                ref_remap: flags & 1 != 0,
+                app_escape: flags & 2 != 0,
+                ref_escape: flags & 4 != 0,
+                apptag_check_mask: w4 as u16,
+            }))
+        }
+        _ => None,
+    }
+}
+
+/// Store the signature words of a free integrity entry (owner only, before
+/// [`table_write`] publishes the key).
+pub(crate) fn table_write_sig(t: &Shm, idx: u32, ndata: usize, sig: &SigAttrs) {
+    let e = entry_off(idx);
+    t.u32_at(e + E_NDATA).store(ndata as u32, Ordering::Relaxed);
+    t.u32_at(e + E_CHECK)
+        .store(u32::from(sig.check_mask), Ordering::Relaxed);
+    write_domain(t, e + E_MEM, &sig.mem);
+    write_domain(t, e + E_WIRE, &sig.wire);
+}
+
+/// The protection interval and the wire/memory block sizes of `sig`, if it
+/// is one the soft provider implements (CRC guard, one interval size of at
+/// most [`SIG_MAX_INTERVAL`], at least one T10-DIF domain).
+pub(crate) fn sig_geometry(sig: &SigAttrs, dix: bool) -> Option<SigGeom> {
+    let dif = |d: &SigDomain| match d {
+        SigDomain::T10Dif(x) => Some(*x),
+        SigDomain::None => None,
+    };
+    let (m, w) = (dif(&sig.mem), dif(&sig.wire));
+    let interval = match (m, w) {
+        (Some(a), Some(b)) if a.pi_interval != b.pi_interval => return None,
+        (Some(a), _) | (None, Some(a)) => a.pi_interval,
+        (None, None) => return None,
+    };
+    if interval == 0 || interval > SIG_MAX_INTERVAL {
+        return None;
+    }
+    if [m, w].iter().flatten().any(|d| d.bg_type != GuardType::Crc) {
+        return None;
+    }
+    let pi = crate::sig::PI_TUPLE_SIZE as u64;
+    let iv = u64::from(interval);
+    Some(SigGeom {
+        interval: iv,
+        wire_block: iv + if w.is_some() { pi } else { 0 },
+        mem_block: iv + if m.is_some() && !dix { pi } else { 0 },
+        dix: m.is_some() && dix,
+        mem: m,
+        wire: w,
+    })
+}
+
+/// Sizes of an integrity MR's domains.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SigGeom {
+    pub(crate) interval: u64,
+    /// Bytes per interval on the wire (the MR's address space).
+    pub(crate) wire_block: u64,
+    /// Bytes per interval in the data buffer.
+    pub(crate) mem_block: u64,
+    /// Memory tuples in a separate PI buffer.
+    pub(crate) dix: bool,
+    pub(crate) mem: Option<T10Dif>,
+    pub(crate) wire: Option<T10Dif>,
+}
+
+/// One side of a copy through an integrity MR: the memory it reaches for
+/// a whole-interval wire range, and how to transform it.
+pub(crate) struct SigSide {
+    pub(crate) key: u32,
+    pub(crate) check_mask: u8,
+    pub(crate) geom: SigGeom,
+    /// Index (in the MR) of the first interval of the range.
+    pub(crate) first_block: u64,
+    /// Wire offset of the range in the MR.
+    pub(crate) wire_off: u64,
+    /// Intervals in the range.
+    pub(crate) blocks: u64,
+    pub(crate) data: SpanList,
+    pub(crate) prot: SpanList,
+}
+
+/// Append the memory of segments `segs` (a sub-list of entry `e`) for the
+/// byte range `[skip, skip+len)` of their concatenation.
+fn seg_spans(
+    t: &Shm,
+    e: usize,
+    segs: std::ops::Range<usize>,
+    mut skip: u64,
+    mut left: u64,
+    arenas: &[Option<Arc<DmaArena>>],
+    out: &mut SpanList,
+) -> Result<(), KeyErr> {
+    for i in segs {
+        if left == 0 {
+            break;
+        }
+        let so = e + E_SEG + i * SEG_SIZE;
+        let slot = t.u64_at(so).load(Ordering::Relaxed);
+        let soff = t.u64_at(so + 8).load(Ordering::Relaxed);
+        let slen = t.u64_at(so + 16).load(Ordering::Relaxed);
+        if skip >= slen {
+            skip -= slen;
+            continue;
+        }
+        let n = (slen - skip).min(left);
+        let arena = usize::try_from(slot)
+            .ok()
+            .and_then(|s| arenas.get(s))
+            .and_then(|a| a.as_ref())
+            .ok_or(KeyErr::UnknownArena)?;
+        let span = arena_span(arena, soff.checked_add(skip).ok_or(KeyErr::Denied)?, n)
+            .ok_or(KeyErr::Denied)?;
+        if !out.push(span) {
+            return Err(KeyErr::Denied);
+        }
+        skip = 0;
+        left -= n;
+    }
+    if left == 0 {
+        Ok(())
+    } else {
+        Err(KeyErr::Denied)
+    }
+}
+
+/// Check integrity `key` for the wire range `[addr, addr+len)` with rights
+/// `need` and resolve the memory behind it. The range must start and end on
+/// wire interval boundaries. Every value read from the table is validated.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn resolve_sig(
+    t: &Shm,
+    tag: u8,
+    key: u32,
+    addr: u64,
+    len: u64,
+    need: Access,
+    arenas: &[Option<Arc<DmaArena>>],
+) -> Result<SigSide, KeyErr> {
+    let idx = key_index(key);
+    if key_tag(key) != tag || idx == 0 || idx >= MR_TABLE_ENTRIES || key == 0 {
+        return Err(KeyErr::Denied);
+    }
+    let e = entry_off(idx);
+    let k1 = t.u32_at(e + E_KEY).load(Ordering::Acquire);
+    if k1 != key || t.u32_at(e + E_KIND).load(Ordering::Relaxed) != MrKind::Integrity as u32 {
+        return Err(KeyErr::Denied);
+    }
+    let access = Access(t.u32_at(e + E_ACCESS).load(Ordering::Relaxed));
+    let nseg = t.u32_at(e + E_NSEG).load(Ordering::Relaxed) as usize;
+    let ndata = t.u32_at(e + E_NDATA).load(Ordering::Relaxed) as usize;
+    let iova = t.u64_at(e + E_IOVA).load(Ordering::Relaxed);
+    let mlen = t.u64_at(e + E_LEN).load(Ordering::Relaxed);
+    let check_mask = t.u32_at(e + E_CHECK).load(Ordering::Relaxed) as u8;
+    if !access.contains(need) || nseg > MR_MAX_SEGS || ndata > nseg || ndata == 0 {
+        return Err(KeyErr::Denied);
+    }
+    let sig = SigAttrs {
+        check_mask,
+        mem: read_domain(t, e + E_MEM).ok_or(KeyErr::Denied)?,
+        wire: read_domain(t, e + E_WIRE).ok_or(KeyErr::Denied)?,
+        meta_length: 0,
+    };
+    let geom = sig_geometry(&sig, nseg > ndata).ok_or(KeyErr::Denied)?;
+    let start = if access.contains(Access::ZERO_BASED) {
+        addr
+    } else {
+        addr.checked_sub(iova).ok_or(KeyErr::Denied)?
+    };
+    if start.checked_add(len).map_or(true, |end| end > mlen)
+        || start % geom.wire_block != 0
+        || len % geom.wire_block != 0
+    {
+        return Err(KeyErr::Denied);
+    }
+    let (b0, nb) = (start / geom.wire_block, len / geom.wire_block);
+    let mut side = SigSide {
+        key,
+        check_mask,
+        geom,
+        first_block: b0,
+        wire_off: start,
+        blocks: nb,
+        data: SpanList::new(),
+        prot: SpanList::new(),
+    };
+    let pi = crate::sig::PI_TUPLE_SIZE as u64;
+    let mb = geom.mem_block;
+    seg_spans(t, e, 0..ndata, b0 * mb, nb * mb, arenas, &mut side.data)?;
+    if geom.dix {
+        seg_spans(t, e, ndata..nseg, b0 * pi, nb * pi, arenas, &mut side.prot)?;
+    }
+    fence(Ordering::Acquire);
+    if t.u32_at(e + E_KEY).load(Ordering::Relaxed) != k1 {
+        return Err(KeyErr::Denied);
+    }
+    Ok(side)
 }

@@ -8,11 +8,12 @@ use pollux_reactor::mem::DmaArena;
 
 use super::device::SoftDevice;
 use super::mr::{
-    resolve, resolve_segs, table_invalidate, table_key, table_write, KeyErr, MrKind, Seg, SigState,
-    SoftMr, MR_ENTRY_SIZE, MR_MAX_SEGS, MR_TABLE_ENTRIES,
+    resolve, resolve_segs, resolve_sig, sig_geometry, table_invalidate, table_key, table_write,
+    table_write_sig, KeyErr, MrKind, Seg, SigSide, SigState, SoftMr, MR_ENTRY_SIZE, MR_MAX_SEGS,
+    MR_TABLE_ENTRIES,
 };
 use super::qp::SoftQp;
-use super::shm::{Shm, SpanList};
+use super::shm::{arena_span, Shm, SpanList};
 use super::srq::SoftSrq;
 use super::Soft;
 use crate::error::VerbsError;
@@ -33,12 +34,26 @@ struct LocalEntry {
     sig: SigState,
 }
 
+/// The owner's private copy of a regular (one-segment, never invalidated
+/// by the peer) MR: local keys are checked against it without touching the
+/// shared table (no atomics, no seqlock). Key 0 = not a regular MR.
+#[derive(Clone, Copy, Default)]
+struct FastMr {
+    key: u32,
+    access: Access,
+    iova: u64,
+    len: u64,
+    slot: u64,
+    off: u64,
+}
+
 pub(crate) struct PdInner {
     pub(crate) dev: SoftDevice,
     pub(crate) tag: u8,
     /// The shared MR table (peers map it read-only).
     pub(crate) table: Shm,
     local: RefCell<Vec<LocalEntry>>,
+    fast: RefCell<Vec<FastMr>>,
     free: RefCell<Vec<u32>>,
 }
 
@@ -60,6 +75,7 @@ impl SoftPd {
             tag: dev.0.next_tag(),
             table,
             local: RefCell::new(vec![blank; MR_TABLE_ENTRIES as usize]),
+            fast: RefCell::new(vec![FastMr::default(); MR_TABLE_ENTRIES as usize]),
             free: RefCell::new((1..MR_TABLE_ENTRIES).rev().collect()),
         })))
     }
@@ -106,6 +122,9 @@ impl PdInner {
 
     pub(crate) fn free_mr(&self, idx: u32) {
         table_invalidate(&self.table, idx);
+        if let Some(f) = self.fast.borrow_mut().get_mut(idx as usize) {
+            f.key = 0;
+        }
         if let Some(e) = self.local.borrow_mut().get_mut(idx as usize) {
             e.in_use = false;
             // Bump the consumer byte so a stale key never matches again.
@@ -114,16 +133,49 @@ impl PdInner {
         self.free.borrow_mut().push(idx);
     }
 
+    /// The first PI error of integrity MR `idx`: found by a local copy, or
+    /// reported by a peer that copied through it (control path: scans the
+    /// device's connections).
     pub(crate) fn take_sig_error(&self, idx: u32) -> Option<SigError> {
-        self.local
+        let local = self
+            .local
             .borrow_mut()
             .get_mut(idx as usize)
-            .and_then(|e| e.sig.err.take())
+            .and_then(|e| e.sig.err.take());
+        if local.is_some() {
+            return local;
+        }
+        let conns = self.dev.0.conns.borrow().clone();
+        conns
+            .iter()
+            .filter_map(std::rc::Weak::upgrade)
+            .filter_map(|c| c.link())
+            .find_map(|l| l.take_sig_error(idx))
     }
 
     /// Check a local SGE and append its memory to `out` (data path).
     pub(crate) fn resolve_local(&self, sge: &Sge, need: Access, out: &mut SpanList) -> bool {
         let slots = self.dev.0.slots.borrow();
+        let idx = super::mr::key_index(sge.lkey) as usize;
+        if let Some(f) = self.fast.borrow().get(idx).filter(|f| f.key == sge.lkey) {
+            let start = if f.access.contains(Access::ZERO_BASED) {
+                Some(sge.addr)
+            } else {
+                sge.addr.checked_sub(f.iova)
+            };
+            let len = u64::from(sge.length);
+            let span = start
+                .filter(|s| s.checked_add(len).is_some_and(|e| e <= f.len))
+                .filter(|_| f.access.contains(need))
+                .and_then(|s| {
+                    let arena = usize::try_from(f.slot)
+                        .ok()
+                        .and_then(|i| slots.get(i))?
+                        .as_ref()?;
+                    arena_span(arena, f.off + s, len)
+                });
+            return span.is_some_and(|sp| out.push(sp));
+        }
         matches!(
             resolve(
                 &self.table,
@@ -156,6 +208,7 @@ impl PdInner {
     }
 
     /// Fast registration (REG_MR / REG_MR_INTEGRITY) executed from the SQ.
+    /// For REG_MR_INTEGRITY the last `nprot` SGEs are the PI (DIX) list.
     pub(crate) fn fast_reg(
         &self,
         key: u32,
@@ -163,6 +216,7 @@ impl PdInner {
         access: Access,
         sges: &[Sge],
         sig: Option<SigAttrs>,
+        nprot: usize,
     ) -> Result<(), KeyErr> {
         let idx = super::mr::key_index(key);
         if super::mr::key_tag(key) != self.tag || idx == 0 || idx >= MR_TABLE_ENTRIES {
@@ -177,12 +231,54 @@ impl PdInner {
         if !e.in_use
             || e.kind != want
             || table_key(&self.table, idx) != 0
-            || sges.len() > e.max_segs as usize
+            || sges.len() > e.max_segs as usize + nprot
+            || nprot > sges.len()
             || !access.is_consistent()
         {
             return Err(KeyErr::Denied);
         }
+        let (data, prot) = sges.split_at(sges.len() - nprot);
         let mut segs = [Seg::default(); MR_MAX_SEGS];
+        let n = self.segs_of(data, &mut segs)?;
+        let mut wire_len = None;
+        let mut total = n;
+        if let Some(sig) = &sig {
+            let geom = sig_geometry(sig, !prot.is_empty()).ok_or(KeyErr::Denied)?;
+            let data_len: u64 = segs[..n].iter().map(|s| s.len).sum();
+            if data_len == 0 || data_len % geom.mem_block != 0 {
+                return Err(KeyErr::Denied);
+            }
+            let blocks = data_len / geom.mem_block;
+            if geom.dix {
+                let mut psegs = [Seg::default(); MR_MAX_SEGS];
+                let np = self.segs_of(prot, &mut psegs)?;
+                let plen: u64 = psegs[..np].iter().map(|s| s.len).sum();
+                if plen < blocks * crate::sig::PI_TUPLE_SIZE as u64 || n + np > MR_MAX_SEGS {
+                    return Err(KeyErr::Denied);
+                }
+                segs[n..n + np].copy_from_slice(&psegs[..np]);
+                total = n + np;
+            }
+            wire_len = Some(blocks * geom.wire_block);
+            table_write_sig(&self.table, idx, n, sig);
+        }
+        table_write(
+            &self.table,
+            idx,
+            key,
+            access,
+            want,
+            iova,
+            &segs[..total],
+            wire_len,
+        );
+        let mut l = self.local.borrow_mut();
+        l[idx as usize].cur_key = key;
+        l[idx as usize].sig = SigState { err: None };
+        Ok(())
+    }
+
+    fn segs_of(&self, sges: &[Sge], segs: &mut [Seg; MR_MAX_SEGS]) -> Result<usize, KeyErr> {
         let mut n = 0;
         for s in sges {
             n = resolve_segs(
@@ -191,19 +287,38 @@ impl PdInner {
                 s.lkey,
                 s.addr,
                 u64::from(s.length),
-                &mut segs,
+                segs,
                 n,
             )
             .ok_or(KeyErr::Denied)?;
         }
-        table_write(&self.table, idx, key, access, want, iova, &segs[..n]);
-        let mut l = self.local.borrow_mut();
-        l[idx as usize].cur_key = key;
-        l[idx as usize].sig = SigState {
-            attrs: sig,
-            err: None,
-        };
-        Ok(())
+        Ok(n)
+    }
+
+    /// Remember the first PI error of a local copy through integrity MR
+    /// `key` (reported by `check_sig_status`).
+    pub(crate) fn record_sig_error(&self, err: SigError) {
+        let idx = super::mr::key_index(err.key) as usize;
+        if let Some(e) = self.local.borrow_mut().get_mut(idx) {
+            if e.in_use && e.kind == MrKind::Integrity && e.sig.err.is_none() {
+                e.sig.err = Some(err);
+            }
+        }
+    }
+
+    /// The signature side of a local SGE over an integrity MR.
+    pub(crate) fn resolve_local_sig(&self, sge: &Sge, need: Access) -> Option<SigSide> {
+        let slots = self.dev.0.slots.borrow();
+        resolve_sig(
+            &self.table,
+            self.tag,
+            sge.lkey,
+            sge.addr,
+            u64::from(sge.length),
+            need,
+            &slots,
+        )
+        .ok()
     }
 }
 
@@ -254,7 +369,16 @@ impl ProtectionDomain<Soft> for SoftPd {
             MrKind::Regular,
             iova,
             &[seg],
+            None,
         );
+        self.0.fast.borrow_mut()[idx as usize] = FastMr {
+            key,
+            access,
+            iova,
+            len: len as u64,
+            slot,
+            off: offset as u64,
+        };
         Ok(SoftMr {
             pd: self.clone(),
             idx,

@@ -25,12 +25,13 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use super::cq::{CqInner, SoftCq};
+use super::integrity::{self, Layout, Side};
 use super::link::{Link, FATAL_ACCESS, FATAL_ERR};
-use super::mr::{resolve, KeyErr};
+use super::mr::{resolve, resolve_sig, KeyErr, SigSide};
 use super::pd::SoftPd;
 use super::ring::{
-    peek, produce, publish, rec_len, release, RecHdr, CTL_HEAD, CTL_NAK, CTL_RNR_RETRY, CTL_TAIL,
-    REC_PAD, REC_SEND, REC_WRITE_IMM, RF_IMM, RF_INV,
+    load_tail, peek, produce, publish, rec_len, release, RecHdr, CTL_HEAD, CTL_NAK, CTL_RNR_RETRY,
+    CTL_TAIL, REC_PAD, REC_SEND, REC_WRITE_IMM, RF_IMM, RF_INV,
 };
 use super::shm::{copy_spans, Span, SpanList};
 use super::srq::{RecvQueue, SoftSrq};
@@ -63,6 +64,8 @@ enum OpCopy {
         iova: u64,
         access: Access,
         sig: Option<SigAttrs>,
+        /// Trailing SGEs that are the PI list (integrity only).
+        nprot: u32,
     },
 }
 
@@ -415,7 +418,7 @@ impl QpInner {
         };
         match try_once(out) {
             Ok(()) => true,
-            Err(KeyErr::Denied) => false,
+            Err(KeyErr::Denied) | Err(KeyErr::Integrity) => false,
             Err(KeyErr::UnknownArena) => {
                 l.refresh_arenas();
                 *out = SpanList::new();
@@ -448,7 +451,8 @@ impl QpInner {
                 iova,
                 access,
                 sig,
-            } => match pd.fast_reg(key, iova, access, sges, sig) {
+                nprot,
+            } => match pd.fast_reg(key, iova, access, sges, sig, nprot as usize) {
                 Ok(()) => Run::Done,
                 Err(_) => Run::Fail(WcStatus::LocQpOpErr, FATAL_ERR),
             },
@@ -456,7 +460,9 @@ impl QpInner {
                 let Some(l) = l else { return Run::Blocked };
                 let mut src = SpanList::new();
                 if !self.gather(slot, sges, inl, &mut src) {
-                    return Run::Fail(WcStatus::LocProtErr, FATAL_ERR);
+                    return self
+                        .run_sig(slot, sges, l, tail)
+                        .unwrap_or(Run::Fail(WcStatus::LocProtErr, FATAL_ERR));
                 }
                 let (flags, imm, aux) = match slot.op {
                     OpCopy::SendImm(i) => (RF_IMM, i, 0),
@@ -482,11 +488,15 @@ impl QpInner {
                 }
                 let mut src = SpanList::new();
                 if !self.gather(slot, sges, inl, &mut src) {
-                    return Run::Fail(WcStatus::LocProtErr, FATAL_ERR);
+                    return self
+                        .run_sig(slot, sges, l, tail)
+                        .unwrap_or(Run::Fail(WcStatus::LocProtErr, FATAL_ERR));
                 }
                 let mut dst = SpanList::new();
                 if !self.remote(l, ra, src.total() as u64, Access::REMOTE_WRITE, &mut dst) {
-                    return Run::Fail(WcStatus::RemAccessErr, FATAL_ACCESS);
+                    return self
+                        .run_sig(slot, sges, l, tail)
+                        .unwrap_or(Run::Fail(WcStatus::RemAccessErr, FATAL_ACCESS));
                 }
                 copy_spans(&dst, &src, usize::MAX);
                 match slot.op {
@@ -510,11 +520,15 @@ impl QpInner {
                     .iter()
                     .all(|s| pd.resolve_local(s, Access::LOCAL_WRITE, &mut dst))
                 {
-                    return Run::Fail(WcStatus::LocProtErr, FATAL_ERR);
+                    return self
+                        .run_sig(slot, sges, l, tail)
+                        .unwrap_or(Run::Fail(WcStatus::LocProtErr, FATAL_ERR));
                 }
                 let mut src = SpanList::new();
                 if !self.remote(l, ra, dst.total() as u64, Access::REMOTE_READ, &mut src) {
-                    return Run::Fail(WcStatus::RemAccessErr, FATAL_ACCESS);
+                    return self
+                        .run_sig(slot, sges, l, tail)
+                        .unwrap_or(Run::Fail(WcStatus::RemAccessErr, FATAL_ACCESS));
                 }
                 copy_spans(&dst, &src, usize::MAX);
                 Run::Done
@@ -522,9 +536,178 @@ impl QpInner {
         }
     }
 
+    /// The peer's integrity MR behind `ra` (mapping new arenas once).
+    fn remote_sig(&self, l: &Link, ra: RemoteAddr, len: u64, need: Access) -> Option<SigSide> {
+        let try_once = || {
+            let arenas = l.peer_arenas.borrow();
+            resolve_sig(
+                &l.peer_table,
+                l.peer_tag,
+                ra.rkey,
+                ra.addr,
+                len,
+                need,
+                &arenas,
+            )
+        };
+        match try_once() {
+            Ok(s) => Some(s),
+            Err(KeyErr::UnknownArena) => {
+                l.refresh_arenas();
+                try_once().ok()
+            }
+            Err(_) => None,
+        }
+    }
+
+    /// Slow path of SEND/WRITE/READ when the fast path refused a key: run
+    /// the WR through an integrity MR ([`integrity`](super::integrity)).
+    /// `None` when no integrity MR is involved (the caller reports its own
+    /// error).
+    #[cold]
+    #[inline(never)]
+    fn run_sig(&self, slot: &SqSlot, sges: &[Sge], l: &Link, tail: &mut u64) -> Option<Run> {
+        let pd = &self.pd.0;
+        let local_need = match slot.op {
+            OpCopy::Read(_) => Access::LOCAL_WRITE,
+            _ => Access::NONE,
+        };
+        // An integrity SGE must be the only one.
+        let local_sig = match (slot.inline, sges) {
+            (false, [one]) => pd.resolve_local_sig(one, local_need),
+            _ => None,
+        };
+        let mut local = SpanList::new();
+        if local_sig.is_none()
+            && (slot.inline
+                || !sges
+                    .iter()
+                    .all(|s| pd.resolve_local(s, local_need, &mut local)))
+        {
+            return None;
+        }
+        let len = match &local_sig {
+            Some(_) => sges.iter().map(|s| u64::from(s.length)).sum(),
+            None => local.total() as u64,
+        };
+        let fail_local = Run::Fail(WcStatus::LocProtErr, FATAL_ERR);
+        let fail_remote = Run::Fail(WcStatus::RemAccessErr, FATAL_ACCESS);
+        let (res, remote_sig) = match slot.op {
+            OpCopy::Send | OpCopy::SendImm(_) | OpCopy::SendInv(_) => {
+                let ls = local_sig.as_ref()?;
+                let (flags, imm, aux) = match slot.op {
+                    OpCopy::SendImm(i) => (RF_IMM, i, 0),
+                    OpCopy::SendInv(k) => (RF_INV, 0, k),
+                    _ => (0, 0, 0),
+                };
+                let Ok(wire) = u32::try_from(len) else {
+                    return Some(fail_local);
+                };
+                let hdr = RecHdr {
+                    kind: REC_SEND,
+                    flags,
+                    len: wire,
+                    imm,
+                    aux,
+                };
+                let mut res = Err(Layout);
+                let run = self.push_record_with(l, hdr, tail, |span| {
+                    let mut dst = SpanList::new();
+                    dst.push(span);
+                    res = integrity::copy(Side::Plain(&dst), Side::Sig(ls), len);
+                });
+                if matches!(run, Run::Blocked) {
+                    return Some(run);
+                }
+                match res {
+                    Ok(Some(e)) => pd.record_sig_error(e),
+                    Ok(None) => {}
+                    Err(Layout) => return Some(fail_local),
+                }
+                return Some(run);
+            }
+            OpCopy::Write(ra) | OpCopy::WriteImm(ra, _) => {
+                let rs = if local_sig.is_none() {
+                    Some(self.remote_sig(l, ra, len, Access::REMOTE_WRITE)?)
+                } else {
+                    None
+                };
+                let mut dst = SpanList::new();
+                let res = match (&local_sig, &rs) {
+                    (Some(ls), None) => {
+                        if !self.remote(l, ra, len, Access::REMOTE_WRITE, &mut dst) {
+                            return Some(fail_remote);
+                        }
+                        integrity::copy(Side::Plain(&dst), Side::Sig(ls), len)
+                    }
+                    (None, Some(r)) => integrity::copy(Side::Sig(r), Side::Plain(&local), len),
+                    _ => Err(Layout),
+                };
+                (res, rs.is_some())
+            }
+            OpCopy::Read(ra) => {
+                let rs = if local_sig.is_none() {
+                    Some(self.remote_sig(l, ra, len, Access::REMOTE_READ)?)
+                } else {
+                    None
+                };
+                let mut src = SpanList::new();
+                let res = match (&local_sig, &rs) {
+                    (Some(ls), None) => {
+                        if !self.remote(l, ra, len, Access::REMOTE_READ, &mut src) {
+                            return Some(fail_remote);
+                        }
+                        integrity::copy(Side::Sig(ls), Side::Plain(&src), len)
+                    }
+                    (None, Some(r)) => integrity::copy(Side::Plain(&local), Side::Sig(r), len),
+                    _ => Err(Layout),
+                };
+                (res, rs.is_some())
+            }
+            _ => return None,
+        };
+        match res {
+            Ok(Some(e)) if remote_sig => l.post_sig_error(&e),
+            Ok(Some(e)) => pd.record_sig_error(e),
+            Ok(None) => {}
+            Err(Layout) if remote_sig => return Some(fail_remote),
+            Err(Layout) => return Some(fail_local),
+        }
+        Some(match slot.op {
+            OpCopy::WriteImm(_, imm) => {
+                let hdr = RecHdr {
+                    kind: REC_WRITE_IMM,
+                    flags: RF_IMM,
+                    len: u32::try_from(len).unwrap_or(u32::MAX),
+                    imm,
+                    aux: 0,
+                };
+                self.push_record(l, hdr, None, tail)
+            }
+            _ => Run::Done,
+        })
+    }
+
+    fn push_record_with(
+        &self,
+        l: &Link,
+        hdr: RecHdr,
+        tail: &mut u64,
+        fill: impl FnOnce(Span),
+    ) -> Run {
+        let len = hdr.len as usize;
+        match produce(&l.shm, l.out_d, *tail, &l.head_cache, hdr, fill) {
+            Some(end) => {
+                *tail = end;
+                Run::Ack(end - rec_len(len), end)
+            }
+            None => Run::Blocked,
+        }
+    }
+
     fn push_record(&self, l: &Link, hdr: RecHdr, src: Option<&SpanList>, tail: &mut u64) -> Run {
         let len = hdr.len as usize;
-        let r = produce(&l.shm, l.out_d, *tail, hdr, |span| {
+        let r = produce(&l.shm, l.out_d, *tail, &l.head_cache, hdr, |span| {
             if let Some(src) = src {
                 let mut dst = SpanList::new();
                 dst.push(span);
@@ -649,19 +832,30 @@ impl QpInner {
         l.wake_peer_send();
     }
 
-    /// Take the next receive (SRQ or RQ): its id and whether its SGEs check.
-    fn take_recv(&self, dst: &mut SpanList) -> Option<(WrId, bool)> {
+    /// Take the next receive (SRQ or RQ): its id, whether its SGEs check,
+    /// and, when they do not and there is one, the SGE (it may name an
+    /// integrity MR: the slow path resolves it).
+    fn take_recv(&self, dst: &mut SpanList) -> Option<(WrId, bool, Option<Sge>)> {
         let pd = &self.pd.0;
         let mut take = |q: &mut RecvQueue| {
             let (id, sges) = q.front()?;
             let ok = sges
                 .iter()
                 .all(|s| pd.resolve_local(s, Access::LOCAL_WRITE, dst));
+            let one = match (ok, sges) {
+                (false, [one]) => Some(*one),
+                _ => None,
+            };
             q.pop();
-            Some((id, ok))
+            Some((id, ok, one))
         };
         match &self.srq {
             Some(srq) => {
+                let starve = srq.0.starve.get();
+                if starve > 0 {
+                    srq.0.starve.set(starve - 1);
+                    return None;
+                }
                 let r = take(&mut srq.0.q.borrow_mut());
                 if r.is_some() {
                     srq.0.after_take();
@@ -669,6 +863,31 @@ impl QpInner {
                 r
             }
             None => take(&mut self.rq.borrow_mut()),
+        }
+    }
+
+    /// Slow path of a receive whose SGE did not resolve: an integrity MR
+    /// takes the payload through the PI transform; anything else is a local
+    /// protection error. Returns the (responder, requester) statuses of a
+    /// failure.
+    #[cold]
+    #[inline(never)]
+    fn recv_sig(&self, one: Option<Sge>, payload: Span) -> Option<(WcStatus, WcStatus)> {
+        let prot = Some((WcStatus::LocProtErr, WcStatus::RemOpErr));
+        let Some(side) = one.and_then(|s| self.pd.0.resolve_local_sig(&s, Access::LOCAL_WRITE))
+        else {
+            return prot;
+        };
+        let mut src = SpanList::new();
+        src.push(payload);
+        match integrity::copy(Side::Sig(&side), Side::Plain(&src), payload.len as u64) {
+            Ok(e) => {
+                if let Some(e) = e {
+                    self.pd.0.record_sig_error(e);
+                }
+                None
+            }
+            Err(Layout) => Some((WcStatus::LocLenErr, WcStatus::RemInvReqErr)),
         }
     }
 
@@ -685,8 +904,9 @@ impl QpInner {
     fn consume(&self, l: &Link) {
         let start_head = l.in_head.get();
         let mut head = start_head;
+        let tail = load_tail(&l.shm, l.in_d);
         for _ in 0..RECV_BATCH {
-            let p = match peek(&l.shm, l.in_d, head) {
+            let p = match peek(&l.shm, l.in_d, head, tail) {
                 Ok(Some(p)) => p,
                 Ok(None) => break,
                 Err(_) => {
@@ -699,7 +919,7 @@ impl QpInner {
                 continue;
             }
             let mut dst = SpanList::new();
-            let Some((wr_id, ok)) = self.take_recv(&mut dst) else {
+            let Some((wr_id, ok, one)) = self.take_recv(&mut dst) else {
                 if self.rnr_expired(l) {
                     self.nak(l, WcStatus::RnrRetryExcErr, head);
                     head += p.rec_len;
@@ -724,7 +944,7 @@ impl QpInner {
                 wc.imm = p.hdr.imm;
                 None
             } else if !ok {
-                Some((WcStatus::LocProtErr, WcStatus::RemOpErr))
+                self.recv_sig(one, p.payload)
             } else if p.payload.len > dst.total() {
                 Some((WcStatus::LocLenErr, WcStatus::RemInvReqErr))
             } else if p.hdr.flags & RF_INV != 0 && self.pd.0.invalidate(p.hdr.aux).is_err() {
@@ -733,6 +953,9 @@ impl QpInner {
                 let mut src = SpanList::new();
                 src.push(p.payload);
                 copy_spans(&dst, &src, p.payload.len);
+                None
+            };
+            if fail.is_none() && p.hdr.kind != REC_WRITE_IMM {
                 if p.hdr.flags & RF_IMM != 0 {
                     wc.flags = WcFlags::WITH_IMM;
                     wc.imm = p.hdr.imm;
@@ -740,8 +963,7 @@ impl QpInner {
                     wc.flags = WcFlags::WITH_INV;
                     wc.imm = p.hdr.aux;
                 }
-                None
-            };
+            }
             if let Some((mine, theirs)) = fail {
                 self.recv_cq
                     .0
@@ -867,6 +1089,7 @@ impl QueuePair for SoftQp {
                             iova,
                             access,
                             sig: None,
+                            nprot: 0,
                         },
                         &[][..],
                     ),
@@ -882,6 +1105,7 @@ impl QueuePair for SoftQp {
                             iova,
                             access,
                             sig: Some(sig),
+                            nprot: prot.len() as u32,
                         },
                         prot,
                     ),

@@ -3,7 +3,8 @@
 //!
 //! Layout: page 0 header; control block of direction `d` at
 //! `4096 * (1 + d)` (`tail` @0, `head` @64, `nak` @128, `fatal` @192,
-//! `consumer_armed` @256, `producer_armed` @320, `rnr_retry` @384); ring data of direction `d` at `16384 + d * RING_SIZE`.
+//! `consumer_armed` @256, `producer_armed` @320, `rnr_retry` @384,
+//! `sig_error` @448); ring data of direction `d` at `16384 + d * RING_SIZE`.
 //! Direction 0 carries active → passive traffic.
 //!
 //! Records are 64-byte aligned: a 16-byte header `{kind u8, flags u8,
@@ -13,6 +14,7 @@
 //! distance, kind, length) and treats a violation as a fatal protocol error,
 //! so a broken peer can never make it read out of bounds or loop.
 
+use std::cell::Cell;
 use std::sync::atomic::Ordering;
 
 use super::shm::{Shm, Span};
@@ -29,6 +31,10 @@ pub(crate) const CTL_FATAL: usize = 192;
 pub(crate) const CTL_CONSUMER_ARMED: usize = 256;
 pub(crate) const CTL_PRODUCER_ARMED: usize = 320;
 pub(crate) const CTL_RNR_RETRY: usize = 384;
+/// A PI error the producer found in the consumer's integrity MR:
+/// `valid u32 @0, key u32 @4, kind u32 @8, expected u64 @16, actual u64 @24,
+/// offset u64 @32` (the consumer clears `valid` when it takes it).
+pub(crate) const CTL_SIGERR: usize = 448;
 /// Record kinds.
 pub(crate) const REC_SEND: u8 = 1;
 pub(crate) const REC_WRITE_IMM: u8 = 2;
@@ -100,10 +106,14 @@ pub(crate) struct Corrupt;
 /// Producer: reserve and write one record at local tail `tail`. `fill`
 /// writes the payload into the given span. Returns the new tail, or `None`
 /// when the ring lacks space (back-pressure: retry later).
+/// `head_cache` is the producer's last view of the consumer's head: the
+/// shared head line is read only when the cached view shows no room (one
+/// cache-line transfer per ring's worth of records, not per record).
 pub(crate) fn produce(
     shm: &Shm,
     d: usize,
     tail: u64,
+    head_cache: &Cell<u64>,
     hdr: RecHdr,
     fill: impl FnOnce(Span),
 ) -> Option<u64> {
@@ -115,10 +125,16 @@ pub(crate) fn produce(
     } else {
         0
     };
-    let head = shm.u64_at(ctl_off(d) + CTL_HEAD).load(Ordering::Acquire);
-    let used = tail.wrapping_sub(head);
-    if used > RING_SIZE || used + pad + need > RING_SIZE {
-        return None;
+    let fits = |head: u64| {
+        let used = tail.wrapping_sub(head);
+        used <= RING_SIZE && used + pad + need <= RING_SIZE
+    };
+    if !fits(head_cache.get()) {
+        let head = shm.u64_at(ctl_off(d) + CTL_HEAD).load(Ordering::Acquire);
+        head_cache.set(head);
+        if !fits(head) {
+            return None;
+        }
     }
     let base = data_off(d);
     let mut t = tail;
@@ -145,9 +161,14 @@ pub(crate) fn publish(shm: &Shm, d: usize, tail: u64) {
         .store(tail, Ordering::Release);
 }
 
-/// Consumer: look at the record at `head`, if any.
-pub(crate) fn peek(shm: &Shm, d: usize, head: u64) -> Result<Option<Peeked>, Corrupt> {
-    let tail = shm.u64_at(ctl_off(d) + CTL_TAIL).load(Ordering::Acquire);
+/// Consumer: the producer's published tail (load it once per batch).
+pub(crate) fn load_tail(shm: &Shm, d: usize) -> u64 {
+    shm.u64_at(ctl_off(d) + CTL_TAIL).load(Ordering::Acquire)
+}
+
+/// Consumer: look at the record at `head`, if any, given a `tail` from
+/// [`load_tail`].
+pub(crate) fn peek(shm: &Shm, d: usize, head: u64, tail: u64) -> Result<Option<Peeked>, Corrupt> {
     let avail = tail.wrapping_sub(head);
     if avail == 0 {
         return Ok(None);
@@ -194,6 +215,7 @@ mod tests {
     #[test]
     fn produce_peek_release_and_wrap() {
         let shm = Shm::create("t-ring", LINK_LEN).unwrap();
+        let hc = Cell::new(0);
         let mut tail = 0u64;
         let mut head = 0u64;
         // Fill and drain several times so records wrap with PAD.
@@ -205,14 +227,14 @@ mod tests {
                 imm: round,
                 ..RecHdr::default()
             };
-            tail = produce(&shm, 0, tail, hdr, |s| {
+            tail = produce(&shm, 0, tail, &hc, hdr, |s| {
                 // SAFETY: the span is inside the ring mapping.
                 unsafe { std::ptr::write_bytes(s.ptr, round as u8, s.len) }
             })
             .unwrap();
             publish(&shm, 0, tail);
             loop {
-                let p = peek(&shm, 0, head).unwrap().unwrap();
+                let p = peek(&shm, 0, head, load_tail(&shm, 0)).unwrap().unwrap();
                 head += p.rec_len;
                 if p.hdr.kind == REC_PAD {
                     continue;
@@ -223,12 +245,13 @@ mod tests {
             }
             release(&shm, 0, head);
         }
-        assert!(peek(&shm, 0, head).unwrap().is_none());
+        assert!(peek(&shm, 0, head, load_tail(&shm, 0)).unwrap().is_none());
     }
 
     #[test]
     fn full_ring_refuses_and_corrupt_tail_is_detected() {
         let shm = Shm::create("t-ring2", LINK_LEN).unwrap();
+        let hc = Cell::new(0);
         let mut tail = 0;
         let hdr = RecHdr {
             kind: REC_SEND,
@@ -236,13 +259,13 @@ mod tests {
             ..RecHdr::default()
         };
         let mut n = 0;
-        while let Some(t) = produce(&shm, 0, tail, hdr, |_| {}) {
+        while let Some(t) = produce(&shm, 0, tail, &hc, hdr, |_| {}) {
             tail = t;
             n += 1;
         }
         assert_eq!(n, 3);
         shm.u64_at(ctl_off(0) + CTL_TAIL)
             .store(RING_SIZE * 10, Ordering::Release);
-        assert_eq!(peek(&shm, 0, 0).err(), Some(Corrupt));
+        assert_eq!(peek(&shm, 0, 0, load_tail(&shm, 0)).err(), Some(Corrupt));
     }
 }

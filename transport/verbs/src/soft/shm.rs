@@ -2,6 +2,7 @@
 //! and alignment-checked atomic accessors. All raw memory access of the soft
 //! provider's control structures goes through here.
 
+use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64};
@@ -160,9 +161,11 @@ pub(crate) struct Span {
 /// At most this many spans describe one side of a copy.
 pub(crate) const MAX_SPANS: usize = 64;
 
-/// A fixed-capacity list of spans (no heap allocation).
+/// A fixed-capacity list of spans (no heap allocation, and no
+/// initialisation of the unused entries: creating one is free).
 pub(crate) struct SpanList {
-    spans: [Span; MAX_SPANS],
+    // INVARIANT: `spans[..n]` are initialised.
+    spans: [MaybeUninit<Span>; MAX_SPANS],
     n: usize,
     total: usize,
 }
@@ -170,10 +173,7 @@ pub(crate) struct SpanList {
 impl SpanList {
     pub(crate) fn new() -> Self {
         SpanList {
-            spans: [Span {
-                ptr: std::ptr::null_mut(),
-                len: 0,
-            }; MAX_SPANS],
+            spans: [const { MaybeUninit::uninit() }; MAX_SPANS],
             n: 0,
             total: 0,
         }
@@ -187,7 +187,7 @@ impl SpanList {
         if self.n == MAX_SPANS {
             return false;
         }
-        self.spans[self.n] = s;
+        self.spans[self.n].write(s);
         self.n += 1;
         self.total += s.len;
         true
@@ -196,6 +196,13 @@ impl SpanList {
     /// Total bytes.
     pub(crate) fn total(&self) -> usize {
         self.total
+    }
+
+    /// The spans.
+    pub(crate) fn as_slice(&self) -> &[Span] {
+        // SAFETY: `spans[..n]` are initialised (INVARIANT); `MaybeUninit<Span>`
+        // has the layout of `Span`.
+        unsafe { std::slice::from_raw_parts(self.spans.as_ptr().cast::<Span>(), self.n) }
     }
 }
 
@@ -206,9 +213,10 @@ impl SpanList {
 /// `DmaArena` or a [`Shm`]) that outlives this call.
 pub(crate) fn copy_spans(dst: &SpanList, src: &SpanList, limit: usize) -> usize {
     let want = dst.total.min(src.total).min(limit);
+    let (ds, ss) = (dst.as_slice(), src.as_slice());
     let (mut di, mut doff, mut si, mut soff, mut done) = (0, 0, 0, 0, 0);
     while done < want {
-        let (d, s) = (dst.spans[di], src.spans[si]);
+        let (d, s) = (ds[di], ss[si]);
         let n = (d.len - doff).min(s.len - soff).min(want - done);
         // SAFETY: both ranges lie inside live mappings (see above); `copy`
         // allows overlap (loopback on the same memory).
@@ -243,4 +251,62 @@ pub(crate) fn arena_span(
     // the arena's live mapping.
     let ptr = unsafe { arena.base().add(off) };
     Some(Span { ptr, len })
+}
+
+/// A sequential reader/writer over a [`SpanList`] (the slow path of
+/// integrity MRs, which moves one protection interval at a time).
+pub(crate) struct Cursor<'a> {
+    spans: &'a [Span],
+    i: usize,
+    off: usize,
+}
+
+impl<'a> Cursor<'a> {
+    pub(crate) fn new(list: &'a SpanList) -> Self {
+        Cursor {
+            spans: list.as_slice(),
+            i: 0,
+            off: 0,
+        }
+    }
+
+    /// Move `buf.len()` bytes between the spans and `buf` (`to_buf`: out of
+    /// the spans). False (nothing more moved) when the spans run out.
+    fn step(&mut self, buf: &mut [u8], ext: Option<&[u8]>) -> bool {
+        let want = ext.map_or(buf.len(), <[u8]>::len);
+        let mut done = 0;
+        while done < want {
+            let Some(s) = self.spans.get(self.i) else {
+                return false;
+            };
+            let n = (s.len - self.off).min(want - done);
+            // SAFETY: every span was bounds-checked against a live mapping
+            // (a DmaArena or a Shm) that outlives the copy (see `copy_spans`);
+            // `off + n <= s.len`; the local buffer is distinct memory.
+            unsafe {
+                let p = s.ptr.add(self.off);
+                match ext {
+                    Some(src) => std::ptr::copy_nonoverlapping(src.as_ptr().add(done), p, n),
+                    None => std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr().add(done), n),
+                }
+            }
+            done += n;
+            self.off += n;
+            if self.off == s.len {
+                self.i += 1;
+                self.off = 0;
+            }
+        }
+        true
+    }
+
+    /// Read the next `buf.len()` bytes.
+    pub(crate) fn read(&mut self, buf: &mut [u8]) -> bool {
+        self.step(buf, None)
+    }
+
+    /// Write `src` at the cursor.
+    pub(crate) fn write(&mut self, src: &[u8]) -> bool {
+        self.step(&mut [], Some(src))
+    }
 }

@@ -97,6 +97,8 @@ pub(crate) struct SrqInner {
     pub(crate) num: u32,
     pub(crate) q: RefCell<RecvQueue>,
     limit: Cell<u32>,
+    /// Fault injection: takes that find the SRQ "empty".
+    pub(crate) starve: Cell<u32>,
 }
 
 impl SoftSrq {
@@ -110,6 +112,7 @@ impl SoftSrq {
             num: pd.0.dev.0.next_num(),
             q: RefCell::new(RecvQueue::new(max_wr as usize, max_sge.max(1) as usize)),
             limit: Cell::new(0),
+            starve: Cell::new(0),
         })))
     }
 }

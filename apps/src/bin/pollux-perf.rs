@@ -1,0 +1,280 @@
+//! `pollux-perf`: NVMe-oF host benchmark on Pollux reactors, in the manner
+//! of `spdk_nvme_perf`.
+//!
+//! ```text
+//! pollux-perf -r 'trtype:soft traddr:@pollux-tgt subnqn:nqn.2024-01.io.pollux:null0' \
+//!             -q 128 -o 4096 -w randread -t 5 --cores 1 --json
+//! pollux-perf -r 'trtype:rdma adrfam:ipv4 traddr:10.0.0.1 trsvcid:4420 subnqn:…' --mem pool …
+//! pollux-perf -r … --sweep [--sweep-modes pool,register-always+inline,register-always+inline+local-inv]
+//! ```
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use pollux_apps::cli::{parse_io_size, ReactorArgs};
+use pollux_apps::perf::spawn::{busy_pct, SpawnedTarget};
+use pollux_apps::perf::sweep::{self, SweepMode, SWEEP_SIZES};
+use pollux_apps::perf::{run, PerfParams, TransportFactory};
+use pollux_apps::report::Report;
+use pollux_apps::workload::Workload;
+use pollux_apps::AppError;
+use pollux_nvmf::host::rdma::{MemMode, RdmaHost, RdmaHostOptions};
+use pollux_nvmf::host::{HostError, HostTrType, HostTrid};
+use pollux_reactor::{Cores, IdleMode};
+use pollux_verbs::{CmAddr, Provider};
+
+/// NVMe-oF host benchmark: keeps `-q` I/Os of `-o` bytes in flight to the
+/// first namespace of the subsystem from every selected core for `-t`
+/// seconds and prints IOPS, MiB/s, latency percentiles and busy time.
+#[derive(Parser, Debug)]
+#[command(name = "pollux-perf", version)]
+struct Args {
+    /// Transport ID: `trtype:soft traddr:NAME subnqn:NQN` (software RDMA)
+    /// or `trtype:rdma adrfam:ipv4 traddr:IP trsvcid:4420 subnqn:NQN`.
+    #[arg(short = 'r', long = "transport-id", value_name = "TRID", required_unless_present = "spawn_target")]
+    trid: Option<String>,
+    /// Run our target in this process on `--target-cores`, serving this
+    /// bdev (e.g. `null:size=1G,block=4096`) over the software RDMA
+    /// provider, and benchmark it (`-r` is then not needed).
+    #[arg(long = "spawn-target", value_name = "BDEV_SPEC")]
+    spawn_target: Option<String>,
+    /// Cores of the spawned target.
+    #[arg(long = "target-cores", default_value = "0")]
+    target_cores: String,
+    /// I/Os in flight per namespace per core.
+    #[arg(short = 'q', long = "queue-depth", default_value_t = 128)]
+    queue_depth: usize,
+    /// I/O size in bytes (suffixes k, M accepted).
+    #[arg(short = 'o', long = "io-size", default_value = "4096")]
+    io_size: String,
+    /// Workload: read, write, randread, randwrite, rw, randrw.
+    #[arg(short = 'w', long, default_value = "randread")]
+    workload: String,
+    /// Read percentage for rw and randrw.
+    #[arg(short = 'M', long = "rwmixread", default_value_t = 50)]
+    read_pct: u8,
+    /// Run time in seconds.
+    #[arg(short = 't', long = "time", default_value_t = 5.0)]
+    seconds: f64,
+    /// Warm-up seconds before measuring.
+    #[arg(short = 'a', long = "warmup", default_value_t = 0.0)]
+    warmup: f64,
+    /// I/O queue pairs per namespace per core (the queue depth is spread
+    /// over them).
+    #[arg(short = 'P', long = "qpairs", default_value_t = 1)]
+    qpairs: u16,
+    /// Memory registration: `register-always` (default: fast registration
+    /// per I/O, key invalidated after) or `pool` (pre-registered buffers).
+    #[arg(long = "mem", default_value = "register-always")]
+    mem: String,
+    /// Remote invalidation (register-always): `on` (the target answers with
+    /// SEND_WITH_INVALIDATE) or `off` (the host posts LOCAL_INV).
+    #[arg(long = "remote-invalidation", default_value = "on")]
+    remote_invalidation: String,
+    /// Cap of in-capsule writes in bytes (0 disables; default: the
+    /// target's IOCCSZ).
+    #[arg(long = "inline-size")]
+    inline_size: Option<u32>,
+    /// Write a pattern, read it back and compare (exit 1 on a miscompare).
+    #[arg(long)]
+    verify: bool,
+    /// Keep-alive timeout in seconds (0: none).
+    #[arg(long = "kato", default_value_t = 10.0)]
+    kato: f64,
+    /// I/O timeout in seconds (the queue is torn down after it).
+    #[arg(long = "io-timeout", default_value_t = 30.0)]
+    io_timeout: f64,
+    /// RDMA device (ibverbs; default: the first).
+    #[arg(long)]
+    device: Option<String>,
+    /// Run block sizes 512 B … 64 KiB against `--sweep-modes` and print a
+    /// table of `IOPS/CPU%` cells.
+    #[arg(long)]
+    sweep: bool,
+    /// Modes of a sweep: `MODE[+inline][+local-inv]`, comma separated.
+    #[arg(long = "sweep-modes", default_value = sweep::DEFAULT_MODES)]
+    sweep_modes: String,
+    #[command(flatten)]
+    reactors: ReactorArgs,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match real_main(&args) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("pollux-perf: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn secs(what: &str, s: f64) -> Result<Duration, AppError> {
+    Duration::try_from_secs_f64(s).map_err(|_| AppError::Usage(format!("{what} '{s}' is not a duration")))
+}
+
+fn factory<P: Provider>(addr: String, device: Option<String>, opts: RdmaHostOptions) -> TransportFactory<RdmaHost<P>> {
+    Arc::new(move || RdmaHost::<P>::open(device.as_deref(), CmAddr::new(addr.clone()), opts.clone()))
+}
+
+fn run_once(args: &Args, trid: &HostTrid, cores: &Cores, idle: IdleMode, p: &PerfParams, opts: RdmaHostOptions, tgt: Option<&SpawnedTarget>) -> Result<Report, AppError> {
+    let before = tgt.and_then(SpawnedTarget::load);
+    let mut r = run_transport(args, trid, cores, idle, p, opts)?;
+    if let (Some(a), Some(b)) = (before, tgt.and_then(SpawnedTarget::load)) {
+        r.target_busy_pct = r.target_busy_pct.or(busy_pct(a, b));
+    }
+    Ok(r)
+}
+
+fn run_transport(args: &Args, trid: &HostTrid, cores: &Cores, idle: IdleMode, p: &PerfParams, opts: RdmaHostOptions) -> Result<Report, AppError> {
+    let addr = trid.cm_addr();
+    match trid.trtype {
+        HostTrType::Soft => run(factory::<pollux_verbs::soft::Soft>(addr, None, opts), cores.clone(), idle, p),
+        #[cfg(feature = "ibverbs")]
+        HostTrType::Rdma => run(factory::<pollux_verbs::ibv::Ibverbs>(addr, args.device.clone(), opts), cores.clone(), idle, p),
+        #[cfg(not(feature = "ibverbs"))]
+        HostTrType::Rdma => {
+            let _ = &args.device;
+            Err(AppError::Usage(
+                "trtype:rdma needs the ibverbs feature (cargo build --features ibverbs); use trtype:soft".into(),
+            ))
+        }
+        HostTrType::Loop => Err(AppError::Usage("trtype:loop works only in-process (tests)".into())),
+    }
+}
+
+fn real_main(args: &Args) -> Result<ExitCode, AppError> {
+    let mut tgt = match &args.spawn_target {
+        Some(spec) => {
+            let cores = Cores::parse(&args.target_cores).map_err(|e| AppError::Usage(format!("--target-cores: {e}")))?;
+            Some(SpawnedTarget::start(spec, cores)?)
+        }
+        None => None,
+    };
+    let text = match (&args.trid, &tgt) {
+        (Some(t), _) => t.clone(),
+        (None, Some(t)) => t.trid(),
+        (None, None) => return Err(AppError::Usage("-r TRID or --spawn-target BDEV is required".into())),
+    };
+    let res = real_run(args, &text, tgt.as_ref());
+    if let Some(t) = tgt.as_mut() {
+        t.stop();
+    }
+    res
+}
+
+fn real_run(args: &Args, text: &str, tgt: Option<&SpawnedTarget>) -> Result<ExitCode, AppError> {
+    let trid = HostTrid::parse(text).map_err(|e: HostError| AppError::Usage(e.to_string()))?;
+    let workload: Workload = args.workload.parse().map_err(|e| AppError::Usage(format!("{e}")))?;
+    if workload == Workload::Verify {
+        return Err(AppError::Usage("use --verify with a write or rw workload".into()));
+    }
+    let mem = MemMode::parse(&args.mem).map_err(AppError::Usage)?;
+    let remote_invalidate = match args.remote_invalidation.as_str() {
+        "on" => true,
+        "off" => false,
+        o => return Err(AppError::Usage(format!("--remote-invalidation '{o}': on or off"))),
+    };
+    let cores = args.reactors.cores()?;
+    let idle = args.reactors.idle_mode()?;
+    let mut p = PerfParams {
+        trid: trid.clone(),
+        queue_depth: args.queue_depth,
+        io_size: parse_io_size(&args.io_size)?,
+        workload,
+        read_pct: args.read_pct,
+        duration: secs("-t", args.seconds)?,
+        warmup: secs("-a", args.warmup)?,
+        qpairs_per_ns: args.qpairs.max(1),
+        verify: args.verify,
+        inline_cap: args.inline_size,
+        kato: secs("--kato", args.kato)?,
+        io_timeout: secs("--io-timeout", args.io_timeout)?,
+    };
+    if args.sweep {
+        let modes = SweepMode::parse_list(&args.sweep_modes).map_err(AppError::Usage)?;
+        let mut rows = Vec::new();
+        let mut failed = false;
+        for bs in SWEEP_SIZES {
+            let mut cells = Vec::new();
+            for m in &modes {
+                p.io_size = bs;
+                p.inline_cap = if m.inline { args.inline_size } else { Some(0) };
+                let opts = RdmaHostOptions {
+                    mem_mode: m.mem,
+                    remote_invalidate: m.remote_invalidate,
+                    ..RdmaHostOptions::default()
+                };
+                match run_once(args, &trid, &cores, idle, &p, opts, tgt) {
+                    Ok(r) => {
+                        let cpu = if r.cores.is_empty() {
+                            0.0
+                        } else {
+                            r.cores.iter().map(|c| c.busy_pct).sum::<f64>() / r.cores.len() as f64
+                        };
+                        failed |= r.total.errors + r.total.miscompares > 0;
+                        cells.push(Some((r.total.iops, cpu)));
+                    }
+                    Err(e) => {
+                        eprintln!("pollux-perf: {bs} B, {}: {e}", m.name);
+                        failed = true;
+                        cells.push(None);
+                    }
+                }
+            }
+            rows.push((bs, cells));
+        }
+        if args.json {
+            let v: Vec<serde_json::Value> = rows
+                .iter()
+                .map(|(bs, cells)| {
+                    let mut o = serde_json::Map::new();
+                    o.insert("bs".into(), (*bs).into());
+                    for (m, c) in modes.iter().zip(cells) {
+                        o.insert(
+                            m.name.clone(),
+                            c.map_or(serde_json::Value::Null, |(iops, cpu)| serde_json::json!({"iops": iops, "cpu_pct": cpu})),
+                        );
+                    }
+                    serde_json::Value::Object(o)
+                })
+                .collect();
+            println!("{}", serde_json::Value::Array(v));
+        } else {
+            println!("IOPS/host CPU% per block size and mode ({} to {}, -q {} -w {}, {} s each)", trid.trtype_name(), trid.subnqn, p.queue_depth, args.workload, args.seconds);
+            print!("{}", sweep::table(&modes, &rows));
+        }
+        return Ok(if failed { ExitCode::from(1) } else { ExitCode::SUCCESS });
+    }
+    let opts = RdmaHostOptions {
+        mem_mode: mem,
+        remote_invalidate,
+        ..RdmaHostOptions::default()
+    };
+    let report = run_once(args, &trid, &cores, idle, &p, opts, tgt)?;
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        let _ = writeln!(out, "{}", report.to_json());
+    } else {
+        let _ = writeln!(
+            out,
+            "{} {}: -q {} -o {} -w {} mem {} remote-invalidation {}",
+            trid.trtype_name(),
+            trid.subnqn,
+            p.queue_depth,
+            p.io_size,
+            args.workload,
+            mem,
+            args.remote_invalidation
+        );
+        let _ = write!(out, "{}", report.to_table());
+    }
+    let bad = report.total.errors + report.total.miscompares;
+    Ok(if bad > 0 { ExitCode::from(1) } else { ExitCode::SUCCESS })
+}

@@ -1,0 +1,375 @@
+//! The engine of `pollux-perf`: an NVMe-oF host benchmark in the manner of
+//! `spdk_nvme_perf`.
+//!
+//! The first core connects the controller (admin queue, keep-alive
+//! poller); every core opens its own transport and connects its I/O queue
+//! pairs (`qpairs_per_ns` per namespace), then runs a [`job::Job`] per
+//! namespace. The report has the same shape as `pollux-bdevperf`'s
+//! ([`Report`]), plus `target_busy_pct` when the target answers Pollux's
+//! reactor-load log page.
+
+pub mod job;
+pub mod spawn;
+pub mod sweep;
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use pollux_nvmf::host::{
+    connect_io_qpair, Controller, CtrlInfo, CtrlOptions, HostError, HostIdentity, HostTransport, HostTrid,
+    ReactorLoad,
+};
+use pollux_reactor::mem::{BufPool, BufPoolOptions};
+use pollux_reactor::{launch, CoreId, Cores, IdleMode, LaunchConfig, PollStatus, Reactor};
+
+use crate::report::{Report, Tally};
+use crate::workload::Workload;
+use crate::AppError;
+
+use self::job::{Job, JobEnd, JobParams};
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct PerfParams {
+    /// Where to connect.
+    pub trid: HostTrid,
+    /// I/Os in flight per namespace per core.
+    pub queue_depth: usize,
+    /// Bytes per I/O.
+    pub io_size: usize,
+    /// Access pattern.
+    pub workload: Workload,
+    /// Read percentage (rw, randrw).
+    pub read_pct: u8,
+    /// Measured time.
+    pub duration: Duration,
+    /// Warm-up before measuring.
+    pub warmup: Duration,
+    /// I/O queue pairs per namespace per core.
+    pub qpairs_per_ns: u16,
+    /// Write, read back, compare.
+    pub verify: bool,
+    /// Cap of in-capsule writes (`Some(0)`: none).
+    pub inline_cap: Option<u32>,
+    /// Keep-alive timeout.
+    pub kato: Duration,
+    /// I/O timeout.
+    pub io_timeout: Duration,
+}
+
+/// A transport per core: made on the core that uses it.
+pub type TransportFactory<T> = Arc<dyn Fn() -> Result<T, HostError> + Send + Sync>;
+
+enum Msg {
+    Ctrl(Result<CtrlInfo, String>),
+    Ready,
+    Done(Box<CoreDone>),
+    Failed { core: CoreId, error: String },
+    Load(Option<ReactorLoad>),
+}
+
+struct CoreDone {
+    core: CoreId,
+    tally: Tally,
+    busy_pct: f64,
+    seconds: f64,
+}
+
+thread_local! {
+    static CTRL: RefCell<Option<Box<dyn std::any::Any>>> = const { RefCell::new(None) };
+}
+
+/// Run the benchmark and return the report.
+///
+/// # Errors
+/// [`AppError::Setup`] when the target refuses, disappears or times out
+/// (the message says which); [`AppError::Usage`] for parameters that do not
+/// fit the namespace; [`AppError::Reactor`].
+pub fn run<T: HostTransport + 'static>(
+    factory: TransportFactory<T>,
+    cores: Cores,
+    idle: IdleMode,
+    p: &PerfParams,
+) -> Result<Report, AppError> {
+    if p.queue_depth == 0 || p.duration.is_zero() {
+        return Err(AppError::Usage("queue depth and run time must be positive".into()));
+    }
+    let core_ids: Vec<CoreId> = cores.iter().collect();
+    let ncores = core_ids.len();
+    let mut cfg = LaunchConfig::new(cores);
+    cfg.idle = idle;
+    let set = launch(cfg, |_| {}).map_err(|e| AppError::Reactor(e.to_string()))?;
+    let (tx, rx) = mpsc::channel::<Msg>();
+    let first = core_ids[0];
+    let fail = |set: pollux_reactor::ReactorSet, e: AppError| {
+        set.stop_all();
+        let _ = set.join();
+        Err(e)
+    };
+    // 1. The controller, on the first core.
+    let who = HostIdentity {
+        hostnqn: p.trid.hostnqn.clone(),
+        hostid: *b"pollux-perf-host",
+        subnqn: p.trid.subnqn.clone(),
+    };
+    let per_core_queues = u16::try_from(ncores).unwrap_or(u16::MAX);
+    let opts = CtrlOptions {
+        kato: p.kato,
+        io_queues: per_core_queues.saturating_mul(p.qpairs_per_ns.max(1)).saturating_mul(4),
+        timeout: Duration::from_secs(10),
+        io_timeout: p.io_timeout,
+        hostid: who.hostid,
+    };
+    {
+        let (f, tx) = (Arc::clone(&factory), tx.clone());
+        let sent = set.messenger().send(first, move |r| {
+            let res = (|| {
+                let t = f()?;
+                let c = Controller::connect(&t, who, opts)?;
+                Ok::<_, HostError>((t, c))
+            })();
+            match res {
+                Ok((t, c)) => {
+                    let info = c.info().clone();
+                    let ctrl = Rc::new(RefCell::new((t, c)));
+                    let c2 = Rc::clone(&ctrl);
+                    r.add_timed_poller("perf-admin", Duration::from_millis(50), move || {
+                        if let Ok(mut g) = c2.try_borrow_mut() {
+                            if let Err(e) = g.1.poll() {
+                                log::debug!("pollux-perf: admin queue: {e}");
+                            }
+                        }
+                        PollStatus::Idle
+                    });
+                    CTRL.with(|s| *s.borrow_mut() = Some(Box::new(ctrl)));
+                    let _ = tx.send(Msg::Ctrl(Ok(info)));
+                }
+                Err(e) => {
+                    let _ = tx.send(Msg::Ctrl(Err(e.to_string())));
+                }
+            }
+        });
+        if let Err(e) = sent {
+            return fail(set, AppError::Reactor(e.to_string()));
+        }
+    }
+    let info = match rx.recv() {
+        Ok(Msg::Ctrl(Ok(i))) => i,
+        Ok(Msg::Ctrl(Err(e))) => return fail(set, AppError::Setup(format!("connecting to {}: {e}", p.trid))),
+        _ => return fail(set, AppError::Reactor("a reactor exited early".into())),
+    };
+    let Some(ns) = info.namespaces.first().copied() else {
+        return fail(set, AppError::Setup(format!("{} has no namespace", p.trid.subnqn)));
+    };
+    let bs = ns.block_size as usize;
+    if p.io_size % bs != 0 || p.io_size / bs == 0 || (p.io_size / bs) as u64 > ns.num_blocks {
+        return fail(
+            set,
+            AppError::Usage(format!(
+                "io size {} does not fit namespace {} ({} blocks of {bs} bytes)",
+                p.io_size, ns.nsid, ns.num_blocks
+            )),
+        );
+    }
+    if let Some(m) = info.max_transfer() {
+        if p.io_size as u64 > m {
+            return fail(set, AppError::Usage(format!("io size {} exceeds the controller's MDTS ({m} bytes)", p.io_size)));
+        }
+    }
+    let qpn = p.qpairs_per_ns.max(1);
+    if u32::from(info.io_queues) < ncores as u32 * u32::from(qpn) {
+        return fail(
+            set,
+            AppError::Setup(format!(
+                "the controller granted {} I/O queues, {} needed",
+                info.io_queues,
+                ncores as u32 * u32::from(qpn)
+            )),
+        );
+    }
+    // 2. Every core: its transport, queue pairs, buffers and job.
+    let jp = JobParams {
+        nsid: ns.nsid,
+        io_blocks: (p.io_size / bs) as u32,
+        io_bytes: p.io_size as u64,
+        units: ns.num_blocks / (p.io_size / bs) as u64,
+        queue_depth: p.queue_depth,
+        workload: p.workload,
+        read_pct: p.read_pct,
+        verify: p.verify,
+        index: 0,
+        jobs: ncores as u64,
+        warmup: p.warmup,
+        duration: p.duration,
+    };
+    if p.verify && jp.units < jp.jobs * p.queue_depth as u64 {
+        return fail(set, AppError::Usage("verify needs at least queue depth × cores I/O units in the namespace".into()));
+    }
+    for (index, &core) in core_ids.iter().enumerate() {
+        let (f, tx, info) = (Arc::clone(&factory), tx.clone(), info.clone());
+        let mut jp = jp.clone();
+        jp.index = index as u64;
+        let (qd, inline_cap) = (p.queue_depth, p.inline_cap);
+        let sent = set.messenger().send(core, move |r| {
+            if let Err(error) = start_core::<T>(r, &f, &info, jp, qpn, qd, inline_cap, index, tx.clone()) {
+                let _ = tx.send(Msg::Failed { core, error });
+            }
+        });
+        if let Err(e) = sent {
+            return fail(set, AppError::Reactor(e.to_string()));
+        }
+    }
+    drop(tx);
+    let mut done = Vec::with_capacity(ncores);
+    let mut failure = None;
+    let mut load0 = None;
+    while done.len() < ncores && failure.is_none() {
+        let msg = rx.recv_timeout(p.warmup + p.duration + Duration::from_secs(60));
+        match msg {
+            Ok(Msg::Ready) => {}
+            Ok(Msg::Load(l)) => load0 = Some(l),
+            Ok(Msg::Done(d)) => done.push(*d),
+            Ok(Msg::Failed { core, error }) => failure = Some(AppError::Setup(format!("core {core}: {error}"))),
+            Ok(Msg::Ctrl(_)) => {}
+            Err(_) => failure = Some(AppError::Setup("the run did not finish (target unresponsive?)".into())),
+        }
+    }
+    // 3. The target's load at the end, then tear down.
+    let (ltx, lrx) = mpsc::channel();
+    let _ = set.messenger().send(first, move |_| {
+        let l = with_ctrl::<T, _>(|c| c.reactor_load()).flatten();
+        let _ = ltx.send(l);
+        // Shut the controller down cleanly (best effort).
+        CTRL.with(|s| {
+            if let Some(b) = s.borrow_mut().take() {
+                if let Ok(ctrl) = b.downcast::<Rc<RefCell<(T, Controller<T>)>>>() {
+                    if let Ok(cell) = Rc::try_unwrap(*ctrl) {
+                        let (_t, c) = cell.into_inner();
+                        let _ = c.shutdown();
+                    }
+                }
+            }
+        });
+    });
+    let load_end = lrx.recv_timeout(Duration::from_secs(15)).ok().flatten();
+    set.stop_all();
+    let joined = set.join();
+    if let Some(f) = failure {
+        return Err(f);
+    }
+    joined.map_err(|e| AppError::Reactor(e.to_string()))?;
+    done.sort_by_key(|d| d.core);
+    let seconds = done.iter().map(|d| d.seconds).fold(0.0, f64::max);
+    let per_core: Vec<(u32, Tally, f64)> = done.into_iter().map(|d| (d.core, d.tally, d.busy_pct)).collect();
+    let mut report = Report::new(seconds, &per_core);
+    if let (Some(Some(a)), Some(b)) = (load0, load_end) {
+        report.target_busy_pct = b.busy_pct_since(&a);
+    }
+    Ok(report)
+}
+
+fn with_ctrl<T: HostTransport + 'static, R>(f: impl FnOnce(&mut Controller<T>) -> R) -> Option<R> {
+    CTRL.with(|s| {
+        let s = s.borrow();
+        let ctrl = s.as_ref()?.downcast_ref::<Rc<RefCell<(T, Controller<T>)>>>()?;
+        let mut g = ctrl.try_borrow_mut().ok()?;
+        Some(f(&mut g.1))
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn start_core<T: HostTransport + 'static>(
+    r: &Reactor,
+    factory: &TransportFactory<T>,
+    info: &CtrlInfo,
+    jp: JobParams,
+    qpn: u16,
+    qd: usize,
+    inline_cap: Option<u32>,
+    index: usize,
+    tx: mpsc::Sender<Msg>,
+) -> Result<(), String> {
+    let t = factory().map_err(|e| e.to_string())?;
+    let per_qp = qd.div_ceil(usize::from(qpn)).max(1);
+    let entries = u16::try_from(per_qp).unwrap_or(u16::MAX);
+    let mut qps = Vec::with_capacity(usize::from(qpn));
+    for j in 0..qpn {
+        let qid = 1 + index as u16 * qpn + j;
+        qps.push(connect_io_qpair(&t, info, qid, entries, inline_cap).map_err(|e| format!("I/O queue {qid}: {e}"))?);
+    }
+    let pool = BufPool::new(BufPoolOptions::new(format!("perf-{index}"), jp.io_bytes as usize, qd))
+        .map_err(|e| format!("buffers: {e}"))?;
+    let mut bufs = Vec::with_capacity(qd);
+    for _ in 0..qd {
+        let b = pool.get().ok_or("buffer pool empty")?;
+        t.register_memory(b.arena()).map_err(|e| e.to_string())?;
+        bufs.push(b);
+    }
+    // Take the first core's load sample once the warm-up is over.
+    let warm = jp.warmup;
+    let seed = 0x9E37_79B9_7F4A_7C15u64 ^ (index as u64 + 1);
+    let job = Rc::new(RefCell::new(Job::<T>::new(qps, jp, bufs, seed)));
+    job.borrow_mut().start(r);
+    let core = r.core();
+    let _ = tx.send(Msg::Ready);
+    if index == 0 {
+        let tx2 = tx.clone();
+        let rr = r.clone();
+        let id = Rc::new(std::cell::Cell::new(None));
+        let id2 = Rc::clone(&id);
+        let pid = r.add_timed_poller("perf-load", warm.max(Duration::from_millis(1)), move || {
+            let l = with_ctrl::<T, _>(|c| c.reactor_load()).flatten();
+            let _ = tx2.send(Msg::Load(l));
+            if let Some(i) = id2.get() {
+                rr.remove_poller(i);
+            }
+            PollStatus::Busy
+        });
+        id.set(Some(pid));
+    }
+    let rr = r.clone();
+    let mut scratch = Vec::with_capacity(qd + 8);
+    let mut resubmit = Vec::with_capacity(qd + 8);
+    let pid = Rc::new(std::cell::Cell::new(None));
+    let pid2 = Rc::clone(&pid);
+    let keep = (t, pool);
+    let id = r.add_poller("perf-job", move || {
+        let _keep = &keep;
+        let mut j = job.borrow_mut();
+        let st = j.poll(&rr, &mut scratch, &mut resubmit);
+        if let Some(end) = j.end() {
+            if end_ready(&j) {
+                let msg = match end {
+                    JobEnd::Done => {
+                        let (busy_pct, seconds) = j.measured();
+                        Msg::Done(Box::new(CoreDone {
+                            core,
+                            tally: std::mem::take(&mut j.tally),
+                            busy_pct,
+                            seconds,
+                        }))
+                    }
+                    JobEnd::Failed(why) => Msg::Failed {
+                        core,
+                        error: format!("lost the target: {why}"),
+                    },
+                };
+                let _ = tx.send(msg);
+                drop(j.take_qpairs());
+                if let Some(i) = pid2.get() {
+                    rr.remove_poller(i);
+                }
+            }
+        }
+        st
+    });
+    pid.set(Some(id));
+    Ok(())
+}
+
+fn end_ready<T: HostTransport>(j: &Job<T>) -> bool {
+    j.end().is_some()
+}

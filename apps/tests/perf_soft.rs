@@ -1,0 +1,169 @@
+//! `pollux-perf`'s engine against our RDMA target over the software
+//! provider, in one process: the target on core 1, the host on core 0.
+//! Every memory mode with data verification, the bdevperf JSON shape, and
+//! a target that disappears mid-run.
+#![allow(clippy::unwrap_used)]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use pollux_apps::perf::{run, PerfParams, TransportFactory};
+use pollux_apps::workload::Workload;
+use pollux_bdev::BdevRegistry;
+use pollux_nvmf::host::rdma::{MemMode, RdmaHost, RdmaHostOptions};
+use pollux_nvmf::host::HostTrid;
+use pollux_nvmf::spec::transport_id::{AdrFam, TrType, TransportId};
+use pollux_nvmf::target::rdma::{RdmaOptions, RdmaTransport};
+use pollux_nvmf::target::{NamespaceConfig, SubsystemConfig, Target, TargetOptions};
+use pollux_reactor::{launch, Cores, IdleMode, LaunchConfig, PollStatus, ReactorSet};
+use pollux_verbs::soft::Soft;
+use pollux_verbs::CmAddr;
+
+const NQN: &str = "nqn.2024-01.io.pollux:perf-test";
+
+/// Runs are serialized: two busy-polling runs at once on a small machine
+/// would only measure each other.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+struct Tgt {
+    set: Option<ReactorSet>,
+    addr: String,
+    _target: Arc<Target>,
+}
+
+impl Drop for Tgt {
+    fn drop(&mut self) {
+        if let Some(s) = self.set.take() {
+            s.stop_all();
+            let _ = s.join();
+        }
+    }
+}
+
+fn target(bdev: &str) -> Tgt {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let target = Target::new(TargetOptions {
+        in_capsule_data_size: 4096,
+        ..TargetOptions::for_tests()
+    })
+    .unwrap();
+    let mut sc = SubsystemConfig::new(NQN);
+    sc.allow_any_host = true;
+    let sub = target.add_subsystem(sc).unwrap();
+    let b = BdevRegistry::new().create(bdev).unwrap();
+    sub.add_namespace(NamespaceConfig::new(b).with_nsid(1)).unwrap();
+    let transport = RdmaTransport::<Soft>::new(&target, RdmaOptions::for_tests()).unwrap();
+    target.add_transport(transport.clone()).unwrap();
+    let addr = format!("@pollux-perf-test-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
+    target
+        .add_listener(TransportId {
+            trtype: TrType::Rdma,
+            adrfam: AdrFam::IntraHost,
+            traddr: addr.clone(),
+            trsvcid: String::new(),
+        })
+        .unwrap();
+    let core = if Cores::parse("1").unwrap().check_exist().is_ok() { "1" } else { "0" };
+    let set = launch(LaunchConfig::new(Cores::parse(core).unwrap()), move |r| {
+        let pg = transport.create_poll_group(r).unwrap();
+        r.add_poller("keep-poll-group", move || {
+            let _ = &pg;
+            PollStatus::Idle
+        });
+    })
+    .unwrap();
+    Tgt {
+        set: Some(set),
+        addr,
+        _target: target,
+    }
+}
+
+fn params(t: &Tgt, w: Workload, verify: bool, secs: f64) -> PerfParams {
+    PerfParams {
+        trid: HostTrid::parse(&format!("trtype:soft traddr:{} subnqn:{NQN}", t.addr)).unwrap(),
+        queue_depth: 16,
+        io_size: 4096,
+        workload: w,
+        read_pct: 50,
+        duration: Duration::from_secs_f64(secs),
+        warmup: Duration::ZERO,
+        qpairs_per_ns: 2,
+        verify,
+        inline_cap: None,
+        kato: Duration::from_secs(10),
+        io_timeout: Duration::from_secs(10),
+    }
+}
+
+fn factory(t: &Tgt, mem: MemMode, remote_invalidate: bool) -> TransportFactory<RdmaHost<Soft>> {
+    let addr = t.addr.clone();
+    Arc::new(move || {
+        RdmaHost::<Soft>::open(
+            None,
+            CmAddr::new(addr.clone()),
+            RdmaHostOptions {
+                mem_mode: mem,
+                remote_invalidate,
+                ..RdmaHostOptions::default()
+            },
+        )
+    })
+}
+
+#[test]
+fn every_mode_verifies_data() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let t = target("malloc:size=8M,block=512,name=pv");
+    for (mem, rinv, inline) in [
+        (MemMode::Pool, false, None),
+        (MemMode::Pool, false, Some(0)),
+        (MemMode::RegisterAlways, true, None),
+        (MemMode::RegisterAlways, true, Some(0)),
+        (MemMode::RegisterAlways, false, Some(0)),
+    ] {
+        let mut p = params(&t, Workload::Write, true, 0.3);
+        p.inline_cap = inline;
+        let r = run(factory(&t, mem, rinv), Cores::parse("0").unwrap(), IdleMode::BusyPoll, &p)
+            .unwrap_or_else(|e| panic!("{mem} rinv={rinv} inline={inline:?}: {e}"));
+        assert!(r.total.ios > 0, "{mem}: no I/O");
+        assert_eq!(r.total.errors, 0, "{mem}: errors");
+        assert_eq!(r.total.miscompares, 0, "{mem} rinv={rinv} inline={inline:?}: miscompares");
+    }
+}
+
+#[test]
+fn json_has_the_bdevperf_shape() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let t = target("null:size=64M,block=512,name=pj");
+    let p = params(&t, Workload::RandRead, false, 0.3);
+    let r = run(factory(&t, MemMode::RegisterAlways, true), Cores::parse("0").unwrap(), IdleMode::BusyPoll, &p).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&r.to_json()).unwrap();
+    for k in ["iops", "mibps", "lat_avg_us", "lat_min_us", "lat_max_us", "lat_p50_us", "lat_p99_us", "lat_p999_us"] {
+        assert!(v[k].is_number(), "{k} missing: {v}");
+    }
+    assert!(v["iops"].as_f64().unwrap() > 0.0);
+    let cores = v["cores"].as_array().unwrap();
+    assert_eq!(cores.len(), 1);
+    assert!(cores[0]["busy_pct"].is_number() && cores[0]["core"].is_number());
+}
+
+#[test]
+fn target_death_mid_run_is_a_clear_error() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let mut t = target("null:size=64M,block=512,name=pd");
+    let p = params(&t, Workload::RandRead, false, 30.0);
+    let set = t.set.take().unwrap();
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        set.stop_all();
+        let _ = set.join();
+    });
+    let start = std::time::Instant::now();
+    let e = run(factory(&t, MemMode::RegisterAlways, true), Cores::parse("0").unwrap(), IdleMode::BusyPoll, &p).unwrap_err();
+    killer.join().unwrap();
+    assert!(start.elapsed() < Duration::from_secs(20), "took {:?}", start.elapsed());
+    let msg = e.to_string();
+    assert!(msg.contains("lost the target") || msg.contains("connect"), "{msg}");
+}

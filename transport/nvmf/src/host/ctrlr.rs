@@ -1,0 +1,495 @@
+//! A host controller: the admin queue, the enable sequence, Identify,
+//! the number of I/O queues, keep-alive, discovery, shutdown, and the
+//! connection of I/O queue pairs (on any reactor, through that reactor's
+//! transport).
+//!
+//! Everything here is control path: it allocates, and it spins on the
+//! admin queue until each command completes (bounded by
+//! [`CtrlOptions::timeout`]).
+
+use std::time::{Duration, Instant};
+
+use pollux_reactor::mem::{DmaBuf, SgList};
+
+use super::fabrics::{self, HostIdentity};
+use super::qpair::{Qpair, SubmitError};
+use super::transport::{DataDir, HostTransport, QueueParams};
+use super::trid::DISCOVERY_NQN;
+use super::HostError;
+use crate::spec::cmd::{AdminOpcode, NvmeCmd};
+use crate::spec::connect::CNTLID_DYNAMIC;
+use crate::spec::features::{num_queues_value, parse_num_queues, FeatureCmd, fid};
+use crate::spec::identify::{
+    cns, parse_ns_list, IdentifyCmd, IdentifyController, IdentifyNamespace, CNTRLTYPE_DISCOVERY,
+    IDENTIFY_DATA_SIZE,
+};
+use crate::spec::log_page::{
+    lid, DiscoveryLogEntry, DiscoveryLogHeader, GetLogPageCmd, DISCOVERY_RECORD_SIZE,
+};
+use crate::spec::property::{ofst as reg, Cap, Cc, Csts, PropertySize, SHN_NORMAL, SHST_COMPLETE};
+
+/// Admin queue entries (Linux `NVME_AQ_DEPTH`).
+pub const ADMIN_QUEUE_ENTRIES: u16 = 32;
+
+/// Vendor-specific log page of a Pollux target: its reactors' busy and
+/// idle time (see [`ReactorLoad`]).
+pub const LID_POLLUX_REACTORS: u8 = 0xC0;
+/// Size of the [`LID_POLLUX_REACTORS`] log page.
+pub const POLLUX_REACTORS_LOG_SIZE: usize = 512;
+
+/// Controller options.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CtrlOptions {
+    /// Keep-alive timeout asked for in the admin Connect (0: none); a Keep
+    /// Alive goes out every half of it.
+    pub kato: Duration,
+    /// I/O queues to ask for (Set Features Number of Queues).
+    pub io_queues: u16,
+    /// How long one control command may take.
+    pub timeout: Duration,
+    /// How long one I/O may take before its queue is torn down (0: no
+    /// limit).
+    pub io_timeout: Duration,
+    /// Host identifier.
+    pub hostid: [u8; 16],
+}
+
+impl Default for CtrlOptions {
+    fn default() -> Self {
+        CtrlOptions {
+            kato: Duration::from_secs(10),
+            io_queues: 1,
+            timeout: Duration::from_secs(10),
+            io_timeout: Duration::from_secs(30),
+            hostid: *b"pollux-host-0001",
+        }
+    }
+}
+
+/// One namespace as the host sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NsInfo {
+    /// Namespace id.
+    pub nsid: u32,
+    /// Bytes per block.
+    pub block_size: u32,
+    /// Number of blocks.
+    pub num_blocks: u64,
+}
+
+/// What the host learned about a controller; `Send`, so other reactors
+/// can connect their I/O queues with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CtrlInfo {
+    /// Host and subsystem names.
+    pub who: HostIdentity,
+    /// Controller id.
+    pub cntlid: u16,
+    /// CAP.
+    pub cap: Cap,
+    /// VS.
+    pub vs: u32,
+    /// Identify Controller.
+    pub ident: IdentifyController,
+    /// I/O queues granted.
+    pub io_queues: u16,
+    /// Active namespaces.
+    pub namespaces: Vec<NsInfo>,
+    /// Options the controller was connected with.
+    pub opts: CtrlOptions,
+}
+
+impl CtrlInfo {
+    /// Most entries an I/O queue may have (CAP.MQES + 1, MAXCMD).
+    pub fn max_io_entries(&self) -> u16 {
+        let mqes = self.cap.mqes.saturating_add(1).max(2);
+        if self.ident.maxcmd > 0 {
+            mqes.min(self.ident.maxcmd)
+        } else {
+            mqes
+        }
+    }
+
+    /// The controller's in-capsule data limit for I/O queues (IOCCSZ×16
+    /// − 64; 0 when offsets in the capsule are not supported).
+    pub fn inline_limit(&self) -> u32 {
+        let sgl_offset = self.ident.sgls & crate::spec::identify::SGLS_OFFSET != 0;
+        if !sgl_offset || self.ident.icdoff != 0 {
+            return 0;
+        }
+        self.ident.ioccsz.saturating_mul(16).saturating_sub(64)
+    }
+
+    /// The largest transfer (MDTS; `None`: unlimited).
+    pub fn max_transfer(&self) -> Option<u64> {
+        (self.ident.mdts > 0).then(|| 4096u64 << self.ident.mdts)
+    }
+}
+
+/// A target's reactor load, from the [`LID_POLLUX_REACTORS`] log page:
+/// `u32 version @0 (1)`, `u32 count @4`, `u64 busy_ns @8`, `u64 idle_ns
+/// @16` (sums over the target's reactors since they started).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ReactorLoad {
+    /// Reactors.
+    pub reactors: u32,
+    /// Busy nanoseconds, summed.
+    pub busy_ns: u64,
+    /// Idle nanoseconds, summed.
+    pub idle_ns: u64,
+}
+
+impl ReactorLoad {
+    /// Parse the log page (`None` for an unknown version or a short page).
+    pub fn parse(b: &[u8]) -> Option<Self> {
+        let u32_at = |o: usize| b.get(o..o + 4).and_then(|s| s.try_into().ok()).map(u32::from_le_bytes);
+        let u64_at = |o: usize| b.get(o..o + 8).and_then(|s| s.try_into().ok()).map(u64::from_le_bytes);
+        if u32_at(0)? != 1 {
+            return None;
+        }
+        Some(ReactorLoad {
+            reactors: u32_at(4)?,
+            busy_ns: u64_at(8)?,
+            idle_ns: u64_at(16)?,
+        })
+    }
+
+    /// Busy percentage between two samples (`earlier` first).
+    pub fn busy_pct_since(&self, earlier: &ReactorLoad) -> Option<f64> {
+        let b = self.busy_ns.checked_sub(earlier.busy_ns)?;
+        let i = self.idle_ns.checked_sub(earlier.idle_ns)?;
+        (b + i > 0).then(|| b as f64 * 100.0 / (b + i) as f64)
+    }
+}
+
+/// A connected, enabled controller: its admin queue on this reactor.
+pub struct Controller<T: HostTransport> {
+    admin: Qpair<T::Queue>,
+    info: CtrlInfo,
+    last_keep_alive: Instant,
+    keep_alive_out: bool,
+}
+
+impl<T: HostTransport> std::fmt::Debug for Controller<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Controller").field("info", &self.info).finish()
+    }
+}
+
+const KEEP_ALIVE_CTX: u64 = u64::MAX - 1;
+
+impl<T: HostTransport> Controller<T> {
+    /// Connect the admin queue to subsystem `who.subnqn` through `t`,
+    /// enable the controller, identify it and its namespaces, and ask for
+    /// `opts.io_queues` I/O queues. For the discovery subsystem the
+    /// namespace scan and queue count are skipped.
+    ///
+    /// # Errors
+    /// [`HostError`]: the transport could not connect, the target refused
+    /// (Connect status), a step timed out, or an answer was malformed.
+    pub fn connect(t: &T, who: HostIdentity, opts: CtrlOptions) -> Result<Self, HostError> {
+        let q = t.open_queue(&QueueParams {
+            qid: 0,
+            entries: ADMIN_QUEUE_ENTRIES,
+            cntlid: CNTLID_DYNAMIC,
+            inline_limit: 0,
+        })?;
+        let mut admin = Qpair::new(q, 0, ADMIN_QUEUE_ENTRIES, Duration::ZERO);
+        let to = opts.timeout;
+        let kato_ms = u32::try_from(opts.kato.as_millis()).unwrap_or(u32::MAX);
+        let cntlid = fabrics::connect(&mut admin, &who, CNTLID_DYNAMIC, kato_ms, to)?;
+        let cap = Cap::from_u64(fabrics::property_get(&mut admin, reg::CAP, PropertySize::Eight, to)?);
+        // Enable: CC with EN=0 first (Linux), then EN=1, then wait for RDY.
+        let css = if cap.css & crate::spec::property::CAP_CSS_IOCS != 0 { 6 } else { 0 };
+        let mut cc = Cc::linux_default(css);
+        cc.en = false;
+        fabrics::property_set(&mut admin, reg::CC, cc.to_u32(), to)?;
+        cc.en = true;
+        fabrics::property_set(&mut admin, reg::CC, cc.to_u32(), to)?;
+        let ready_to = Duration::from_millis(500 * (u64::from(cap.to) + 1)).max(to);
+        let start = Instant::now();
+        loop {
+            let csts = Csts::from_u32(fabrics::property_get(&mut admin, reg::CSTS, PropertySize::Four, to)? as u32);
+            if csts.cfs {
+                return Err(HostError::Protocol("controller fatal status (CSTS.CFS) while enabling".into()));
+            }
+            if csts.rdy {
+                break;
+            }
+            if start.elapsed() > ready_to {
+                return Err(HostError::Timeout {
+                    what: "controller ready (CSTS.RDY)",
+                    after: ready_to,
+                });
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let vs = fabrics::property_get(&mut admin, reg::VS, PropertySize::Four, to)? as u32;
+        let data = identify(&mut admin, cns::CONTROLLER, 0, to)?;
+        let ident = IdentifyController::parse(&data).map_err(|e| HostError::Protocol(format!("Identify Controller: {e}")))?;
+        if ident.cntlid != cntlid {
+            return Err(HostError::Protocol(format!(
+                "Identify says controller {} but Connect said {cntlid}",
+                ident.cntlid
+            )));
+        }
+        let discovery = ident.cntrltype == CNTRLTYPE_DISCOVERY || who.subnqn == DISCOVERY_NQN;
+        if !discovery && ident.sgls & crate::spec::identify::SGLS_KEYED == 0 {
+            return Err(HostError::Protocol("the controller does not support keyed SGLs".into()));
+        }
+        let mut info = CtrlInfo {
+            who,
+            cntlid,
+            cap,
+            vs,
+            ident,
+            io_queues: 0,
+            namespaces: Vec::new(),
+            opts: opts.clone(),
+        };
+        if !discovery {
+            let want = u32::from(opts.io_queues.max(1));
+            let cmd = FeatureCmd::set(fid::NUMBER_OF_QUEUES, num_queues_value(want, want), 0);
+            let (cpl, _) = admin.exec("Set Features (Number of Queues)", cmd, DataDir::None, SgList::new(), to)?;
+            let (nsq, ncq) = parse_num_queues(cpl.dw0).unwrap_or((want, want));
+            info.io_queues = u16::try_from(nsq.min(ncq)).unwrap_or(u16::MAX);
+            let list = identify(&mut admin, cns::ACTIVE_NS_LIST, 0, to)?;
+            let nsids = parse_ns_list(&list).map_err(|e| HostError::Protocol(format!("namespace list: {e}")))?;
+            for nsid in nsids {
+                let d = identify(&mut admin, cns::NAMESPACE, nsid, to)?;
+                let ns = IdentifyNamespace::parse(&d).map_err(|e| HostError::Protocol(format!("Identify Namespace {nsid}: {e}")))?;
+                let Some(bs) = ns.block_size().and_then(|b| u32::try_from(b).ok()) else {
+                    continue;
+                };
+                if ns.nsze == 0 {
+                    continue;
+                }
+                info.namespaces.push(NsInfo {
+                    nsid,
+                    block_size: bs,
+                    num_blocks: ns.nsze,
+                });
+            }
+        }
+        Ok(Controller {
+            admin,
+            info,
+            last_keep_alive: Instant::now(),
+            keep_alive_out: false,
+        })
+    }
+
+    /// What the host learned.
+    pub fn info(&self) -> &CtrlInfo {
+        &self.info
+    }
+
+    /// The admin queue.
+    pub fn admin(&mut self) -> &mut Qpair<T::Queue> {
+        &mut self.admin
+    }
+
+    /// Whether the admin queue is alive.
+    pub fn is_alive(&self) -> bool {
+        self.admin.is_alive()
+    }
+
+    /// Poll the admin queue and send a Keep Alive every KATO/2 (call it
+    /// from a poller, e.g. every 100 ms).
+    ///
+    /// # Errors
+    /// [`HostError::Disconnected`] (or the keep-alive's failure) once the
+    /// admin queue is dead: the controller is lost.
+    pub fn poll(&mut self) -> Result<(), HostError> {
+        let mut failed = None;
+        let ka_out = &mut self.keep_alive_out;
+        self.admin.poll(&mut |c| {
+            if c.ctx == KEEP_ALIVE_CTX {
+                *ka_out = false;
+                if let Err(e) = c.result {
+                    failed = Some(e);
+                }
+            }
+        });
+        if let Some(e) = failed {
+            self.admin.disconnect();
+            return Err(HostError::Disconnected(format!("keep-alive failed: {e}")));
+        }
+        if let Some(e) = self.admin.dead_reason() {
+            return Err(e.clone());
+        }
+        let kato = self.info.opts.kato;
+        if !kato.is_zero() && self.last_keep_alive.elapsed() >= kato / 2 {
+            if self.keep_alive_out {
+                self.admin.disconnect();
+                return Err(HostError::Timeout {
+                    what: "Keep Alive",
+                    after: kato / 2,
+                });
+            }
+            self.last_keep_alive = Instant::now();
+            let cmd = NvmeCmd::new(AdminOpcode::KeepAlive.code(), 0);
+            match self.admin.submit(cmd, DataDir::None, SgList::new(), KEEP_ALIVE_CTX) {
+                Ok(()) => self.keep_alive_out = true,
+                Err(SubmitError { .. }) => {}
+            }
+            self.admin.flush();
+        }
+        Ok(())
+    }
+
+    /// Read `len` bytes of log page `lid` at offset `lpo`.
+    ///
+    /// # Errors
+    /// As [`Qpair::exec`].
+    pub fn get_log_page(&mut self, lid: u8, nsid: u32, len: usize, lpo: u64) -> Result<Vec<u8>, HostError> {
+        get_log(&mut self.admin, lid, nsid, len, lpo, self.info.opts.timeout)
+    }
+
+    /// The discovery log entries (discovery controllers).
+    ///
+    /// # Errors
+    /// As [`Qpair::exec`]; [`HostError::Protocol`] for a malformed log.
+    pub fn discovery_log(&mut self) -> Result<Vec<DiscoveryLogEntry>, HostError> {
+        let to = self.info.opts.timeout;
+        for _ in 0..4 {
+            let h = get_log(&mut self.admin, lid::DISCOVERY, 0, DISCOVERY_RECORD_SIZE, 0, to)?;
+            let hdr = DiscoveryLogHeader::parse(&h).map_err(|e| HostError::Protocol(format!("discovery log: {e}")))?;
+            let n = usize::try_from(hdr.numrec.min(1024)).unwrap_or(1024);
+            let mut out = Vec::with_capacity(n);
+            for i in 0..n {
+                let off = (DISCOVERY_RECORD_SIZE * (i + 1)) as u64;
+                let e = get_log(&mut self.admin, lid::DISCOVERY, 0, DISCOVERY_RECORD_SIZE, off, to)?;
+                out.push(DiscoveryLogEntry::parse(&e).map_err(|e| HostError::Protocol(format!("discovery entry {i}: {e}")))?);
+            }
+            let h2 = get_log(&mut self.admin, lid::DISCOVERY, 0, DISCOVERY_RECORD_SIZE, 0, to)?;
+            let again = DiscoveryLogHeader::parse(&h2).map_err(|e| HostError::Protocol(format!("discovery log: {e}")))?;
+            if again.genctr == hdr.genctr {
+                return Ok(out);
+            }
+        }
+        Err(HostError::Protocol("the discovery log keeps changing".into()))
+    }
+
+    /// The target's reactor load, when the target is a Pollux target
+    /// (vendor log page [`LID_POLLUX_REACTORS`]); `None` otherwise.
+    pub fn reactor_load(&mut self) -> Option<ReactorLoad> {
+        let b = self
+            .get_log_page(LID_POLLUX_REACTORS, 0, POLLUX_REACTORS_LOG_SIZE, 0)
+            .ok()?;
+        ReactorLoad::parse(&b)
+    }
+
+    /// Open I/O queue `qid` of `entries` entries on `t` (the calling
+    /// reactor's transport) and connect it to this controller.
+    ///
+    /// # Errors
+    /// As [`connect_io_qpair`].
+    pub fn connect_io<U: HostTransport>(&self, t: &U, qid: u16, entries: u16, inline_cap: Option<u32>) -> Result<Qpair<U::Queue>, HostError> {
+        connect_io_qpair(t, &self.info, qid, entries, inline_cap)
+    }
+
+    /// Normal shutdown: CC.SHN = normal, wait for CSTS.SHST = complete
+    /// (bounded by the timeout), then disconnect the admin queue. I/O
+    /// queues should be gone first.
+    ///
+    /// # Errors
+    /// As [`Qpair::exec`]; [`HostError::Timeout`].
+    pub fn shutdown(mut self) -> Result<(), HostError> {
+        let to = self.info.opts.timeout;
+        let css = if self.info.cap.css & crate::spec::property::CAP_CSS_IOCS != 0 { 6 } else { 0 };
+        let mut cc = Cc::linux_default(css);
+        cc.en = true;
+        cc.shn = SHN_NORMAL;
+        fabrics::property_set(&mut self.admin, reg::CC, cc.to_u32(), to)?;
+        let start = Instant::now();
+        loop {
+            let csts = Csts::from_u32(fabrics::property_get(&mut self.admin, reg::CSTS, PropertySize::Four, to)? as u32);
+            if csts.shst == SHST_COMPLETE {
+                break;
+            }
+            if start.elapsed() > to {
+                return Err(HostError::Timeout {
+                    what: "shutdown (CSTS.SHST)",
+                    after: to,
+                });
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        self.admin.disconnect();
+        Ok(())
+    }
+}
+
+/// Open and connect I/O queue `qid` with `entries` entries (capped by the
+/// controller's limits) to the controller `info` describes, through `t`
+/// (the calling reactor's transport). `inline_cap` lowers the in-capsule
+/// write limit (`Some(0)` disables in-capsule data).
+///
+/// # Errors
+/// [`HostError::Unsupported`] for `qid` 0 or beyond the granted queues; as
+/// [`HostTransport::open_queue`] and [`fabrics::connect`].
+pub fn connect_io_qpair<U: HostTransport>(
+    t: &U,
+    info: &CtrlInfo,
+    qid: u16,
+    entries: u16,
+    inline_cap: Option<u32>,
+) -> Result<Qpair<U::Queue>, HostError> {
+    if qid == 0 || qid > info.io_queues {
+        return Err(HostError::Unsupported(format!(
+            "I/O queue {qid}: the controller granted {} I/O queues",
+            info.io_queues
+        )));
+    }
+    let entries = entries.clamp(2, info.max_io_entries());
+    let inline_limit = inline_cap.map_or(info.inline_limit(), |c| c.min(info.inline_limit()));
+    let q = t.open_queue(&QueueParams {
+        qid,
+        entries,
+        cntlid: info.cntlid,
+        inline_limit,
+    })?;
+    let mut qp = Qpair::new(q, qid, entries, info.opts.io_timeout);
+    fabrics::connect(&mut qp, &info.who, info.cntlid, 0, info.opts.timeout)?;
+    Ok(qp)
+}
+
+/// Connect to the discovery controller through `t`, read the discovery log
+/// and disconnect.
+///
+/// # Errors
+/// As [`Controller::connect`] and [`Controller::discovery_log`].
+pub fn discover<T: HostTransport>(t: &T, hostnqn: &str, opts: CtrlOptions) -> Result<Vec<DiscoveryLogEntry>, HostError> {
+    let who = HostIdentity {
+        hostnqn: hostnqn.to_string(),
+        hostid: opts.hostid,
+        subnqn: DISCOVERY_NQN.to_string(),
+    };
+    let opts = CtrlOptions {
+        kato: Duration::ZERO,
+        ..opts
+    };
+    let mut c = Controller::connect(t, who, opts)?;
+    let log = c.discovery_log()?;
+    c.admin.disconnect();
+    Ok(log)
+}
+
+fn identify<Q: super::transport::HostQueue>(admin: &mut Qpair<Q>, cns: u8, nsid: u32, to: Duration) -> Result<Vec<u8>, HostError> {
+    let buf = DmaBuf::alloc(IDENTIFY_DATA_SIZE).map_err(|e| HostError::Transport(e.to_string()))?;
+    let cmd = IdentifyCmd::to_cmd(cns, nsid, 0);
+    let (_, data) = admin.exec("Identify", cmd, DataDir::FromCtrl, SgList::from_buf(buf), to)?;
+    let mut out = vec![0u8; IDENTIFY_DATA_SIZE];
+    data.copy_to_slice(&mut out);
+    Ok(out)
+}
+
+fn get_log<Q: super::transport::HostQueue>(admin: &mut Qpair<Q>, lid: u8, nsid: u32, len: usize, lpo: u64, to: Duration) -> Result<Vec<u8>, HostError> {
+    let cmd = GetLogPageCmd::to_cmd(lid, nsid, len as u64, lpo, false, 0).map_err(|e| HostError::Unsupported(e.to_string()))?;
+    let buf = DmaBuf::alloc(len).map_err(|e| HostError::Transport(e.to_string()))?;
+    let (_, data) = admin.exec("Get Log Page", cmd, DataDir::FromCtrl, SgList::from_buf(buf), to)?;
+    let mut out = vec![0u8; len];
+    data.copy_to_slice(&mut out);
+    Ok(out)
+}

@@ -1,0 +1,39 @@
+//! The NVMe-oF host: transport IDs, controllers (admin queue, enable,
+//! Identify, queue count, keep-alive, discovery), I/O queue pairs with
+//! back-pressure and SQ flow control, and the host transports (RDMA over
+//! any verbs provider, in-process loopback).
+//!
+//! ```text
+//! HostTrid ──parse──> Controller<T>::connect(&transport, ..)   admin queue, this reactor
+//!                         │ info(): CtrlInfo (Send)
+//!                         └──> connect_io_qpair(&transport_of_core_n, &info, qid, ..) -> Qpair<T::Queue>
+//! Qpair: read / write / flush / write_zeroes / deallocate -> poll(|Completion| ..)
+//! ```
+//!
+//! The core ([`Qpair`], [`Controller`]) is transport-independent; a
+//! transport implements [`HostTransport`] / [`HostQueue`]
+//! ([`transport`] documents the contract). [`rdma::RdmaHost`] is generic
+//! over a `pollux_verbs::Provider` (soft, ibverbs) and implements the
+//! memory registration modes ([`rdma::MemMode`]).
+
+mod ctrlr;
+mod error;
+pub mod fabrics;
+pub mod loopback;
+mod qpair;
+pub mod rdma;
+pub mod transport;
+pub mod trid;
+
+pub use ctrlr::{
+    connect_io_qpair, discover, Controller, CtrlInfo, CtrlOptions, NsInfo, ReactorLoad,
+    ADMIN_QUEUE_ENTRIES, LID_POLLUX_REACTORS, POLLUX_REACTORS_LOG_SIZE,
+};
+pub use error::{HostError, IoError};
+pub use fabrics::HostIdentity;
+pub use qpair::{Completion, Qpair, SubmitError, SubmitErrorKind, MAX_QUEUE_ENTRIES};
+pub use transport::{DataDir, HostQueue, HostTransport, QueueParams, Queued};
+pub use trid::{HostTrType, HostTrid, DEFAULT_HOSTNQN, DISCOVERY_NQN};
+
+#[cfg(test)]
+mod tests;

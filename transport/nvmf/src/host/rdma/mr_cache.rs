@@ -1,0 +1,74 @@
+//! Registrations of data arenas: one MR per arena, made on first use (or
+//! up front with [`MrCache::register`]) and looked up per I/O by arena id
+//! (a short linear scan, no allocation once every arena is known).
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use pollux_reactor::mem::{ArenaId, DmaArena, DmaBuf};
+use pollux_verbs::{Access, MemoryRegion, Provider, ProtectionDomain};
+
+use super::super::HostError;
+
+/// The MRs of data arenas for one PD.
+pub struct MrCache<P: Provider> {
+    pd: Rc<P::Pd>,
+    access: Access,
+    mrs: RefCell<Vec<(ArenaId, Arc<DmaArena>, P::Mr)>>,
+}
+
+impl<P: Provider> MrCache<P> {
+    pub(crate) fn new(pd: Rc<P::Pd>, access: Access) -> Self {
+        MrCache {
+            pd,
+            access,
+            mrs: RefCell::new(Vec::new()),
+        }
+    }
+
+    /// Register `arena` (control path; a no-op when it is known).
+    ///
+    /// # Errors
+    /// [`HostError::Transport`] when the provider refuses.
+    pub fn register(&self, arena: &Arc<DmaArena>) -> Result<(), HostError> {
+        if self.mrs.borrow().iter().any(|(id, _, _)| *id == arena.id()) {
+            return Ok(());
+        }
+        let mr = self
+            .pd
+            .reg_mr(arena, 0, arena.len(), self.access)
+            .map_err(|e| HostError::Transport(format!("register arena {}: {e}", arena.name())))?;
+        self.mrs.borrow_mut().push((arena.id(), Arc::clone(arena), mr));
+        Ok(())
+    }
+
+    /// `(lkey, rkey)` of the MR that covers `buf` (registering its arena if
+    /// it is new).
+    ///
+    /// # Errors
+    /// As [`MrCache::register`].
+    pub fn keys(&self, buf: &DmaBuf) -> Result<(u32, u32), HostError> {
+        let id = buf.arena_id();
+        if let Some((_, _, mr)) = self.mrs.borrow().iter().find(|(a, _, _)| *a == id) {
+            return Ok((mr.lkey(), mr.rkey()));
+        }
+        self.register(buf.arena())?;
+        self.mrs
+            .borrow()
+            .iter()
+            .find(|(a, _, _)| *a == id)
+            .map(|(_, _, mr)| (mr.lkey(), mr.rkey()))
+            .ok_or_else(|| HostError::Transport("registration vanished".into()))
+    }
+
+    /// Registered arenas.
+    pub fn len(&self) -> usize {
+        self.mrs.borrow().len()
+    }
+
+    /// Whether none is registered.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}

@@ -1,0 +1,627 @@
+//! One NVMe queue over an RC QP: capsule and response buffers, staged WRs
+//! posted once per flush, the per-request completion rule (send completion
+//! + response + key invalidated), and the memory modes.
+
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Instant;
+
+use pollux_reactor::mem::{ArenaOptions, DmaArena, HugepageMode, SgList};
+use pollux_verbs::{
+    Access, CmAddr, CmEvent, CmId, CompletionQueue, ConnParam, Device, MemoryRegion, ProtectionDomain, Provider,
+    QpAttr, QpCaps, QpInit, QpState, QueuePair, RecvWr, SendOp, SendWr, Sge, Wc, WcFlags, WcStatus,
+};
+
+use super::mr_cache::MrCache;
+use super::wrid::{decode, encode, WrKind};
+use super::{MemMode, RdmaHostOptions};
+use crate::host::transport::{DataDir, HostQueue, QueueParams, Queued};
+use crate::host::HostError;
+use crate::spec::cmd::{NvmeCmd, SQE_SIZE};
+use crate::spec::cpl::{NvmeCompletion, CQE_SIZE};
+use crate::spec::rdma_cm::{CmAccept, CmReject, CmRequest};
+use crate::spec::sgl::SglDescriptor;
+
+/// Most data segments of one I/O (fast-registration page list, inline SGEs).
+pub const MAX_DATA_SEGS: usize = 16;
+/// WRs posted per `post_send` call.
+const POST_BATCH: usize = 32;
+/// Completions reaped per CQ poll.
+const POLL_BATCH: usize = 64;
+/// Polls between two looks at the connection manager.
+const CM_CHECK_EVERY: u32 = 1024;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Staged {
+    Reg(u16),
+    Send(u16),
+    Inv(u16),
+}
+
+#[derive(Debug, Clone, Copy)]
+struct RSlot {
+    active: bool,
+    send_done: bool,
+    rsp: Option<NvmeCompletion>,
+    /// A fast-registered key is valid and must be invalidated.
+    mr_valid: bool,
+    inv_posted: bool,
+    key: u32,
+    iova: u64,
+    sges: [Sge; MAX_DATA_SEGS + 1],
+    nsge: usize,
+    pages: [Sge; MAX_DATA_SEGS],
+    npages: usize,
+}
+
+impl Default for RSlot {
+    fn default() -> Self {
+        RSlot {
+            active: false,
+            send_done: false,
+            rsp: None,
+            mr_valid: false,
+            inv_posted: false,
+            key: 0,
+            iova: 0,
+            sges: [Sge::default(); MAX_DATA_SEGS + 1],
+            nsge: 0,
+            pages: [Sge::default(); MAX_DATA_SEGS],
+            npages: 0,
+        }
+    }
+}
+
+/// Counters of one queue (how its requests travelled).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RdmaQueueStats {
+    /// Commands whose data travelled in the capsule.
+    pub inline: u64,
+    /// Fast registrations posted.
+    pub registrations: u64,
+    /// Keys the target invalidated (SEND_WITH_INVALIDATE, checked).
+    pub remote_invalidations: u64,
+    /// LOCAL_INV work requests posted.
+    pub local_invalidations: u64,
+}
+
+/// One RDMA host queue (`!Send`).
+pub struct RdmaQueue<P: Provider> {
+    cm: P::CmId,
+    qp: P::Qp,
+    _frmrs: Vec<P::Mr>,
+    ctrl_mr: P::Mr,
+    cq: P::Cq,
+    _pd: Rc<P::Pd>,
+    ctrl: Arc<DmaArena>,
+    mrs: Rc<MrCache<P>>,
+    qid: u16,
+    entries: u16,
+    rsp_base: usize,
+    mode: MemMode,
+    remote_inv: bool,
+    inline: u32,
+    max_send_sge: usize,
+    slots: Vec<RSlot>,
+    staged: Vec<Staged>,
+    repost: Vec<u16>,
+    wcs: Vec<Wc>,
+    dead: Option<String>,
+    polls: u32,
+    stats: RdmaQueueStats,
+}
+
+impl<P: Provider> std::fmt::Debug for RdmaQueue<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RdmaQueue")
+            .field("qid", &self.qid)
+            .field("entries", &self.entries)
+            .field("mode", &self.mode)
+            .field("dead", &self.dead)
+            .finish()
+    }
+}
+
+fn tr(what: &str) -> impl Fn(pollux_verbs::VerbsError) -> HostError + '_ {
+    move |e| HostError::Transport(format!("{what}: {e}"))
+}
+
+impl<P: Provider> RdmaQueue<P> {
+    /// Create the QP and buffers, connect through the CM and wait for the
+    /// connection (control path).
+    pub(crate) fn connect(
+        dev: &P::Device,
+        pd: &Rc<P::Pd>,
+        mrs: &Rc<MrCache<P>>,
+        addr: &CmAddr,
+        opts: &RdmaHostOptions,
+        p: &QueueParams,
+    ) -> Result<Self, HostError> {
+        let entries = p.entries.max(1);
+        let n = usize::from(entries);
+        let caps = dev.caps();
+        let max_send_sge = (caps.max_sge as usize).clamp(2, MAX_DATA_SEGS + 1);
+        let cq = dev.create_cq(4 * u32::from(entries) + 8).map_err(tr("create CQ"))?;
+        let qp = pd
+            .create_qp(&QpInit {
+                send_cq: &cq,
+                recv_cq: &cq,
+                srq: None,
+                caps: QpCaps {
+                    max_send_wr: 3 * u32::from(entries) + 1,
+                    max_recv_wr: u32::from(entries) + 1,
+                    max_send_sge: max_send_sge as u32,
+                    max_recv_sge: 1,
+                    max_inline_data: 0,
+                },
+                sq_sig_all: false,
+            })
+            .map_err(tr("create QP"))?;
+        let rsp_base = n * SQE_SIZE;
+        let ctrl_len = rsp_base + (n + 1) * CQE_SIZE;
+        let ctrl = DmaArena::new(
+            ctrl_len,
+            ArenaOptions::named(format!("nvmf-host-q{}", p.qid)).hugepages(HugepageMode::Never),
+        )
+        .map_err(|e| HostError::Transport(format!("queue buffers: {e}")))?;
+        let ctrl_mr = pd.reg_mr(&ctrl, 0, ctrl_len, Access::LOCAL_WRITE).map_err(tr("register queue buffers"))?;
+        let mut frmrs = Vec::new();
+        if opts.mem_mode == MemMode::RegisterAlways {
+            frmrs.reserve(n);
+            for _ in 0..n {
+                frmrs.push(pd.alloc_fast_reg_mr(MAX_DATA_SEGS as u32).map_err(tr("allocate fast-reg MR"))?);
+            }
+        }
+        let mut slots = vec![RSlot::default(); n];
+        for (s, mr) in slots.iter_mut().zip(&frmrs) {
+            s.key = mr.lkey();
+        }
+        // Receives go up before the connection, so no response can find
+        // the queue without a buffer.
+        qp.modify(&QpAttr::to(QpState::Init)).map_err(tr("QP to INIT"))?;
+        let req = CmRequest {
+            recfmt: 0,
+            qid: p.qid,
+            hrqsize: entries,
+            hsqsize: entries.saturating_sub(1),
+            cntlid: if p.qid == 0 { 0 } else { p.cntlid },
+        }
+        .encode();
+        let mut param = ConnParam::with_data(&req);
+        param.rnr_retry_count = 7;
+        let inline = if p.qid == 0 { 0 } else { p.inline_limit };
+        let mut me = RdmaQueue {
+            cm: dev.connect(addr, &qp, &param).map_err(|e| HostError::Unreachable(format!("{addr}: {e}")))?,
+            qp,
+            _frmrs: frmrs,
+            ctrl_mr,
+            cq,
+            _pd: Rc::clone(pd),
+            ctrl,
+            mrs: Rc::clone(mrs),
+            qid: p.qid,
+            entries,
+            rsp_base,
+            mode: opts.mem_mode,
+            remote_inv: opts.remote_invalidate,
+            inline,
+            max_send_sge,
+            slots,
+            staged: Vec::with_capacity(3 * n + 1),
+            repost: Vec::with_capacity(n + 1),
+            wcs: vec![Wc::default(); POLL_BATCH],
+            dead: None,
+            polls: 0,
+            stats: RdmaQueueStats::default(),
+        };
+        me.repost.extend(0..=entries);
+        me.post_recvs()?;
+        let start = Instant::now();
+        loop {
+            match me.cm.get_event().map_err(tr("connection manager"))? {
+                Some(CmEvent::Established { private_data }) => {
+                    if let Ok(acc) = CmAccept::parse(private_data.as_bytes()) {
+                        log::debug!("nvmf host: queue {} connected, target CRQSIZE {}", p.qid, acc.crqsize);
+                    }
+                    break;
+                }
+                Some(CmEvent::Rejected { reason, private_data }) => {
+                    if reason == pollux_verbs::cm::REJECT_REASON_INVALID_SERVICE_ID {
+                        return Err(HostError::Unreachable(addr.to_string()));
+                    }
+                    let status = CmReject::parse(private_data.as_bytes())
+                        .map(|r| r.status)
+                        .unwrap_or(crate::spec::rdma_cm::CmRejectStatus::from_code(0));
+                    return Err(HostError::Rejected { qid: p.qid, status });
+                }
+                Some(CmEvent::Unreachable) => return Err(HostError::Unreachable(addr.to_string())),
+                Some(ev) => return Err(HostError::Disconnected(format!("connecting queue {}: {ev:?}", p.qid))),
+                None => {}
+            }
+            if start.elapsed() > opts.connect_timeout {
+                return Err(HostError::Timeout {
+                    what: "RDMA connection",
+                    after: opts.connect_timeout,
+                });
+            }
+            match pollux_reactor::Reactor::current() {
+                // An in-process target on this reactor makes progress.
+                Some(r) => {
+                    r.poll_once();
+                }
+                None => std::thread::yield_now(),
+            }
+        }
+        Ok(me)
+    }
+
+    fn post_recvs(&mut self) -> Result<(), HostError> {
+        let lkey = self.ctrl_mr.lkey();
+        let base = self.ctrl_mr.addr() + self.rsp_base as u64;
+        let mut i = 0;
+        while i < self.repost.len() {
+            let end = (i + POST_BATCH).min(self.repost.len());
+            let mut sges = [Sge::default(); POST_BATCH];
+            for (k, &r) in self.repost[i..end].iter().enumerate() {
+                sges[k] = Sge {
+                    addr: base + u64::from(r) * CQE_SIZE as u64,
+                    length: CQE_SIZE as u32,
+                    lkey,
+                };
+            }
+            let mut wrs = [RecvWr {
+                wr_id: pollux_verbs::WrId(0),
+                sg_list: &[],
+            }; POST_BATCH];
+            for k in 0..end - i {
+                wrs[k] = RecvWr {
+                    wr_id: encode(WrKind::Recv, self.repost[i + k]),
+                    sg_list: std::slice::from_ref(&sges[k]),
+                };
+            }
+            self.qp
+                .post_recv(&wrs[..end - i])
+                .map_err(|e| HostError::Disconnected(format!("post receive: {e}")))?;
+            i = end;
+        }
+        self.repost.clear();
+        Ok(())
+    }
+
+    fn post_staged(&mut self) -> Result<(), HostError> {
+        let access = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
+        let mut i = 0;
+        while i < self.staged.len() {
+            let end = (i + POST_BATCH).min(self.staged.len());
+            let dummy = SendWr::new(pollux_verbs::WrId(0), SendOp::Send, &[]);
+            let mut wrs = [dummy; POST_BATCH];
+            for (k, op) in self.staged[i..end].iter().enumerate() {
+                wrs[k] = match *op {
+                    Staged::Reg(slot) => {
+                        let s = &self.slots[usize::from(slot)];
+                        SendWr::new(
+                            encode(WrKind::Reg, slot),
+                            SendOp::RegMr {
+                                key: s.key,
+                                iova: s.iova,
+                                access,
+                            },
+                            &s.pages[..s.npages],
+                        )
+                    }
+                    Staged::Send(slot) => {
+                        let s = &self.slots[usize::from(slot)];
+                        SendWr::new(encode(WrKind::Send, slot), SendOp::Send, &s.sges[..s.nsge]).signaled()
+                    }
+                    Staged::Inv(slot) => {
+                        let s = &self.slots[usize::from(slot)];
+                        SendWr::new(encode(WrKind::Inv, slot), SendOp::LocalInv { key: s.key }, &[]).signaled()
+                    }
+                };
+            }
+            self.qp
+                .post_send(&wrs[..end - i])
+                .map_err(|e| HostError::Disconnected(format!("post send: {e}")))?;
+            i = end;
+        }
+        self.staged.clear();
+        Ok(())
+    }
+
+    fn fail(&mut self, why: String) -> HostError {
+        if self.dead.is_none() {
+            log::debug!("nvmf host: RDMA queue {} failed: {why}", self.qid);
+            self.dead = Some(why.clone());
+            let _ = self.cm.disconnect();
+        }
+        HostError::Disconnected(why)
+    }
+
+    fn check_cm(&mut self) -> Result<(), HostError> {
+        match self.cm.get_event() {
+            Ok(Some(CmEvent::Disconnected)) => Err(self.fail("the target disconnected".into())),
+            Ok(Some(ev)) => {
+                log::debug!("nvmf host: queue {}: CM event {ev:?}", self.qid);
+                Ok(())
+            }
+            Ok(None) => Ok(()),
+            Err(e) => Err(self.fail(format!("connection manager: {e}"))),
+        }
+    }
+
+    /// Queue id.
+    pub fn qid(&self) -> u16 {
+        self.qid
+    }
+
+    /// The memory mode.
+    pub fn mem_mode(&self) -> MemMode {
+        self.mode
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> RdmaQueueStats {
+        self.stats
+    }
+
+    fn describe(&mut self, slot: u16, cmd: &mut NvmeCmd, dir: DataDir, data: &SgList) -> Result<(), HostError> {
+        let si = usize::from(slot);
+        let nseg = data.len();
+        let len = u32::try_from(data.total_len()).map_err(|_| HostError::Unsupported("transfer over 4 GiB".into()))?;
+        let sqe_addr = self.ctrl_mr.addr() + (si * SQE_SIZE) as u64;
+        let ctrl_lkey = self.ctrl_mr.lkey();
+        let mut s = self.slots[si];
+        s.sges[0] = Sge {
+            addr: sqe_addr,
+            length: SQE_SIZE as u32,
+            lkey: ctrl_lkey,
+        };
+        s.nsge = 1;
+        s.npages = 0;
+        let inline_ok = dir == DataDir::ToCtrl
+            && len > 0
+            && len <= self.inline
+            && nseg + 1 <= self.max_send_sge
+            && nseg <= MAX_DATA_SEGS;
+        if dir == DataDir::None || len == 0 {
+            cmd.set_sgl(&SglDescriptor::null());
+        } else if inline_ok {
+            for (k, b) in data.iter().enumerate() {
+                let (lkey, _) = self.mrs.keys(b)?;
+                s.sges[1 + k] = Sge {
+                    addr: b.addr() as u64,
+                    length: b.len() as u32,
+                    lkey,
+                };
+            }
+            s.nsge = 1 + nseg;
+            self.stats.inline += 1;
+            cmd.set_sgl(&SglDescriptor::in_capsule(0, len));
+        } else {
+            match self.mode {
+                MemMode::Pool => {
+                    let first = data.iter().next().ok_or_else(|| HostError::Unsupported("no buffer".into()))?;
+                    // One keyed descriptor: the buffers must be contiguous.
+                    let mut next = first.addr();
+                    for b in data.iter() {
+                        if b.addr() != next || b.arena_id() != first.arena_id() {
+                            return Err(HostError::Unsupported(
+                                "pool mode needs one contiguous buffer per I/O".into(),
+                            ));
+                        }
+                        next += b.len();
+                    }
+                    let (_, rkey) = self.mrs.keys(first)?;
+                    let sgl = SglDescriptor::keyed(first.addr() as u64, len, rkey, false)
+                        .map_err(|e| HostError::Unsupported(e.to_string()))?;
+                    cmd.set_sgl(&sgl);
+                }
+                MemMode::RegisterAlways => {
+                    if nseg > MAX_DATA_SEGS {
+                        return Err(HostError::Unsupported(format!("{nseg} segments (at most {MAX_DATA_SEGS})")));
+                    }
+                    if s.mr_valid {
+                        return Err(HostError::Protocol("registration key still valid".into()));
+                    }
+                    for (k, b) in data.iter().enumerate() {
+                        let (lkey, _) = self.mrs.keys(b)?;
+                        s.pages[k] = Sge {
+                            addr: b.addr() as u64,
+                            length: b.len() as u32,
+                            lkey,
+                        };
+                    }
+                    s.npages = nseg;
+                    s.iova = s.pages[0].addr;
+                    s.key = (s.key & !0xFF) | (s.key.wrapping_add(1) & 0xFF);
+                    s.mr_valid = true;
+                    self.stats.registrations += 1;
+                    let sgl = SglDescriptor::keyed(s.iova, len, s.key, self.remote_inv)
+                        .map_err(|e| HostError::Unsupported(e.to_string()))?;
+                    cmd.set_sgl(&sgl);
+                }
+            }
+        }
+        s.active = true;
+        s.send_done = false;
+        s.rsp = None;
+        s.inv_posted = false;
+        self.slots[si] = s;
+        Ok(())
+    }
+
+    fn try_complete(&mut self, slot: u16, done: &mut Vec<(u16, NvmeCompletion)>) {
+        let s = &mut self.slots[usize::from(slot)];
+        if s.active && s.send_done && !s.mr_valid {
+            if let Some(cpl) = s.rsp {
+                s.active = false;
+                done.push((slot, cpl));
+            }
+        }
+    }
+
+    fn on_wc(&mut self, wc: Wc, done: &mut Vec<(u16, NvmeCompletion)>) -> Result<(), HostError> {
+        let Some((kind, idx)) = decode(wc.wr_id) else {
+            return Err(self.fail(format!("completion with an unknown token {:#x}", wc.wr_id.0)));
+        };
+        if wc.status != WcStatus::Success {
+            let why = if wc.status == WcStatus::WrFlushErr {
+                "the connection was flushed (target gone)".to_string()
+            } else {
+                format!("{kind:?} work request failed: {:?}", wc.status)
+            };
+            return Err(self.fail(why));
+        }
+        match kind {
+            WrKind::Recv => {
+                if idx > self.entries {
+                    return Err(self.fail(format!("receive token {idx} out of range")));
+                }
+                let mut raw = [0u8; CQE_SIZE];
+                let off = self.rsp_base + usize::from(idx) * CQE_SIZE;
+                if wc.byte_len as usize != CQE_SIZE || self.ctrl.copy_out(off, &mut raw).is_err() {
+                    return Err(self.fail(format!("response of {} bytes", wc.byte_len)));
+                }
+                self.repost.push(idx);
+                let Ok(cpl) = NvmeCompletion::parse(&raw) else {
+                    return Err(self.fail("malformed response".into()));
+                };
+                let slot = cpl.cid & 0x3FF;
+                let Some(s) = self.slots.get_mut(usize::from(slot)) else {
+                    return Err(self.fail(format!("response for unknown cid {:#x}", cpl.cid)));
+                };
+                if !s.active || s.rsp.is_some() {
+                    return Err(self.fail(format!("unexpected response for cid {:#x}", cpl.cid)));
+                }
+                s.rsp = Some(cpl);
+                if s.mr_valid {
+                    if wc.flags.contains(WcFlags::WITH_INV) {
+                        if wc.imm != s.key {
+                            let (got, want) = (wc.imm, s.key);
+                            return Err(self.fail(format!("target invalidated key {got:#x}, expected {want:#x}")));
+                        }
+                        s.mr_valid = false;
+                        self.stats.remote_invalidations += 1;
+                    } else if !s.inv_posted {
+                        s.inv_posted = true;
+                        self.stats.local_invalidations += 1;
+                        self.staged.push(Staged::Inv(slot));
+                    }
+                } else if wc.flags.contains(WcFlags::WITH_INV) {
+                    return Err(self.fail(format!("target invalidated key {:#x} the host did not ask for", wc.imm)));
+                }
+                self.try_complete(slot, done);
+            }
+            WrKind::Send => {
+                if let Some(s) = self.slots.get_mut(usize::from(idx)) {
+                    s.send_done = true;
+                }
+                self.try_complete(idx, done);
+            }
+            WrKind::Inv => {
+                if let Some(s) = self.slots.get_mut(usize::from(idx)) {
+                    s.mr_valid = false;
+                    s.inv_posted = false;
+                }
+                self.try_complete(idx, done);
+            }
+            WrKind::Reg => {}
+        }
+        Ok(())
+    }
+}
+
+impl<P: Provider> HostQueue for RdmaQueue<P> {
+    fn max_inline(&self) -> u32 {
+        self.inline
+    }
+
+    fn queue_cmd(&mut self, slot: u16, cmd: &mut NvmeCmd, dir: DataDir, data: &SgList) -> Result<Queued, HostError> {
+        if let Some(d) = &self.dead {
+            return Err(HostError::Disconnected(d.clone()));
+        }
+        let si = usize::from(slot);
+        if si >= self.slots.len() {
+            return Err(HostError::Protocol(format!("slot {slot} out of range")));
+        }
+        if self.slots[si].active {
+            // The previous command of this slot is still waiting for its
+            // send completion or invalidation.
+            return Ok(Queued::Busy);
+        }
+        self.describe(slot, cmd, dir, data)?;
+        let mut sqe = [0u8; SQE_SIZE];
+        cmd.encode_into(&mut sqe);
+        self.ctrl
+            .copy_in(si * SQE_SIZE, &sqe)
+            .map_err(|e| HostError::Transport(e.to_string()))?;
+        if self.slots[si].npages > 0 {
+            self.staged.push(Staged::Reg(slot));
+        }
+        self.staged.push(Staged::Send(slot));
+        Ok(Queued::Yes)
+    }
+
+    fn flush(&mut self) -> Result<(), HostError> {
+        if let Some(d) = &self.dead {
+            return Err(HostError::Disconnected(d.clone()));
+        }
+        if let Err(e) = self.post_staged() {
+            return Err(self.fail(e.to_string()));
+        }
+        Ok(())
+    }
+
+    fn poll(&mut self, done: &mut Vec<(u16, NvmeCompletion)>) -> Result<bool, HostError> {
+        if let Some(d) = &self.dead {
+            return Err(HostError::Disconnected(d.clone()));
+        }
+        self.polls = self.polls.wrapping_add(1);
+        let mut wcs = std::mem::take(&mut self.wcs);
+        let n = match self.cq.poll(&mut wcs) {
+            Ok(n) => n,
+            Err(e) => {
+                self.wcs = wcs;
+                return Err(self.fail(format!("completion queue: {e}")));
+            }
+        };
+        let mut res = Ok(n > 0);
+        for wc in &wcs[..n] {
+            if let Err(e) = self.on_wc(*wc, done) {
+                res = Err(e);
+                break;
+            }
+        }
+        self.wcs = wcs;
+        res?;
+        if !self.repost.is_empty() {
+            if let Err(e) = self.post_recvs() {
+                return Err(self.fail(e.to_string()));
+            }
+        }
+        if !self.staged.is_empty() {
+            self.flush()?;
+        }
+        if n == 0 && self.polls % CM_CHECK_EVERY == 0 {
+            self.check_cm()?;
+        }
+        Ok(n > 0)
+    }
+
+    fn abandon(&mut self, slot: u16) {
+        if let Some(s) = self.slots.get_mut(usize::from(slot)) {
+            // The QP is dead; its fast-reg key is unusable by the target.
+            *s = RSlot {
+                key: s.key,
+                ..RSlot::default()
+            };
+        }
+    }
+
+    fn disconnect(&mut self) {
+        if self.dead.is_none() {
+            self.dead = Some("disconnected by the host".into());
+            let _ = self.cm.disconnect();
+        }
+    }
+}

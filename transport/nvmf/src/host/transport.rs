@@ -1,0 +1,125 @@
+//! The contract between the host core ([`Qpair`](super::Qpair),
+//! [`Controller`](super::Controller)) and a host transport (RDMA over any
+//! verbs provider, loopback).
+//!
+//! The core owns requests: their slots (one per queue entry), command ids,
+//! SQ flow control, timeouts and the caller's buffers. A transport only
+//! carries capsules: it describes the data of each command (keyed SGL,
+//! in-capsule data), sends the capsule, and reports each command's
+//! completion once it is safe to hand the buffers back (RDMA: the send
+//! completion and the response arrived, and the memory key is invalidated).
+
+use pollux_reactor::mem::SgList;
+
+use super::HostError;
+use crate::spec::cmd::NvmeCmd;
+use crate::spec::cpl::NvmeCompletion;
+
+/// Direction of a command's data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DataDir {
+    /// No data.
+    None,
+    /// Host to controller (write, Connect data, DSM ranges).
+    ToCtrl,
+    /// Controller to host (read, Identify, logs).
+    FromCtrl,
+}
+
+/// What a transport needs to open one queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueParams {
+    /// Queue id (0 = admin).
+    pub qid: u16,
+    /// Queue entries (the SQ size, 1-based): the most commands in flight.
+    pub entries: u16,
+    /// The controller id (I/O queues; 0xFFFF on the admin queue).
+    pub cntlid: u16,
+    /// Largest in-capsule write the host may send on this queue (0 on the
+    /// admin queue); the transport may lower it (see
+    /// [`HostQueue::max_inline`]).
+    pub inline_limit: u32,
+}
+
+/// How [`HostQueue::queue_cmd`] answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Queued {
+    /// The command will go out at the next [`HostQueue::flush`].
+    Yes,
+    /// No transport resources right now (send queue, registration keys):
+    /// try again after a poll. Never a failure.
+    Busy,
+}
+
+/// One connected queue of a host transport (`!Send`: lives on one reactor).
+/// Data-path methods allocate nothing and take no lock.
+pub trait HostQueue {
+    /// The largest write that travels in the capsule (0: none).
+    fn max_inline(&self) -> u32;
+
+    /// Prepare `cmd` (its CID set by the core) for slot `slot`: set its SGL
+    /// for `data` in direction `dir` and stage the work. `data` stays owned
+    /// by the core and untouched until [`HostQueue::poll`] reports the slot.
+    ///
+    /// # Errors
+    /// [`HostError::Unsupported`] when the data cannot be described (too
+    /// many segments, not registrable), [`HostError::Disconnected`].
+    fn queue_cmd(
+        &mut self,
+        slot: u16,
+        cmd: &mut NvmeCmd,
+        dir: DataDir,
+        data: &SgList,
+    ) -> Result<Queued, HostError>;
+
+    /// Ring the doorbell: post everything staged since the last flush.
+    ///
+    /// # Errors
+    /// [`HostError::Disconnected`] when the queue is dead.
+    fn flush(&mut self) -> Result<(), HostError>;
+
+    /// Reap completions: push `(slot, completion)` for every command that is
+    /// finished (response received and its resources released) into `done`.
+    /// Returns whether it did any work.
+    ///
+    /// # Errors
+    /// [`HostError::Disconnected`] (or another error) when the queue died:
+    /// the core then fails every outstanding command.
+    fn poll(&mut self, done: &mut Vec<(u16, NvmeCompletion)>) -> Result<bool, HostError>;
+
+    /// Called by the core before it hands `data` of a finished slot back
+    /// (the loopback transport copies read data here). Default: nothing.
+    fn finish(&mut self, _slot: u16, _data: &mut SgList) {}
+
+    /// Forget slot `slot` of a dead queue (its command will never complete).
+    fn abandon(&mut self, _slot: u16) {}
+
+    /// Tear the queue down (idempotent).
+    fn disconnect(&mut self);
+}
+
+/// A host transport on one reactor: opens queues to one target address.
+pub trait HostTransport {
+    /// Its queues.
+    type Queue: HostQueue;
+
+    /// Short name (`"rdma"`, `"soft"`, `"loop"`).
+    fn name(&self) -> &'static str;
+
+    /// Register a data arena up front (RDMA: one MR per arena), so no
+    /// registration happens on the data path. Default: nothing to do.
+    ///
+    /// # Errors
+    /// [`HostError::Transport`] when the memory cannot be registered.
+    fn register_memory(&self, _arena: &std::sync::Arc<pollux_reactor::mem::DmaArena>) -> Result<(), HostError> {
+        Ok(())
+    }
+
+    /// Open (transport-connect) one queue; the core sends the Fabrics
+    /// Connect through it next.
+    ///
+    /// # Errors
+    /// [`HostError::Unreachable`], [`HostError::Rejected`],
+    /// [`HostError::Timeout`], [`HostError::Transport`].
+    fn open_queue(&self, params: &QueueParams) -> Result<Self::Queue, HostError>;
+}

@@ -1,0 +1,453 @@
+//! Admin commands: Identify, Get Log Page, Set/Get Features, Asynchronous
+//! Event Request, Keep Alive and Abort, for I/O and discovery controllers.
+//! They run on the admin queue's reactor and take the controller's and the
+//! subsystem's locks (control path).
+
+use super::ctrlr::ERROR_LOG_ENTRIES;
+use super::qpair::{ExecOutcome, QueuePair, AER_LIMIT};
+use super::req::{Dir, Exec, ParkQ, Plan};
+use crate::spec::cmd::{AbortCmd, AdminOpcode, NvmeCmd};
+use crate::spec::cpl::NvmeStatus;
+use crate::spec::features::{
+    fid, num_queues_value, parse_num_queues, FeatureCmd, AEN_DISCOVERY_CHANGE, AEN_NS_ATTR,
+};
+use crate::spec::identify::{
+    cns, encode_ns_id_descriptors, encode_ns_list, IdentifyCmd, IdentifyController,
+    IdentifyNamespace, LbaFormat, NsIdDescriptor, CMIC_MULTI_CTRL, CNTRLTYPE_DISCOVERY,
+    CNTRLTYPE_IO, CTRATT_HOSTID_128, IDENTIFY_DATA_SIZE, LPA_EXTENDED, ONCS_DSM, ONCS_WRITE_ZEROES,
+    SGLS_KEYED, SGLS_OFFSET, SGLS_SUPPORTED,
+};
+use crate::spec::log_page::{
+    encode_changed_ns_list, lid, GetLogPageCmd, SmartLog, CHANGED_NS_LIST_SIZE,
+    ERROR_LOG_ENTRY_SIZE, SMART_LOG_SIZE,
+};
+use crate::spec::property::VS_1_3;
+
+/// Host identifier size (Get Features 0x81 with EXHID).
+const HOST_ID_SIZE: u32 = 16;
+/// Composite temperature reported in SMART (kelvin).
+const SMART_TEMPERATURE_K: u16 = 313;
+/// NSID meaning "all namespaces".
+const NSID_ALL: u32 = 0xFFFF_FFFF;
+
+impl QueuePair {
+    /// Admin queue: what a command needs.
+    pub(crate) fn classify_admin(&self, cmd: &NvmeCmd) -> Result<Plan, NvmeStatus> {
+        if cmd.is_fabrics() {
+            return self.classify_fabrics_admin(cmd);
+        }
+        let Some(ctrl) = &self.ctrlr else {
+            return Err(NvmeStatus::COMMAND_SEQUENCE_ERROR);
+        };
+        let disc = ctrl.subsystem().is_discovery();
+        if !ctrl.is_ready() {
+            return Err(NvmeStatus::COMMAND_SEQUENCE_ERROR);
+        }
+        let Some(op) = AdminOpcode::from_code(cmd.opcode) else {
+            return Err(NvmeStatus::INVALID_OPCODE);
+        };
+        let exec = Exec::Admin(op);
+        match op {
+            AdminOpcode::Identify => {
+                let id = IdentifyCmd::from_cmd(cmd);
+                let ok = match id.cns {
+                    cns::CONTROLLER => true,
+                    cns::NAMESPACE | cns::ACTIVE_NS_LIST | cns::NS_ID_DESCRIPTORS => !disc,
+                    cns::CSI_CONTROLLER => !disc && id.csi == 0,
+                    _ => false,
+                };
+                if !ok {
+                    return Err(NvmeStatus::INVALID_FIELD);
+                }
+                Ok(Plan::new(exec, Dir::ToHost, IDENTIFY_DATA_SIZE as u32))
+            }
+            AdminOpcode::GetLogPage => {
+                let g = GetLogPageCmd::from_cmd(cmd);
+                let ok = if disc {
+                    g.lid == lid::DISCOVERY
+                } else {
+                    matches!(
+                        g.lid,
+                        lid::ERROR | lid::SMART | lid::FW_SLOT | lid::CHANGED_NS_LIST
+                    )
+                };
+                if !ok || g.lpo % 4 != 0 || g.len() > u64::from(self.target.options().max_io_size) {
+                    return Err(NvmeStatus::INVALID_FIELD);
+                }
+                Ok(Plan::new(exec, Dir::ToHost, g.len() as u32))
+            }
+            AdminOpcode::SetFeatures => {
+                let f = FeatureCmd::from_cmd(cmd);
+                if f.fid == fid::HOST_IDENTIFIER {
+                    return Err(NvmeStatus::COMMAND_SEQUENCE_ERROR);
+                }
+                Ok(Plan::no_data(exec))
+            }
+            AdminOpcode::GetFeatures => {
+                let f = FeatureCmd::from_cmd(cmd);
+                if f.fid == fid::HOST_IDENTIFIER {
+                    if f.cdw11 & 1 == 0 {
+                        return Err(NvmeStatus::INVALID_FIELD);
+                    }
+                    return Ok(Plan::new(exec, Dir::ToHost, HOST_ID_SIZE));
+                }
+                Ok(Plan::no_data(exec))
+            }
+            AdminOpcode::AsyncEventRequest | AdminOpcode::KeepAlive => Ok(Plan::no_data(exec)),
+            AdminOpcode::Abort if !disc => Ok(Plan::no_data(exec)),
+            _ => Err(NvmeStatus::INVALID_OPCODE),
+        }
+    }
+
+    /// Execute an admin command.
+    pub(crate) fn exec_admin(&mut self, slot: u16, op: AdminOpcode) -> ExecOutcome {
+        let st = match op {
+            AdminOpcode::Identify => self.exec_identify(slot),
+            AdminOpcode::GetLogPage => self.exec_get_log_page(slot),
+            AdminOpcode::SetFeatures => self.exec_set_features(slot),
+            AdminOpcode::GetFeatures => self.exec_get_features(slot),
+            AdminOpcode::KeepAlive => self.exec_keep_alive(),
+            AdminOpcode::Abort => self.exec_abort(slot),
+            AdminOpcode::AsyncEventRequest => return self.exec_aer(slot),
+            _ => NvmeStatus::INVALID_OPCODE,
+        };
+        ExecOutcome::Done(st)
+    }
+
+    fn exec_identify(&mut self, slot: u16) -> NvmeStatus {
+        let si = usize::from(slot);
+        let id = IdentifyCmd::from_cmd(&self.reqs[si].cmd);
+        let Some(ctrl) = self.ctrlr.clone() else {
+            return NvmeStatus::COMMAND_SEQUENCE_ERROR;
+        };
+        let subsys = ctrl.subsystem();
+        let mut page = [0u8; IDENTIFY_DATA_SIZE];
+        match id.cns {
+            cns::CONTROLLER => self.identify_controller().encode_into(&mut page),
+            cns::NAMESPACE => {
+                if id.nsid == 0 || id.nsid == NSID_ALL {
+                    return NvmeStatus::INVALID_NAMESPACE;
+                }
+                // An inactive NSID reads as zeroes (as the Linux target).
+                if let Some(ns) = subsys.namespace(id.nsid) {
+                    let info = IdentifyNamespace {
+                        nsze: ns.num_blocks(),
+                        ncap: ns.num_blocks(),
+                        nuse: ns.num_blocks(),
+                        nmic: 1,
+                        nguid: ns.nguid(),
+                        eui64: ns.eui64(),
+                        lbaf: vec![LbaFormat {
+                            ms: 0,
+                            lbads: ns.block_size().trailing_zeros() as u8,
+                            rp: 0,
+                        }],
+                        ..IdentifyNamespace::default()
+                    };
+                    info.encode_into(&mut page);
+                }
+            }
+            cns::ACTIVE_NS_LIST => {
+                if id.nsid >= 0xFFFF_FFFE {
+                    return NvmeStatus::INVALID_NAMESPACE;
+                }
+                let ids = subsys
+                    .namespaces()
+                    .iter()
+                    .map(|n| n.nsid())
+                    .filter(|&n| n > id.nsid)
+                    .collect::<Vec<_>>();
+                encode_ns_list(ids, &mut page);
+            }
+            cns::NS_ID_DESCRIPTORS => {
+                let Some(ns) = subsys.namespace(id.nsid) else {
+                    return NvmeStatus::INVALID_NAMESPACE;
+                };
+                let d = [
+                    NsIdDescriptor::Eui64(ns.eui64()),
+                    NsIdDescriptor::Nguid(ns.nguid()),
+                    NsIdDescriptor::Uuid(ns.uuid()),
+                    NsIdDescriptor::Csi(0),
+                ];
+                encode_ns_id_descriptors(&d, &mut page);
+            }
+            // CSI_CONTROLLER for the NVM command set: all zero.
+            _ => {}
+        }
+        self.reqs[si].write_data(&page);
+        NvmeStatus::SUCCESS
+    }
+
+    /// Identify Controller data for this queue's controller.
+    pub(crate) fn identify_controller(&self) -> IdentifyController {
+        let opts = self.target.options();
+        let (cntlid, subsys) = match &self.ctrlr {
+            Some(c) => (c.cntlid(), c.subsystem().clone()),
+            None => (0, self.target.discovery_subsystem().clone()),
+        };
+        let disc = subsys.is_discovery();
+        let icd = opts.in_capsule_data_size;
+        let mut sgls = SGLS_SUPPORTED | SGLS_KEYED;
+        if icd > 0 {
+            sgls |= SGLS_OFFSET;
+        }
+        IdentifyController {
+            sn: subsys.serial().to_owned(),
+            mn: subsys.model().to_owned(),
+            fr: env!("CARGO_PKG_VERSION").chars().take(8).collect(),
+            rab: 6,
+            cmic: if disc { 0 } else { CMIC_MULTI_CTRL },
+            mdts: opts.mdts(),
+            cntlid,
+            ver: VS_1_3,
+            oaes: if disc {
+                AEN_DISCOVERY_CHANGE
+            } else {
+                AEN_NS_ATTR
+            },
+            ctratt: CTRATT_HOSTID_128,
+            cntrltype: if disc {
+                CNTRLTYPE_DISCOVERY
+            } else {
+                CNTRLTYPE_IO
+            },
+            acl: 3,
+            aerl: (AER_LIMIT - 1) as u8,
+            frmw: 0x3,
+            lpa: LPA_EXTENDED,
+            elpe: (ERROR_LOG_ENTRIES - 1) as u8,
+            kas: 10,
+            sqes: 0x66,
+            cqes: 0x44,
+            maxcmd: opts.max_queue_depth,
+            nn: if disc { 0 } else { subsys.max_namespaces() },
+            oncs: if disc {
+                0
+            } else {
+                ONCS_DSM | ONCS_WRITE_ZEROES
+            },
+            vwc: u8::from(!disc),
+            sgls,
+            subnqn: subsys.nqn().to_owned(),
+            ioccsz: (64 + icd) / 16,
+            iorcsz: 1,
+            icdoff: 0,
+            fcatt: 0,
+            msdbd: 1,
+            psd0_max_power: 0x9C4,
+            psd0_entry_lat: 0x10,
+            psd0_exit_lat: 0x4,
+            ..IdentifyController::default()
+        }
+    }
+
+    fn exec_get_log_page(&mut self, slot: u16) -> NvmeStatus {
+        let si = usize::from(slot);
+        let g = GetLogPageCmd::from_cmd(&self.reqs[si].cmd);
+        let Some(ctrl) = self.ctrlr.clone() else {
+            return NvmeStatus::COMMAND_SEQUENCE_ERROR;
+        };
+        let log: Vec<u8> = match g.lid {
+            lid::ERROR => {
+                let st = ctrl.lock();
+                let mut v = vec![0u8; ERROR_LOG_ENTRIES * ERROR_LOG_ENTRY_SIZE];
+                for (i, e) in st.error_log.iter().enumerate() {
+                    let at = i * ERROR_LOG_ENTRY_SIZE;
+                    v[at..at + ERROR_LOG_ENTRY_SIZE].copy_from_slice(&e.encode());
+                }
+                v
+            }
+            lid::SMART => {
+                let errs = ctrl.lock().error_count;
+                SmartLog {
+                    temperature: SMART_TEMPERATURE_K,
+                    available_spare: 100,
+                    spare_threshold: 10,
+                    num_err_log_entries: u128::from(errs),
+                    ..SmartLog::default()
+                }
+                .encode()
+                .to_vec()
+            }
+            lid::FW_SLOT => {
+                let mut v = vec![0u8; SMART_LOG_SIZE];
+                v[0] = 1; // active firmware: slot 1
+                let fr = env!("CARGO_PKG_VERSION").as_bytes();
+                let n = fr.len().min(8);
+                v[8..8 + n].copy_from_slice(&fr[..n]);
+                v
+            }
+            lid::CHANGED_NS_LIST => {
+                let mut page = [0u8; CHANGED_NS_LIST_SIZE];
+                let mut st = ctrl.lock();
+                encode_changed_ns_list(&st.changed_ns, st.changed_ns_overflow, &mut page);
+                if !g.rae {
+                    st.changed_ns.clear();
+                    st.changed_ns_overflow = false;
+                    st.ns_notice_masked = false;
+                }
+                page.to_vec()
+            }
+            lid::DISCOVERY => {
+                let log = self
+                    .target
+                    .discovery_log(ctrl.hostnqn(), Some(&self.params.listener));
+                if !g.rae {
+                    ctrl.lock().disc_notice_masked = false;
+                }
+                log
+            }
+            _ => return NvmeStatus::INVALID_FIELD,
+        };
+        let Ok(lpo) = usize::try_from(g.lpo) else {
+            return NvmeStatus::INVALID_FIELD;
+        };
+        if lpo > log.len() {
+            return NvmeStatus::INVALID_FIELD;
+        }
+        let len = g.len() as usize;
+        let mut out = vec![0u8; len];
+        let n = (log.len() - lpo).min(len);
+        out[..n].copy_from_slice(&log[lpo..lpo + n]);
+        self.reqs[si].write_data(&out);
+        NvmeStatus::SUCCESS
+    }
+
+    fn exec_set_features(&mut self, slot: u16) -> NvmeStatus {
+        let si = usize::from(slot);
+        let f = FeatureCmd::from_cmd(&self.reqs[si].cmd);
+        let Some(ctrl) = self.ctrlr.clone() else {
+            return NvmeStatus::COMMAND_SEQUENCE_ERROR;
+        };
+        let disc = ctrl.subsystem().is_discovery();
+        match f.fid {
+            fid::KEEP_ALIVE_TIMER => {
+                ctrl.lock().kato_ms = f.cdw11;
+                self.arm_keep_alive(f.cdw11);
+                NvmeStatus::SUCCESS
+            }
+            fid::ASYNC_EVENT_CONFIG => {
+                let supported = if disc {
+                    AEN_DISCOVERY_CHANGE
+                } else {
+                    AEN_NS_ATTR
+                };
+                ctrl.lock().aec = f.cdw11 & supported;
+                NvmeStatus::SUCCESS
+            }
+            _ if disc => NvmeStatus::INVALID_FIELD,
+            fid::NUMBER_OF_QUEUES => {
+                let Some((nsq, ncq)) = parse_num_queues(f.cdw11) else {
+                    return NvmeStatus::INVALID_FIELD;
+                };
+                let max = u32::from(ctrl.subsystem().max_io_queues());
+                let mut st = ctrl.lock();
+                if !st.io_qids.is_empty() {
+                    return NvmeStatus::COMMAND_SEQUENCE_ERROR;
+                }
+                let (nsq, ncq) = (nsq.min(max), ncq.min(max));
+                st.io_queues = nsq.min(ncq) as u16;
+                st.io_queues_set = true;
+                self.reqs[si].dw0 = num_queues_value(nsq, ncq);
+                NvmeStatus::SUCCESS
+            }
+            fid::VOLATILE_WRITE_CACHE
+            | fid::ARBITRATION
+            | fid::POWER_MANAGEMENT
+            | fid::TEMPERATURE_THRESHOLD => NvmeStatus::SUCCESS,
+            _ => NvmeStatus::INVALID_FIELD,
+        }
+    }
+
+    fn exec_get_features(&mut self, slot: u16) -> NvmeStatus {
+        let si = usize::from(slot);
+        let f = FeatureCmd::from_cmd(&self.reqs[si].cmd);
+        let Some(ctrl) = self.ctrlr.clone() else {
+            return NvmeStatus::COMMAND_SEQUENCE_ERROR;
+        };
+        let disc = ctrl.subsystem().is_discovery();
+        let dw0 = match f.fid {
+            fid::KEEP_ALIVE_TIMER => ctrl.kato_ms(),
+            fid::ASYNC_EVENT_CONFIG => ctrl.lock().aec,
+            _ if disc => return NvmeStatus::INVALID_FIELD,
+            fid::NUMBER_OF_QUEUES => {
+                let n = u32::from(ctrl.io_queues());
+                num_queues_value(n, n)
+            }
+            fid::VOLATILE_WRITE_CACHE => 1,
+            fid::ARBITRATION | fid::POWER_MANAGEMENT => 0,
+            fid::TEMPERATURE_THRESHOLD => 343,
+            fid::HOST_IDENTIFIER => {
+                self.reqs[si].write_data(&ctrl.hostid());
+                0
+            }
+            _ => return NvmeStatus::INVALID_FIELD,
+        };
+        self.reqs[si].dw0 = dw0;
+        NvmeStatus::SUCCESS
+    }
+
+    fn exec_keep_alive(&mut self) -> NvmeStatus {
+        let kato = self.ctrlr.as_ref().map_or(0, |c| c.kato_ms());
+        if kato == 0 {
+            return NvmeStatus::KEEP_ALIVE_INVALID;
+        }
+        self.touch_keep_alive();
+        NvmeStatus::SUCCESS
+    }
+
+    fn exec_aer(&mut self, slot: u16) -> ExecOutcome {
+        if self.aers.len() >= AER_LIMIT {
+            return ExecOutcome::Done(NvmeStatus::AER_LIMIT_EXCEEDED);
+        }
+        if let Some(ev) = self.ctrlr.as_ref().and_then(|c| c.take_event()) {
+            self.reqs[usize::from(slot)].dw0 = ev.to_dw0();
+            return ExecOutcome::Done(NvmeStatus::SUCCESS);
+        }
+        self.aers.push(slot);
+        ExecOutcome::Async
+    }
+
+    /// Abort: an outstanding AER of this queue can be aborted (it completes
+    /// with Command Abort Requested); anything else is reported "not
+    /// aborted" (DW0 bit 0 = 1), as the Linux target does for every command.
+    fn exec_abort(&mut self, slot: u16) -> NvmeStatus {
+        let si = usize::from(slot);
+        let a = AbortCmd::from_cmd(&self.reqs[si].cmd);
+        let found = (a.sqid == 0)
+            .then(|| {
+                self.aers
+                    .iter()
+                    .position(|&s| self.reqs[usize::from(s)].cmd.cid == a.cid)
+            })
+            .flatten();
+        match found {
+            Some(i) => {
+                let aer = self.aers.remove(i);
+                self.finish(aer, NvmeStatus::ABORT_REQUESTED);
+                // Its response goes out from the next poll, never from
+                // inside this command's execution.
+                self.park(aer, ParkQ::Response);
+                self.reqs[si].dw0 = 0;
+            }
+            None => self.reqs[si].dw0 = 1,
+        }
+        NvmeStatus::SUCCESS
+    }
+
+    /// Complete outstanding AERs with pending events.
+    pub(crate) fn deliver_events(&mut self, ops: &mut dyn super::transport::QpairOps) -> bool {
+        let mut did = false;
+        while !self.aers.is_empty() {
+            let Some(ev) = self.ctrlr.as_ref().and_then(|c| c.take_event()) else {
+                break;
+            };
+            let slot = self.aers.remove(0);
+            self.reqs[usize::from(slot)].dw0 = ev.to_dw0();
+            self.finish(slot, NvmeStatus::SUCCESS);
+            self.process(slot, ops);
+            did = true;
+        }
+        did
+    }
+}

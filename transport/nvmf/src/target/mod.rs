@@ -1,0 +1,53 @@
+//! The transport-independent NVMe-oF target core, and the loopback
+//! transport.
+//!
+//! - [`Target`] ([`TargetOptions`]): subsystems, transports, listeners, the
+//!   discovery subsystem, the shared data buffer pool (control plane, `Arc`).
+//! - [`Subsystem`] ([`SubsystemConfig`], [`NamespaceConfig`], [`Namespace`]):
+//!   NQN, serial, model, namespaces (bdevs) with stable NGUID/EUI-64/UUID,
+//!   host access.
+//! - [`Controller`]: dynamic-model controllers, CC/CSTS, queues, keep-alive,
+//!   events.
+//! - [`QueuePair`]: one NVMe queue on one reactor; owns the preallocated
+//!   requests and their state machine (`req.rs`) and executes fabrics
+//!   (`fabrics_cmd.rs`), admin (`admin_cmd.rs`) and I/O (`io_cmd.rs`)
+//!   commands.
+//! - [`transport`]: the [`TargetTransport`] and [`QpairOps`] traits, the
+//!   contract a transport implements (read its module docs first).
+//! - [`LoopbackTransport`]: the in-process transport the tests use.
+//!
+//! A future RDMA transport lives in `target/rdma/` and needs nothing else
+//! from the core than what [`transport`] describes.
+
+mod admin_cmd;
+mod core_ctx;
+mod ctrlr;
+mod discovery;
+mod error;
+mod exec;
+mod fabrics_cmd;
+mod io_cmd;
+mod loopback;
+mod qpair;
+pub mod rdma;
+mod req;
+mod subsystem;
+#[allow(clippy::module_inception)]
+mod target;
+pub mod transport;
+
+pub use core_ctx::CoreCtx;
+pub use ctrlr::{Controller, ERROR_LOG_ENTRIES};
+pub use error::{CapsuleError, TargetError};
+pub use loopback::{LoopbackEndpoint, LoopbackPollGroup, LoopbackQueueOptions, LoopbackTransport};
+pub use qpair::{QpairStats, QueuePair};
+pub use req::ReqState;
+pub use subsystem::{
+    Namespace, NamespaceConfig, Subsystem, SubsystemConfig, SubsystemKind, DEFAULT_CNTLID_RANGE,
+    DEFAULT_MAX_NAMESPACES, DISCOVERY_NQN,
+};
+pub use target::{Listener, Target, TargetOptions};
+pub use transport::{
+    QpairOps, QpairParams, RemoteBuf, ReqTag, Response, ResponseData, TargetTransport, Transfer,
+    TransportError,
+};

@@ -1,0 +1,710 @@
+//! [`QueuePair`]: the core side of one NVMe queue (admin or I/O) on one
+//! reactor. It owns the preallocated requests and drives their state
+//! machine ([`req`](super::req)); the transport feeds it capsules and moves
+//! data through [`QpairOps`].
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Instant;
+
+use pollux_bdev::{CompletedIo, IoChannel, IoCompletion, IoStatus, SgList};
+use pollux_reactor::mem::{BufPool, BufPoolOptions};
+use pollux_reactor::{PollStatus, PollerId, Reactor};
+
+use super::core_ctx::CoreCtx;
+use super::ctrlr::Controller;
+use super::error::{CapsuleError, TargetError};
+use super::req::{Dir, ParkQ, ReqState, Request};
+use super::subsystem::Namespace;
+use super::target::Target;
+use super::transport::{
+    QpairOps, QpairParams, ReqTag, Response, ResponseData, Transfer, TransportError,
+};
+use crate::spec::cmd::{NvmeCmd, SQE_SIZE};
+use crate::spec::cpl::{NvmeCompletion, NvmeStatus, SQHD_DISABLED};
+use crate::spec::log_page::ErrorLogEntry;
+use crate::spec::sgl::{SglDescriptor, SglError};
+
+/// Smallest per-request buffer: holds Identify data, Connect data, DSM
+/// ranges and small I/O without touching the shared pool.
+const SLOT_BUF_MIN: usize = 4096;
+/// Most AERs outstanding per controller (Identify AERL + 1).
+pub(crate) const AER_LIMIT: usize = 4;
+
+/// Bdev completions, queued by the bdev channel's poller and drained by
+/// [`QueuePair::poll`] (never processed inside the callback).
+#[derive(Debug)]
+struct IoInbox {
+    q: RefCell<VecDeque<(u64, IoStatus, SgList)>>,
+}
+
+impl IoCompletion for IoInbox {
+    fn complete(&self, io: CompletedIo) {
+        self.q.borrow_mut().push_back((io.ctx, io.status, io.bufs));
+    }
+}
+
+/// A namespace as one I/O queue sees it: with this core's bdev channel.
+#[derive(Debug)]
+pub(crate) struct NsEntry {
+    pub(crate) nsid: u32,
+    pub(crate) ns: Arc<Namespace>,
+    pub(crate) ch: IoChannel,
+}
+
+/// Counters of one queue pair.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QpairStats {
+    /// Capsules accepted.
+    pub commands: u64,
+    /// Completions with an error status.
+    pub errors: u64,
+    /// Times a request parked (no buffer, transport busy, bdev full).
+    pub parked: u64,
+}
+
+/// The core side of one NVMe queue. See the [`transport`](super::transport)
+/// module docs for how a transport drives it.
+///
+/// `!Send`: it lives on the reactor that owns its connection.
+pub struct QueuePair {
+    pub(crate) target: Arc<Target>,
+    pub(crate) core: Rc<CoreCtx>,
+    pub(crate) reactor: Reactor,
+    pub(crate) params: QpairParams,
+    pub(crate) depth: u16,
+    pub(crate) icd_size: u32,
+    /// Set by Connect.
+    pub(crate) qid: Option<u16>,
+    pub(crate) sq_entries: u16,
+    pub(crate) sqhd: u16,
+    pub(crate) sqflow_disabled: bool,
+    pub(crate) ctrlr: Option<Arc<Controller>>,
+    pub(crate) reqs: Vec<Request>,
+    free: Vec<u16>,
+    park_buf: VecDeque<u16>,
+    park_xfer: VecDeque<u16>,
+    park_exec: VecDeque<u16>,
+    park_rsp: VecDeque<u16>,
+    inbox: Rc<IoInbox>,
+    pub(crate) io_cb: Rc<dyn IoCompletion>,
+    pub(crate) ns_view: Vec<NsEntry>,
+    pub(crate) ns_gen: u64,
+    /// Outstanding AERs (request slots), admin queue only.
+    pub(crate) aers: Vec<u16>,
+    pub(crate) keep_alive: Option<(PollerId, Rc<Cell<Instant>>)>,
+    disconnect_sent: bool,
+    in_flight: usize,
+    pub(crate) stats: QpairStats,
+    _slot_pool: BufPool,
+}
+
+impl std::fmt::Debug for QueuePair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueuePair")
+            .field("qid", &self.qid)
+            .field("cntlid", &self.cntlid())
+            .field("depth", &self.depth)
+            .field("outstanding", &self.outstanding())
+            .finish()
+    }
+}
+
+impl QueuePair {
+    /// A new, unconnected queue on `reactor` (control path: preallocates
+    /// `depth` requests, each with its own small buffer). Only a Fabrics
+    /// Connect is accepted until one succeeds.
+    ///
+    /// # Errors
+    ///
+    /// [`TargetError::Memory`] when the per-queue buffers cannot be made.
+    pub fn new(
+        target: &Arc<Target>,
+        reactor: &Reactor,
+        params: QpairParams,
+    ) -> Result<QueuePair, TargetError> {
+        let opts = target.options();
+        let depth = params.depth.clamp(1, opts.max_queue_depth);
+        let icd_size = params.in_capsule_data_size.min(opts.in_capsule_data_size);
+        let slot_size = (icd_size as usize).max(SLOT_BUF_MIN);
+        let mut po = BufPoolOptions::new("nvmf-qp-slots", slot_size, usize::from(depth));
+        po.hugepages = opts.hugepages;
+        po.cache_size = 1;
+        let slot_pool = BufPool::new(po)?;
+        let mut reqs = Vec::with_capacity(usize::from(depth));
+        for _ in 0..depth {
+            reqs.push(Request::new(slot_pool.get()));
+        }
+        let inbox = Rc::new(IoInbox {
+            q: RefCell::new(VecDeque::with_capacity(usize::from(depth) + 16)),
+        });
+        let io_cb: Rc<dyn IoCompletion> = inbox.clone();
+        let cap = usize::from(depth);
+        Ok(QueuePair {
+            target: Arc::clone(target),
+            core: target.core_ctx(reactor),
+            reactor: reactor.clone(),
+            params,
+            depth,
+            icd_size,
+            qid: None,
+            sq_entries: depth,
+            sqhd: 0,
+            sqflow_disabled: false,
+            ctrlr: None,
+            reqs,
+            free: (0..depth).rev().collect(),
+            park_buf: VecDeque::with_capacity(cap),
+            park_xfer: VecDeque::with_capacity(cap),
+            park_exec: VecDeque::with_capacity(cap),
+            park_rsp: VecDeque::with_capacity(cap),
+            inbox,
+            io_cb,
+            ns_view: Vec::new(),
+            ns_gen: u64::MAX,
+            aers: Vec::with_capacity(AER_LIMIT),
+            keep_alive: None,
+            disconnect_sent: false,
+            in_flight: 0,
+            stats: QpairStats::default(),
+            _slot_pool: slot_pool,
+        })
+    }
+
+    /// The queue id, once connected.
+    pub fn qid(&self) -> Option<u16> {
+        self.qid
+    }
+
+    /// The controller id, once connected.
+    pub fn cntlid(&self) -> Option<u16> {
+        self.ctrlr.as_ref().map(|c| c.cntlid())
+    }
+
+    /// The controller, once connected.
+    pub fn controller(&self) -> Option<&Arc<Controller>> {
+        self.ctrlr.as_ref()
+    }
+
+    /// Whether a Connect succeeded on this queue.
+    pub fn is_connected(&self) -> bool {
+        self.ctrlr.is_some()
+    }
+
+    /// Requests preallocated (the queue depth).
+    pub fn depth(&self) -> u16 {
+        self.depth
+    }
+
+    /// Requests in use.
+    pub fn outstanding(&self) -> usize {
+        usize::from(self.depth) - self.free.len()
+    }
+
+    /// Transfers and responses the transport has `Pending`: drop the queue
+    /// only when this is 0.
+    pub fn transfers_in_flight(&self) -> usize {
+        self.in_flight
+    }
+
+    /// Whether the core asked the transport to disconnect.
+    pub fn is_disconnecting(&self) -> bool {
+        self.disconnect_sent
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> QpairStats {
+        self.stats
+    }
+
+    /// The state of the request `tag` (tests, debugging).
+    pub fn request_state(&self, tag: ReqTag) -> Option<ReqState> {
+        self.reqs
+            .get(tag.slot())
+            .filter(|r| r.gen == tag.gen() && r.state != ReqState::Free)
+            .map(|r| r.state)
+    }
+
+    fn tag(&self, slot: u16) -> ReqTag {
+        ReqTag::new(slot, self.reqs[usize::from(slot)].gen)
+    }
+
+    /// The slot of a live request with `tag` in `state`.
+    fn slot_of(&self, tag: ReqTag, state: ReqState) -> Option<u16> {
+        let slot = tag.slot();
+        let r = self.reqs.get(slot)?;
+        (r.gen == tag.gen() && r.state == state).then_some(slot as u16)
+    }
+
+    /// A received command capsule: the 64-byte SQE, then in-capsule data.
+    /// The bytes are copied; the caller may reuse the buffer at once.
+    ///
+    /// # Errors
+    ///
+    /// [`CapsuleError::Malformed`] under 64 bytes, [`CapsuleError::QueueFull`]
+    /// when the host exceeds the queue depth, [`CapsuleError::Disconnecting`]
+    /// after the core asked to disconnect. The transport should tear the
+    /// queue down in every case (there is no request to answer with).
+    pub fn submit_capsule(
+        &mut self,
+        capsule: &[u8],
+        ops: &mut dyn QpairOps,
+    ) -> Result<(), CapsuleError> {
+        if self.disconnect_sent {
+            return Err(CapsuleError::Disconnecting);
+        }
+        let cmd = NvmeCmd::parse(capsule).map_err(|_| CapsuleError::Malformed(capsule.len()))?;
+        let slot = self.free.pop().ok_or(CapsuleError::QueueFull)?;
+        self.stats.commands += 1;
+        let icd = capsule.get(SQE_SIZE..).unwrap_or(&[]);
+        let icd = &icd[..icd.len().min(self.icd_size as usize)];
+        let si = usize::from(slot);
+        self.reqs[si].start(cmd);
+        match self.prepare(slot, icd) {
+            Ok(()) => {}
+            Err(st) => self.finish(slot, st),
+        }
+        self.process(slot, ops);
+        Ok(())
+    }
+
+    /// Decide the plan and map the SGL; on success the request is in
+    /// `NeedBuffer`, `ReadyToExecute` (no data or in-capsule data copied).
+    fn prepare(&mut self, slot: u16, icd: &[u8]) -> Result<(), NvmeStatus> {
+        let si = usize::from(slot);
+        let cmd = self.reqs[si].cmd;
+        if cmd.fuse() != 0 || cmd.psdt() != 1 {
+            return Err(NvmeStatus::INVALID_FIELD);
+        }
+        let plan = self.classify(slot)?;
+        self.reqs[si].plan = plan;
+        let sgl = cmd.sgl().map_err(|e| match e {
+            SglError::UnsupportedType(_) => NvmeStatus::SGL_DESCRIPTOR_TYPE_INVALID,
+            _ => NvmeStatus::INVALID_FIELD,
+        })?;
+        let req = &mut self.reqs[si];
+        match sgl {
+            SglDescriptor::Keyed {
+                addr,
+                len,
+                key,
+                invalidate,
+            } => {
+                if len != plan.len {
+                    return Err(NvmeStatus::DATA_SGL_LENGTH_INVALID);
+                }
+                req.remote = Some(super::transport::RemoteBuf {
+                    addr,
+                    len,
+                    key,
+                    invalidate,
+                });
+            }
+            SglDescriptor::InCapsule { offset, len } => {
+                if plan.dir != Dir::ToCtrl || self.icd_size == 0 {
+                    return Err(NvmeStatus::INVALID_FIELD);
+                }
+                let end = offset.checked_add(u64::from(len));
+                if end.map_or(true, |e| e > icd.len() as u64) {
+                    return Err(NvmeStatus::SGL_OFFSET_INVALID);
+                }
+                if len != plan.len {
+                    return Err(NvmeStatus::DATA_SGL_LENGTH_INVALID);
+                }
+                if !req.take_slot_buf(len as usize) {
+                    return Err(NvmeStatus::INTERNAL_ERROR);
+                }
+                let start = offset as usize;
+                req.bufs.copy_from_slice(&icd[start..start + len as usize]);
+                req.in_capsule = true;
+                req.state = ReqState::ReadyToExecute;
+                return Ok(());
+            }
+            _ => return Err(NvmeStatus::SGL_DESCRIPTOR_TYPE_INVALID),
+        }
+        req.state = if plan.len == 0 {
+            ReqState::ReadyToExecute
+        } else {
+            ReqState::NeedBuffer
+        };
+        Ok(())
+    }
+
+    /// Which plan, by queue kind.
+    fn classify(&mut self, slot: u16) -> Result<super::req::Plan, NvmeStatus> {
+        let cmd = self.reqs[usize::from(slot)].cmd;
+        match (&self.ctrlr, self.qid) {
+            (None, _) => self.classify_unconnected(&cmd),
+            (Some(_), Some(0)) => self.classify_admin(&cmd),
+            (Some(_), _) => self.classify_io(slot),
+        }
+    }
+
+    /// Set the status and move to `Executed`.
+    pub(crate) fn finish(&mut self, slot: u16, status: NvmeStatus) {
+        let r = &mut self.reqs[usize::from(slot)];
+        r.status = status;
+        r.state = ReqState::Executed;
+    }
+
+    /// Park `slot` in queue `q` (once); the next poll retries it.
+    pub(crate) fn park(&mut self, slot: u16, q: ParkQ) {
+        let r = &mut self.reqs[usize::from(slot)];
+        if r.parked_in == Some(q) {
+            return;
+        }
+        r.parked_in = Some(q);
+        self.stats.parked += 1;
+        match q {
+            ParkQ::Buffer => self.park_buf.push_back(slot),
+            ParkQ::Transfer => self.park_xfer.push_back(slot),
+            ParkQ::Exec => self.park_exec.push_back(slot),
+            ParkQ::Response => self.park_rsp.push_back(slot),
+        }
+    }
+
+    /// Drive request `slot` as far as it goes (the one `process()`).
+    pub(crate) fn process(&mut self, slot: u16, ops: &mut dyn QpairOps) {
+        let si = usize::from(slot);
+        loop {
+            match self.reqs[si].state {
+                ReqState::Free
+                | ReqState::TransferringIn
+                | ReqState::Executing
+                | ReqState::Responding => return,
+                ReqState::NeedBuffer => {
+                    let len = self.reqs[si].plan.len as usize;
+                    let req = &mut self.reqs[si];
+                    let got = req.take_slot_buf(len) || self.core.get_buffers(len, &mut req.bufs);
+                    if !got {
+                        self.park(slot, ParkQ::Buffer);
+                        return;
+                    }
+                    let req = &mut self.reqs[si];
+                    req.parked_in = None;
+                    req.state = if req.plan.dir == Dir::ToCtrl && !req.in_capsule {
+                        ReqState::NeedTransfer
+                    } else {
+                        ReqState::ReadyToExecute
+                    };
+                }
+                ReqState::NeedTransfer => {
+                    let tag = self.tag(slot);
+                    let req = &mut self.reqs[si];
+                    let Some(remote) = req.remote else {
+                        self.finish(slot, NvmeStatus::INTERNAL_ERROR);
+                        continue;
+                    };
+                    match ops.data_from_host(tag, &remote, &mut req.bufs) {
+                        Ok(Transfer::Done) => {
+                            req.parked_in = None;
+                            req.state = ReqState::ReadyToExecute;
+                        }
+                        Ok(Transfer::Pending) => {
+                            req.parked_in = None;
+                            req.state = ReqState::TransferringIn;
+                            self.in_flight += 1;
+                            return;
+                        }
+                        Ok(Transfer::Busy) => {
+                            self.park(slot, ParkQ::Transfer);
+                            return;
+                        }
+                        Err(e) => {
+                            log::debug!("nvmf: data transfer from host failed: {e}");
+                            req.parked_in = None;
+                            self.finish(slot, NvmeStatus::DATA_TRANSFER_ERROR);
+                        }
+                    }
+                }
+                ReqState::ReadyToExecute => match self.execute(slot) {
+                    ExecOutcome::Done(st) => {
+                        self.reqs[si].parked_in = None;
+                        self.finish(slot, st);
+                    }
+                    ExecOutcome::Async => {
+                        self.reqs[si].parked_in = None;
+                        self.reqs[si].state = ReqState::Executing;
+                        return;
+                    }
+                    ExecOutcome::Busy => {
+                        self.park(slot, ParkQ::Exec);
+                        return;
+                    }
+                },
+                ReqState::Executed => {
+                    self.respond(slot, ops);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Build the completion (once) and hand the response to the transport.
+    fn respond(&mut self, slot: u16, ops: &mut dyn QpairOps) {
+        let si = usize::from(slot);
+        if self.reqs[si].cpl.is_none() {
+            let cpl = self.build_cpl(slot);
+            self.reqs[si].cpl = Some(cpl);
+        }
+        let tag = self.tag(slot);
+        let req = &self.reqs[si];
+        let Some(cpl) = req.cpl else {
+            return;
+        };
+        let data = match (req.plan.dir, req.remote) {
+            (Dir::ToHost, Some(remote)) if cpl.status.is_success() && req.out_len > 0 => {
+                Some(ResponseData {
+                    remote,
+                    bufs: &req.bufs,
+                    len: req.out_len,
+                })
+            }
+            _ => None,
+        };
+        let rsp = Response {
+            cpl,
+            cqe: cpl.encode(),
+            data,
+            invalidate_key: req.remote.filter(|r| r.invalidate).map(|r| r.key),
+        };
+        match ops.send_response(tag, &rsp) {
+            Ok(Transfer::Done) => self.free_req(slot),
+            Ok(Transfer::Pending) => {
+                let r = &mut self.reqs[si];
+                r.parked_in = None;
+                r.state = ReqState::Responding;
+                self.in_flight += 1;
+            }
+            Ok(Transfer::Busy) => self.park(slot, ParkQ::Response),
+            Err(e) => {
+                log::debug!("nvmf: response to cid {} lost: {e}", cpl.cid);
+                self.free_req(slot);
+            }
+        }
+    }
+
+    fn build_cpl(&mut self, slot: u16) -> NvmeCompletion {
+        let si = usize::from(slot);
+        let entries = self.sq_entries.max(1);
+        self.sqhd = (self.sqhd + 1) % entries;
+        let sqhd = if self.sqflow_disabled {
+            SQHD_DISABLED
+        } else {
+            self.sqhd
+        };
+        let req = &self.reqs[si];
+        let sqid = self.qid.unwrap_or((req.cmd.cdw10 >> 16) as u16);
+        let mut cpl = NvmeCompletion::new(sqid, req.cmd.cid, req.status);
+        cpl.dw0 = req.dw0;
+        cpl.dw1 = req.dw1;
+        cpl.sqhd = sqhd;
+        if !req.status.is_success() {
+            self.stats.errors += 1;
+            if let (Some(c), Some(0)) = (&self.ctrlr, self.qid) {
+                c.log_error(ErrorLogEntry {
+                    sqid,
+                    cid: req.cmd.cid,
+                    status: req.status.to_field(),
+                    nsid: req.cmd.nsid,
+                    opcode: req.cmd.opcode,
+                    ..ErrorLogEntry::default()
+                });
+            }
+        }
+        cpl
+    }
+
+    fn free_req(&mut self, slot: u16) {
+        let r = &mut self.reqs[usize::from(slot)];
+        r.release_bufs();
+        r.state = ReqState::Free;
+        r.parked_in = None;
+        self.free.push(slot);
+    }
+
+    /// The transport finished a `Pending` [`QpairOps::data_from_host`].
+    /// Returns `false` for an unknown or stale tag (ignored).
+    pub fn transfer_done(
+        &mut self,
+        tag: ReqTag,
+        result: Result<(), TransportError>,
+        ops: &mut dyn QpairOps,
+    ) -> bool {
+        let Some(slot) = self.slot_of(tag, ReqState::TransferringIn) else {
+            return false;
+        };
+        self.in_flight = self.in_flight.saturating_sub(1);
+        match result {
+            Ok(()) => self.reqs[usize::from(slot)].state = ReqState::ReadyToExecute,
+            Err(e) => {
+                log::debug!("nvmf: data transfer from host failed: {e}");
+                self.finish(slot, NvmeStatus::DATA_TRANSFER_ERROR);
+            }
+        }
+        self.process(slot, ops);
+        true
+    }
+
+    /// The transport finished a `Pending` [`QpairOps::send_response`]; the
+    /// request and its buffers are freed. Returns `false` for an unknown or
+    /// stale tag (ignored).
+    pub fn response_sent(&mut self, tag: ReqTag) -> bool {
+        let Some(slot) = self.slot_of(tag, ReqState::Responding) else {
+            return false;
+        };
+        self.in_flight = self.in_flight.saturating_sub(1);
+        self.free_req(slot);
+        true
+    }
+
+    /// Collect bdev completions, retry parked requests, deliver events and
+    /// notice a dead controller. Call once per reactor loop.
+    pub fn poll(&mut self, ops: &mut dyn QpairOps) -> PollStatus {
+        let mut busy = false;
+        loop {
+            let next = self.inbox.q.borrow_mut().pop_front();
+            let Some((ctx, status, bufs)) = next else {
+                break;
+            };
+            busy = true;
+            self.io_done(ReqTag::from_u64(ctx), status, bufs, ops);
+        }
+        busy |= self.retry(ParkQ::Buffer, ops);
+        busy |= self.retry(ParkQ::Transfer, ops);
+        busy |= self.retry(ParkQ::Exec, ops);
+        busy |= self.retry(ParkQ::Response, ops);
+        if let Some(c) = &self.ctrlr {
+            if c.is_dead() {
+                if !self.disconnect_sent {
+                    self.disconnect_sent = true;
+                    ops.disconnect();
+                    busy = true;
+                }
+            } else if !self.aers.is_empty() && c.has_events() {
+                busy |= self.deliver_events(ops);
+            }
+        }
+        PollStatus::from_work(busy)
+    }
+
+    /// Retry the parked requests of `q`, oldest first, until one stays
+    /// parked.
+    fn retry(&mut self, q: ParkQ, ops: &mut dyn QpairOps) -> bool {
+        let mut progressed = false;
+        loop {
+            let front = match q {
+                ParkQ::Buffer => self.park_buf.front(),
+                ParkQ::Transfer => self.park_xfer.front(),
+                ParkQ::Exec => self.park_exec.front(),
+                ParkQ::Response => self.park_rsp.front(),
+            };
+            let Some(&slot) = front else {
+                return progressed;
+            };
+            if self.reqs[usize::from(slot)].parked_in == Some(q) {
+                self.process(slot, ops);
+                if self.reqs[usize::from(slot)].parked_in == Some(q) {
+                    return progressed;
+                }
+                progressed = true;
+            }
+            match q {
+                ParkQ::Buffer => self.park_buf.pop_front(),
+                ParkQ::Transfer => self.park_xfer.pop_front(),
+                ParkQ::Exec => self.park_exec.pop_front(),
+                ParkQ::Response => self.park_rsp.pop_front(),
+            };
+        }
+    }
+
+    /// Rebuild the namespace view when the subsystem's namespaces changed
+    /// (control-path event: allocates then, not per I/O).
+    pub(crate) fn refresh_ns_view(&mut self) {
+        let Some(c) = &self.ctrlr else {
+            return;
+        };
+        let subsys = c.subsystem();
+        let gen = subsys.ns_generation();
+        if gen == self.ns_gen {
+            return;
+        }
+        let mut view = Vec::new();
+        for ns in subsys.namespaces() {
+            let nsid = ns.nsid();
+            if let Some(old) = self.ns_view.iter().find(|e| Arc::ptr_eq(&e.ns, &ns)) {
+                view.push(NsEntry {
+                    nsid,
+                    ns: Arc::clone(&old.ns),
+                    ch: old.ch.clone(),
+                });
+                continue;
+            }
+            match ns.desc().channel(&self.reactor) {
+                Ok(ch) => view.push(NsEntry { nsid, ns, ch }),
+                Err(e) => log::warn!("nvmf: namespace {nsid}: no bdev channel: {e}"),
+            }
+        }
+        self.ns_view = view;
+        self.ns_gen = gen;
+    }
+
+    /// A bdev I/O of request `tag` finished.
+    fn io_done(&mut self, tag: ReqTag, status: IoStatus, bufs: SgList, ops: &mut dyn QpairOps) {
+        let Some(slot) = self.slot_of(tag, ReqState::Executing) else {
+            return;
+        };
+        let si = usize::from(slot);
+        let req = &mut self.reqs[si];
+        if !bufs.is_empty() {
+            req.bufs = bufs;
+        }
+        if let Err(e) = status {
+            if req.status.is_success() {
+                req.status = super::io_cmd::bdev_status(e, req.plan.exec);
+            }
+        }
+        req.subs = req.subs.saturating_sub(1);
+        if req.subs > 0 {
+            return;
+        }
+        if req.plan.exec == super::req::Exec::Dsm && req.status.is_success() {
+            // More ranges to issue: back to ReadyToExecute.
+            req.state = ReqState::ReadyToExecute;
+        } else {
+            req.state = ReqState::Executed;
+            if let super::req::Exec::Read = req.plan.exec {
+                req.out_len = req.plan.len;
+            }
+        }
+        self.process(slot, ops);
+    }
+}
+
+impl Drop for QueuePair {
+    fn drop(&mut self) {
+        if let Some((id, _)) = self.keep_alive.take() {
+            self.reactor.remove_poller(id);
+        }
+        if let (Some(c), Some(qid)) = (&self.ctrlr, self.qid) {
+            if qid == 0 {
+                c.destroy();
+            } else {
+                c.remove_io_qid(qid);
+            }
+        }
+    }
+}
+
+/// What executing a command did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ExecOutcome {
+    /// Finished with this status.
+    Done(NvmeStatus),
+    /// Will finish later (bdev I/O, AER).
+    Async,
+    /// No room (bdev channel full): park and retry.
+    Busy,
+}

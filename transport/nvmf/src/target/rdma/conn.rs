@@ -1,0 +1,405 @@
+//! One RDMA connection (one NVMe queue): its QP and CM id, the core's
+//! [`QueuePair`], and [`ConnIo`], the per-queue work-request machinery that
+//! implements [`QpairOps`]: RDMA READs for host data, RDMA WRITEs chained
+//! with the response SEND (or SEND_WITH_INV), batched and posted once per
+//! poll, unsignaled where the next signaled WR implies their completion.
+
+use std::collections::VecDeque;
+
+use pollux_reactor::mem::{ArenaId, DmaBuf, SgList};
+use pollux_verbs::{
+    Access, MemoryRegion, ProtectionDomain, Provider, QueuePair as _, RemoteAddr, SendOp, SendWr,
+    Sge, WrId,
+};
+
+use super::super::qpair::QueuePair;
+use super::super::transport::{QpairOps, RemoteBuf, ReqTag, Response, Transfer, TransportError};
+use super::wrid::{Token, WrKind};
+use crate::spec::cpl::CQE_SIZE;
+
+/// Most WRs handed to one `post_send` call (the batch is posted in chunks
+/// of this many; one chunk per poll in practice).
+const POST_CHUNK: usize = 32;
+
+/// A work request waiting for the end-of-poll flush.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum PendOp {
+    Read(RemoteAddr),
+    Write(RemoteAddr),
+    Send,
+    SendInv(u32),
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PendWr {
+    token: Token,
+    op: PendOp,
+    sge_start: u32,
+    sge_n: u32,
+    signaled: bool,
+    /// The request slot whose stored CQE a SEND carries inline.
+    cqe_slot: u32,
+}
+
+/// Memory regions by arena (the poll group's shared ones are passed in;
+/// per-queue ones, e.g. the core's per-request buffers, live here).
+pub(crate) struct MrTable<P: Provider>(pub(crate) Vec<(ArenaId, P::Mr)>);
+
+impl<P: Provider> MrTable<P> {
+    pub(crate) fn lkey(&self, id: ArenaId) -> Option<u32> {
+        self.0.iter().find(|(a, _)| *a == id).map(|(_, m)| m.lkey())
+    }
+}
+
+/// The transport side of one queue: what [`QpairOps`] needs.
+pub(crate) struct ConnIo<P: Provider> {
+    pub(crate) slot: u16,
+    pub(crate) gen: u16,
+    pend: Vec<PendWr>,
+    sges: Vec<Sge>,
+    cqes: Vec<[u8; CQE_SIZE]>,
+    /// Send-queue slots each request holds until its signaled WR completes.
+    req_wrs: Vec<u32>,
+    /// READs each request holds.
+    req_reads: Vec<u32>,
+    pub(crate) sq_avail: u32,
+    pub(crate) sq_size: u32,
+    rd_avail: u32,
+    rd_depth: u32,
+    max_sge: u32,
+    send_inv: bool,
+    /// No new transfers (the queue is being torn down).
+    pub(crate) closing: bool,
+    /// The core asked for a disconnect.
+    pub(crate) disconnect_requested: bool,
+    /// Memory regions registered for this queue only.
+    pub(crate) own_mrs: MrTable<P>,
+    /// Batches that went to `post_send` (doorbells).
+    pub(crate) doorbells: u64,
+    /// Transfers refused for lack of send-queue slots or read credits.
+    pub(crate) busy: u64,
+}
+
+impl<P: Provider> ConnIo<P> {
+    /// Control path: preallocates everything the queue's data path uses.
+    pub(crate) fn new(
+        slot: u16,
+        gen: u16,
+        depth: u16,
+        sq_size: u32,
+        rd_depth: u32,
+        max_sge: u32,
+        send_inv: bool,
+    ) -> Self {
+        let depth = usize::from(depth);
+        ConnIo {
+            slot,
+            gen,
+            pend: Vec::with_capacity(sq_size as usize),
+            sges: Vec::with_capacity(sq_size as usize * max_sge as usize),
+            cqes: vec![[0; CQE_SIZE]; depth],
+            req_wrs: vec![0; depth],
+            req_reads: vec![0; depth],
+            sq_avail: sq_size,
+            sq_size,
+            rd_avail: rd_depth,
+            rd_depth,
+            max_sge: max_sge.max(1),
+            send_inv,
+            closing: false,
+            disconnect_requested: false,
+            own_mrs: MrTable(Vec::new()),
+            doorbells: 0,
+            busy: 0,
+        }
+    }
+
+    /// Whether WRs wait for the flush.
+    pub(crate) fn has_pending(&self) -> bool {
+        !self.pend.is_empty()
+    }
+
+    /// The signaled SEND of request `tag` completed: release its slots.
+    pub(crate) fn send_done(&mut self, tag: ReqTag) {
+        if let Some(n) = self.req_wrs.get_mut(tag.slot()) {
+            self.sq_avail = (self.sq_avail + *n).min(self.sq_size);
+            *n = 0;
+        }
+    }
+
+    /// The last READ of request `tag` completed: release its slots and credits.
+    pub(crate) fn read_done(&mut self, tag: ReqTag) {
+        let s = tag.slot();
+        if let (Some(n), Some(r)) = (self.req_wrs.get_mut(s), self.req_reads.get_mut(s)) {
+            self.sq_avail = (self.sq_avail + *n).min(self.sq_size);
+            self.rd_avail = (self.rd_avail + *r).min(self.rd_depth);
+            *n = 0;
+            *r = 0;
+        }
+    }
+
+    /// Post every pending WR: one `post_send` per [`POST_CHUNK`] WRs (one
+    /// doorbell per poll for normal batches). Allocation-free.
+    ///
+    /// # Errors
+    ///
+    /// The QP refused a WR: the queue is broken and must be torn down.
+    pub(crate) fn flush(&mut self, qp: &P::Qp) -> Result<(), pollux_verbs::PostError> {
+        let mut start = 0;
+        let result = loop {
+            if start >= self.pend.len() {
+                break Ok(());
+            }
+            let end = (start + POST_CHUNK).min(self.pend.len());
+            let mut wrs = [SendWr::new(WrId(0), SendOp::Send, &[]); POST_CHUNK];
+            for (w, p) in wrs.iter_mut().zip(&self.pend[start..end]) {
+                let sg = &self.sges[p.sge_start as usize..(p.sge_start + p.sge_n) as usize];
+                let op = match p.op {
+                    PendOp::Read(remote) => SendOp::RdmaRead { remote },
+                    PendOp::Write(remote) => SendOp::RdmaWrite { remote },
+                    PendOp::Send => SendOp::Send,
+                    PendOp::SendInv(rkey) => SendOp::SendWithInv { rkey },
+                };
+                let mut wr = SendWr::new(p.token.encode(), op, sg);
+                if matches!(p.op, PendOp::Send | PendOp::SendInv(_)) {
+                    wr = wr.with_inline(&self.cqes[p.cqe_slot as usize]);
+                }
+                if p.signaled {
+                    wr = wr.signaled();
+                }
+                *w = wr;
+            }
+            self.doorbells += 1;
+            if let Err(e) = qp.post_send(&wrs[..end - start]) {
+                break Err(e);
+            }
+            start = end;
+        };
+        self.pend.clear();
+        self.sges.clear();
+        result
+    }
+
+    fn lkey(
+        &mut self,
+        shared: &MrTable<P>,
+        pd: &P::Pd,
+        buf: &DmaBuf,
+    ) -> Result<u32, TransportError> {
+        let id = buf.arena_id();
+        if let Some(k) = shared.lkey(id).or_else(|| self.own_mrs.lkey(id)) {
+            return Ok(k);
+        }
+        // First use of an arena the poll group did not register (the core's
+        // per-request buffers): register it for this queue (once).
+        let arena = buf.arena();
+        let mr = pd
+            .reg_mr(arena, 0, arena.len(), Access::LOCAL_WRITE)
+            .map_err(|e| TransportError::Other(format!("cannot register a data buffer: {e}")))?;
+        let k = mr.lkey();
+        self.own_mrs.0.push((id, mr));
+        Ok(k)
+    }
+
+    /// Queue data WRs moving `len` bytes between `bufs` and `remote`.
+    /// Returns how many WRs were queued.
+    #[allow(clippy::too_many_arguments)]
+    fn queue_data(
+        &mut self,
+        shared: &MrTable<P>,
+        pd: &P::Pd,
+        bufs: &SgList,
+        len: u32,
+        remote: &RemoteBuf,
+        read: bool,
+        last: Token,
+    ) -> Result<u32, TransportError> {
+        let first_pend = self.pend.len();
+        let first_sge = self.sges.len();
+        let mut left = len as usize;
+        let mut off = 0u64;
+        let mut iter = bufs.iter().peekable();
+        while left > 0 {
+            let sge_start = self.sges.len() as u32;
+            let mut n = 0u32;
+            let mut chunk = 0u64;
+            while n < self.max_sge && left > 0 {
+                let Some(b) = iter.next() else {
+                    break;
+                };
+                let take = b.len().min(left);
+                let lkey = match self.lkey(shared, pd, b) {
+                    Ok(k) => k,
+                    Err(e) => {
+                        self.pend.truncate(first_pend);
+                        self.sges.truncate(first_sge);
+                        return Err(e);
+                    }
+                };
+                self.sges.push(Sge {
+                    addr: b.addr() as u64,
+                    length: take as u32,
+                    lkey,
+                });
+                left -= take;
+                chunk += take as u64;
+                n += 1;
+            }
+            if n == 0 {
+                self.pend.truncate(first_pend);
+                self.sges.truncate(first_sge);
+                return Err(TransportError::Other(
+                    "data buffers shorter than the transfer".into(),
+                ));
+            }
+            let ra = RemoteAddr {
+                addr: remote.addr.wrapping_add(off),
+                rkey: remote.key,
+            };
+            self.pend.push(PendWr {
+                token: Token::new(WrKind::Data, self.slot, self.gen, last.index),
+                op: if read {
+                    PendOp::Read(ra)
+                } else {
+                    PendOp::Write(ra)
+                },
+                sge_start,
+                sge_n: n,
+                signaled: false,
+                cqe_slot: 0,
+            });
+            off += chunk;
+        }
+        let n = (self.pend.len() - first_pend) as u32;
+        if read {
+            if let Some(p) = self.pend.last_mut() {
+                p.token = last;
+                p.signaled = true;
+            }
+        }
+        let _ = iter.peek();
+        Ok(n)
+    }
+
+    /// WRs needed to move `len` bytes of `bufs`.
+    fn wrs_for(&self, bufs: &SgList, len: u32) -> u32 {
+        let mut left = len as usize;
+        let mut n = 0u32;
+        for b in bufs.iter() {
+            if left == 0 {
+                break;
+            }
+            left -= b.len().min(left);
+            n += 1;
+        }
+        n.div_ceil(self.max_sge)
+    }
+}
+
+/// [`QpairOps`] for one queue, borrowing the poll group's shared state.
+pub(crate) struct RdmaOps<'a, P: Provider> {
+    pub(crate) io: &'a mut ConnIo<P>,
+    pub(crate) shared: &'a MrTable<P>,
+    pub(crate) pd: &'a P::Pd,
+}
+
+impl<P: Provider> QpairOps for RdmaOps<'_, P> {
+    fn data_from_host(
+        &mut self,
+        tag: ReqTag,
+        remote: &RemoteBuf,
+        bufs: &mut SgList,
+    ) -> Result<Transfer, TransportError> {
+        let io = &mut *self.io;
+        if io.closing {
+            return Err(TransportError::Disconnected);
+        }
+        let n = io.wrs_for(bufs, remote.len);
+        let reads_ok = io.rd_avail >= n || io.rd_avail == io.rd_depth;
+        if n > io.sq_avail || !reads_ok {
+            io.busy += 1;
+            return Ok(Transfer::Busy);
+        }
+        let last = Token::new(WrKind::Read, io.slot, io.gen, tag.to_u64() as u32);
+        let n = io.queue_data(self.shared, self.pd, bufs, remote.len, remote, true, last)?;
+        io.sq_avail -= n;
+        io.rd_avail = io.rd_avail.saturating_sub(n);
+        io.req_wrs[tag.slot()] = n;
+        io.req_reads[tag.slot()] = n;
+        Ok(Transfer::Pending)
+    }
+
+    fn send_response(
+        &mut self,
+        tag: ReqTag,
+        rsp: &Response<'_>,
+    ) -> Result<Transfer, TransportError> {
+        let io = &mut *self.io;
+        if io.closing {
+            return Err(TransportError::Disconnected);
+        }
+        let writes = rsp
+            .data
+            .as_ref()
+            .map_or(0, |d| io.wrs_for(d.bufs, d.len.min(d.remote.len)));
+        if writes + 1 > io.sq_avail {
+            io.busy += 1;
+            return Ok(Transfer::Busy);
+        }
+        let slot = tag.slot();
+        let token = Token::new(WrKind::Send, io.slot, io.gen, tag.to_u64() as u32);
+        if let Some(d) = &rsp.data {
+            let len = d.len.min(d.remote.len);
+            io.queue_data(self.shared, self.pd, d.bufs, len, &d.remote, false, token)?;
+        }
+        io.cqes[slot] = rsp.cqe;
+        let op = match rsp.invalidate_key {
+            Some(k) if io.send_inv => PendOp::SendInv(k),
+            _ => PendOp::Send,
+        };
+        io.pend.push(PendWr {
+            token,
+            op,
+            sge_start: 0,
+            sge_n: 0,
+            signaled: true,
+            cqe_slot: slot as u32,
+        });
+        io.sq_avail -= writes + 1;
+        io.req_wrs[slot] = writes + 1;
+        Ok(Transfer::Pending)
+    }
+
+    fn disconnect(&mut self) {
+        self.io.disconnect_requested = true;
+    }
+}
+
+/// Where a connection is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ConnState {
+    /// Accepted, serving.
+    Live,
+    /// Disconnect started: waiting for flushes, then destroyed.
+    Closing,
+}
+
+/// One connection of a poll group.
+pub(crate) struct Conn<P: Provider> {
+    pub(crate) qp: P::Qp,
+    pub(crate) cm: P::CmId,
+    pub(crate) core: QueuePair,
+    pub(crate) io: ConnIo<P>,
+    pub(crate) qp_num: u32,
+    pub(crate) qid: u16,
+    /// Receive buffers this queue owns (no SRQ).
+    pub(crate) own_recvs: Vec<u32>,
+    /// Receive buffers posted and not yet completed (no SRQ).
+    pub(crate) recvs_posted: usize,
+    /// Capsules waiting for a free request (the host ran ahead of the
+    /// completions it has seen): `(receive buffer, length)`.
+    pub(crate) backlog: VecDeque<(u32, u32)>,
+    pub(crate) state: ConnState,
+    /// CQ entries reserved in the poll group's CQ.
+    pub(crate) cqes: u32,
+}

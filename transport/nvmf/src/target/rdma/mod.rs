@@ -1,0 +1,48 @@
+//! The NVMe-oF RDMA target transport, generic over the verbs
+//! [`Provider`](pollux_verbs::Provider) (the software provider by default,
+//! `ibverbs` with that feature).
+//!
+//! - [`RdmaTransport`] (shared, `Send + Sync`): options, listeners (spread
+//!   round robin over the poll groups), connection counters. It implements
+//!   [`TargetTransport`](super::TargetTransport).
+//! - [`RdmaPollGroup`] (one per reactor, `!Send`): per device one PD, one
+//!   CQ shared by its queues, one SRQ (`no_srq`: per-queue receive queues
+//!   fed from the group's receive buffer budget), the receive buffers
+//!   (64 B + in-capsule data each), the CM listeners it owns and its
+//!   connections. One poller: accept (CM private data checked, rejects
+//!   carry the NVMe/RDMA status), reap the CQ in batches, hand capsules to
+//!   the core, poll each queue, then post all WRs of the round: one
+//!   `post_send` per QP, one `post_recv` for the SRQ.
+//! - `conn.rs`: one queue: QP, CM id, the core's
+//!   [`QueuePair`](super::QueuePair) and the [`QpairOps`](super::QpairOps)
+//!   implementation: host writes beyond in-capsule data are RDMA READs into
+//!   the core's buffers (only the last READ of a request is signaled);
+//!   reads are RDMA WRITEs (unsignaled) chained with the response SEND, or
+//!   SEND_WITH_INVALIDATE when the host's keyed SGL asks for it. The CQE
+//!   travels inline. Send-queue slots and READ credits are counted per
+//!   queue; running out answers `Busy` and the core retries.
+//! - Teardown: a CM disconnect, a failed WR, a bad capsule or the core's
+//!   `disconnect` move the queue to `Closing`: the QP goes to ERR, its WRs
+//!   flush and complete the core's pending transfers with errors; when none
+//!   is left the QP is destroyed on its own core, its receive buffers go
+//!   back, and the core's queue is dropped (bdev I/O in flight completes
+//!   into the void: it owns its buffers).
+//!
+//! Addresses: a [`TransportId`](crate::spec::transport_id::TransportId)
+//! with `trtype` RDMA. `traddr` + `trsvcid` make the verbs CM address
+//! ([`cm_addr`]): `ip:port` for ibverbs; for the soft provider `traddr` is
+//! the socket name (`@pollux-tgt` or a path) and `trsvcid` is empty, and
+//! the address family is intra-host (254).
+
+mod conn;
+mod options;
+mod poll_group;
+mod transport;
+mod wrid;
+
+#[cfg(test)]
+mod tests;
+
+pub use options::{OptionsError, RdmaOptions};
+pub use poll_group::{PollGroupStats, RdmaPollGroup};
+pub use transport::{cm_addr, RdmaTransport, RdmaTransportStats};

@@ -1,0 +1,1001 @@
+//! [`RdmaPollGroup`]: one per reactor. It owns, per device, one PD, one CQ
+//! shared by all its queues, one SRQ (unless `no_srq`) and the receive
+//! buffers; the CM listeners assigned to its core; and its connections.
+//! One poller drives everything: accept, reap the CQ, feed capsules to the
+//! core, poll each queue, post the batched WRs (one doorbell per QP, one
+//! for the SRQ), and destroy closed queues on this core.
+
+use std::cell::RefCell;
+use std::collections::{HashMap, VecDeque};
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use pollux_reactor::mem::{BufPool, BufPoolOptions, DmaBuf};
+use pollux_reactor::{PollStatus, PollerId, Reactor};
+use pollux_verbs::{
+    Access, CmEvent, CmId, CmListener, CompletionQueue, ConnParam, Device, ProtectionDomain,
+    Provider, QpAttr, QpCaps, QpInit, QpState, QueuePair as _, RecvWr, Sge, SharedRecvQueue, Wc,
+    WcOpcode, WcStatus, WrId,
+};
+
+use super::super::error::CapsuleError;
+use super::super::qpair::QueuePair;
+use super::super::transport::{QpairParams, ReqTag, TransportError};
+use super::conn::{Conn, ConnIo, ConnState, MrTable, RdmaOps};
+use super::options::RdmaOptions;
+use super::transport::{cm_addr, RdmaTransport};
+use super::wrid::{Token, WrKind};
+use crate::spec::rdma_cm::{CmAccept, CmReject, CmRejectStatus, CmRequest};
+use crate::spec::transport_id::TransportId;
+
+/// Completions reaped per CQ poll call.
+const WC_BATCH: usize = 64;
+/// Poll rounds between CM checks (accept, connection events): those are
+/// system calls on the soft provider, kept off the per-I/O path.
+const CM_PERIOD: u64 = 32;
+
+/// Counters of one poll group (data path: plain integers, read on its core).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PollGroupStats {
+    /// Live connections.
+    pub connections: usize,
+    /// Capsules received.
+    pub capsules: u64,
+    /// Capsules queued because the host ran ahead of its queue's free
+    /// requests (handed to the core when one frees).
+    pub capsules_queued: u64,
+    /// Transfers the transport answered `Busy` (send queue or READ credits
+    /// exhausted; the core retried them).
+    pub transport_busy: u64,
+    /// Requests the core parked (data buffer pool empty, transport busy,
+    /// bdev full), summed over live and destroyed queues.
+    pub core_parked: u64,
+    /// `post_send` batches (doorbells).
+    pub doorbells: u64,
+    /// Completions with an error status (flushes included).
+    pub wc_errors: u64,
+    /// Receive buffers of this group free or posted (all of them when no
+    /// queue holds one).
+    pub recv_buffers_idle: usize,
+    /// Receive buffers in total.
+    pub recv_buffers: usize,
+}
+
+pub(crate) struct Shared<P: Provider> {
+    pub(crate) transport: Arc<RdmaTransport<P>>,
+    reactor: Reactor,
+    index: usize,
+    pd: P::Pd,
+    cq: P::Cq,
+    srq: Option<P::Srq>,
+    mrs: MrTable<P>,
+    _recv_pool: BufPool,
+    recvs: Vec<Option<DmaBuf>>,
+    recv_lkey: Vec<u32>,
+    /// Receive buffers not owned by a queue (no SRQ).
+    free_recvs: Vec<u32>,
+    /// SRQ receives to post at the end of the poll.
+    srq_repost: Vec<u32>,
+    srq_posted: usize,
+    conns: Vec<Option<Conn<P>>>,
+    gens: Vec<u16>,
+    free_slots: Vec<u16>,
+    by_qpn: HashMap<u32, u16>,
+    listeners: Vec<(TransportId, P::CmListener)>,
+    /// Rejected CM ids, kept for a few CM rounds so the host reads the
+    /// reject before the connection closes.
+    rejected: VecDeque<(u64, P::CmId)>,
+    listen_gen: u64,
+    cq_reserved: u32,
+    wcs: Vec<Wc>,
+    rounds: u64,
+    stats: PollGroupStats,
+    shutting_down: bool,
+    // The device last: everything above belongs to it.
+    dev: P::Device,
+}
+
+/// The per-reactor half of the RDMA transport (see the module docs).
+pub struct RdmaPollGroup<P: Provider> {
+    state: Rc<RefCell<Shared<P>>>,
+    reactor: Reactor,
+    poller: PollerId,
+}
+
+impl<P: Provider> std::fmt::Debug for RdmaPollGroup<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RdmaPollGroup")
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+fn no_res(what: &str, e: impl std::fmt::Display) -> TransportError {
+    TransportError::NoResources(format!("{what}: {e}"))
+}
+
+impl<P: Provider> RdmaPollGroup<P> {
+    pub(crate) fn new(
+        t: &Arc<RdmaTransport<P>>,
+        reactor: &Reactor,
+        index: usize,
+    ) -> Result<Rc<Self>, TransportError> {
+        let opts = &t.opts;
+        let topts = t.target.options();
+        let name = match &opts.device {
+            Some(n) => n.clone(),
+            None => P::list_devices()
+                .map_err(|e| no_res("listing verbs devices", e))?
+                .first()
+                .map(|d| d.name.clone())
+                .ok_or_else(|| {
+                    TransportError::NoResources(format!("no {} verbs device", P::NAME))
+                })?,
+        };
+        let dev = P::open_device(&name).map_err(|e| no_res("opening the verbs device", e))?;
+        let caps = dev.caps().clone();
+        let pd = dev.alloc_pd().map_err(|e| no_res("allocating a PD", e))?;
+        let cq = dev
+            .create_cq(opts.num_cqe.min(caps.max_cqe))
+            .map_err(|e| no_res("creating the CQ", e))?;
+        let nrecv = opts.max_srq_depth.min(if opts.no_srq {
+            u32::MAX
+        } else {
+            caps.max_srq_wr
+        }) as usize;
+        let srq = if opts.no_srq {
+            None
+        } else {
+            Some(
+                pd.create_srq(nrecv as u32, 1)
+                    .map_err(|e| no_res("creating the SRQ", e))?,
+            )
+        };
+        let buf_size = RdmaOptions::recv_buf_size(topts);
+        let mut po = BufPoolOptions::new("nvmf-rdma-recv", buf_size, nrecv);
+        po.align = 64;
+        po.cache_size = 1;
+        po.hugepages = opts.hugepages;
+        let recv_pool = BufPool::new(po).map_err(|e| no_res("allocating receive buffers", e))?;
+        let mut mrs = MrTable::<P>(Vec::new());
+        for a in recv_pool
+            .arenas()
+            .iter()
+            .chain(t.target.data_pool().arenas())
+        {
+            if mrs.lkey(a.id()).is_none() {
+                let mr = pd
+                    .reg_mr(a, 0, a.len(), Access::LOCAL_WRITE)
+                    .map_err(|e| no_res("registering buffers", e))?;
+                mrs.0.push((a.id(), mr));
+            }
+        }
+        let mut recvs = Vec::with_capacity(nrecv);
+        let mut recv_lkey = Vec::with_capacity(nrecv);
+        for _ in 0..nrecv {
+            let b = recv_pool
+                .get()
+                .ok_or_else(|| TransportError::NoResources("receive buffer pool short".into()))?;
+            recv_lkey.push(mrs.lkey(b.arena_id()).unwrap_or(0));
+            recvs.push(Some(b));
+        }
+        t.stats
+            .recv_memory
+            .fetch_add((nrecv * buf_size) as u64, Ordering::Relaxed);
+        log::info!(
+            "nvmf rdma: poll group {index} on core {:?}: device {name}, {} receive buffers of {buf_size} B ({} KiB), {}",
+            reactor.core(),
+            nrecv,
+            nrecv * buf_size / 1024,
+            if opts.no_srq { "per-queue receive queues" } else { "shared receive queue" }
+        );
+        let mut sh = Shared {
+            transport: Arc::clone(t),
+            reactor: reactor.clone(),
+            index,
+            pd,
+            cq,
+            srq,
+            mrs,
+            _recv_pool: recv_pool,
+            recvs,
+            recv_lkey,
+            free_recvs: if opts.no_srq {
+                (0..nrecv as u32).rev().collect()
+            } else {
+                Vec::new()
+            },
+            srq_repost: Vec::with_capacity(nrecv),
+            srq_posted: 0,
+            conns: Vec::new(),
+            gens: Vec::new(),
+            free_slots: Vec::new(),
+            by_qpn: HashMap::new(),
+            listeners: Vec::new(),
+            rejected: VecDeque::new(),
+            listen_gen: 0,
+            cq_reserved: 0,
+            wcs: vec![Wc::default(); WC_BATCH],
+            rounds: 0,
+            stats: PollGroupStats {
+                recv_buffers: nrecv,
+                ..PollGroupStats::default()
+            },
+            shutting_down: false,
+            dev,
+        };
+        if sh.srq.is_some() {
+            sh.srq_repost.extend(0..nrecv as u32);
+            sh.post_srq()
+                .map_err(|e| no_res("posting SRQ receives", e))?;
+        }
+        sh.sync_listeners()?;
+        let state = Rc::new(RefCell::new(sh));
+        let weak = Rc::downgrade(&state);
+        let poller = reactor.add_poller("nvmf-rdma", move || {
+            let Some(s) = weak.upgrade() else {
+                return PollStatus::Idle;
+            };
+            let Ok(mut s) = s.try_borrow_mut() else {
+                return PollStatus::Idle;
+            };
+            s.poll()
+        });
+        Ok(Rc::new(RdmaPollGroup {
+            state,
+            reactor: reactor.clone(),
+            poller,
+        }))
+    }
+
+    /// Counters (call on this group's core).
+    pub fn stats(&self) -> PollGroupStats {
+        self.state
+            .try_borrow()
+            .map(|s| s.snapshot())
+            .unwrap_or_default()
+    }
+
+    /// CM listeners this group has open (listeners are opened by the
+    /// group's poller after [`TargetTransport::listen`](super::super::TargetTransport::listen)).
+    pub fn listeners(&self) -> usize {
+        self.state.try_borrow().map(|s| s.listeners.len()).unwrap_or(0)
+    }
+
+    /// Live connections.
+    pub fn connections(&self) -> usize {
+        self.stats().connections
+    }
+
+    /// Stop listening and disconnect every queue (hosts see a clean
+    /// disconnect); the queues are destroyed by the next polls. Poll until
+    /// [`connections`](Self::connections) is 0 before dropping the group.
+    pub fn shutdown(&self) {
+        if let Ok(mut s) = self.state.try_borrow_mut() {
+            s.shutting_down = true;
+            s.listeners.clear();
+            for i in 0..s.conns.len() {
+                s.begin_close(i);
+            }
+        }
+    }
+}
+
+impl<P: Provider> Drop for RdmaPollGroup<P> {
+    fn drop(&mut self) {
+        self.reactor.remove_poller(self.poller);
+        if let Ok(mut s) = self.state.try_borrow_mut() {
+            // Destroy what is left on this core: QPs first, then the rest.
+            for c in s.conns.iter_mut() {
+                if let Some(c) = c.as_mut() {
+                    c.io.closing = true;
+                    let _ = c.cm.disconnect();
+                }
+            }
+            s.conns.clear();
+            s.by_qpn.clear();
+        }
+    }
+}
+
+impl<P: Provider> Shared<P> {
+    fn snapshot(&self) -> PollGroupStats {
+        for c in self.conns.iter().flatten() {
+            eprintln!("DEBUG conn qid {} {:?} out {} inflight {} backlog {} sq {} ", c.qid, c.state, c.core.outstanding(), c.core.transfers_in_flight(), c.backlog.len(), c.io.sq_avail);
+        }
+        let mut st = self.stats;
+        st.connections = self.conns.iter().flatten().count();
+        for c in self.conns.iter().flatten() {
+            st.transport_busy += c.io.busy;
+            st.doorbells += c.io.doorbells;
+            st.core_parked += c.core.stats().parked;
+        }
+        st.recv_buffers_idle = if self.srq.is_some() {
+            self.srq_posted + self.srq_repost.len()
+        } else {
+            self.free_recvs.len()
+        };
+        st
+    }
+
+    /// Create or drop CM listeners when the transport's list changed.
+    fn sync_listeners(&mut self) -> Result<(), TransportError> {
+        let gen = self.transport.listen_gen.load(Ordering::Acquire);
+        if gen == self.listen_gen || self.shutting_down {
+            return Ok(());
+        }
+        self.listen_gen = gen;
+        let mut want = Vec::new();
+        {
+            let mut l = self.transport.lock();
+            for e in l.iter_mut() {
+                let owner = *e.owner.get_or_insert(self.index);
+                if owner == self.index {
+                    want.push(e.trid.clone());
+                }
+            }
+        }
+        self.listeners.retain(|(t, _)| want.contains(t));
+        let mut first_err = Ok(());
+        for t in want {
+            if self.listeners.iter().any(|(x, _)| *x == t) {
+                continue;
+            }
+            match self
+                .dev
+                .listen(&cm_addr(&t), self.transport.opts.acceptor_backlog)
+            {
+                Ok(l) => {
+                    log::info!("nvmf rdma: listening on {}", cm_addr(&t));
+                    self.listeners.push((t, l));
+                }
+                Err(e) => {
+                    log::error!("nvmf rdma: cannot listen on {}: {e}", cm_addr(&t));
+                    if first_err.is_ok() {
+                        first_err = Err(TransportError::Other(format!(
+                            "listen on {}: {e}",
+                            cm_addr(&t)
+                        )));
+                    }
+                }
+            }
+        }
+        first_err
+    }
+
+    fn poll(&mut self) -> PollStatus {
+        let mut busy = false;
+        self.rounds += 1;
+        let cm_round = self.rounds % CM_PERIOD == 1;
+        if cm_round {
+            while self
+                .rejected
+                .front()
+                .is_some_and(|(r, _)| self.rounds - r > 4 * CM_PERIOD)
+            {
+                self.rejected.pop_front();
+            }
+            let _ = self.sync_listeners();
+            busy |= self.accept();
+        }
+        busy |= self.poll_cq();
+        for i in 0..self.conns.len() {
+            busy |= self.service(i, cm_round);
+        }
+        if !self.srq_repost.is_empty() {
+            if let Err(e) = self.post_srq() {
+                log::error!("nvmf rdma: SRQ post failed: {e}");
+            }
+        }
+        PollStatus::from_work(busy)
+    }
+
+    fn post_srq(&mut self) -> Result<(), pollux_verbs::PostError> {
+        let Some(srq) = &self.srq else {
+            return Ok(());
+        };
+        let mut done = 0;
+        let total = self.srq_repost.len();
+        let mut res = Ok(());
+        while done < total {
+            let end = (done + 32).min(total);
+            let mut sges = [Sge::default(); 32];
+            for (s, &id) in sges.iter_mut().zip(&self.srq_repost[done..end]) {
+                *s = recv_sge(&self.recvs, &self.recv_lkey, id);
+            }
+            let mut wrs = [RecvWr {
+                wr_id: WrId(0),
+                sg_list: &[],
+            }; 32];
+            for (k, w) in wrs.iter_mut().enumerate().take(end - done) {
+                let id = self.srq_repost[done + k];
+                *w = RecvWr {
+                    wr_id: Token::new(WrKind::Recv, u16::MAX, 0, id).encode(),
+                    sg_list: std::slice::from_ref(&sges[k]),
+                };
+            }
+            if let Err(e) = srq.post_recv(&wrs[..end - done]) {
+                done += e.index;
+                res = Err(e);
+                break;
+            }
+            done = end;
+        }
+        self.srq_posted += done;
+        self.srq_repost.drain(..done);
+        res
+    }
+
+    /// Accept or reject pending connect requests on this group's listeners.
+    fn accept(&mut self) -> bool {
+        let mut busy = false;
+        for li in 0..self.listeners.len() {
+            for _ in 0..16 {
+                let req = match self.listeners[li].1.get_request() {
+                    Ok(Some(id)) => id,
+                    Ok(None) => break,
+                    Err(e) => {
+                        log::warn!("nvmf rdma: listener error: {e}");
+                        break;
+                    }
+                };
+                busy = true;
+                let trid = self.listeners[li].0.clone();
+                if let Err(st) = self.connect(req, trid) {
+                    log::debug!("nvmf rdma: connect rejected: {st:?}");                }
+            }
+        }
+        busy
+    }
+
+    fn reject(&mut self, id: P::CmId, st: CmRejectStatus) -> CmRejectStatus {
+        let s = &self.transport.stats;
+        s.rejected.fetch_add(1, Ordering::Relaxed);
+        if st == CmRejectStatus::NoResources {
+            s.rejected_no_resources.fetch_add(1, Ordering::Relaxed);
+        }
+        let _ = id.reject(&CmReject::new(st).encode());
+        self.rejected.push_back((self.rounds, id));
+        st
+    }
+
+    /// One connect request: validate the private data, size the queue,
+    /// create the QP and the core's queue, post receives, accept.
+    fn connect(&mut self, id: P::CmId, trid: TransportId) -> Result<(), CmRejectStatus> {
+        let Some(info) = id.request().copied() else {
+            return Err(self.reject(id, CmRejectStatus::InvalidLength));
+        };
+        let t = Arc::clone(&self.transport);
+        let topts = t.target.options();
+        let req = match CmRequest::parse(info.private_data.as_bytes()) {
+            Ok(r) => r,
+            Err(_) => return Err(self.reject(id, CmRejectStatus::InvalidLength)),
+        };
+        if let Err(st) = req.validate(topts.max_queue_depth) {
+            return Err(self.reject(id, st));
+        }
+        if req.qid == u16::MAX {
+            return Err(self.reject(id, CmRejectStatus::InvalidQid));
+        }
+        // RDMA CM reports the depths swapped: `initiator_depth` is the
+        // host's responder resources, the READs we may have in flight.
+        if info.initiator_depth == 0 {
+            // The host offers no READ responder resources: we could never
+            // pull its write data (SPDK: INVALID_IRD).
+            return Err(self.reject(id, CmRejectStatus::InvalidIrd));
+        }
+        if self.shutting_down {
+            return Err(self.reject(id, CmRejectStatus::NoResources));
+        }
+        let depth = if req.qid == 0 {
+            req.hsqsize + 1
+        } else {
+            (req.hsqsize + 1)
+                .min(req.hrqsize)
+                .min(topts.max_queue_depth)
+        };
+        let caps = self.dev.caps().clone();
+        let max_sge = caps.max_sge.clamp(1, 16);
+        let sq = RdmaOptions::send_wrs_per_queue(topts, depth, max_sge).min(caps.max_qp_wr);
+        let cqes = t.opts.cqes_per_queue(topts, depth, max_sge);
+        let srq_cqes = if self.srq.is_some() {
+            self.recvs.len() as u32
+        } else {
+            0
+        };
+        if self.cq_reserved + cqes + srq_cqes > self.cq.depth()
+            || (self.srq.is_none() && self.free_recvs.len() < usize::from(depth))
+            || (self.free_slots.is_empty() && self.conns.len() >= usize::from(u16::MAX - 1))
+        {
+            return Err(self.reject(id, CmRejectStatus::NoResources));
+        }
+        let qp = match self.pd.create_qp(&QpInit {
+            send_cq: &self.cq,
+            recv_cq: &self.cq,
+            srq: self.srq.as_ref(),
+            caps: QpCaps {
+                max_send_wr: sq,
+                max_recv_wr: if self.srq.is_some() {
+                    1
+                } else {
+                    u32::from(depth)
+                },
+                max_send_sge: max_sge,
+                max_recv_sge: 1,
+                max_inline_data: 16,
+            },
+            sq_sig_all: false,
+        }) {
+            Ok(q) => q,
+            Err(e) => {
+                log::warn!("nvmf rdma: cannot create a QP: {e}");                return Err(self.reject(id, CmRejectStatus::NoResources));
+            }
+        };
+        let params = QpairParams {
+            depth,
+            in_capsule_data_size: if req.qid == 0 {
+                0
+            } else {
+                topts.in_capsule_data_size
+            },
+            listener: trid,
+            qid: Some(req.qid),
+        };
+        let core = match QueuePair::new(&t.target, &self.reactor, params) {
+            Ok(c) => c,
+            Err(e) => {
+                log::warn!("nvmf rdma: cannot create the queue: {e}");
+                return Err(self.reject(id, CmRejectStatus::NoResources));
+            }
+        };
+        let slot = match self.free_slots.pop() {
+            Some(s) => s,
+            None => {
+                self.conns.push(None);
+                self.gens.push(0);
+                (self.conns.len() - 1) as u16
+            }
+        };
+        let gen = self.gens[usize::from(slot)];
+        let rd = u32::from(info.initiator_depth)
+            .min(caps.max_qp_init_rd_atom.max(1))
+            .min(u32::from(t.opts.max_read_depth))
+            .max(1);
+        let mut conn: Conn<P> = Conn {
+            qp_num: qp.qp_num(),
+            qp,
+            cm: id,
+            core,
+            io: ConnIo::new(
+                slot,
+                gen,
+                depth,
+                sq,
+                rd,
+                max_sge,
+                t.opts.send_with_invalidate,
+            ),
+            qid: req.qid,
+            own_recvs: Vec::new(),
+            recvs_posted: 0,
+            backlog: VecDeque::with_capacity(usize::from(depth)),
+            state: ConnState::Live,
+            cqes,
+        };
+        if self.srq.is_none() {
+            let n = usize::from(depth);
+            let at = self.free_recvs.len() - n;
+            conn.own_recvs = self.free_recvs.split_off(at);
+            let ok = conn.qp.modify(&QpAttr::to(QpState::Init)).is_ok()
+                && post_rq(&conn, &self.recvs, &self.recv_lkey, &conn.own_recvs).is_ok();
+            conn.recvs_posted = n;
+            if !ok {
+                self.free_recvs.append(&mut conn.own_recvs);
+                self.free_slots.push(slot);
+                let st = self.reject(conn.cm, CmRejectStatus::NoResources);
+                return Err(st);
+            }
+        }
+        let rep = CmAccept {
+            recfmt: 0,
+            crqsize: depth,
+        }
+        .encode();
+        let param = ConnParam {
+            private_data: &rep,
+            responder_resources: 0,
+            initiator_depth: rd as u8,
+            retry_count: 7,
+            rnr_retry_count: 7,
+        };
+        if let Err(e) = conn.cm.accept(&conn.qp, &param) {
+            log::warn!("nvmf rdma: accept failed: {e}");
+                        drop(conn.qp);
+            self.free_recvs.append(&mut conn.own_recvs);
+            self.free_slots.push(slot);
+            t.stats.rejected.fetch_add(1, Ordering::Relaxed);
+            return Err(CmRejectStatus::NoResources);
+        }
+        self.cq_reserved += cqes;
+        self.by_qpn.insert(conn.qp_num, slot);
+        log::debug!(
+            "nvmf rdma: accepted qid {} depth {depth} on core {:?}",
+            req.qid,
+            self.reactor.core()
+        );
+        self.conns[usize::from(slot)] = Some(conn);        t.stats.accepted.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn poll_cq(&mut self) -> bool {
+        let mut busy = false;
+        loop {
+            let mut wcs = std::mem::take(&mut self.wcs);
+            let n = match self.cq.poll(&mut wcs) {
+                Ok(n) => n,
+                Err(e) => {
+                    log::error!("nvmf rdma: CQ failed ({e}); closing every queue of this group");
+                    for i in 0..self.conns.len() {
+                        self.begin_close(i);
+                    }
+                    0
+                }
+            };
+            for wc in &wcs[..n] {
+                self.completion(wc);
+            }
+            self.wcs = wcs;
+            busy |= n > 0;
+            if n < WC_BATCH {
+                return busy;
+            }
+        }
+    }
+
+    fn conn_of(&self, tok: &Token) -> Option<usize> {
+        let i = usize::from(tok.conn);
+        let c = self.conns.get(i)?.as_ref()?;
+        (c.io.gen & 0x3FFF == tok.gen).then_some(i)
+    }
+
+    fn completion(&mut self, wc: &Wc) {
+        let tok = Token::decode(wc.wr_id);
+        let ok = wc.status == WcStatus::Success;
+        if !ok {
+            self.stats.wc_errors += 1;
+        }
+        match tok.kind {
+            WrKind::Recv => self.recv_done(wc, &tok, ok),
+            WrKind::Send | WrKind::Read | WrKind::Data => {
+                let Some(i) = self.conn_of(&tok) else {
+                    return;
+                };
+                let tag = ReqTag::from_u64(u64::from(tok.index));
+                let Shared { conns, mrs, pd, .. } = self;
+                let Some(c) = conns[i].as_mut() else {
+                    return;
+                };
+                match tok.kind {
+                    WrKind::Send => {
+                        c.io.send_done(tag);
+                        c.core.response_sent(tag);
+                    }
+                    WrKind::Read => {
+                        c.io.read_done(tag);
+                        let res = if ok {
+                            Ok(())
+                        } else {
+                            Err(TransportError::Disconnected)
+                        };
+                        let mut ops = RdmaOps {
+                            io: &mut c.io,
+                            shared: mrs,
+                            pd,
+                        };
+                        c.core.transfer_done(tag, res, &mut ops);
+                    }
+                    _ => {}
+                }
+                if !ok && wc.status != WcStatus::WrFlushErr {
+                    log::debug!(
+                        "nvmf rdma: qid {} work request failed: {:?}",
+                        c.qid,
+                        wc.status
+                    );
+                    self.begin_close(i);
+                }
+            }
+        }
+    }
+
+    fn recv_done(&mut self, wc: &Wc, tok: &Token, ok: bool) {
+        let id = tok.index;
+        let srq = self.srq.is_some();
+        let conn = if srq {
+            self.srq_posted = self.srq_posted.saturating_sub(1);
+            self.by_qpn.get(&wc.qp_num).map(|&s| usize::from(s))
+        } else {
+            self.conn_of(tok)
+        };
+        let Some(i) = conn else {
+            if srq {
+                self.srq_repost.push(id);
+            }
+            return;
+        };
+        let Shared {
+            conns,
+            recvs,
+            recv_lkey,
+            mrs,
+            pd,
+            srq_repost,
+            stats,
+            ..
+        } = self;
+        let Some(c) = conns[i].as_mut() else {
+            return;
+        };
+        if !srq {
+            c.recvs_posted = c.recvs_posted.saturating_sub(1);
+        }
+        let live = c.state == ConnState::Live;
+        if !ok || !live || wc.opcode != WcOpcode::Recv {
+            if srq {
+                srq_repost.push(id);
+            }
+            if !ok && wc.status != WcStatus::WrFlushErr {
+                self.begin_close(i);
+            }
+            return;
+        }
+        stats.capsules += 1;
+        if !c.backlog.is_empty() {
+            // Keep order: behind the capsules already waiting.
+            if c.backlog.len() < c.backlog.capacity() {
+                c.backlog.push_back((id, wc.byte_len));
+                stats.capsules_queued += 1;
+            } else {
+                self.fail_capsule(i, id);
+            }
+            return;
+        }
+        match submit(c, recvs, mrs, pd, id, wc.byte_len) {
+            Ok(()) => repost(c, recvs, recv_lkey, srq_repost, srq, id),
+            Err(CapsuleError::QueueFull) if c.backlog.len() < c.backlog.capacity() => {
+                c.backlog.push_back((id, wc.byte_len));
+                stats.capsules_queued += 1;
+            }
+            Err(e) => {
+                log::debug!(
+                    "nvmf rdma: qid {}: bad capsule ({e}); closing the queue",
+                    c.qid
+                );
+                self.fail_capsule(i, id);
+            }
+        }
+    }
+
+    /// A capsule that cannot be served: give its buffer back, close the queue.
+    fn fail_capsule(&mut self, i: usize, id: u32) {
+        if self.srq.is_some() {
+            self.srq_repost.push(id);
+        }
+        self.begin_close(i);
+    }
+
+    /// Start tearing connection `i` down (idempotent): the CM disconnect
+    /// moves the QP to ERR, its WRs flush, and [`Self::service`] destroys it
+    /// once the core has no transfer pending.
+    fn begin_close(&mut self, i: usize) {
+        let Some(c) = self.conns.get_mut(i).and_then(|c| c.as_mut()) else {
+            return;
+        };
+        if c.state == ConnState::Closing {
+            return;
+        }
+        c.state = ConnState::Closing;
+        c.io.closing = true;
+        let _ = c.cm.disconnect();
+        if c.qp.state() != QpState::Err {
+            let _ = c.qp.modify(&QpAttr::to(QpState::Err));
+        }
+    }
+
+    /// Per-queue work of one poll round.
+    fn service(&mut self, i: usize, cm_round: bool) -> bool {
+        let srq = self.srq.is_some();
+        let Shared {
+            conns,
+            recvs,
+            recv_lkey,
+            mrs,
+            pd,
+            srq_repost,
+            ..
+        } = self;
+        let Some(c) = conns[i].as_mut() else {
+            return false;
+        };
+        let mut busy = false;
+        let mut close = false;
+        {
+            let mut ops = RdmaOps {
+                io: &mut c.io,
+                shared: mrs,
+                pd,
+            };
+            busy |= c.core.poll(&mut ops).is_busy();
+        }
+        while c.state == ConnState::Live {
+            let Some(&(id, len)) = c.backlog.front() else {
+                break;
+            };
+            match submit(c, recvs, mrs, pd, id, len) {
+                Ok(()) => {
+                    c.backlog.pop_front();
+                    repost(c, recvs, recv_lkey, srq_repost, srq, id);
+                    busy = true;
+                }
+                Err(CapsuleError::QueueFull) => break,
+                Err(_) => {
+                    close = true;
+                    break;
+                }
+            }
+        }
+        if c.io.has_pending() {
+            busy = true;
+            if let Err(e) = c.io.flush(&c.qp) {
+                log::debug!(
+                    "nvmf rdma: qid {}: post failed ({e:?}); closing the queue",
+                    c.qid
+                );
+                close = true;
+                // WRs that never reached the QP never complete: nothing
+                // more will come for them, so the core must not wait.
+                c.io.closing = true;
+            }
+        }
+        if !srq && c.state == ConnState::Live && !c.own_recvs.is_empty() {
+            // (Receives are reposted by `repost`, posted here in one batch.)
+        }
+        if c.io.disconnect_requested {
+            eprintln!("DEBUG core disconnect");
+            close = true;
+        }
+        if cm_round && c.state == ConnState::Live {
+            while let Ok(Some(ev)) = c.cm.get_event() {
+                eprintln!("DEBUG cm {ev:?}");
+                if matches!(ev, CmEvent::Disconnected | CmEvent::ConnectError) {
+                    close = true;
+                }
+            }
+        }
+        if close {
+            self.begin_close(i);
+            busy = true;
+        }
+        let Some(c) = self.conns[i].as_mut() else {
+            return busy;
+        };
+        if c.state == ConnState::Closing && c.core.transfers_in_flight() == 0 {
+            self.destroy(i);
+            busy = true;
+        }
+        busy
+    }
+
+    /// Destroy connection `i` on this core: QP first (no more DMA into our
+    /// buffers), then return its receive buffers, then drop the core's queue
+    /// (bdev I/O still in flight owns its buffers and completes into the void).
+    fn destroy(&mut self, i: usize) {
+        let Some(mut c) = self.conns[i].take() else {
+            return;
+        };
+        self.by_qpn.remove(&c.qp_num);
+        self.cq_reserved = self.cq_reserved.saturating_sub(c.cqes);
+        let parked = c.core.stats().parked;
+        let (busy, doorbells) = (c.io.busy, c.io.doorbells);
+        drop(c.qp);
+        if self.srq.is_some() {
+            self.srq_repost
+                .extend(c.backlog.drain(..).map(|(id, _)| id));
+        } else {
+            self.free_recvs.append(&mut c.own_recvs);
+        }
+        drop(c.core);
+        drop(c.io);
+        drop(c.cm);
+        self.stats.core_parked += parked;
+        self.stats.transport_busy += busy;
+        self.stats.doorbells += doorbells;
+        self.gens[i] = self.gens[i].wrapping_add(1) & 0x3FFF;
+        self.free_slots.push(i as u16);
+        self.transport
+            .stats
+            .destroyed
+            .fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+fn recv_sge(recvs: &[Option<DmaBuf>], lkeys: &[u32], id: u32) -> Sge {
+    let i = id as usize;
+    match recvs.get(i).and_then(|b| b.as_ref()) {
+        Some(b) => Sge {
+            addr: b.addr() as u64,
+            length: b.len() as u32,
+            lkey: lkeys.get(i).copied().unwrap_or(0),
+        },
+        None => Sge::default(),
+    }
+}
+
+/// Post receive buffers `ids` to the queue's own receive queue.
+fn post_rq<P: Provider>(
+    c: &Conn<P>,
+    recvs: &[Option<DmaBuf>],
+    lkeys: &[u32],
+    ids: &[u32],
+) -> Result<(), pollux_verbs::PostError> {
+    for chunk in ids.chunks(32) {
+        let mut sges = [Sge::default(); 32];
+        for (s, &id) in sges.iter_mut().zip(chunk) {
+            *s = recv_sge(recvs, lkeys, id);
+        }
+        let mut wrs = [RecvWr {
+            wr_id: WrId(0),
+            sg_list: &[],
+        }; 32];
+        for (k, w) in wrs.iter_mut().enumerate().take(chunk.len()) {
+            *w = RecvWr {
+                wr_id: Token::new(WrKind::Recv, c.io.slot, c.io.gen, chunk[k]).encode(),
+                sg_list: std::slice::from_ref(&sges[k]),
+            };
+        }
+        c.qp.post_recv(&wrs[..chunk.len()])?;
+    }
+    Ok(())
+}
+
+/// Give a consumed receive buffer back: to the SRQ batch, or straight to
+/// the queue's own receive queue.
+fn repost<P: Provider>(
+    c: &mut Conn<P>,
+    recvs: &[Option<DmaBuf>],
+    lkeys: &[u32],
+    srq_repost: &mut Vec<u32>,
+    srq: bool,
+    id: u32,
+) {
+    if srq {
+        srq_repost.push(id);
+    } else if post_rq(c, recvs, lkeys, std::slice::from_ref(&id)).is_ok() {
+        c.recvs_posted += 1;
+    }
+}
+
+/// Hand the capsule in receive buffer `id` to the core. The core copies
+/// the SQE and any in-capsule data it keeps, so the buffer can be reposted
+/// at once.
+fn submit<P: Provider>(
+    c: &mut Conn<P>,
+    recvs: &[Option<DmaBuf>],
+    mrs: &MrTable<P>,
+    pd: &P::Pd,
+    id: u32,
+    len: u32,
+) -> Result<(), CapsuleError> {
+    let Some(buf) = recvs.get(id as usize).and_then(|b| b.as_ref()) else {
+        return Err(CapsuleError::Malformed(0));
+    };
+    let bytes = buf.as_slice();
+    let bytes = &bytes[..(len as usize).min(bytes.len())];
+    let mut ops = RdmaOps {
+        io: &mut c.io,
+        shared: mrs,
+        pd,
+    };
+    c.core.submit_capsule(bytes, &mut ops)
+}

@@ -1,0 +1,289 @@
+//! RDMA transport tests over the soft provider, with a small verbs-level
+//! test host ([`host`]) on a one-reactor [`TestCluster`].
+
+mod host;
+
+use std::rc::Rc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use pollux_bdev::BdevRegistry;
+use pollux_reactor::TestCluster;
+use pollux_verbs::soft::Soft;
+
+use self::host::{spin, ConnectOutcome, Host, DYNAMIC};
+use super::{RdmaOptions, RdmaPollGroup, RdmaTransport};
+use crate::spec::cmd::NvmeCmd;
+use crate::spec::property::{ofst, PropertyCmd, PropertySize};
+use crate::spec::rdma_cm::{CmRejectStatus, CmRequest};
+use crate::spec::sgl::SglDescriptor;
+use crate::spec::transport_id::{AdrFam, TrType, TransportId};
+use crate::target::{NamespaceConfig, SubsystemConfig, Target, TargetOptions};
+
+const NQN: &str = "nqn.2024-01.io.pollux:rdma-test";
+
+struct Fx {
+    cl: TestCluster,
+    target: Arc<Target>,
+    transport: Arc<RdmaTransport<Soft>>,
+    pg: Rc<RdmaPollGroup<Soft>>,
+    addr: String,
+}
+
+fn fixture(opts: RdmaOptions) -> Fx {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let cl = TestCluster::new(1);
+    let topts = TargetOptions {
+        in_capsule_data_size: 16384,
+        ..TargetOptions::for_tests()
+    };
+    let target = Target::new(topts).expect("target");
+    let mut sc = SubsystemConfig::new(NQN);
+    sc.allow_any_host = true;
+    let sub = target.add_subsystem(sc).expect("subsystem");
+    let bdev = BdevRegistry::new().create("malloc:size=4M,block=512").expect("bdev");
+    sub.add_namespace(NamespaceConfig::new(bdev)).expect("namespace");
+    let transport = RdmaTransport::<Soft>::new(&target, opts).expect("transport");
+    target.add_transport(transport.clone()).expect("add transport");
+    let pg = cl.on(0, |r| transport.create_poll_group(r)).expect("poll group");
+    let addr = format!("@pollux-rdma-test-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
+    target
+        .add_listener(TransportId {
+            trtype: TrType::Rdma,
+            adrfam: AdrFam::IntraHost,
+            traddr: addr.clone(),
+            trsvcid: String::new(),
+        })
+        .expect("listener");
+    assert!(spin(&cl, || (pg.listeners() == 1).then_some(())).is_some(), "not listening");
+    Fx {
+        cl,
+        target,
+        transport,
+        pg,
+        addr,
+    }
+}
+
+impl Fx {
+    /// Admin queue + Connect + CC.EN; returns the host and the cntlid.
+    fn admin(&self) -> (Host, u16) {
+        let mut h = Host::connect(&self.cl, &self.addr, 0, 32);
+        let cpl = h.fabrics_connect(&self.cl, 0, NQN, DYNAMIC);
+        assert!(cpl.status.is_success(), "admin connect: {:?}", cpl.status);
+        let cntlid = cpl.dw0 as u16;
+        let cc = 1 | (6 << 16) | (4 << 20);
+        let cpl = h
+            .exec(&self.cl, &PropertyCmd::set(ofst::CC, PropertySize::Four, cc, 2), &[])
+            .cpl;
+        assert!(cpl.status.is_success());
+        (h, cntlid)
+    }
+
+    fn io(&self, cntlid: u16, depth: u16) -> Host {
+        let mut h = Host::connect(&self.cl, &self.addr, 1, depth);
+        let cpl = h.fabrics_connect(&self.cl, 1, NQN, cntlid);
+        assert!(cpl.status.is_success(), "I/O connect: {:?}", cpl.status);
+        h
+    }
+}
+
+fn rw(opc: u8, cid: u16, lba: u64, bytes: u32, sgl: &SglDescriptor) -> NvmeCmd {
+    let mut c = NvmeCmd::new(opc, cid);
+    c.nsid = 1;
+    c.cdw10 = lba as u32;
+    c.cdw11 = (lba >> 32) as u32;
+    c.cdw12 = bytes / 512 - 1;
+    c.set_sgl(sgl);
+    c
+}
+
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+}
+
+fn io_round_trip(opts: RdmaOptions) {
+    let fx = fixture(opts);
+    let (mut admin, cntlid) = fx.admin();
+    // Identify Controller: 4 KiB by RDMA WRITE; IOCCSZ = (64 + 16 KiB) / 16.
+    let mut id = NvmeCmd::new(0x06, 3);
+    id.cdw10 = 1;
+    id.set_sgl(&admin.keyed(0, 4096, false));
+    assert!(admin.exec(&fx.cl, &id, &[]).cpl.status.is_success());
+    let ioccsz = u32::from_le_bytes(admin.data(1792, 4).try_into().expect("4 bytes"));
+    assert_eq!(ioccsz, (64 + 16384) / 16);
+
+    let mut io = fx.io(cntlid, 32);
+    // In-capsule writes: 4 KiB and 16 KiB.
+    for (cid, lba, len) in [(10u16, 0u64, 4096usize), (11, 8, 16384)] {
+        let data = pattern(cid as u8, len);
+        let cmd = rw(0x01, cid, lba, len as u32, &SglDescriptor::in_capsule(0, len as u32));
+        let r = io.exec(&fx.cl, &cmd, &data);
+        assert!(r.cpl.status.is_success(), "inline write {len}: {:?}", r.cpl.status);
+    }
+    // 128 KiB write by RDMA READ from the host.
+    let big = pattern(99, 128 * 1024);
+    io.data_mut(0, big.len()).copy_from_slice(&big);
+    let cmd = rw(0x01, 12, 64, big.len() as u32, &io.keyed(0, big.len() as u32, false));
+    assert!(io.exec(&fx.cl, &cmd, &[]).cpl.status.is_success());
+    // Read it back by RDMA WRITE, without invalidation.
+    io.data_mut(0, 256 * 1024).fill(0);
+    let cmd = rw(0x02, 13, 64, big.len() as u32, &io.keyed(0, big.len() as u32, false));
+    let r = io.exec(&fx.cl, &cmd, &[]);
+    assert!(r.cpl.status.is_success());
+    assert_eq!(r.invalidated, None);
+    assert!(io.data(0, big.len()) == &big[..], "128 KiB read back differs");
+    // The 16 KiB in-capsule write, read with remote invalidation.
+    let (sgl, key) = io.keyed_inv(&fx.cl, 200 * 1024, 16384);
+    let cmd = rw(0x02, 14, 8, 16384, &sgl);
+    let r = io.exec(&fx.cl, &cmd, &[]);
+    assert!(r.cpl.status.is_success());
+    let want_inv = fx.transport.options().send_with_invalidate.then_some(key);
+    assert_eq!(r.invalidated, want_inv, "SEND_WITH_INV flag on the host completion");
+    assert!(io.data(200 * 1024, 16384) == &pattern(11, 16384)[..]);
+    let cmd = rw(0x02, 15, 8, 16384, &sgl);
+    if fx.transport.options().send_with_invalidate {
+        // The key is invalid now: the target's WRITE fails, the queue dies.
+        io.send(&cmd, &[]);
+        let failed = spin(&fx.cl, || (fx.pg.stats().wc_errors > 0).then_some(()));
+        assert!(failed.is_some(), "a WRITE to an invalidated key succeeded");
+        let gone = spin(&fx.cl, || (fx.pg.connections() == 1).then_some(()));
+        assert!(gone.is_some(), "the broken queue was not destroyed");
+    } else {
+        io.data_mut(200 * 1024, 16384).fill(0);
+        assert!(io.exec(&fx.cl, &cmd, &[]).cpl.status.is_success());
+        assert!(io.data(200 * 1024, 16384) == &pattern(11, 16384)[..]);
+    }
+    let st = fx.pg.stats();
+    assert!(st.capsules >= 9, "{st:?}");
+    assert!(st.doorbells > 0);
+    assert!(fx.transport.stats().recv_memory_bytes > 0);
+    drop(admin);
+}
+
+
+#[test]
+fn connect_identify_and_io_with_srq() {
+    io_round_trip(RdmaOptions::for_tests());
+}
+
+#[test]
+fn connect_identify_and_io_without_srq() {
+    io_round_trip(RdmaOptions {
+        no_srq: true,
+        ..RdmaOptions::for_tests()
+    });
+}
+
+#[test]
+fn send_with_invalidate_can_be_disabled() {
+    io_round_trip(RdmaOptions {
+        send_with_invalidate: false,
+        ..RdmaOptions::for_tests()
+    });
+}
+
+#[test]
+fn bad_cm_private_data_is_rejected_with_its_status() {
+    let fx = fixture(RdmaOptions::for_tests());
+    let good = CmRequest {
+        recfmt: 0,
+        qid: 1,
+        hrqsize: 32,
+        hsqsize: 31,
+        cntlid: 0,
+    };
+    let cases = [
+        (CmRequest { recfmt: 1, ..good }, CmRejectStatus::InvalidRecfmt),
+        (CmRequest { qid: 0, ..good }.with_hsq(40), CmRejectStatus::InvalidHsqsize),
+        (good.with_hsq(1000), CmRejectStatus::InvalidHsqsize),
+        (CmRequest { hrqsize: 0, ..good }, CmRejectStatus::InvalidHrqsize),
+    ];
+    for (req, want) in cases {
+        match Host::connect_raw(&fx.cl, &fx.addr, &req.encode(), 8) {
+            ConnectOutcome::Rejected(st) => assert_eq!(st, Some(want), "{req:?}"),
+            ConnectOutcome::Connected(_) => panic!("{req:?} was accepted"),
+        }
+    }
+    assert_eq!(fx.transport.stats().rejected, 4);
+    assert_eq!(fx.pg.connections(), 0);
+}
+
+impl CmRequest {
+    fn with_hsq(mut self, hsqsize: u16) -> Self {
+        self.hsqsize = hsqsize;
+        self
+    }
+}
+
+#[test]
+fn a_host_running_ahead_of_its_queue_depth_is_queued_not_dropped() {
+    let fx = fixture(RdmaOptions::for_tests());
+    let (_admin, cntlid) = fx.admin();
+    let mut io = fx.io(cntlid, 4);
+    // 8 commands on a 4-entry queue (the host ignores SQHD).
+    for cid in 0..8u16 {
+        let cmd = rw(0x01, 100 + cid, u64::from(cid) * 8, 4096, &SglDescriptor::in_capsule(0, 4096));
+        io.send(&cmd, &pattern(cid as u8, 4096));
+    }
+    let got = spin(&fx.cl, || {
+        io.poll();
+        (io.rsps.len() == 8).then_some(())
+    });
+    assert!(got.is_some(), "only {} responses, {:?}", io.rsps.len(), fx.pg.stats());
+    assert!(io.rsps.iter().all(|r| r.cpl.status.is_success()));
+    assert!(fx.pg.stats().capsules_queued > 0, "{:?}", fx.pg.stats());
+}
+
+#[test]
+fn a_thousand_abrupt_disconnects_leak_nothing() {
+    let fx = fixture(RdmaOptions::for_tests());
+    let (_admin, cntlid) = fx.admin();
+    let pool_start = fx.target.data_pool().available();
+    let idle_start = fx.pg.stats();
+    assert_eq!(idle_start.recv_buffers_idle, idle_start.recv_buffers);
+    for round in 0..1000u32 {
+        let mut io = fx.io(cntlid, 8);
+        // Two 128 KiB writes (RDMA READ) and a read (RDMA WRITE) in flight.
+        let c1 = rw(0x01, 1, 0, 128 * 1024, &io.keyed(0, 128 * 1024, false));
+        let c2 = rw(0x01, 2, 256, 128 * 1024, &io.keyed(128 * 1024, 128 * 1024, false));
+        let c3 = rw(0x02, 3, 0, 128 * 1024, &io.keyed(256 * 1024, 128 * 1024, round % 2 == 0));
+        io.send(&c1, &[]);
+        io.send(&c2, &[]);
+        io.send(&c3, &[]);
+        // Let the target start some of it (varies with the round).
+        for _ in 0..(round % 7) {
+            fx.cl.poll_once_all();
+        }
+        io.kill();
+        let gone = spin(&fx.cl, || (fx.pg.connections() == 1).then_some(()));
+        assert!(gone.is_some(), "round {round}: queue not destroyed");
+    }
+    // Let bdev I/O that completed into the void return its buffers.
+    let _ = fx.cl.poll_until_idle_within(100_000);
+    let st = fx.pg.stats();
+    assert_eq!(st.recv_buffers_idle, st.recv_buffers, "receive buffers leaked");
+    let ts = fx.transport.stats();
+    assert_eq!(ts.destroyed, 1000);
+    assert_eq!(ts.accepted, 1001);
+    let back = spin(&fx.cl, || {
+        (fx.target.data_pool().available() + fx.cached() == pool_start + fx.cached_at_start()).then_some(())
+    });
+    let _ = back;
+    assert_eq!(
+        fx.target.data_pool().available() + fx.cached(),
+        pool_start + fx.cached_at_start(),
+        "data buffers leaked"
+    );
+}
+
+impl Fx {
+    /// Buffers in this core's cache of the data pool.
+    fn cached(&self) -> usize {
+        self.cl.on(0, |r| self.target.core_ctx(r).cached_buffers())
+    }
+
+    fn cached_at_start(&self) -> usize {
+        0
+    }
+}

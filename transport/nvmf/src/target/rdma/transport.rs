@@ -1,0 +1,189 @@
+//! [`RdmaTransport`]: the shared (`Send + Sync`) half of the RDMA
+//! transport: options, listeners and connection counters. The per-core
+//! half is [`RdmaPollGroup`](super::RdmaPollGroup).
+
+use std::marker::PhantomData;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use pollux_reactor::Reactor;
+use pollux_verbs::{CmAddr, Provider};
+
+use super::super::target::Target;
+use super::super::transport::{TargetTransport, TransportError};
+use super::options::RdmaOptions;
+use super::poll_group::RdmaPollGroup;
+use crate::spec::log_page::RdmaTsas;
+use crate::spec::transport_id::{TrType, TransportId};
+
+/// The verbs CM address of a transport id: `traddr` alone when `trsvcid`
+/// is empty (the soft provider's socket name, e.g. `@pollux-tgt`), else
+/// `traddr:trsvcid` (ibverbs `ip:port`).
+pub fn cm_addr(trid: &TransportId) -> CmAddr {
+    if trid.trsvcid.is_empty() {
+        CmAddr::new(trid.traddr.clone())
+    } else {
+        CmAddr::new(format!("{}:{}", trid.traddr, trid.trsvcid))
+    }
+}
+
+/// A listener and the poll group (core) that owns its CM endpoint.
+#[derive(Debug, Clone)]
+pub(crate) struct ListenEntry {
+    pub(crate) trid: TransportId,
+    /// Core index of the owning poll group (`None`: the first group to see it).
+    pub(crate) owner: Option<usize>,
+}
+
+/// Connection counters of the whole transport (control path: updated on
+/// connect and disconnect only).
+#[derive(Debug, Default)]
+pub(crate) struct SharedStats {
+    pub(crate) accepted: AtomicU64,
+    pub(crate) rejected: AtomicU64,
+    pub(crate) rejected_no_resources: AtomicU64,
+    pub(crate) destroyed: AtomicU64,
+    pub(crate) recv_memory: AtomicU64,
+}
+
+/// A snapshot of [`RdmaTransport::stats`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RdmaTransportStats {
+    /// Connections accepted.
+    pub accepted: u64,
+    /// Connect requests rejected (any reason).
+    pub rejected: u64,
+    /// Of those, rejected for lack of resources (CQ room, receive buffers, QP).
+    pub rejected_no_resources: u64,
+    /// Connections torn down and destroyed.
+    pub destroyed: u64,
+    /// Bytes of receive buffers allocated by all poll groups.
+    pub recv_memory_bytes: u64,
+}
+
+/// The RDMA transport, generic over the verbs provider (`Soft`, or the
+/// `ibverbs` provider with that feature).
+pub struct RdmaTransport<P: Provider> {
+    pub(crate) target: Arc<Target>,
+    pub(crate) opts: RdmaOptions,
+    pub(crate) listeners: Mutex<Vec<ListenEntry>>,
+    /// Bumped on every listener change; poll groups compare it once per poll.
+    pub(crate) listen_gen: AtomicU64,
+    pub(crate) groups: AtomicUsize,
+    pub(crate) stats: SharedStats,
+    _p: PhantomData<fn() -> P>,
+}
+
+impl<P: Provider> std::fmt::Debug for RdmaTransport<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RdmaTransport")
+            .field("provider", &P::NAME)
+            .field("opts", &self.opts)
+            .finish()
+    }
+}
+
+impl<P: Provider> RdmaTransport<P> {
+    /// A transport for `target` (control path). Add it with
+    /// [`Target::add_transport`], then create one poll group per reactor
+    /// with [`RdmaTransport::create_poll_group`].
+    ///
+    /// # Errors
+    ///
+    /// [`TransportError::Other`] when the options cannot work together
+    /// with the target's (the message names them).
+    pub fn new(target: &Arc<Target>, opts: RdmaOptions) -> Result<Arc<Self>, TransportError> {
+        opts.validate(target.options())
+            .map_err(|e| TransportError::Other(e.to_string()))?;
+        Ok(Arc::new(RdmaTransport {
+            target: Arc::clone(target),
+            opts,
+            listeners: Mutex::new(Vec::new()),
+            listen_gen: AtomicU64::new(1),
+            groups: AtomicUsize::new(0),
+            stats: SharedStats::default(),
+            _p: PhantomData,
+        }))
+    }
+
+    /// The options.
+    pub fn options(&self) -> &RdmaOptions {
+        &self.opts
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Vec<ListenEntry>> {
+        self.listeners.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// This core's poll group (control path): opens the device, creates
+    /// the CQ, the SRQ and the receive buffers, registers the target's
+    /// data buffers, and adds the poller. Keep the returned handle; the
+    /// group stops (and tears its connections down) when it is dropped.
+    ///
+    /// # Errors
+    ///
+    /// [`TransportError::NoResources`] when a verbs object or the receive
+    /// buffers cannot be created.
+    pub fn create_poll_group(
+        self: &Arc<Self>,
+        reactor: &Reactor,
+    ) -> Result<Rc<RdmaPollGroup<P>>, TransportError> {
+        let index = self.groups.fetch_add(1, Ordering::Relaxed);
+        RdmaPollGroup::new(self, reactor, index)
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> RdmaTransportStats {
+        let s = &self.stats;
+        RdmaTransportStats {
+            accepted: s.accepted.load(Ordering::Relaxed),
+            rejected: s.rejected.load(Ordering::Relaxed),
+            rejected_no_resources: s.rejected_no_resources.load(Ordering::Relaxed),
+            destroyed: s.destroyed.load(Ordering::Relaxed),
+            recv_memory_bytes: s.recv_memory.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl<P: Provider> TargetTransport for RdmaTransport<P> {
+    fn name(&self) -> &'static str {
+        "rdma"
+    }
+
+    fn trtype(&self) -> TrType {
+        TrType::Rdma
+    }
+
+    fn listen(&self, trid: &TransportId) -> Result<(), TransportError> {
+        let mut l = self.lock();
+        if l.iter().any(|e| &e.trid == trid) {
+            return Err(TransportError::AlreadyListening(trid.clone()));
+        }
+        // Spread listeners over the poll groups that exist (round robin);
+        // CM ids are `!Send`, so a listener's connections stay on its core.
+        let groups = self.groups.load(Ordering::Relaxed);
+        let owner = (groups > 0).then(|| l.len() % groups);
+        l.push(ListenEntry {
+            trid: trid.clone(),
+            owner,
+        });
+        self.listen_gen.fetch_add(1, Ordering::Release);
+        Ok(())
+    }
+
+    fn stop_listen(&self, trid: &TransportId) -> Result<(), TransportError> {
+        let mut l = self.lock();
+        let i = l
+            .iter()
+            .position(|e| &e.trid == trid)
+            .ok_or_else(|| TransportError::NotListening(trid.clone()))?;
+        l.remove(i);
+        self.listen_gen.fetch_add(1, Ordering::Release);
+        Ok(())
+    }
+
+    fn rdma_tsas(&self, _trid: &TransportId) -> Option<RdmaTsas> {
+        Some(RdmaTsas::rc_cm())
+    }
+}

@@ -1,0 +1,381 @@
+//! The [`Target`]: options, transports, listeners, subsystems (the
+//! discovery subsystem included) and the shared data buffer pool.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use pollux_reactor::mem::{BufPool, BufPoolOptions, HugepageMode};
+use pollux_reactor::{IoDevice, Reactor};
+
+use super::core_ctx::CoreCtx;
+use super::error::TargetError;
+use super::subsystem::{DiscoveryGen, Subsystem, SubsystemConfig, SubsystemKind, DISCOVERY_NQN};
+use super::transport::TargetTransport;
+use crate::spec::transport_id::TransportId;
+
+/// Target-wide options.
+#[derive(Debug, Clone)]
+pub struct TargetOptions {
+    /// Most entries per I/O queue (CAP.MQES + 1, Identify MAXCMD).
+    pub max_queue_depth: u16,
+    /// Largest data transfer of one command, bytes (Identify MDTS): a power
+    /// of two multiple of 4 KiB.
+    pub max_io_size: u32,
+    /// Size of each data buffer of the shared pool. A transfer uses
+    /// `ceil(len / io_unit_size)` of them; keep `max_io_size / io_unit_size`
+    /// at most 4 so a request's buffer list never allocates.
+    pub io_unit_size: u32,
+    /// In-capsule data accepted on I/O queues (Identify IOCCSZ), bytes.
+    pub in_capsule_data_size: u32,
+    /// Buffers in the shared data pool.
+    pub num_data_buffers: usize,
+    /// Buffers each core's cache keeps.
+    pub buffer_cache_size: usize,
+    /// Hugepage policy of the pools.
+    pub hugepages: HugepageMode,
+    /// KATO used for discovery controllers that connect with KATO 0 (Linux: 120 s).
+    pub discovery_kato_ms: u32,
+}
+
+impl Default for TargetOptions {
+    fn default() -> Self {
+        TargetOptions {
+            max_queue_depth: 128,
+            max_io_size: 128 * 1024,
+            io_unit_size: 32 * 1024,
+            in_capsule_data_size: 4096,
+            num_data_buffers: 1024,
+            buffer_cache_size: 32,
+            hugepages: HugepageMode::Auto,
+            discovery_kato_ms: 120_000,
+        }
+    }
+}
+
+impl TargetOptions {
+    /// Small pools and ordinary pages: for tests and the loopback transport.
+    pub fn for_tests() -> Self {
+        TargetOptions {
+            num_data_buffers: 64,
+            buffer_cache_size: 8,
+            hugepages: HugepageMode::Never,
+            ..TargetOptions::default()
+        }
+    }
+
+    fn validate(&self) -> Result<(), TargetError> {
+        if self.max_queue_depth < 2 {
+            return Err(TargetError::InvalidOption(
+                "max_queue_depth must be at least 2",
+            ));
+        }
+        if self.max_io_size < 4096 || !self.max_io_size.is_power_of_two() {
+            return Err(TargetError::InvalidOption(
+                "max_io_size must be a power of two ≥ 4096",
+            ));
+        }
+        if self.io_unit_size < 4096 || self.io_unit_size > self.max_io_size {
+            return Err(TargetError::InvalidOption(
+                "io_unit_size must lie in 4096..=max_io_size",
+            ));
+        }
+        if self.in_capsule_data_size % 16 != 0 || self.in_capsule_data_size > 64 * 1024 {
+            return Err(TargetError::InvalidOption(
+                "in_capsule_data_size must be a multiple of 16, at most 64 KiB",
+            ));
+        }
+        if self.num_data_buffers == 0 {
+            return Err(TargetError::InvalidOption(
+                "num_data_buffers must be positive",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Identify MDTS (2^MDTS × 4 KiB).
+    pub fn mdts(&self) -> u8 {
+        (self.max_io_size / 4096).trailing_zeros() as u8
+    }
+}
+
+/// A listener: a transport address and its port id (discovery PORTID).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listener {
+    /// The address.
+    pub trid: TransportId,
+    /// Port id.
+    pub portid: u16,
+}
+
+#[derive(Default)]
+struct TargetState {
+    subsystems: Vec<Arc<Subsystem>>,
+    listeners: Vec<Listener>,
+    transports: Vec<Arc<dyn TargetTransport>>,
+    next_portid: u16,
+}
+
+/// The NVMe-oF target: a control-plane object shared by every core.
+///
+/// Configuration (subsystems, namespaces, hosts, transports, listeners) and
+/// the admin commands that need target-wide state take its `Mutex`; that is
+/// control path only. Per-core state (the buffer cache) is the target's
+/// [`IoDevice`] channel on each reactor.
+pub struct Target {
+    opts: TargetOptions,
+    data_pool: BufPool,
+    disc: Arc<DiscoveryGen>,
+    discovery: Arc<Subsystem>,
+    state: Mutex<TargetState>,
+}
+
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Target")
+            .field("opts", &self.opts)
+            .field("subsystems", &self.lock().subsystems.len())
+            .finish()
+    }
+}
+
+impl Target {
+    /// A target with `opts` (control path: creates the data buffer pool).
+    ///
+    /// # Errors
+    ///
+    /// [`TargetError::InvalidOption`], or [`TargetError::Memory`] when the
+    /// pool cannot be created.
+    pub fn new(opts: TargetOptions) -> Result<Arc<Target>, TargetError> {
+        opts.validate()?;
+        let mut po = BufPoolOptions::new(
+            "nvmf-data",
+            opts.io_unit_size as usize,
+            opts.num_data_buffers,
+        );
+        po.cache_size = opts.buffer_cache_size.max(1);
+        po.hugepages = opts.hugepages;
+        let data_pool = BufPool::new(po)?;
+        let disc = Arc::new(DiscoveryGen::default());
+        let mut dcfg = SubsystemConfig::new(DISCOVERY_NQN);
+        dcfg.model = "Pollux discovery controller".into();
+        let discovery = Subsystem::new(dcfg, SubsystemKind::Discovery, Arc::clone(&disc))?;
+        disc.set_discovery(&discovery);
+        Ok(Arc::new(Target {
+            opts,
+            data_pool,
+            disc,
+            discovery,
+            state: Mutex::new(TargetState {
+                next_portid: 1,
+                ..TargetState::default()
+            }),
+        }))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, TargetState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The options.
+    pub fn options(&self) -> &TargetOptions {
+        &self.opts
+    }
+
+    /// The shared data buffer pool.
+    pub fn data_pool(&self) -> &BufPool {
+        &self.data_pool
+    }
+
+    /// Add a transport (one per transport type).
+    ///
+    /// # Errors
+    ///
+    /// [`TargetError::TransportExists`].
+    pub fn add_transport(&self, t: Arc<dyn TargetTransport>) -> Result<(), TargetError> {
+        let mut st = self.lock();
+        if st.transports.iter().any(|x| x.trtype() == t.trtype()) {
+            return Err(TargetError::TransportExists(t.trtype()));
+        }
+        st.transports.push(t);
+        Ok(())
+    }
+
+    /// Listen at `trid` through the transport of its type; returns the port id.
+    ///
+    /// # Errors
+    ///
+    /// [`TargetError::NoTransport`], [`TargetError::ListenerExists`], or the
+    /// transport's error.
+    pub fn add_listener(&self, trid: TransportId) -> Result<u16, TargetError> {
+        let mut st = self.lock();
+        if st.listeners.iter().any(|l| l.trid == trid) {
+            return Err(TargetError::ListenerExists(trid));
+        }
+        let t = st
+            .transports
+            .iter()
+            .find(|t| t.trtype() == trid.trtype)
+            .cloned()
+            .ok_or(TargetError::NoTransport(trid.trtype))?;
+        t.listen(&trid)?;
+        let portid = st.next_portid;
+        st.next_portid = st.next_portid.wrapping_add(1).max(1);
+        st.listeners.push(Listener { trid, portid });
+        drop(st);
+        self.disc.bump();
+        Ok(portid)
+    }
+
+    /// Stop listening at `trid`.
+    ///
+    /// # Errors
+    ///
+    /// [`TargetError::NoSuchListener`] or the transport's error.
+    pub fn remove_listener(&self, trid: &TransportId) -> Result<(), TargetError> {
+        let mut st = self.lock();
+        let i = st
+            .listeners
+            .iter()
+            .position(|l| &l.trid == trid)
+            .ok_or_else(|| TargetError::NoSuchListener(trid.clone()))?;
+        if let Some(t) = st.transports.iter().find(|t| t.trtype() == trid.trtype) {
+            t.stop_listen(trid)?;
+        }
+        st.listeners.remove(i);
+        drop(st);
+        self.disc.bump();
+        Ok(())
+    }
+
+    /// The listeners.
+    pub fn listeners(&self) -> Vec<Listener> {
+        self.lock().listeners.clone()
+    }
+
+    /// The transport of `trid`'s type.
+    pub fn transport_for(&self, trid: &TransportId) -> Option<Arc<dyn TargetTransport>> {
+        self.lock()
+            .transports
+            .iter()
+            .find(|t| t.trtype() == trid.trtype)
+            .cloned()
+    }
+
+    /// Add an NVM subsystem.
+    ///
+    /// # Errors
+    ///
+    /// [`TargetError::SubsystemExists`] or a configuration error.
+    pub fn add_subsystem(&self, cfg: SubsystemConfig) -> Result<Arc<Subsystem>, TargetError> {
+        if cfg.nqn == DISCOVERY_NQN {
+            return Err(TargetError::SubsystemExists(cfg.nqn));
+        }
+        let mut st = self.lock();
+        if st.subsystems.iter().any(|s| s.nqn() == cfg.nqn) {
+            return Err(TargetError::SubsystemExists(cfg.nqn));
+        }
+        let s = Subsystem::new(cfg, SubsystemKind::Nvm, Arc::clone(&self.disc))?;
+        st.subsystems.push(Arc::clone(&s));
+        drop(st);
+        self.disc.bump();
+        Ok(s)
+    }
+
+    /// Remove a subsystem that has no controllers.
+    ///
+    /// # Errors
+    ///
+    /// [`TargetError::NoSuchSubsystem`] or [`TargetError::SubsystemInUse`].
+    pub fn remove_subsystem(&self, nqn: &str) -> Result<(), TargetError> {
+        let mut st = self.lock();
+        let i = st
+            .subsystems
+            .iter()
+            .position(|s| s.nqn() == nqn)
+            .ok_or_else(|| TargetError::NoSuchSubsystem(nqn.to_owned()))?;
+        let n = st.subsystems[i].controller_count();
+        if n > 0 {
+            return Err(TargetError::SubsystemInUse {
+                nqn: nqn.to_owned(),
+                controllers: n,
+            });
+        }
+        st.subsystems.remove(i);
+        drop(st);
+        self.disc.bump();
+        Ok(())
+    }
+
+    /// The subsystem `nqn` (the discovery subsystem included).
+    pub fn subsystem(&self, nqn: &str) -> Option<Arc<Subsystem>> {
+        if nqn == DISCOVERY_NQN {
+            return Some(Arc::clone(&self.discovery));
+        }
+        self.lock()
+            .subsystems
+            .iter()
+            .find(|s| s.nqn() == nqn)
+            .cloned()
+    }
+
+    /// The NVM subsystems.
+    pub fn subsystems(&self) -> Vec<Arc<Subsystem>> {
+        self.lock().subsystems.clone()
+    }
+
+    /// The discovery subsystem.
+    pub fn discovery_subsystem(&self) -> &Arc<Subsystem> {
+        &self.discovery
+    }
+
+    /// The discovery log generation counter.
+    pub fn discovery_genctr(&self) -> u64 {
+        self.disc.get()
+    }
+
+    /// Live controllers in every subsystem (discovery included).
+    pub fn controller_count(&self) -> usize {
+        self.discovery.controller_count()
+            + self
+                .lock()
+                .subsystems
+                .iter()
+                .map(|s| s.controller_count())
+                .sum::<usize>()
+    }
+
+    /// The discovery log `hostnqn` sees (control path, allocates): the
+    /// current discovery subsystem at `current` first (when given), then
+    /// every subsystem the host may access × every listener.
+    pub fn discovery_log(&self, hostnqn: &str, current: Option<&TransportId>) -> Vec<u8> {
+        super::discovery::build_log(self, hostnqn, current)
+    }
+
+    pub(crate) fn listeners_and_transports(
+        &self,
+    ) -> (Vec<Listener>, Vec<Arc<dyn TargetTransport>>) {
+        let st = self.lock();
+        (st.listeners.clone(), st.transports.clone())
+    }
+
+    /// This core's target context (created on first use).
+    pub(crate) fn core_ctx(self: &Arc<Self>, r: &Reactor) -> std::rc::Rc<CoreCtx> {
+        match r.channel(self) {
+            Ok(c) => c,
+            Err(never) => match never {},
+        }
+    }
+}
+
+/// The per-core state of a target is its io_device channel.
+impl IoDevice for Target {
+    type Channel = CoreCtx;
+    type Error = std::convert::Infallible;
+
+    fn create_channel(&self, r: &Reactor) -> Result<CoreCtx, Self::Error> {
+        Ok(CoreCtx::new(
+            r,
+            &self.data_pool,
+            self.opts.io_unit_size as usize,
+        ))
+    }
+}

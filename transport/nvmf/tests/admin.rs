@@ -1,0 +1,403 @@
+//! Admin commands end to end over the loopback transport: Identify, Set/Get
+//! Features, Get Log Page, AER, Abort and Keep Alive (with the manual clock).
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use pollux_nvmf::loopback_host::{HostData, HostQueue};
+use pollux_nvmf::spec::cmd::{AbortCmd, AdminOpcode, NvmeCmd};
+use pollux_nvmf::spec::cpl::NvmeStatus;
+use pollux_nvmf::spec::features::{fid, AsyncEvent, FeatureCmd, AEN_NS_ATTR};
+use pollux_nvmf::spec::identify::{
+    cns, parse_ns_id_descriptors, parse_ns_list, IdentifyNamespace, NsIdDescriptor,
+};
+use pollux_nvmf::spec::log_page::{lid, ErrorLogEntry, GetLogPageCmd, SmartLog};
+use pollux_nvmf::target::{NamespaceConfig, SubsystemConfig, Target, TargetOptions};
+
+fn log(
+    fx: &Fx,
+    q: &mut HostQueue,
+    id: u8,
+    len: u64,
+    rae: bool,
+) -> pollux_nvmf::loopback_host::Completed {
+    let cmd = GetLogPageCmd::to_cmd(id, 0xFFFF_FFFF, len, 0, rae, 0).unwrap();
+    fx.exec(q, cmd, HostData::Read(len as u32))
+}
+
+#[test]
+fn identify_namespaces() {
+    let fx = Fx::new();
+    let mut q = fx.admin();
+    let m2 = fx
+        .registry
+        .create("malloc:size=64K,block=4096,name=m2")
+        .unwrap();
+    fx.sub1
+        .add_namespace(NamespaceConfig::new(m2).with_nsid(5))
+        .unwrap();
+
+    let c = fx.identify(&mut q, cns::ACTIVE_NS_LIST, 0);
+    assert_eq!(parse_ns_list(&c.data.unwrap()).unwrap(), vec![1, 5]);
+    let c = fx.identify(&mut q, cns::ACTIVE_NS_LIST, 1);
+    assert_eq!(parse_ns_list(&c.data.unwrap()).unwrap(), vec![5]);
+    let c = fx.identify(&mut q, cns::ACTIVE_NS_LIST, 0xFFFF_FFFF);
+    assert_eq!(c.cpl.status, NvmeStatus::INVALID_NAMESPACE);
+
+    let c = fx.identify(&mut q, cns::NAMESPACE, 1);
+    let ns = IdentifyNamespace::parse(&c.data.unwrap()).unwrap();
+    assert_eq!((ns.nsze, ns.ncap, ns.nuse), (BLOCKS, BLOCKS, BLOCKS));
+    assert_eq!(ns.block_size(), Some(512));
+    assert_eq!(ns.nmic & 1, 1);
+    let ns5 =
+        IdentifyNamespace::parse(&fx.identify(&mut q, cns::NAMESPACE, 5).data.unwrap()).unwrap();
+    assert_eq!((ns5.nsze, ns5.block_size()), (16, Some(4096)));
+    // Inactive NSID: zeroes; NSID 0 / broadcast: Invalid Namespace.
+    let c = fx.identify(&mut q, cns::NAMESPACE, 3);
+    assert_eq!(c.cpl.status, NvmeStatus::SUCCESS);
+    assert!(c.data.unwrap().iter().all(|&b| b == 0));
+    assert_eq!(
+        fx.identify(&mut q, cns::NAMESPACE, 0).cpl.status,
+        NvmeStatus::INVALID_NAMESPACE
+    );
+
+    let c = fx.identify(&mut q, cns::NS_ID_DESCRIPTORS, 1);
+    let d = parse_ns_id_descriptors(&c.data.unwrap()).unwrap();
+    let ns1 = fx.sub1.namespace(1).unwrap();
+    assert_eq!(
+        d,
+        vec![
+            NsIdDescriptor::Eui64(ns1.eui64()),
+            NsIdDescriptor::Nguid(ns1.nguid()),
+            NsIdDescriptor::Uuid(ns1.uuid()),
+            NsIdDescriptor::Csi(0),
+        ]
+    );
+    assert_eq!(ns.nguid, ns1.nguid());
+    assert_eq!(ns.eui64, ns1.eui64());
+    assert_eq!(
+        fx.identify(&mut q, cns::NS_ID_DESCRIPTORS, 2).cpl.status,
+        NvmeStatus::INVALID_NAMESPACE
+    );
+    // CNS 6 (NVM command set controller) is all zero; unknown CNS is invalid.
+    let c = fx.identify(&mut q, cns::CSI_CONTROLLER, 0);
+    assert!(c.data.unwrap().iter().all(|&b| b == 0));
+    assert_eq!(
+        fx.identify(&mut q, 0x1F, 0).cpl.status,
+        NvmeStatus::INVALID_FIELD
+    );
+    // Identify with a short buffer.
+    let c = fx.exec(
+        &mut q,
+        pollux_nvmf::spec::identify::IdentifyCmd::to_cmd(1, 0, 0),
+        HostData::Read(512),
+    );
+    assert_eq!(c.cpl.status, NvmeStatus::DATA_SGL_LENGTH_INVALID);
+}
+
+#[test]
+fn namespace_ids_survive_a_restart() {
+    let ids = || {
+        let t = Target::new(TargetOptions::for_tests()).unwrap();
+        let s = t.add_subsystem(SubsystemConfig::new(SUB1)).unwrap();
+        let reg = pollux_bdev::BdevRegistry::new();
+        let b = reg.create("malloc:size=64K,block=512,name=x").unwrap();
+        s.add_namespace(NamespaceConfig::new(b).with_nsid(3))
+            .unwrap();
+        let ns = s.namespace(3).unwrap();
+        (ns.nguid(), ns.eui64(), ns.uuid(), s.serial().to_owned())
+    };
+    let a = ids();
+    assert_eq!(a, ids());
+    let uuid = a.2;
+    assert_eq!(uuid[6] >> 4, 8, "RFC 9562 version 8");
+    assert_eq!(uuid[8] >> 6, 2, "RFC 9562 variant");
+}
+
+#[test]
+fn features() {
+    let fx = Fx::new();
+    let d = fx.drive();
+    let mut q = fx.admin();
+    let get = |q: &mut HostQueue, f: u8| fx.exec(q, FeatureCmd::get(f, 0), HostData::None).cpl;
+    let set =
+        |q: &mut HostQueue, f: u8, v: u32| fx.exec(q, FeatureCmd::set(f, v, 0), HostData::None).cpl;
+
+    // Number of Queues: asks for 200, the subsystem allows 127.
+    let c = set(&mut q, fid::NUMBER_OF_QUEUES, 0x00C7_00C7);
+    assert_eq!(c.status, NvmeStatus::SUCCESS);
+    assert_eq!(c.dw0, 0x007E_007E);
+    assert_eq!(get(&mut q, fid::NUMBER_OF_QUEUES).dw0, 0x007E_007E);
+    assert_eq!(
+        set(&mut q, fid::NUMBER_OF_QUEUES, 0xFFFF_0000).status,
+        NvmeStatus::INVALID_FIELD
+    );
+    assert_eq!(q.set_num_queues(3, &d).unwrap(), 3);
+
+    // Keep-alive timer and async event configuration read back.
+    assert_eq!(
+        set(&mut q, fid::KEEP_ALIVE_TIMER, 30_000).status,
+        NvmeStatus::SUCCESS
+    );
+    assert_eq!(get(&mut q, fid::KEEP_ALIVE_TIMER).dw0, 30_000);
+    assert_eq!(
+        set(&mut q, fid::ASYNC_EVENT_CONFIG, 0xFFFF_FFFF).status,
+        NvmeStatus::SUCCESS
+    );
+    assert_eq!(
+        get(&mut q, fid::ASYNC_EVENT_CONFIG).dw0,
+        AEN_NS_ATTR,
+        "only supported events stick"
+    );
+    assert_eq!(get(&mut q, fid::VOLATILE_WRITE_CACHE).dw0, 1);
+    assert_eq!(get(&mut q, 0x7D).status, NvmeStatus::INVALID_FIELD);
+    assert_eq!(set(&mut q, 0x7D, 0).status, NvmeStatus::INVALID_FIELD);
+
+    // Host identifier: 16 bytes with EXHID, Set is a sequence error.
+    let mut hid = FeatureCmd::get(fid::HOST_IDENTIFIER, 0);
+    hid.cdw11 = 1;
+    let c = fx.exec(&mut q, hid, HostData::Read(16));
+    assert_eq!(c.cpl.status, NvmeStatus::SUCCESS);
+    assert_eq!(c.data.unwrap(), fx.host.hostid.to_vec());
+    hid.cdw11 = 0;
+    assert_eq!(
+        fx.exec(&mut q, hid, HostData::Read(16)).cpl.status,
+        NvmeStatus::INVALID_FIELD
+    );
+    assert_eq!(
+        set(&mut q, fid::HOST_IDENTIFIER, 1).status,
+        NvmeStatus::COMMAND_SEQUENCE_ERROR
+    );
+
+    // Fabrics-invalid admin opcodes.
+    for op in [0x00u8, 0x01, 0x04, 0x05, 0x80, 0xC0] {
+        assert_eq!(
+            fx.exec(&mut q, NvmeCmd::new(op, 0), HostData::None)
+                .cpl
+                .status,
+            NvmeStatus::INVALID_OPCODE,
+            "opcode {op:#x}"
+        );
+    }
+}
+
+#[test]
+fn logs_smart_error_and_bad_requests() {
+    let fx = Fx::new();
+    let mut q = fx.admin();
+    // Make an error, then read the error log.
+    let bad = fx.exec(&mut q, NvmeCmd::new(0x7E, 0), HostData::None);
+    assert_eq!(bad.cpl.status, NvmeStatus::INVALID_OPCODE);
+    let c = log(&fx, &mut q, lid::ERROR, 64, false);
+    let e = ErrorLogEntry::parse(&c.data.unwrap()).unwrap();
+    assert_eq!(e.error_count, 1);
+    assert_eq!((e.sqid, e.cid, e.opcode), (0, bad.cpl.cid, 0x7E));
+    assert_eq!(e.status, NvmeStatus::INVALID_OPCODE.to_field());
+    assert_eq!(e.trtype, 254);
+
+    let c = log(&fx, &mut q, lid::SMART, 512, false);
+    let s = SmartLog::parse(&c.data.unwrap()).unwrap();
+    assert_eq!((s.temperature, s.available_spare), (313, 100));
+    assert_eq!(s.num_err_log_entries, 1);
+
+    // Offsets: a slice at LPO 16 of the SMART log, unaligned LPO, past the end.
+    let cmd = GetLogPageCmd::to_cmd(lid::SMART, 0xFFFF_FFFF, 16, 16, false, 0).unwrap();
+    let c = fx.exec(&mut q, cmd, HostData::Read(16));
+    assert_eq!(c.cpl.status, NvmeStatus::SUCCESS);
+    let mut cmd = GetLogPageCmd::to_cmd(lid::SMART, 0xFFFF_FFFF, 16, 16, false, 0).unwrap();
+    cmd.cdw12 = 2;
+    assert_eq!(
+        fx.exec(&mut q, cmd, HostData::Read(16)).cpl.status,
+        NvmeStatus::INVALID_FIELD
+    );
+    let cmd = GetLogPageCmd::to_cmd(lid::SMART, 0xFFFF_FFFF, 16, 4096, false, 0).unwrap();
+    assert_eq!(
+        fx.exec(&mut q, cmd, HostData::Read(16)).cpl.status,
+        NvmeStatus::INVALID_FIELD
+    );
+    // Unknown and discovery-only logs.
+    assert_eq!(
+        log(&fx, &mut q, 0x55, 64, false).cpl.status,
+        NvmeStatus::INVALID_FIELD
+    );
+    assert_eq!(
+        log(&fx, &mut q, lid::DISCOVERY, 1024, false).cpl.status,
+        NvmeStatus::INVALID_FIELD
+    );
+}
+
+#[test]
+fn aer_completes_on_namespace_change_with_the_changed_list() {
+    let fx = Fx::new();
+    let mut q = fx.admin();
+    let set = FeatureCmd::set(fid::ASYNC_EVENT_CONFIG, AEN_NS_ATTR, 0);
+    assert_eq!(
+        fx.exec(&mut q, set, HostData::None).cpl.status,
+        NvmeStatus::SUCCESS
+    );
+    let aer = q
+        .submit(
+            NvmeCmd::new(AdminOpcode::AsyncEventRequest.code(), 0),
+            HostData::None,
+        )
+        .unwrap();
+    fx.drive()();
+    q.poll();
+    assert!(q.take(aer).is_none(), "an AER waits for an event");
+
+    let m2 = fx
+        .registry
+        .create("malloc:size=64K,block=512,name=m2")
+        .unwrap();
+    let nsid = fx.sub1.add_namespace(NamespaceConfig::new(m2)).unwrap();
+    assert_eq!(nsid, 2);
+    fx.drive()();
+    q.poll();
+    let c = q.take(aer).unwrap();
+    assert_eq!(c.cpl.status, NvmeStatus::SUCCESS);
+    assert_eq!(AsyncEvent::from_dw0(c.cpl.dw0), AsyncEvent::NS_CHANGED);
+
+    // More changes while the notice is masked: no new event until the log is read.
+    fx.sub1.remove_namespace(1).unwrap();
+    let aer2 = q
+        .submit(
+            NvmeCmd::new(AdminOpcode::AsyncEventRequest.code(), 0),
+            HostData::None,
+        )
+        .unwrap();
+    fx.drive()();
+    q.poll();
+    assert!(q.take(aer2).is_none());
+
+    // RAE keeps the list; a read without RAE clears it and unmasks.
+    let c = log(&fx, &mut q, lid::CHANGED_NS_LIST, 4096, true);
+    let list = pollux_nvmf::spec::identify::parse_ns_list(&c.data.unwrap()).unwrap();
+    assert_eq!(list, vec![1, 2]);
+    let c = log(&fx, &mut q, lid::CHANGED_NS_LIST, 4096, false);
+    assert_eq!(
+        pollux_nvmf::spec::identify::parse_ns_list(&c.data.unwrap()).unwrap(),
+        vec![1, 2]
+    );
+    let c = log(&fx, &mut q, lid::CHANGED_NS_LIST, 4096, false);
+    assert!(c.data.unwrap().iter().all(|&b| b == 0));
+    let m3 = fx
+        .registry
+        .create("malloc:size=64K,block=512,name=m3")
+        .unwrap();
+    fx.sub1
+        .add_namespace(NamespaceConfig::new(m3).with_nsid(7))
+        .unwrap();
+    fx.drive()();
+    q.poll();
+    assert_eq!(
+        AsyncEvent::from_dw0(q.take(aer2).unwrap().cpl.dw0),
+        AsyncEvent::NS_CHANGED
+    );
+
+    // Removed namespace: I/O to it is Invalid Namespace, the new one works.
+    let mut admin = q;
+    let mut io = fx.io_on(&mut admin, 0);
+    assert_eq!(
+        fx.read(&mut io, 1, 0, 1).cpl.status,
+        NvmeStatus::INVALID_NAMESPACE
+    );
+    assert_eq!(
+        fx.write(&mut io, 7, 0, &pattern(512, 1)),
+        NvmeStatus::SUCCESS
+    );
+    assert_eq!(fx.read(&mut io, 7, 0, 1).data.unwrap(), pattern(512, 1));
+}
+
+#[test]
+fn aer_limit_and_abort() {
+    let fx = Fx::new();
+    let mut q = fx.admin();
+    let aer = || NvmeCmd::new(AdminOpcode::AsyncEventRequest.code(), 0);
+    let cids: Vec<u16> = (0..4)
+        .map(|_| q.submit(aer(), HostData::None).unwrap())
+        .collect();
+    let c = fx.exec(&mut q, aer(), HostData::None);
+    assert_eq!(c.cpl.status, NvmeStatus::AER_LIMIT_EXCEEDED);
+
+    // Abort the second AER: it completes with Abort Requested, DW0 = 0.
+    let mut abort = NvmeCmd::new(AdminOpcode::Abort.code(), 0);
+    abort.cdw10 = AbortCmd {
+        sqid: 0,
+        cid: cids[1],
+    }
+    .cdw10();
+    let c = fx.exec(&mut q, abort, HostData::None);
+    assert_eq!((c.cpl.status, c.cpl.dw0), (NvmeStatus::SUCCESS, 0));
+    let aborted = q.take(cids[1]).unwrap();
+    assert_eq!(aborted.cpl.status, NvmeStatus::ABORT_REQUESTED);
+    // Aborting an unknown command: "not aborted".
+    abort.cdw10 = AbortCmd { sqid: 1, cid: 77 }.cdw10();
+    let c = fx.exec(&mut q, abort, HostData::None);
+    assert_eq!((c.cpl.status, c.cpl.dw0), (NvmeStatus::SUCCESS, 1));
+    // Room for one more AER now.
+    let more = q.submit(aer(), HostData::None).unwrap();
+    fx.drive()();
+    q.poll();
+    assert!(q.take(more).is_none());
+}
+
+#[test]
+fn keep_alive_expiry_tears_the_controller_down() {
+    let fx = Fx::new();
+    let d = fx.drive();
+    let mut admin = fx.admin_to(SUB1, 10_000);
+    let mut io = fx.io_on(&mut admin, 0);
+    let cntlid = admin.cntlid.unwrap();
+    let ka = || NvmeCmd::new(AdminOpcode::KeepAlive.code(), 0);
+
+    // Keep-alives every 6 s keep it alive well past the 10 s timeout.
+    for _ in 0..5 {
+        fx.cluster.advance(Duration::from_secs(6));
+        d();
+        assert_eq!(
+            fx.exec(&mut admin, ka(), HostData::None).cpl.status,
+            NvmeStatus::SUCCESS
+        );
+    }
+    assert!(fx.sub1.controller(cntlid).is_some());
+
+    // Silence: after the timeout the controller is gone, its queues closed.
+    fx.cluster.advance(Duration::from_secs(6));
+    d();
+    assert!(fx.sub1.controller(cntlid).is_some(), "6 s < 10 s");
+    fx.cluster.advance(Duration::from_secs(6));
+    d();
+    assert!(fx.sub1.controller(cntlid).is_none());
+    assert_eq!(fx.target.controller_count(), 0);
+    assert!(!admin.is_connected() && admin.endpoint().closed_by_target());
+    assert!(!io.is_connected());
+    assert!(io.submit(ka(), HostData::None).is_err());
+    // Its cntlid is free again and a new association works.
+    let again = fx.admin();
+    assert!(again.cntlid.is_some());
+}
+
+#[test]
+fn keep_alive_without_kato_is_invalid() {
+    let fx = Fx::new();
+    let mut q = fx.admin();
+    let c = fx.exec(
+        &mut q,
+        NvmeCmd::new(AdminOpcode::KeepAlive.code(), 0),
+        HostData::None,
+    );
+    assert_eq!(c.cpl.status, NvmeStatus::KEEP_ALIVE_INVALID);
+    // Setting KATO later arms the timer.
+    fx.exec(
+        &mut q,
+        FeatureCmd::set(fid::KEEP_ALIVE_TIMER, 1000, 0),
+        HostData::None,
+    );
+    let cntlid = q.cntlid.unwrap();
+    fx.cluster.advance(Duration::from_millis(1500));
+    fx.drive()();
+    assert!(fx.sub1.controller(cntlid).is_none());
+}
