@@ -1,5 +1,7 @@
-//! The apps' TOML configuration file: the bdevs to create (and, for the
-//! target app of a later issue, subsystems and listeners).
+//! The apps' TOML configuration file: the bdevs to create. `pollux-tgt`'s
+//! larger schema (subsystems, namespaces, listeners, transport options) is
+//! [`crate::tgt::config`]; it reuses [`BdevEntry`] and the position helpers
+//! here ([`line_col`], [`at`]) so every error names the line and the field.
 //!
 //! ```toml
 //! cores = "0,1"            # optional; the command line wins
@@ -108,6 +110,34 @@ impl Config {
     }
 }
 
+/// The 1-based line and column of byte `offset` in `text` (clamped to the
+/// end of the text).
+pub fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let mut end = offset.min(text.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let before = &text[..end];
+    let line = before.matches('\n').count() + 1;
+    let col = before.rfind('\n').map_or(before.chars().count(), |nl| {
+        before[nl + 1..].chars().count()
+    }) + 1;
+    (line, col)
+}
+
+/// A semantic configuration error at byte span `span` of `text`, naming
+/// `field` (a path such as `subsystem[0].namespaces[1].nsid`):
+/// `line L, column C: FIELD: MESSAGE`.
+pub fn at(
+    text: &str,
+    span: std::ops::Range<usize>,
+    field: &str,
+    msg: impl std::fmt::Display,
+) -> AppError {
+    let (line, col) = line_col(text, span.start);
+    AppError::Config(format!("line {line}, column {col}: {field}: {msg}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -149,5 +179,16 @@ block = 512
             .unwrap_err()
             .to_string();
         assert!(e.contains("size"), "{e}");
+    }
+
+    #[test]
+    fn positions_are_one_based_lines_and_columns() {
+        let t = "a = 1\nbb = 2\n";
+        assert_eq!(line_col(t, 0), (1, 1));
+        assert_eq!(line_col(t, 6), (2, 1));
+        assert_eq!(line_col(t, 9), (2, 4));
+        assert_eq!(line_col(t, 999), (3, 1));
+        let e = at(t, 6..8, "bb", "bad").to_string();
+        assert_eq!(e, "config: line 2, column 1: bb: bad");
     }
 }

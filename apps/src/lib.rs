@@ -1,5 +1,5 @@
-//! Shared code of the Pollux applications (`pollux-bdevperf`, and later
-//! `pollux-tgt` and `pollux-perf`): command-line and configuration parsing,
+//! Shared code of the Pollux applications (`pollux-bdevperf`, `pollux-tgt`
+//! and `pollux-perf`): command-line and configuration parsing,
 //! the workload generator, latency histograms, the results report (human
 //! table or JSON), and the bdevperf engine.
 
@@ -10,6 +10,7 @@ mod error;
 pub mod latency;
 pub mod perf;
 pub mod report;
+pub mod tgt;
 pub mod workload;
 
 pub use error::AppError;

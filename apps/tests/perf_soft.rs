@@ -52,10 +52,15 @@ fn target(bdev: &str) -> Tgt {
     sc.allow_any_host = true;
     let sub = target.add_subsystem(sc).unwrap();
     let b = BdevRegistry::new().create(bdev).unwrap();
-    sub.add_namespace(NamespaceConfig::new(b).with_nsid(1)).unwrap();
+    sub.add_namespace(NamespaceConfig::new(b).with_nsid(1))
+        .unwrap();
     let transport = RdmaTransport::<Soft>::new(&target, RdmaOptions::for_tests()).unwrap();
     target.add_transport(transport.clone()).unwrap();
-    let addr = format!("@pollux-perf-test-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
+    let addr = format!(
+        "@pollux-perf-test-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    );
     target
         .add_listener(TransportId {
             trtype: TrType::Rdma,
@@ -64,7 +69,11 @@ fn target(bdev: &str) -> Tgt {
             trsvcid: String::new(),
         })
         .unwrap();
-    let core = if Cores::parse("1").unwrap().check_exist().is_ok() { "1" } else { "0" };
+    let core = if Cores::parse("1").unwrap().check_exist().is_ok() {
+        "1"
+    } else {
+        "0"
+    };
     let set = launch(LaunchConfig::new(Cores::parse(core).unwrap()), move |r| {
         let pg = transport.create_poll_group(r).unwrap();
         r.add_poller("keep-poll-group", move || {
@@ -125,11 +134,19 @@ fn every_mode_verifies_data() {
     ] {
         let mut p = params(&t, Workload::Write, true, 0.3);
         p.inline_cap = inline;
-        let r = run(factory(&t, mem, rinv), Cores::parse("0").unwrap(), IdleMode::BusyPoll, &p)
-            .unwrap_or_else(|e| panic!("{mem} rinv={rinv} inline={inline:?}: {e}"));
+        let r = run(
+            factory(&t, mem, rinv),
+            Cores::parse("0").unwrap(),
+            IdleMode::BusyPoll,
+            &p,
+        )
+        .unwrap_or_else(|e| panic!("{mem} rinv={rinv} inline={inline:?}: {e}"));
         assert!(r.total.ios > 0, "{mem}: no I/O");
         assert_eq!(r.total.errors, 0, "{mem}: errors");
-        assert_eq!(r.total.miscompares, 0, "{mem} rinv={rinv} inline={inline:?}: miscompares");
+        assert_eq!(
+            r.total.miscompares, 0,
+            "{mem} rinv={rinv} inline={inline:?}: miscompares"
+        );
     }
 }
 
@@ -138,9 +155,24 @@ fn json_has_the_bdevperf_shape() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let t = target("null:size=64M,block=512,name=pj");
     let p = params(&t, Workload::RandRead, false, 0.3);
-    let r = run(factory(&t, MemMode::RegisterAlways, true), Cores::parse("0").unwrap(), IdleMode::BusyPoll, &p).unwrap();
+    let r = run(
+        factory(&t, MemMode::RegisterAlways, true),
+        Cores::parse("0").unwrap(),
+        IdleMode::BusyPoll,
+        &p,
+    )
+    .unwrap();
     let v: serde_json::Value = serde_json::from_str(&r.to_json()).unwrap();
-    for k in ["iops", "mibps", "lat_avg_us", "lat_min_us", "lat_max_us", "lat_p50_us", "lat_p99_us", "lat_p999_us"] {
+    for k in [
+        "iops",
+        "mibps",
+        "lat_avg_us",
+        "lat_min_us",
+        "lat_max_us",
+        "lat_p50_us",
+        "lat_p99_us",
+        "lat_p999_us",
+    ] {
         assert!(v[k].is_number(), "{k} missing: {v}");
     }
     assert!(v["iops"].as_f64().unwrap() > 0.0);
@@ -161,9 +193,22 @@ fn target_death_mid_run_is_a_clear_error() {
         let _ = set.join();
     });
     let start = std::time::Instant::now();
-    let e = run(factory(&t, MemMode::RegisterAlways, true), Cores::parse("0").unwrap(), IdleMode::BusyPoll, &p).unwrap_err();
+    let e = run(
+        factory(&t, MemMode::RegisterAlways, true),
+        Cores::parse("0").unwrap(),
+        IdleMode::BusyPoll,
+        &p,
+    )
+    .unwrap_err();
     killer.join().unwrap();
-    assert!(start.elapsed() < Duration::from_secs(20), "took {:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(20),
+        "took {:?}",
+        start.elapsed()
+    );
     let msg = e.to_string();
-    assert!(msg.contains("lost the target") || msg.contains("connect"), "{msg}");
+    assert!(
+        msg.contains("lost the target") || msg.contains("connect"),
+        "{msg}"
+    );
 }

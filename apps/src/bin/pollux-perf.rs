@@ -34,7 +34,12 @@ use pollux_verbs::{CmAddr, Provider};
 struct Args {
     /// Transport ID: `trtype:soft traddr:NAME subnqn:NQN` (software RDMA)
     /// or `trtype:rdma adrfam:ipv4 traddr:IP trsvcid:4420 subnqn:NQN`.
-    #[arg(short = 'r', long = "transport-id", value_name = "TRID", required_unless_present = "spawn_target")]
+    #[arg(
+        short = 'r',
+        long = "transport-id",
+        value_name = "TRID",
+        required_unless_present = "spawn_target"
+    )]
     trid: Option<String>,
     /// Run our target in this process on `--target-cores`, serving this
     /// bdev (e.g. `null:size=1G,block=4096`) over the software RDMA
@@ -116,14 +121,29 @@ fn main() -> ExitCode {
 }
 
 fn secs(what: &str, s: f64) -> Result<Duration, AppError> {
-    Duration::try_from_secs_f64(s).map_err(|_| AppError::Usage(format!("{what} '{s}' is not a duration")))
+    Duration::try_from_secs_f64(s)
+        .map_err(|_| AppError::Usage(format!("{what} '{s}' is not a duration")))
 }
 
-fn factory<P: Provider>(addr: String, device: Option<String>, opts: RdmaHostOptions) -> TransportFactory<RdmaHost<P>> {
-    Arc::new(move || RdmaHost::<P>::open(device.as_deref(), CmAddr::new(addr.clone()), opts.clone()))
+fn factory<P: Provider>(
+    addr: String,
+    device: Option<String>,
+    opts: RdmaHostOptions,
+) -> TransportFactory<RdmaHost<P>> {
+    Arc::new(move || {
+        RdmaHost::<P>::open(device.as_deref(), CmAddr::new(addr.clone()), opts.clone())
+    })
 }
 
-fn run_once(args: &Args, trid: &HostTrid, cores: &Cores, idle: IdleMode, p: &PerfParams, opts: RdmaHostOptions, tgt: Option<&SpawnedTarget>) -> Result<Report, AppError> {
+fn run_once(
+    args: &Args,
+    trid: &HostTrid,
+    cores: &Cores,
+    idle: IdleMode,
+    p: &PerfParams,
+    opts: RdmaHostOptions,
+    tgt: Option<&SpawnedTarget>,
+) -> Result<Report, AppError> {
     let before = tgt.and_then(SpawnedTarget::load);
     let mut r = run_transport(args, trid, cores, idle, p, opts)?;
     if let (Some(a), Some(b)) = (before, tgt.and_then(SpawnedTarget::load)) {
@@ -132,12 +152,29 @@ fn run_once(args: &Args, trid: &HostTrid, cores: &Cores, idle: IdleMode, p: &Per
     Ok(r)
 }
 
-fn run_transport(args: &Args, trid: &HostTrid, cores: &Cores, idle: IdleMode, p: &PerfParams, opts: RdmaHostOptions) -> Result<Report, AppError> {
+fn run_transport(
+    args: &Args,
+    trid: &HostTrid,
+    cores: &Cores,
+    idle: IdleMode,
+    p: &PerfParams,
+    opts: RdmaHostOptions,
+) -> Result<Report, AppError> {
     let addr = trid.cm_addr();
     match trid.trtype {
-        HostTrType::Soft => run(factory::<pollux_verbs::soft::Soft>(addr, None, opts), cores.clone(), idle, p),
+        HostTrType::Soft => run(
+            factory::<pollux_verbs::soft::Soft>(addr, None, opts),
+            cores.clone(),
+            idle,
+            p,
+        ),
         #[cfg(feature = "ibverbs")]
-        HostTrType::Rdma => run(factory::<pollux_verbs::ibv::Ibverbs>(addr, args.device.clone(), opts), cores.clone(), idle, p),
+        HostTrType::Rdma => run(
+            factory::<pollux_verbs::ibv::Ibverbs>(addr, args.device.clone(), opts),
+            cores.clone(),
+            idle,
+            p,
+        ),
         #[cfg(not(feature = "ibverbs"))]
         HostTrType::Rdma => {
             let _ = &args.device;
@@ -145,14 +182,17 @@ fn run_transport(args: &Args, trid: &HostTrid, cores: &Cores, idle: IdleMode, p:
                 "trtype:rdma needs the ibverbs feature (cargo build --features ibverbs); use trtype:soft".into(),
             ))
         }
-        HostTrType::Loop => Err(AppError::Usage("trtype:loop works only in-process (tests)".into())),
+        HostTrType::Loop => Err(AppError::Usage(
+            "trtype:loop works only in-process (tests)".into(),
+        )),
     }
 }
 
 fn real_main(args: &Args) -> Result<ExitCode, AppError> {
     let mut tgt = match &args.spawn_target {
         Some(spec) => {
-            let cores = Cores::parse(&args.target_cores).map_err(|e| AppError::Usage(format!("--target-cores: {e}")))?;
+            let cores = Cores::parse(&args.target_cores)
+                .map_err(|e| AppError::Usage(format!("--target-cores: {e}")))?;
             Some(SpawnedTarget::start(spec, cores)?)
         }
         None => None,
@@ -160,7 +200,11 @@ fn real_main(args: &Args) -> Result<ExitCode, AppError> {
     let text = match (&args.trid, &tgt) {
         (Some(t), _) => t.clone(),
         (None, Some(t)) => t.trid(),
-        (None, None) => return Err(AppError::Usage("-r TRID or --spawn-target BDEV is required".into())),
+        (None, None) => {
+            return Err(AppError::Usage(
+                "-r TRID or --spawn-target BDEV is required".into(),
+            ))
+        }
     };
     let res = real_run(args, &text, tgt.as_ref());
     if let Some(t) = tgt.as_mut() {
@@ -171,15 +215,24 @@ fn real_main(args: &Args) -> Result<ExitCode, AppError> {
 
 fn real_run(args: &Args, text: &str, tgt: Option<&SpawnedTarget>) -> Result<ExitCode, AppError> {
     let trid = HostTrid::parse(text).map_err(|e: HostError| AppError::Usage(e.to_string()))?;
-    let workload: Workload = args.workload.parse().map_err(|e| AppError::Usage(format!("{e}")))?;
+    let workload: Workload = args
+        .workload
+        .parse()
+        .map_err(|e| AppError::Usage(format!("{e}")))?;
     if workload == Workload::Verify {
-        return Err(AppError::Usage("use --verify with a write or rw workload".into()));
+        return Err(AppError::Usage(
+            "use --verify with a write or rw workload".into(),
+        ));
     }
     let mem = MemMode::parse(&args.mem).map_err(AppError::Usage)?;
     let remote_invalidate = match args.remote_invalidation.as_str() {
         "on" => true,
         "off" => false,
-        o => return Err(AppError::Usage(format!("--remote-invalidation '{o}': on or off"))),
+        o => {
+            return Err(AppError::Usage(format!(
+                "--remote-invalidation '{o}': on or off"
+            )))
+        }
     };
     let cores = args.reactors.cores()?;
     let idle = args.reactors.idle_mode()?;
@@ -239,7 +292,10 @@ fn real_run(args: &Args, text: &str, tgt: Option<&SpawnedTarget>) -> Result<Exit
                     for (m, c) in modes.iter().zip(cells) {
                         o.insert(
                             m.name.clone(),
-                            c.map_or(serde_json::Value::Null, |(iops, cpu)| serde_json::json!({"iops": iops, "cpu_pct": cpu})),
+                            c.map_or(
+                                serde_json::Value::Null,
+                                |(iops, cpu)| serde_json::json!({"iops": iops, "cpu_pct": cpu}),
+                            ),
                         );
                     }
                     serde_json::Value::Object(o)
@@ -247,10 +303,21 @@ fn real_run(args: &Args, text: &str, tgt: Option<&SpawnedTarget>) -> Result<Exit
                 .collect();
             println!("{}", serde_json::Value::Array(v));
         } else {
-            println!("IOPS/host CPU% per block size and mode ({} to {}, -q {} -w {}, {} s each)", trid.trtype_name(), trid.subnqn, p.queue_depth, args.workload, args.seconds);
+            println!(
+                "IOPS/host CPU% per block size and mode ({} to {}, -q {} -w {}, {} s each)",
+                trid.trtype_name(),
+                trid.subnqn,
+                p.queue_depth,
+                args.workload,
+                args.seconds
+            );
             print!("{}", sweep::table(&modes, &rows));
         }
-        return Ok(if failed { ExitCode::from(1) } else { ExitCode::SUCCESS });
+        return Ok(if failed {
+            ExitCode::from(1)
+        } else {
+            ExitCode::SUCCESS
+        });
     }
     let opts = RdmaHostOptions {
         mem_mode: mem,
@@ -276,5 +343,9 @@ fn real_run(args: &Args, text: &str, tgt: Option<&SpawnedTarget>) -> Result<Exit
         let _ = write!(out, "{}", report.to_table());
     }
     let bad = report.total.errors + report.total.miscompares;
-    Ok(if bad > 0 { ExitCode::from(1) } else { ExitCode::SUCCESS })
+    Ok(if bad > 0 {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
 }

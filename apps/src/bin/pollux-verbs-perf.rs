@@ -576,10 +576,11 @@ fn connect<P: Provider>(
     addr: &str,
     qp: &P::Qp,
     pdata: &[u8],
+    attempts: u32,
 ) -> Res<(P::CmId, Option<RemoteAddr>)> {
     // The server may not listen yet (spawn): retry "nobody listens" and a
     // connection dropped while the server starts up.
-    for _ in 0..500 {
+    for _ in 0..attempts {
         let id = dev.connect(&CmAddr::new(addr), qp, &ConnParam::with_data(pdata))?;
         loop {
             match id.get_event()? {
@@ -616,7 +617,7 @@ fn run_one<P: Provider>(dev: &P::Device, a: &ClientArgs, addr: &str, size: u32) 
         addr: me.addr,
         rkey: me.rkey,
     };
-    let (id, peer) = connect::<P>(dev, addr, &ep.qp, &req.encode())?;
+    let (id, peer) = connect::<P>(dev, addr, &ep.qp, &req.encode(), 500)?;
     let peer = peer.ok_or_else(|| PerfError::Cm("server rejected the test".into()))?;
     let mut hist = LatencyHistogram::new();
     let t0 = Instant::now();
@@ -829,7 +830,7 @@ fn quit<P: Provider>(c: &Common, addr: &str) -> Res<()> {
         addr: 0,
         rkey: 0,
     };
-    let _ = connect::<P>(&dev, addr, &ep.qp, &req.encode())?;
+    let _ = connect::<P>(&dev, addr, &ep.qp, &req.encode(), 1)?;
     Ok(())
 }
 
@@ -852,9 +853,16 @@ fn run_client<P: Provider>(a: &ClientArgs) -> Res<Vec<Row>> {
         guard.0 = Some(cmd.stdout(std::process::Stdio::null()).spawn()?);
     }
     let rows = client::<P>(a, &addr)?;
-    if let Some(mut child) = guard.0.take() {
-        quit::<P>(&a.common, &addr)?;
-        let _ = child.wait();
+    if let Some(child) = guard.0.as_mut() {
+        // Best effort: ask the server to exit, give it a moment, then the
+        // guard kills whatever is left.
+        let _ = quit::<P>(&a.common, &addr);
+        for _ in 0..200 {
+            if matches!(child.try_wait(), Ok(Some(_))) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
     Ok(rows)
 }

@@ -140,7 +140,11 @@ impl<T: HostTransport> Job<T> {
     /// `(busy_pct, seconds)` of the measured period.
     pub fn measured(&self) -> (f64, f64) {
         let (b, i, secs) = self.measured;
-        let pct = if b + i == 0 { 0.0 } else { b as f64 * 100.0 / (b + i) as f64 };
+        let pct = if b + i == 0 {
+            0.0
+        } else {
+            b as f64 * 100.0 / (b + i) as f64
+        };
         (pct, secs)
     }
 
@@ -200,7 +204,9 @@ impl<T: HostTransport> Job<T> {
                     match e.kind {
                         SubmitErrorKind::Busy => continue,
                         SubmitErrorKind::Dead => {
-                            let why = qp.dead_reason().map_or_else(|| "queue dead".to_string(), |d| d.to_string());
+                            let why = qp
+                                .dead_reason()
+                                .map_or_else(|| "queue dead".to_string(), |d| d.to_string());
                             self.fail(why);
                             break;
                         }
@@ -274,12 +280,20 @@ impl<T: HostTransport> Job<T> {
 
     /// One round: reap, resubmit, keep the queue full; `Busy` when it did
     /// work. Finished when [`Job::end`] is `Some`.
-    pub fn poll(&mut self, r: &Reactor, scratch: &mut Vec<Completion>, resubmit: &mut Vec<(usize, bool)>) -> PollStatus {
+    pub fn poll(
+        &mut self,
+        r: &Reactor,
+        scratch: &mut Vec<Completion>,
+        resubmit: &mut Vec<(usize, bool)>,
+    ) -> PollStatus {
         if self.end.is_some() && self.in_flight == 0 {
             return PollStatus::Idle;
         }
         let now = r.now_ns();
-        if self.measure_ns.is_none() && !self.stopping && now.saturating_sub(self.start_ns) >= self.p.warmup.as_nanos() as u64 {
+        if self.measure_ns.is_none()
+            && !self.stopping
+            && now.saturating_sub(self.start_ns) >= self.p.warmup.as_nanos() as u64
+        {
             self.begin_measuring(r);
         }
         if let Some(m) = self.measure_ns {
@@ -300,8 +314,7 @@ impl<T: HostTransport> Job<T> {
         for c in scratch.drain(..) {
             self.on_completion(c, now, resubmit);
         }
-        for i in 0..resubmit.len() {
-            let (slot, read) = resubmit[i];
+        for &(slot, read) in resubmit.iter() {
             let unit = self.slots[slot].unit;
             if self.stopping || !self.submit_slot(slot, now, unit, read) {
                 self.free.push(slot);

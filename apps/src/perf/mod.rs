@@ -19,8 +19,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pollux_nvmf::host::{
-    connect_io_qpair, Controller, CtrlInfo, CtrlOptions, HostError, HostIdentity, HostTransport, HostTrid,
-    ReactorLoad,
+    connect_io_qpair, Controller, CtrlInfo, CtrlOptions, HostError, HostIdentity, HostTransport,
+    HostTrid, ReactorLoad,
 };
 use pollux_reactor::mem::{BufPool, BufPoolOptions};
 use pollux_reactor::{launch, CoreId, Cores, IdleMode, LaunchConfig, PollStatus, Reactor};
@@ -64,7 +64,7 @@ pub struct PerfParams {
 pub type TransportFactory<T> = Arc<dyn Fn() -> Result<T, HostError> + Send + Sync>;
 
 enum Msg {
-    Ctrl(Result<CtrlInfo, String>),
+    Ctrl(Box<Result<CtrlInfo, String>>),
     Ready,
     Done(Box<CoreDone>),
     Failed { core: CoreId, error: String },
@@ -95,7 +95,9 @@ pub fn run<T: HostTransport + 'static>(
     p: &PerfParams,
 ) -> Result<Report, AppError> {
     if p.queue_depth == 0 || p.duration.is_zero() {
-        return Err(AppError::Usage("queue depth and run time must be positive".into()));
+        return Err(AppError::Usage(
+            "queue depth and run time must be positive".into(),
+        ));
     }
     let core_ids: Vec<CoreId> = cores.iter().collect();
     let ncores = core_ids.len();
@@ -118,7 +120,9 @@ pub fn run<T: HostTransport + 'static>(
     let per_core_queues = u16::try_from(ncores).unwrap_or(u16::MAX);
     let opts = CtrlOptions {
         kato: p.kato,
-        io_queues: per_core_queues.saturating_mul(p.qpairs_per_ns.max(1)).saturating_mul(4),
+        io_queues: per_core_queues
+            .saturating_mul(p.qpairs_per_ns.max(1))
+            .saturating_mul(4),
         timeout: Duration::from_secs(10),
         io_timeout: p.io_timeout,
         hostid: who.hostid,
@@ -145,10 +149,10 @@ pub fn run<T: HostTransport + 'static>(
                         PollStatus::Idle
                     });
                     CTRL.with(|s| *s.borrow_mut() = Some(Box::new(ctrl)));
-                    let _ = tx.send(Msg::Ctrl(Ok(info)));
+                    let _ = tx.send(Msg::Ctrl(Box::new(Ok(info))));
                 }
                 Err(e) => {
-                    let _ = tx.send(Msg::Ctrl(Err(e.to_string())));
+                    let _ = tx.send(Msg::Ctrl(Box::new(Err(e.to_string()))));
                 }
             }
         });
@@ -157,12 +161,22 @@ pub fn run<T: HostTransport + 'static>(
         }
     }
     let info = match rx.recv() {
-        Ok(Msg::Ctrl(Ok(i))) => i,
-        Ok(Msg::Ctrl(Err(e))) => return fail(set, AppError::Setup(format!("connecting to {}: {e}", p.trid))),
+        Ok(Msg::Ctrl(r)) => match *r {
+            Ok(i) => i,
+            Err(e) => {
+                return fail(
+                    set,
+                    AppError::Setup(format!("connecting to {}: {e}", p.trid)),
+                )
+            }
+        },
         _ => return fail(set, AppError::Reactor("a reactor exited early".into())),
     };
     let Some(ns) = info.namespaces.first().copied() else {
-        return fail(set, AppError::Setup(format!("{} has no namespace", p.trid.subnqn)));
+        return fail(
+            set,
+            AppError::Setup(format!("{} has no namespace", p.trid.subnqn)),
+        );
     };
     let bs = ns.block_size as usize;
     if p.io_size % bs != 0 || p.io_size / bs == 0 || (p.io_size / bs) as u64 > ns.num_blocks {
@@ -176,7 +190,13 @@ pub fn run<T: HostTransport + 'static>(
     }
     if let Some(m) = info.max_transfer() {
         if p.io_size as u64 > m {
-            return fail(set, AppError::Usage(format!("io size {} exceeds the controller's MDTS ({m} bytes)", p.io_size)));
+            return fail(
+                set,
+                AppError::Usage(format!(
+                    "io size {} exceeds the controller's MDTS ({m} bytes)",
+                    p.io_size
+                )),
+            );
         }
     }
     let qpn = p.qpairs_per_ns.max(1);
@@ -206,7 +226,12 @@ pub fn run<T: HostTransport + 'static>(
         duration: p.duration,
     };
     if p.verify && jp.units < jp.jobs * p.queue_depth as u64 {
-        return fail(set, AppError::Usage("verify needs at least queue depth × cores I/O units in the namespace".into()));
+        return fail(
+            set,
+            AppError::Usage(
+                "verify needs at least queue depth × cores I/O units in the namespace".into(),
+            ),
+        );
     }
     for (index, &core) in core_ids.iter().enumerate() {
         let (f, tx, info) = (Arc::clone(&factory), tx.clone(), info.clone());
@@ -214,7 +239,9 @@ pub fn run<T: HostTransport + 'static>(
         jp.index = index as u64;
         let (qd, inline_cap) = (p.queue_depth, p.inline_cap);
         let sent = set.messenger().send(core, move |r| {
-            if let Err(error) = start_core::<T>(r, &f, &info, jp, qpn, qd, inline_cap, index, tx.clone()) {
+            if let Err(error) =
+                start_core::<T>(r, &f, &info, jp, qpn, qd, inline_cap, index, tx.clone())
+            {
                 let _ = tx.send(Msg::Failed { core, error });
             }
         });
@@ -232,9 +259,15 @@ pub fn run<T: HostTransport + 'static>(
             Ok(Msg::Ready) => {}
             Ok(Msg::Load(l)) => load0 = Some(l),
             Ok(Msg::Done(d)) => done.push(*d),
-            Ok(Msg::Failed { core, error }) => failure = Some(AppError::Setup(format!("core {core}: {error}"))),
+            Ok(Msg::Failed { core, error }) => {
+                failure = Some(AppError::Setup(format!("core {core}: {error}")))
+            }
             Ok(Msg::Ctrl(_)) => {}
-            Err(_) => failure = Some(AppError::Setup("the run did not finish (target unresponsive?)".into())),
+            Err(_) => {
+                failure = Some(AppError::Setup(
+                    "the run did not finish (target unresponsive?)".into(),
+                ))
+            }
         }
     }
     // 3. The target's load at the end, then tear down.
@@ -263,7 +296,10 @@ pub fn run<T: HostTransport + 'static>(
     joined.map_err(|e| AppError::Reactor(e.to_string()))?;
     done.sort_by_key(|d| d.core);
     let seconds = done.iter().map(|d| d.seconds).fold(0.0, f64::max);
-    let per_core: Vec<(u32, Tally, f64)> = done.into_iter().map(|d| (d.core, d.tally, d.busy_pct)).collect();
+    let per_core: Vec<(u32, Tally, f64)> = done
+        .into_iter()
+        .map(|d| (d.core, d.tally, d.busy_pct))
+        .collect();
     let mut report = Report::new(seconds, &per_core);
     if let (Some(Some(a)), Some(b)) = (load0, load_end) {
         report.target_busy_pct = b.busy_pct_since(&a);
@@ -274,7 +310,9 @@ pub fn run<T: HostTransport + 'static>(
 fn with_ctrl<T: HostTransport + 'static, R>(f: impl FnOnce(&mut Controller<T>) -> R) -> Option<R> {
     CTRL.with(|s| {
         let s = s.borrow();
-        let ctrl = s.as_ref()?.downcast_ref::<Rc<RefCell<(T, Controller<T>)>>>()?;
+        let ctrl = s
+            .as_ref()?
+            .downcast_ref::<Rc<RefCell<(T, Controller<T>)>>>()?;
         let mut g = ctrl.try_borrow_mut().ok()?;
         Some(f(&mut g.1))
     })
@@ -298,10 +336,17 @@ fn start_core<T: HostTransport + 'static>(
     let mut qps = Vec::with_capacity(usize::from(qpn));
     for j in 0..qpn {
         let qid = 1 + index as u16 * qpn + j;
-        qps.push(connect_io_qpair(&t, info, qid, entries, inline_cap).map_err(|e| format!("I/O queue {qid}: {e}"))?);
+        qps.push(
+            connect_io_qpair(&t, info, qid, entries, inline_cap)
+                .map_err(|e| format!("I/O queue {qid}: {e}"))?,
+        );
     }
-    let pool = BufPool::new(BufPoolOptions::new(format!("perf-{index}"), jp.io_bytes as usize, qd))
-        .map_err(|e| format!("buffers: {e}"))?;
+    let pool = BufPool::new(BufPoolOptions::new(
+        format!("perf-{index}"),
+        jp.io_bytes as usize,
+        qd,
+    ))
+    .map_err(|e| format!("buffers: {e}"))?;
     let mut bufs = Vec::with_capacity(qd);
     for _ in 0..qd {
         let b = pool.get().ok_or("buffer pool empty")?;

@@ -28,7 +28,9 @@ pub struct SpawnedTarget {
 
 impl std::fmt::Debug for SpawnedTarget {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SpawnedTarget").field("addr", &self.addr).finish()
+        f.debug_struct("SpawnedTarget")
+            .field("addr", &self.addr)
+            .finish()
     }
 }
 
@@ -46,12 +48,21 @@ impl SpawnedTarget {
         sc.allow_any_host = true;
         let sub = target.add_subsystem(sc).map_err(|e| setup(e.to_string()))?;
         let registry = BdevRegistry::new();
-        let bdev = registry.create(bdev_spec).map_err(|e| AppError::Bdev(e.to_string()))?;
+        let bdev = registry
+            .create(bdev_spec)
+            .map_err(|e| AppError::Bdev(e.to_string()))?;
         sub.add_namespace(NamespaceConfig::new(bdev).with_nsid(1))
             .map_err(|e| setup(e.to_string()))?;
-        let transport = RdmaTransport::<Soft>::new(&target, RdmaOptions::default()).map_err(|e| setup(e.to_string()))?;
-        target.add_transport(transport.clone()).map_err(|e| setup(e.to_string()))?;
-        let addr = format!("@pollux-perf-tgt-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
+        let transport = RdmaTransport::<Soft>::new(&target, RdmaOptions::default())
+            .map_err(|e| setup(e.to_string()))?;
+        target
+            .add_transport(transport.clone())
+            .map_err(|e| setup(e.to_string()))?;
+        let addr = format!(
+            "@pollux-perf-tgt-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        );
         target
             .add_listener(TransportId {
                 trtype: TrType::Rdma,
@@ -60,14 +71,16 @@ impl SpawnedTarget {
                 trsvcid: String::new(),
             })
             .map_err(|e| setup(e.to_string()))?;
-        let set = launch(LaunchConfig::new(cores), move |r| match transport.create_poll_group(r) {
-            Ok(pg) => {
-                r.add_poller("perf-target-keep", move || {
-                    let _ = &pg;
-                    PollStatus::Idle
-                });
+        let set = launch(LaunchConfig::new(cores), move |r| {
+            match transport.create_poll_group(r) {
+                Ok(pg) => {
+                    r.add_poller("perf-target-keep", move || {
+                        let _ = &pg;
+                        PollStatus::Idle
+                    });
+                }
+                Err(e) => log::error!("spawned target: poll group: {e}"),
             }
-            Err(e) => log::error!("spawned target: poll group: {e}"),
         })
         .map_err(|e| AppError::Reactor(e.to_string()))?;
         Ok(SpawnedTarget {
@@ -86,7 +99,11 @@ impl SpawnedTarget {
     /// `(busy_ns, idle_ns)` summed over the target's reactors.
     pub fn load(&self) -> Option<(u64, u64)> {
         let stats = self.set.as_ref()?.stats().ok()?;
-        Some(stats.iter().fold((0, 0), |(b, i), s| (b + s.busy_ns, i + s.idle_ns)))
+        Some(
+            stats
+                .iter()
+                .fold((0, 0), |(b, i), s| (b + s.busy_ns, i + s.idle_ns)),
+        )
     }
 
     /// Stop the target's reactors and wait for them.

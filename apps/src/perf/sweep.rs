@@ -47,7 +47,11 @@ impl SweepMode {
                 "inline" => m.inline = true,
                 "local-inv" if mem == MemMode::RegisterAlways => m.remote_invalidate = false,
                 "remote-inv" if mem == MemMode::RegisterAlways => m.remote_invalidate = true,
-                _ => return Err(format!("mode '{s}': unknown option '{p}' (inline, local-inv, remote-inv)")),
+                _ => {
+                    return Err(format!(
+                        "mode '{s}': unknown option '{p}' (inline, local-inv, remote-inv)"
+                    ))
+                }
             }
         }
         Ok(m)
@@ -76,7 +80,12 @@ pub type Cell = Option<(f64, f64)>;
 /// The sweep table: a header of mode names, a row per block size with
 /// `IOPS/CPU%` cells (`failed` for a run that failed).
 pub fn table(modes: &[SweepMode], rows: &[(usize, Vec<Cell>)]) -> String {
-    let w = modes.iter().map(|m| m.name.len()).max().unwrap_or(0).max(16);
+    let w = modes
+        .iter()
+        .map(|m| m.name.len())
+        .max()
+        .unwrap_or(0)
+        .max(16);
     let mut s = String::new();
     let _ = write!(s, "{:>8}", "bs");
     for m in modes {
@@ -124,11 +133,21 @@ mod tests {
     #[test]
     fn table_has_rows_of_sizes_and_columns_of_modes() {
         let modes = SweepMode::parse_list("pool,register-always").unwrap();
-        let t = table(&modes, &[(512, vec![Some((1000.0, 99.0)), None]), (65536, vec![Some((5.0, 50.0)), Some((4.0, 40.0))])]);
+        let t = table(
+            &modes,
+            &[
+                (512, vec![Some((1000.0, 99.0)), None]),
+                (65536, vec![Some((5.0, 50.0)), Some((4.0, 40.0))]),
+            ],
+        );
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(lines.len(), 3);
         assert!(lines[0].contains("pool") && lines[0].contains("register-always"));
-        assert!(lines[1].trim_start().starts_with("512") && lines[1].contains("1000/99%") && lines[1].contains("failed"));
+        assert!(
+            lines[1].trim_start().starts_with("512")
+                && lines[1].contains("1000/99%")
+                && lines[1].contains("failed")
+        );
         assert!(lines[2].trim_start().starts_with("64K"));
     }
 }

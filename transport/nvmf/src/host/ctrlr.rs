@@ -12,13 +12,13 @@ use std::time::{Duration, Instant};
 use pollux_reactor::mem::{DmaBuf, SgList};
 
 use super::fabrics::{self, HostIdentity};
-use super::qpair::{Qpair, SubmitError};
+use super::qpair::Qpair;
 use super::transport::{DataDir, HostTransport, QueueParams};
 use super::trid::DISCOVERY_NQN;
 use super::HostError;
 use crate::spec::cmd::{AdminOpcode, NvmeCmd};
 use crate::spec::connect::CNTLID_DYNAMIC;
-use crate::spec::features::{num_queues_value, parse_num_queues, FeatureCmd, fid};
+use crate::spec::features::{fid, num_queues_value, parse_num_queues, FeatureCmd};
 use crate::spec::identify::{
     cns, parse_ns_list, IdentifyCmd, IdentifyController, IdentifyNamespace, CNTRLTYPE_DISCOVERY,
     IDENTIFY_DATA_SIZE,
@@ -142,8 +142,16 @@ pub struct ReactorLoad {
 impl ReactorLoad {
     /// Parse the log page (`None` for an unknown version or a short page).
     pub fn parse(b: &[u8]) -> Option<Self> {
-        let u32_at = |o: usize| b.get(o..o + 4).and_then(|s| s.try_into().ok()).map(u32::from_le_bytes);
-        let u64_at = |o: usize| b.get(o..o + 8).and_then(|s| s.try_into().ok()).map(u64::from_le_bytes);
+        let u32_at = |o: usize| {
+            b.get(o..o + 4)
+                .and_then(|s| s.try_into().ok())
+                .map(u32::from_le_bytes)
+        };
+        let u64_at = |o: usize| {
+            b.get(o..o + 8)
+                .and_then(|s| s.try_into().ok())
+                .map(u64::from_le_bytes)
+        };
         if u32_at(0)? != 1 {
             return None;
         }
@@ -172,7 +180,9 @@ pub struct Controller<T: HostTransport> {
 
 impl<T: HostTransport> std::fmt::Debug for Controller<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Controller").field("info", &self.info).finish()
+        f.debug_struct("Controller")
+            .field("info", &self.info)
+            .finish()
     }
 }
 
@@ -198,9 +208,18 @@ impl<T: HostTransport> Controller<T> {
         let to = opts.timeout;
         let kato_ms = u32::try_from(opts.kato.as_millis()).unwrap_or(u32::MAX);
         let cntlid = fabrics::connect(&mut admin, &who, CNTLID_DYNAMIC, kato_ms, to)?;
-        let cap = Cap::from_u64(fabrics::property_get(&mut admin, reg::CAP, PropertySize::Eight, to)?);
+        let cap = Cap::from_u64(fabrics::property_get(
+            &mut admin,
+            reg::CAP,
+            PropertySize::Eight,
+            to,
+        )?);
         // Enable: CC with EN=0 first (Linux), then EN=1, then wait for RDY.
-        let css = if cap.css & crate::spec::property::CAP_CSS_IOCS != 0 { 6 } else { 0 };
+        let css = if cap.css & crate::spec::property::CAP_CSS_IOCS != 0 {
+            6
+        } else {
+            0
+        };
         let mut cc = Cc::linux_default(css);
         cc.en = false;
         fabrics::property_set(&mut admin, reg::CC, cc.to_u32(), to)?;
@@ -209,9 +228,14 @@ impl<T: HostTransport> Controller<T> {
         let ready_to = Duration::from_millis(500 * (u64::from(cap.to) + 1)).max(to);
         let start = Instant::now();
         loop {
-            let csts = Csts::from_u32(fabrics::property_get(&mut admin, reg::CSTS, PropertySize::Four, to)? as u32);
+            let csts =
+                Csts::from_u32(
+                    fabrics::property_get(&mut admin, reg::CSTS, PropertySize::Four, to)? as u32,
+                );
             if csts.cfs {
-                return Err(HostError::Protocol("controller fatal status (CSTS.CFS) while enabling".into()));
+                return Err(HostError::Protocol(
+                    "controller fatal status (CSTS.CFS) while enabling".into(),
+                ));
             }
             if csts.rdy {
                 break;
@@ -226,7 +250,8 @@ impl<T: HostTransport> Controller<T> {
         }
         let vs = fabrics::property_get(&mut admin, reg::VS, PropertySize::Four, to)? as u32;
         let data = identify(&mut admin, cns::CONTROLLER, 0, to)?;
-        let ident = IdentifyController::parse(&data).map_err(|e| HostError::Protocol(format!("Identify Controller: {e}")))?;
+        let ident = IdentifyController::parse(&data)
+            .map_err(|e| HostError::Protocol(format!("Identify Controller: {e}")))?;
         if ident.cntlid != cntlid {
             return Err(HostError::Protocol(format!(
                 "Identify says controller {} but Connect said {cntlid}",
@@ -235,7 +260,9 @@ impl<T: HostTransport> Controller<T> {
         }
         let discovery = ident.cntrltype == CNTRLTYPE_DISCOVERY || who.subnqn == DISCOVERY_NQN;
         if !discovery && ident.sgls & crate::spec::identify::SGLS_KEYED == 0 {
-            return Err(HostError::Protocol("the controller does not support keyed SGLs".into()));
+            return Err(HostError::Protocol(
+                "the controller does not support keyed SGLs".into(),
+            ));
         }
         let mut info = CtrlInfo {
             who,
@@ -250,14 +277,22 @@ impl<T: HostTransport> Controller<T> {
         if !discovery {
             let want = u32::from(opts.io_queues.max(1));
             let cmd = FeatureCmd::set(fid::NUMBER_OF_QUEUES, num_queues_value(want, want), 0);
-            let (cpl, _) = admin.exec("Set Features (Number of Queues)", cmd, DataDir::None, SgList::new(), to)?;
+            let (cpl, _) = admin.exec(
+                "Set Features (Number of Queues)",
+                cmd,
+                DataDir::None,
+                SgList::new(),
+                to,
+            )?;
             let (nsq, ncq) = parse_num_queues(cpl.dw0).unwrap_or((want, want));
             info.io_queues = u16::try_from(nsq.min(ncq)).unwrap_or(u16::MAX);
             let list = identify(&mut admin, cns::ACTIVE_NS_LIST, 0, to)?;
-            let nsids = parse_ns_list(&list).map_err(|e| HostError::Protocol(format!("namespace list: {e}")))?;
+            let nsids = parse_ns_list(&list)
+                .map_err(|e| HostError::Protocol(format!("namespace list: {e}")))?;
             for nsid in nsids {
                 let d = identify(&mut admin, cns::NAMESPACE, nsid, to)?;
-                let ns = IdentifyNamespace::parse(&d).map_err(|e| HostError::Protocol(format!("Identify Namespace {nsid}: {e}")))?;
+                let ns = IdentifyNamespace::parse(&d)
+                    .map_err(|e| HostError::Protocol(format!("Identify Namespace {nsid}: {e}")))?;
                 let Some(bs) = ns.block_size().and_then(|b| u32::try_from(b).ok()) else {
                     continue;
                 };
@@ -329,9 +364,12 @@ impl<T: HostTransport> Controller<T> {
             }
             self.last_keep_alive = Instant::now();
             let cmd = NvmeCmd::new(AdminOpcode::KeepAlive.code(), 0);
-            match self.admin.submit(cmd, DataDir::None, SgList::new(), KEEP_ALIVE_CTX) {
-                Ok(()) => self.keep_alive_out = true,
-                Err(SubmitError { .. }) => {}
+            if self
+                .admin
+                .submit(cmd, DataDir::None, SgList::new(), KEEP_ALIVE_CTX)
+                .is_ok()
+            {
+                self.keep_alive_out = true;
             }
             self.admin.flush();
         }
@@ -342,7 +380,13 @@ impl<T: HostTransport> Controller<T> {
     ///
     /// # Errors
     /// As [`Qpair::exec`].
-    pub fn get_log_page(&mut self, lid: u8, nsid: u32, len: usize, lpo: u64) -> Result<Vec<u8>, HostError> {
+    pub fn get_log_page(
+        &mut self,
+        lid: u8,
+        nsid: u32,
+        len: usize,
+        lpo: u64,
+    ) -> Result<Vec<u8>, HostError> {
         get_log(&mut self.admin, lid, nsid, len, lpo, self.info.opts.timeout)
     }
 
@@ -353,22 +397,50 @@ impl<T: HostTransport> Controller<T> {
     pub fn discovery_log(&mut self) -> Result<Vec<DiscoveryLogEntry>, HostError> {
         let to = self.info.opts.timeout;
         for _ in 0..4 {
-            let h = get_log(&mut self.admin, lid::DISCOVERY, 0, DISCOVERY_RECORD_SIZE, 0, to)?;
-            let hdr = DiscoveryLogHeader::parse(&h).map_err(|e| HostError::Protocol(format!("discovery log: {e}")))?;
+            let h = get_log(
+                &mut self.admin,
+                lid::DISCOVERY,
+                0,
+                DISCOVERY_RECORD_SIZE,
+                0,
+                to,
+            )?;
+            let hdr = DiscoveryLogHeader::parse(&h)
+                .map_err(|e| HostError::Protocol(format!("discovery log: {e}")))?;
             let n = usize::try_from(hdr.numrec.min(1024)).unwrap_or(1024);
             let mut out = Vec::with_capacity(n);
             for i in 0..n {
                 let off = (DISCOVERY_RECORD_SIZE * (i + 1)) as u64;
-                let e = get_log(&mut self.admin, lid::DISCOVERY, 0, DISCOVERY_RECORD_SIZE, off, to)?;
-                out.push(DiscoveryLogEntry::parse(&e).map_err(|e| HostError::Protocol(format!("discovery entry {i}: {e}")))?);
+                let e = get_log(
+                    &mut self.admin,
+                    lid::DISCOVERY,
+                    0,
+                    DISCOVERY_RECORD_SIZE,
+                    off,
+                    to,
+                )?;
+                out.push(
+                    DiscoveryLogEntry::parse(&e)
+                        .map_err(|e| HostError::Protocol(format!("discovery entry {i}: {e}")))?,
+                );
             }
-            let h2 = get_log(&mut self.admin, lid::DISCOVERY, 0, DISCOVERY_RECORD_SIZE, 0, to)?;
-            let again = DiscoveryLogHeader::parse(&h2).map_err(|e| HostError::Protocol(format!("discovery log: {e}")))?;
+            let h2 = get_log(
+                &mut self.admin,
+                lid::DISCOVERY,
+                0,
+                DISCOVERY_RECORD_SIZE,
+                0,
+                to,
+            )?;
+            let again = DiscoveryLogHeader::parse(&h2)
+                .map_err(|e| HostError::Protocol(format!("discovery log: {e}")))?;
             if again.genctr == hdr.genctr {
                 return Ok(out);
             }
         }
-        Err(HostError::Protocol("the discovery log keeps changing".into()))
+        Err(HostError::Protocol(
+            "the discovery log keeps changing".into(),
+        ))
     }
 
     /// The target's reactor load, when the target is a Pollux target
@@ -385,7 +457,13 @@ impl<T: HostTransport> Controller<T> {
     ///
     /// # Errors
     /// As [`connect_io_qpair`].
-    pub fn connect_io<U: HostTransport>(&self, t: &U, qid: u16, entries: u16, inline_cap: Option<u32>) -> Result<Qpair<U::Queue>, HostError> {
+    pub fn connect_io<U: HostTransport>(
+        &self,
+        t: &U,
+        qid: u16,
+        entries: u16,
+        inline_cap: Option<u32>,
+    ) -> Result<Qpair<U::Queue>, HostError> {
         connect_io_qpair(t, &self.info, qid, entries, inline_cap)
     }
 
@@ -397,14 +475,23 @@ impl<T: HostTransport> Controller<T> {
     /// As [`Qpair::exec`]; [`HostError::Timeout`].
     pub fn shutdown(mut self) -> Result<(), HostError> {
         let to = self.info.opts.timeout;
-        let css = if self.info.cap.css & crate::spec::property::CAP_CSS_IOCS != 0 { 6 } else { 0 };
+        let css = if self.info.cap.css & crate::spec::property::CAP_CSS_IOCS != 0 {
+            6
+        } else {
+            0
+        };
         let mut cc = Cc::linux_default(css);
         cc.en = true;
         cc.shn = SHN_NORMAL;
         fabrics::property_set(&mut self.admin, reg::CC, cc.to_u32(), to)?;
         let start = Instant::now();
         loop {
-            let csts = Csts::from_u32(fabrics::property_get(&mut self.admin, reg::CSTS, PropertySize::Four, to)? as u32);
+            let csts = Csts::from_u32(fabrics::property_get(
+                &mut self.admin,
+                reg::CSTS,
+                PropertySize::Four,
+                to,
+            )? as u32);
             if csts.shst == SHST_COMPLETE {
                 break;
             }
@@ -460,7 +547,11 @@ pub fn connect_io_qpair<U: HostTransport>(
 ///
 /// # Errors
 /// As [`Controller::connect`] and [`Controller::discovery_log`].
-pub fn discover<T: HostTransport>(t: &T, hostnqn: &str, opts: CtrlOptions) -> Result<Vec<DiscoveryLogEntry>, HostError> {
+pub fn discover<T: HostTransport>(
+    t: &T,
+    hostnqn: &str,
+    opts: CtrlOptions,
+) -> Result<Vec<DiscoveryLogEntry>, HostError> {
     let who = HostIdentity {
         hostnqn: hostnqn.to_string(),
         hostid: opts.hostid,
@@ -476,19 +567,44 @@ pub fn discover<T: HostTransport>(t: &T, hostnqn: &str, opts: CtrlOptions) -> Re
     Ok(log)
 }
 
-fn identify<Q: super::transport::HostQueue>(admin: &mut Qpair<Q>, cns: u8, nsid: u32, to: Duration) -> Result<Vec<u8>, HostError> {
+fn identify<Q: super::transport::HostQueue>(
+    admin: &mut Qpair<Q>,
+    cns: u8,
+    nsid: u32,
+    to: Duration,
+) -> Result<Vec<u8>, HostError> {
     let buf = DmaBuf::alloc(IDENTIFY_DATA_SIZE).map_err(|e| HostError::Transport(e.to_string()))?;
     let cmd = IdentifyCmd::to_cmd(cns, nsid, 0);
-    let (_, data) = admin.exec("Identify", cmd, DataDir::FromCtrl, SgList::from_buf(buf), to)?;
+    let (_, data) = admin.exec(
+        "Identify",
+        cmd,
+        DataDir::FromCtrl,
+        SgList::from_buf(buf),
+        to,
+    )?;
     let mut out = vec![0u8; IDENTIFY_DATA_SIZE];
     data.copy_to_slice(&mut out);
     Ok(out)
 }
 
-fn get_log<Q: super::transport::HostQueue>(admin: &mut Qpair<Q>, lid: u8, nsid: u32, len: usize, lpo: u64, to: Duration) -> Result<Vec<u8>, HostError> {
-    let cmd = GetLogPageCmd::to_cmd(lid, nsid, len as u64, lpo, false, 0).map_err(|e| HostError::Unsupported(e.to_string()))?;
+fn get_log<Q: super::transport::HostQueue>(
+    admin: &mut Qpair<Q>,
+    lid: u8,
+    nsid: u32,
+    len: usize,
+    lpo: u64,
+    to: Duration,
+) -> Result<Vec<u8>, HostError> {
+    let cmd = GetLogPageCmd::to_cmd(lid, nsid, len as u64, lpo, false, 0)
+        .map_err(|e| HostError::Unsupported(e.to_string()))?;
     let buf = DmaBuf::alloc(len).map_err(|e| HostError::Transport(e.to_string()))?;
-    let (_, data) = admin.exec("Get Log Page", cmd, DataDir::FromCtrl, SgList::from_buf(buf), to)?;
+    let (_, data) = admin.exec(
+        "Get Log Page",
+        cmd,
+        DataDir::FromCtrl,
+        SgList::from_buf(buf),
+        to,
+    )?;
     let mut out = vec![0u8; len];
     data.copy_to_slice(&mut out);
     Ok(out)

@@ -52,13 +52,20 @@ pub fn connect<Q: HostQueue>(
         subnqn: who.subnqn.clone(),
         hostnqn: who.hostnqn.clone(),
     };
-    let mut buf = DmaBuf::alloc(CONNECT_DATA_SIZE).map_err(|e| HostError::Transport(e.to_string()))?;
+    let mut buf =
+        DmaBuf::alloc(CONNECT_DATA_SIZE).map_err(|e| HostError::Transport(e.to_string()))?;
     data.encode_into(
         buf.as_mut_slice()
             .try_into()
             .map_err(|_| HostError::Transport("connect buffer".into()))?,
     );
-    match qp.exec("Connect", cc.to_cmd(0), DataDir::ToCtrl, SgList::from_buf(buf), timeout) {
+    match qp.exec(
+        "Connect",
+        cc.to_cmd(0),
+        DataDir::ToCtrl,
+        SgList::from_buf(buf),
+        timeout,
+    ) {
         Ok((cpl, _)) => Ok(cpl.dw0 as u16),
         Err(HostError::Nvme { status, .. }) => Err(HostError::ConnectRefused { qid, status }),
         Err(e) => Err(e),

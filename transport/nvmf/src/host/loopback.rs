@@ -16,7 +16,9 @@ use crate::spec::cmd::{NvmeCmd, SQE_SIZE};
 use crate::spec::cpl::NvmeCompletion;
 use crate::spec::sgl::SglDescriptor;
 use crate::spec::transport_id::TransportId;
-use crate::target::{LoopbackEndpoint, LoopbackQueueOptions, LoopbackTransport, Target, TransportError};
+use crate::target::{
+    LoopbackEndpoint, LoopbackQueueOptions, LoopbackTransport, Target, TransportError,
+};
 
 /// A loopback host transport on one reactor.
 pub struct LoopbackHost {
@@ -29,13 +31,20 @@ pub struct LoopbackHost {
 
 impl std::fmt::Debug for LoopbackHost {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LoopbackHost").field("trid", &self.trid).finish()
+        f.debug_struct("LoopbackHost")
+            .field("trid", &self.trid)
+            .finish()
     }
 }
 
 impl LoopbackHost {
     /// A transport to `target`'s loopback listener `trid`, on `reactor`.
-    pub fn new(transport: Arc<LoopbackTransport>, target: Arc<Target>, reactor: Reactor, trid: TransportId) -> Self {
+    pub fn new(
+        transport: Arc<LoopbackTransport>,
+        target: Arc<Target>,
+        reactor: Reactor,
+        trid: TransportId,
+    ) -> Self {
         LoopbackHost {
             transport,
             target,
@@ -100,7 +109,9 @@ pub struct LoopbackQueue {
 
 impl std::fmt::Debug for LoopbackQueue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LoopbackQueue").field("ep", &self.ep).finish()
+        f.debug_struct("LoopbackQueue")
+            .field("ep", &self.ep)
+            .finish()
     }
 }
 
@@ -109,11 +120,20 @@ impl HostQueue for LoopbackQueue {
         self.inline
     }
 
-    fn queue_cmd(&mut self, slot: u16, cmd: &mut NvmeCmd, dir: DataDir, data: &SgList) -> Result<Queued, HostError> {
+    fn queue_cmd(
+        &mut self,
+        slot: u16,
+        cmd: &mut NvmeCmd,
+        dir: DataDir,
+        data: &SgList,
+    ) -> Result<Queued, HostError> {
         if self.closed || !self.ep.is_connected() {
-            return Err(HostError::Disconnected("the loopback queue is closed".into()));
+            return Err(HostError::Disconnected(
+                "the loopback queue is closed".into(),
+            ));
         }
-        let len = u32::try_from(data.total_len()).map_err(|_| HostError::Unsupported("transfer too large".into()))?;
+        let len = u32::try_from(data.total_len())
+            .map_err(|_| HostError::Unsupported("transfer too large".into()))?;
         let s = self
             .slots
             .get_mut(usize::from(slot))
@@ -199,7 +219,11 @@ impl HostQueue for LoopbackQueue {
     }
 
     fn abandon(&mut self, slot: u16) {
-        if let Some(key) = self.slots.get_mut(usize::from(slot)).and_then(|s| s.key.take()) {
+        if let Some(key) = self
+            .slots
+            .get_mut(usize::from(slot))
+            .and_then(|s| s.key.take())
+        {
             self.ep.deregister(key);
         }
     }

@@ -11,6 +11,10 @@
 //! transport error, a timeout) every outstanding command completes with
 //! [`IoError::Aborted`] (or [`IoError::TimedOut`]) at the next poll.
 
+// A refused submission hands the caller's buffers back by value: boxing
+// them would allocate on every back-pressure event.
+#![allow(clippy::result_large_err)]
+
 use std::time::{Duration, Instant};
 
 use pollux_reactor::mem::SgList;
@@ -247,15 +251,37 @@ impl<Q: HostQueue> Qpair<Q> {
     ///
     /// # Errors
     /// As [`Qpair::submit`].
-    pub fn read(&mut self, nsid: u32, slba: u64, nlb: u32, data: SgList, ctx: u64) -> Result<(), SubmitError> {
-        self.rw(IoOpcode::Read, DataDir::FromCtrl, nsid, slba, nlb, data, ctx)
+    pub fn read(
+        &mut self,
+        nsid: u32,
+        slba: u64,
+        nlb: u32,
+        data: SgList,
+        ctx: u64,
+    ) -> Result<(), SubmitError> {
+        self.rw(
+            IoOpcode::Read,
+            DataDir::FromCtrl,
+            nsid,
+            slba,
+            nlb,
+            data,
+            ctx,
+        )
     }
 
     /// Write `nlb` blocks at `slba` of namespace `nsid` from `data`.
     ///
     /// # Errors
     /// As [`Qpair::submit`].
-    pub fn write(&mut self, nsid: u32, slba: u64, nlb: u32, data: SgList, ctx: u64) -> Result<(), SubmitError> {
+    pub fn write(
+        &mut self,
+        nsid: u32,
+        slba: u64,
+        nlb: u32,
+        data: SgList,
+        ctx: u64,
+    ) -> Result<(), SubmitError> {
         self.rw(IoOpcode::Write, DataDir::ToCtrl, nsid, slba, nlb, data, ctx)
     }
 
@@ -263,8 +289,22 @@ impl<Q: HostQueue> Qpair<Q> {
     ///
     /// # Errors
     /// As [`Qpair::submit`].
-    pub fn write_zeroes(&mut self, nsid: u32, slba: u64, nlb: u32, ctx: u64) -> Result<(), SubmitError> {
-        self.rw(IoOpcode::WriteZeroes, DataDir::None, nsid, slba, nlb, SgList::new(), ctx)
+    pub fn write_zeroes(
+        &mut self,
+        nsid: u32,
+        slba: u64,
+        nlb: u32,
+        ctx: u64,
+    ) -> Result<(), SubmitError> {
+        self.rw(
+            IoOpcode::WriteZeroes,
+            DataDir::None,
+            nsid,
+            slba,
+            nlb,
+            SgList::new(),
+            ctx,
+        )
     }
 
     /// Flush namespace `nsid`.
@@ -282,7 +322,14 @@ impl<Q: HostQueue> Qpair<Q> {
     ///
     /// # Errors
     /// As [`Qpair::submit`]; `Invalid` for a short buffer.
-    pub fn deallocate(&mut self, nsid: u32, slba: u64, nlb: u32, mut range: SgList, ctx: u64) -> Result<(), SubmitError> {
+    pub fn deallocate(
+        &mut self,
+        nsid: u32,
+        slba: u64,
+        nlb: u32,
+        mut range: SgList,
+        ctx: u64,
+    ) -> Result<(), SubmitError> {
         let desc = crate::spec::nvm::DsmRange {
             attributes: 0,
             nlb,
@@ -290,9 +337,15 @@ impl<Q: HostQueue> Qpair<Q> {
         }
         .encode();
         let len: usize = range.total_len();
-        let Some(first) = range.as_mut_slice().first_mut().filter(|b| b.len() >= desc.len() && len >= desc.len()) else {
+        let Some(first) = range
+            .as_mut_slice()
+            .first_mut()
+            .filter(|b| b.len() >= desc.len() && len >= desc.len())
+        else {
             return Err(SubmitError {
-                kind: SubmitErrorKind::Invalid(HostError::Unsupported("deallocate needs a 16-byte buffer".into())),
+                kind: SubmitErrorKind::Invalid(HostError::Unsupported(
+                    "deallocate needs a 16-byte buffer".into(),
+                )),
                 data: range,
             });
         };
@@ -382,7 +435,10 @@ impl<Q: HostQueue> Qpair<Q> {
                 .is_some_and(|s| s.busy && cpl.cid == slot | (u16::from(s.gen & 0x3F) << 10));
             if !known {
                 // A CID that names no command: the target is confused.
-                self.die(HostError::Protocol(format!("completion for unknown cid {:#x}", cpl.cid)));
+                self.die(HostError::Protocol(format!(
+                    "completion for unknown cid {:#x}",
+                    cpl.cid
+                )));
                 continue;
             }
             if cpl.sqhd != SQHD_DISABLED && cpl.sqhd < self.entries {
@@ -440,7 +496,11 @@ impl<Q: HostQueue> Qpair<Q> {
 
     fn fail_all(&mut self, f: &mut dyn FnMut(Completion)) -> usize {
         let mut n = 0;
-        let err = if self.timed_out { IoError::TimedOut } else { IoError::Aborted };
+        let err = if self.timed_out {
+            IoError::TimedOut
+        } else {
+            IoError::Aborted
+        };
         for (i, s) in self.slots.iter_mut().enumerate() {
             if !s.busy {
                 continue;
@@ -492,7 +552,8 @@ impl<Q: HostQueue> Qpair<Q> {
                         data,
                     }) => pending = Some((cmd, data)),
                     Err(SubmitError {
-                        kind: SubmitErrorKind::Dead, ..
+                        kind: SubmitErrorKind::Dead,
+                        ..
                     }) => {
                         return Err(self
                             .dead
@@ -514,7 +575,10 @@ impl<Q: HostQueue> Qpair<Q> {
                 return match res {
                     Ok(cpl) => Ok((cpl, data)),
                     Err(IoError::Nvme(status)) => Err(HostError::Nvme { what, status }),
-                    Err(IoError::TimedOut) => Err(HostError::Timeout { what, after: timeout }),
+                    Err(IoError::TimedOut) => Err(HostError::Timeout {
+                        what,
+                        after: timeout,
+                    }),
                     Err(IoError::Aborted) => Err(self
                         .dead
                         .clone()
@@ -527,8 +591,14 @@ impl<Q: HostQueue> Qpair<Q> {
             spins = spins.wrapping_add(1);
             if spins % 64 == 0 {
                 if start.elapsed() > timeout {
-                    self.die(HostError::Timeout { what, after: timeout });
-                    return Err(HostError::Timeout { what, after: timeout });
+                    self.die(HostError::Timeout {
+                        what,
+                        after: timeout,
+                    });
+                    return Err(HostError::Timeout {
+                        what,
+                        after: timeout,
+                    });
                 }
                 std::thread::yield_now();
             }

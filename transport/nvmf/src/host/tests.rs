@@ -34,7 +34,8 @@ fn fx() -> Fx {
     let reg = BdevRegistry::new();
     let sub = target.add_subsystem(SubsystemConfig::new(SUB)).unwrap();
     let bdev = reg.create("malloc:size=1M,block=512,name=hm1").unwrap();
-    sub.add_namespace(NamespaceConfig::new(bdev).with_nsid(1)).unwrap();
+    sub.add_namespace(NamespaceConfig::new(bdev).with_nsid(1))
+        .unwrap();
     Fx {
         cluster,
         target,
@@ -166,7 +167,12 @@ fn errors_are_typed() {
         let e = Controller::connect(&t, who("nqn.2024-01.io.pollux:nope"), opts()).unwrap_err();
         assert!(matches!(e, HostError::ConnectRefused { qid: 0, .. }), "{e}");
         // Nobody listens.
-        let other = LoopbackHost::new(f.lt.clone(), f.target.clone(), r.clone(), TransportId::loopback("none"));
+        let other = LoopbackHost::new(
+            f.lt.clone(),
+            f.target.clone(),
+            r.clone(),
+            TransportId::loopback("none"),
+        );
         let e = Controller::connect(&other, who(SUB), opts()).unwrap_err();
         assert!(matches!(e, HostError::Unreachable(_)), "{e}");
         // An I/O beyond the namespace completes with an NVMe status.
@@ -174,16 +180,26 @@ fn errors_are_typed() {
         let mut qp = c.connect_io(&t, 1, 8, None).unwrap();
         qp.read(1, 4096, 1, buf(512, 0), 1).unwrap();
         let done = reap(r, &mut qp, 1);
-        assert!(matches!(done[0].result, Err(IoError::Nvme(_))), "{:?}", done[0].result);
+        assert!(
+            matches!(done[0].result, Err(IoError::Nvme(_))),
+            "{:?}",
+            done[0].result
+        );
         // A queue beyond the granted count is refused before the wire.
-        assert!(matches!(c.connect_io(&t, 99, 8, None), Err(HostError::Unsupported(_))));
+        assert!(matches!(
+            c.connect_io(&t, 99, 8, None),
+            Err(HostError::Unsupported(_))
+        ));
         // Outstanding I/O of a queue that dies completes with an error.
         qp.read(1, 0, 1, buf(512, 0), 2).unwrap();
         qp.read(1, 1, 1, buf(512, 0), 3).unwrap();
         qp.flush();
         qp.disconnect();
         let done = reap(r, &mut qp, 2);
-        assert!(done.iter().all(|c| c.result == Err(IoError::Aborted)), "{done:?}");
+        assert!(
+            done.iter().all(|c| c.result == Err(IoError::Aborted)),
+            "{done:?}"
+        );
         let e = qp.read(1, 0, 1, buf(512, 0), 4).unwrap_err();
         assert_eq!(e.kind, SubmitErrorKind::Dead);
     });

@@ -111,7 +111,10 @@ pub trait HostTransport {
     ///
     /// # Errors
     /// [`HostError::Transport`] when the memory cannot be registered.
-    fn register_memory(&self, _arena: &std::sync::Arc<pollux_reactor::mem::DmaArena>) -> Result<(), HostError> {
+    fn register_memory(
+        &self,
+        _arena: &std::sync::Arc<pollux_reactor::mem::DmaArena>,
+    ) -> Result<(), HostError> {
         Ok(())
     }
 

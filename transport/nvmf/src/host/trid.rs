@@ -102,7 +102,9 @@ impl HostTrid {
         let traddr = traddr.ok_or_else(|| HostError::Trid("traddr is missing".into()))?;
         for (what, nqn) in [("subnqn", &subnqn), ("hostnqn", &hostnqn)] {
             if !crate::spec::connect::is_valid_nqn(nqn) {
-                return Err(HostError::Trid(format!("{what} '{nqn}' is not a valid NQN")));
+                return Err(HostError::Trid(format!(
+                    "{what} '{nqn}' is not a valid NQN"
+                )));
             }
         }
         if trtype == HostTrType::Soft || trtype == HostTrType::Loop {
@@ -189,11 +191,20 @@ mod tests {
         assert_eq!(t.cm_addr(), "192.168.1.10:4420");
         assert_eq!(t.subnqn, "nqn.2016-06.io.spdk:cnode1");
         assert_eq!(t.transport_id().trtype, TrType::Rdma);
-        let s = HostTrid::parse("trtype=soft traddr=pollux-tgt subnqn=nqn.2024-01.io.pollux:null0").unwrap();
+        let s = HostTrid::parse("trtype=soft traddr=pollux-tgt subnqn=nqn.2024-01.io.pollux:null0")
+            .unwrap();
         assert_eq!(s.cm_addr(), "@pollux-tgt");
         assert_eq!(s.trsvcid, "4420");
-        assert_eq!(HostTrid::parse("trtype:soft traddr:/run/x").unwrap().cm_addr(), "/run/x");
-        assert_eq!(HostTrid::parse("trtype:soft traddr:@x").unwrap().subnqn, DISCOVERY_NQN);
+        assert_eq!(
+            HostTrid::parse("trtype:soft traddr:/run/x")
+                .unwrap()
+                .cm_addr(),
+            "/run/x"
+        );
+        assert_eq!(
+            HostTrid::parse("trtype:soft traddr:@x").unwrap().subnqn,
+            DISCOVERY_NQN
+        );
     }
 
     #[test]
@@ -209,7 +220,10 @@ mod tests {
             "trtype:rdma traddr:1.2.3.4 subnqn:nope",
             "trtype:rdma traddr:",
         ] {
-            assert!(matches!(HostTrid::parse(bad), Err(HostError::Trid(_))), "{bad}");
+            assert!(
+                matches!(HostTrid::parse(bad), Err(HostError::Trid(_))),
+                "{bad}"
+            );
         }
     }
 }

@@ -115,8 +115,9 @@ struct SendQueue {
 }
 
 impl SendQueue {
+    /// Slot of counter `c` (the slot array is a power of two: no division).
     fn idx(&self, c: u64) -> usize {
-        (c % self.slots.len() as u64) as usize
+        (c & (self.slots.len() as u64 - 1)) as usize
     }
 }
 
@@ -176,6 +177,9 @@ impl SoftQp {
             max_recv_wr: if init.srq.is_some() { 0 } else { c.max_recv_wr },
             ..c
         };
+        // Slot storage rounded up to a power of two; the queue still holds
+        // at most `max_send_wr` WRs.
+        let ring = c.max_send_wr.next_power_of_two();
         let sq = SendQueue {
             slots: vec![
                 SqSlot {
@@ -188,10 +192,10 @@ impl SoftQp {
                     byte_len: 0,
                     st: SlotState::Pending,
                 };
-                c.max_send_wr as usize
+                ring as usize
             ],
-            sges: vec![Sge::default(); (c.max_send_wr * c.max_send_sge.max(1)) as usize],
-            inl: vec![0; (c.max_send_wr * c.max_inline_data) as usize],
+            sges: vec![Sge::default(); (ring * c.max_send_sge.max(1)) as usize],
+            inl: vec![0; (ring * c.max_inline_data) as usize],
             max_sge: c.max_send_sge.max(1) as usize,
             max_inline: c.max_inline_data as usize,
             head: 0,
@@ -1181,7 +1185,7 @@ impl QpInner {
         if !send_allowed(st) {
             return Err(PostErrorKind::WrongState(st));
         }
-        if sq.tail - sq.head >= sq.slots.len() as u64 {
+        if sq.tail - sq.head >= u64::from(self.caps.max_send_wr) {
             return Err(PostErrorKind::QueueFull);
         }
         let inline = wr.flags.contains(SendFlags::INLINE);

@@ -53,7 +53,10 @@ impl RecvQueue {
 
     pub(crate) fn push(&mut self, wr: &RecvWr<'_>) -> Result<(), PostErrorKind> {
         self.check(wr)?;
-        let i = (self.head + self.len) % self.cap();
+        let mut i = self.head + self.len;
+        if i >= self.cap() {
+            i -= self.cap();
+        }
         self.ids[i] = wr.wr_id;
         self.nsge[i] = wr.sg_list.len() as u32;
         self.sges[i * self.max_sge..i * self.max_sge + wr.sg_list.len()]
@@ -77,7 +80,10 @@ impl RecvQueue {
             return None;
         }
         let id = self.ids[self.head];
-        self.head = (self.head + 1) % self.cap();
+        self.head += 1;
+        if self.head == self.cap() {
+            self.head = 0;
+        }
         self.len -= 1;
         Some(id)
     }

@@ -60,7 +60,9 @@ impl MemMode {
         match s {
             "pool" => Ok(MemMode::Pool),
             "register-always" | "always" | "frwr" => Ok(MemMode::RegisterAlways),
-            _ => Err(format!("memory mode '{s}': expected pool or register-always")),
+            _ => Err(format!(
+                "memory mode '{s}': expected pool or register-always"
+            )),
         }
     }
 }
@@ -121,7 +123,11 @@ impl<P: Provider> RdmaHost<P> {
     /// # Errors
     /// [`HostError::Transport`] when the device cannot be opened, or lacks
     /// fast registration in `register-always` mode.
-    pub fn open(device: Option<&str>, addr: CmAddr, opts: RdmaHostOptions) -> Result<Self, HostError> {
+    pub fn open(
+        device: Option<&str>,
+        addr: CmAddr,
+        opts: RdmaHostOptions,
+    ) -> Result<Self, HostError> {
         let name = match device {
             Some(d) => d.to_string(),
             None => P::list_devices()
@@ -131,15 +137,23 @@ impl<P: Provider> RdmaHost<P> {
                 .map(|d| d.name)
                 .ok_or_else(|| HostError::Transport(format!("no {} RDMA device", P::NAME)))?,
         };
-        let dev = P::open_device(&name).map_err(|e| HostError::Transport(format!("open {name}: {e}")))?;
+        let dev =
+            P::open_device(&name).map_err(|e| HostError::Transport(format!("open {name}: {e}")))?;
         if opts.mem_mode == MemMode::RegisterAlways && !dev.caps().mem_mgt_extensions {
             return Err(HostError::Transport(format!(
                 "device {name} has no fast registration: use the pool memory mode"
             )));
         }
-        let pd = Rc::new(dev.alloc_pd().map_err(|e| HostError::Transport(e.to_string()))?);
+        let pd = Rc::new(
+            dev.alloc_pd()
+                .map_err(|e| HostError::Transport(e.to_string()))?,
+        );
         let access = match opts.mem_mode {
-            MemMode::Pool => pollux_verbs::Access::LOCAL_WRITE | pollux_verbs::Access::REMOTE_READ | pollux_verbs::Access::REMOTE_WRITE,
+            MemMode::Pool => {
+                pollux_verbs::Access::LOCAL_WRITE
+                    | pollux_verbs::Access::REMOTE_READ
+                    | pollux_verbs::Access::REMOTE_WRITE
+            }
             MemMode::RegisterAlways => pollux_verbs::Access::LOCAL_WRITE,
         };
         let mrs = Rc::new(MrCache::new(Rc::clone(&pd), access));
@@ -171,11 +185,16 @@ impl<P: Provider> HostTransport for RdmaHost<P> {
         P::NAME
     }
 
-    fn register_memory(&self, arena: &std::sync::Arc<pollux_reactor::mem::DmaArena>) -> Result<(), HostError> {
+    fn register_memory(
+        &self,
+        arena: &std::sync::Arc<pollux_reactor::mem::DmaArena>,
+    ) -> Result<(), HostError> {
         self.mrs.register(arena)
     }
 
     fn open_queue(&self, params: &QueueParams) -> Result<RdmaQueue<P>, HostError> {
-        RdmaQueue::connect(&self.dev, &self.pd, &self.mrs, &self.addr, &self.opts, params)
+        RdmaQueue::connect(
+            &self.dev, &self.pd, &self.mrs, &self.addr, &self.opts, params,
+        )
     }
 }

@@ -7,15 +7,17 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use pollux_reactor::mem::{ArenaId, DmaArena, DmaBuf};
-use pollux_verbs::{Access, MemoryRegion, Provider, ProtectionDomain};
+use pollux_verbs::{Access, MemoryRegion, ProtectionDomain, Provider};
 
 use super::super::HostError;
+
+type Entry<P> = (ArenaId, Arc<DmaArena>, <P as Provider>::Mr);
 
 /// The MRs of data arenas for one PD.
 pub struct MrCache<P: Provider> {
     pd: Rc<P::Pd>,
     access: Access,
-    mrs: RefCell<Vec<(ArenaId, Arc<DmaArena>, P::Mr)>>,
+    mrs: RefCell<Vec<Entry<P>>>,
 }
 
 impl<P: Provider> MrCache<P> {
@@ -39,7 +41,9 @@ impl<P: Provider> MrCache<P> {
             .pd
             .reg_mr(arena, 0, arena.len(), self.access)
             .map_err(|e| HostError::Transport(format!("register arena {}: {e}", arena.name())))?;
-        self.mrs.borrow_mut().push((arena.id(), Arc::clone(arena), mr));
+        self.mrs
+            .borrow_mut()
+            .push((arena.id(), Arc::clone(arena), mr));
         Ok(())
     }
 

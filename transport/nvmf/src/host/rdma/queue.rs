@@ -8,8 +8,9 @@ use std::time::Instant;
 
 use pollux_reactor::mem::{ArenaOptions, DmaArena, HugepageMode, SgList};
 use pollux_verbs::{
-    Access, CmAddr, CmEvent, CmId, CompletionQueue, ConnParam, Device, MemoryRegion, ProtectionDomain, Provider,
-    QpAttr, QpCaps, QpInit, QpState, QueuePair, RecvWr, SendOp, SendWr, Sge, Wc, WcFlags, WcStatus,
+    Access, CmAddr, CmEvent, CmId, CompletionQueue, ConnParam, Device, MemoryRegion,
+    ProtectionDomain, Provider, QpAttr, QpCaps, QpInit, QpState, QueuePair, RecvWr, SendOp, SendWr,
+    Sge, Wc, WcFlags, WcStatus,
 };
 
 use super::mr_cache::MrCache;
@@ -141,7 +142,9 @@ impl<P: Provider> RdmaQueue<P> {
         let n = usize::from(entries);
         let caps = dev.caps();
         let max_send_sge = (caps.max_sge as usize).clamp(2, MAX_DATA_SEGS + 1);
-        let cq = dev.create_cq(4 * u32::from(entries) + 8).map_err(tr("create CQ"))?;
+        let cq = dev
+            .create_cq(4 * u32::from(entries) + 8)
+            .map_err(tr("create CQ"))?;
         let qp = pd
             .create_qp(&QpInit {
                 send_cq: &cq,
@@ -164,12 +167,17 @@ impl<P: Provider> RdmaQueue<P> {
             ArenaOptions::named(format!("nvmf-host-q{}", p.qid)).hugepages(HugepageMode::Never),
         )
         .map_err(|e| HostError::Transport(format!("queue buffers: {e}")))?;
-        let ctrl_mr = pd.reg_mr(&ctrl, 0, ctrl_len, Access::LOCAL_WRITE).map_err(tr("register queue buffers"))?;
+        let ctrl_mr = pd
+            .reg_mr(&ctrl, 0, ctrl_len, Access::LOCAL_WRITE)
+            .map_err(tr("register queue buffers"))?;
         let mut frmrs = Vec::new();
         if opts.mem_mode == MemMode::RegisterAlways {
             frmrs.reserve(n);
             for _ in 0..n {
-                frmrs.push(pd.alloc_fast_reg_mr(MAX_DATA_SEGS as u32).map_err(tr("allocate fast-reg MR"))?);
+                frmrs.push(
+                    pd.alloc_fast_reg_mr(MAX_DATA_SEGS as u32)
+                        .map_err(tr("allocate fast-reg MR"))?,
+                );
             }
         }
         let mut slots = vec![RSlot::default(); n];
@@ -178,7 +186,8 @@ impl<P: Provider> RdmaQueue<P> {
         }
         // Receives go up before the connection, so no response can find
         // the queue without a buffer.
-        qp.modify(&QpAttr::to(QpState::Init)).map_err(tr("QP to INIT"))?;
+        qp.modify(&QpAttr::to(QpState::Init))
+            .map_err(tr("QP to INIT"))?;
         let req = CmRequest {
             recfmt: 0,
             qid: p.qid,
@@ -191,7 +200,9 @@ impl<P: Provider> RdmaQueue<P> {
         param.rnr_retry_count = 7;
         let inline = if p.qid == 0 { 0 } else { p.inline_limit };
         let mut me = RdmaQueue {
-            cm: dev.connect(addr, &qp, &param).map_err(|e| HostError::Unreachable(format!("{addr}: {e}")))?,
+            cm: dev
+                .connect(addr, &qp, &param)
+                .map_err(|e| HostError::Unreachable(format!("{addr}: {e}")))?,
             qp,
             _frmrs: frmrs,
             ctrl_mr,
@@ -221,11 +232,18 @@ impl<P: Provider> RdmaQueue<P> {
             match me.cm.get_event().map_err(tr("connection manager"))? {
                 Some(CmEvent::Established { private_data }) => {
                     if let Ok(acc) = CmAccept::parse(private_data.as_bytes()) {
-                        log::debug!("nvmf host: queue {} connected, target CRQSIZE {}", p.qid, acc.crqsize);
+                        log::debug!(
+                            "nvmf host: queue {} connected, target CRQSIZE {}",
+                            p.qid,
+                            acc.crqsize
+                        );
                     }
                     break;
                 }
-                Some(CmEvent::Rejected { reason, private_data }) => {
+                Some(CmEvent::Rejected {
+                    reason,
+                    private_data,
+                }) => {
                     if reason == pollux_verbs::cm::REJECT_REASON_INVALID_SERVICE_ID {
                         return Err(HostError::Unreachable(addr.to_string()));
                     }
@@ -235,7 +253,12 @@ impl<P: Provider> RdmaQueue<P> {
                     return Err(HostError::Rejected { qid: p.qid, status });
                 }
                 Some(CmEvent::Unreachable) => return Err(HostError::Unreachable(addr.to_string())),
-                Some(ev) => return Err(HostError::Disconnected(format!("connecting queue {}: {ev:?}", p.qid))),
+                Some(ev) => {
+                    return Err(HostError::Disconnected(format!(
+                        "connecting queue {}: {ev:?}",
+                        p.qid
+                    )))
+                }
                 None => {}
             }
             if start.elapsed() > opts.connect_timeout {
@@ -311,11 +334,17 @@ impl<P: Provider> RdmaQueue<P> {
                     }
                     Staged::Send(slot) => {
                         let s = &self.slots[usize::from(slot)];
-                        SendWr::new(encode(WrKind::Send, slot), SendOp::Send, &s.sges[..s.nsge]).signaled()
+                        SendWr::new(encode(WrKind::Send, slot), SendOp::Send, &s.sges[..s.nsge])
+                            .signaled()
                     }
                     Staged::Inv(slot) => {
                         let s = &self.slots[usize::from(slot)];
-                        SendWr::new(encode(WrKind::Inv, slot), SendOp::LocalInv { key: s.key }, &[]).signaled()
+                        SendWr::new(
+                            encode(WrKind::Inv, slot),
+                            SendOp::LocalInv { key: s.key },
+                            &[],
+                        )
+                        .signaled()
                     }
                 };
             }
@@ -364,10 +393,17 @@ impl<P: Provider> RdmaQueue<P> {
         self.stats
     }
 
-    fn describe(&mut self, slot: u16, cmd: &mut NvmeCmd, dir: DataDir, data: &SgList) -> Result<(), HostError> {
+    fn describe(
+        &mut self,
+        slot: u16,
+        cmd: &mut NvmeCmd,
+        dir: DataDir,
+        data: &SgList,
+    ) -> Result<(), HostError> {
         let si = usize::from(slot);
         let nseg = data.len();
-        let len = u32::try_from(data.total_len()).map_err(|_| HostError::Unsupported("transfer over 4 GiB".into()))?;
+        let len = u32::try_from(data.total_len())
+            .map_err(|_| HostError::Unsupported("transfer over 4 GiB".into()))?;
         let sqe_addr = self.ctrl_mr.addr() + (si * SQE_SIZE) as u64;
         let ctrl_lkey = self.ctrl_mr.lkey();
         let mut s = self.slots[si];
@@ -381,7 +417,7 @@ impl<P: Provider> RdmaQueue<P> {
         let inline_ok = dir == DataDir::ToCtrl
             && len > 0
             && len <= self.inline
-            && nseg + 1 <= self.max_send_sge
+            && nseg < self.max_send_sge
             && nseg <= MAX_DATA_SEGS;
         if dir == DataDir::None || len == 0 {
             cmd.set_sgl(&SglDescriptor::null());
@@ -400,7 +436,10 @@ impl<P: Provider> RdmaQueue<P> {
         } else {
             match self.mode {
                 MemMode::Pool => {
-                    let first = data.iter().next().ok_or_else(|| HostError::Unsupported("no buffer".into()))?;
+                    let first = data
+                        .iter()
+                        .next()
+                        .ok_or_else(|| HostError::Unsupported("no buffer".into()))?;
                     // One keyed descriptor: the buffers must be contiguous.
                     let mut next = first.addr();
                     for b in data.iter() {
@@ -418,7 +457,9 @@ impl<P: Provider> RdmaQueue<P> {
                 }
                 MemMode::RegisterAlways => {
                     if nseg > MAX_DATA_SEGS {
-                        return Err(HostError::Unsupported(format!("{nseg} segments (at most {MAX_DATA_SEGS})")));
+                        return Err(HostError::Unsupported(format!(
+                            "{nseg} segments (at most {MAX_DATA_SEGS})"
+                        )));
                     }
                     if s.mr_valid {
                         return Err(HostError::Protocol("registration key still valid".into()));
@@ -462,7 +503,10 @@ impl<P: Provider> RdmaQueue<P> {
 
     fn on_wc(&mut self, wc: Wc, done: &mut Vec<(u16, NvmeCompletion)>) -> Result<(), HostError> {
         let Some((kind, idx)) = decode(wc.wr_id) else {
-            return Err(self.fail(format!("completion with an unknown token {:#x}", wc.wr_id.0)));
+            return Err(self.fail(format!(
+                "completion with an unknown token {:#x}",
+                wc.wr_id.0
+            )));
         };
         if wc.status != WcStatus::Success {
             let why = if wc.status == WcStatus::WrFlushErr {
@@ -498,7 +542,9 @@ impl<P: Provider> RdmaQueue<P> {
                     if wc.flags.contains(WcFlags::WITH_INV) {
                         if wc.imm != s.key {
                             let (got, want) = (wc.imm, s.key);
-                            return Err(self.fail(format!("target invalidated key {got:#x}, expected {want:#x}")));
+                            return Err(self.fail(format!(
+                                "target invalidated key {got:#x}, expected {want:#x}"
+                            )));
                         }
                         s.mr_valid = false;
                         self.stats.remote_invalidations += 1;
@@ -508,7 +554,10 @@ impl<P: Provider> RdmaQueue<P> {
                         self.staged.push(Staged::Inv(slot));
                     }
                 } else if wc.flags.contains(WcFlags::WITH_INV) {
-                    return Err(self.fail(format!("target invalidated key {:#x} the host did not ask for", wc.imm)));
+                    return Err(self.fail(format!(
+                        "target invalidated key {:#x} the host did not ask for",
+                        wc.imm
+                    )));
                 }
                 self.try_complete(slot, done);
             }
@@ -536,7 +585,13 @@ impl<P: Provider> HostQueue for RdmaQueue<P> {
         self.inline
     }
 
-    fn queue_cmd(&mut self, slot: u16, cmd: &mut NvmeCmd, dir: DataDir, data: &SgList) -> Result<Queued, HostError> {
+    fn queue_cmd(
+        &mut self,
+        slot: u16,
+        cmd: &mut NvmeCmd,
+        dir: DataDir,
+        data: &SgList,
+    ) -> Result<Queued, HostError> {
         if let Some(d) = &self.dead {
             return Err(HostError::Disconnected(d.clone()));
         }

@@ -43,7 +43,8 @@ fn fixture(send_with_invalidate: bool) -> Fx {
     let sub = target.add_subsystem(sc).unwrap();
     let reg = BdevRegistry::new();
     let bdev = reg.create("malloc:size=4M,block=512,name=rh").unwrap();
-    sub.add_namespace(NamespaceConfig::new(bdev).with_nsid(1)).unwrap();
+    sub.add_namespace(NamespaceConfig::new(bdev).with_nsid(1))
+        .unwrap();
     let opts = RdmaOptions {
         send_with_invalidate,
         ..RdmaOptions::for_tests()
@@ -51,7 +52,11 @@ fn fixture(send_with_invalidate: bool) -> Fx {
     let transport = RdmaTransport::<Soft>::new(&target, opts).unwrap();
     target.add_transport(transport.clone()).unwrap();
     let pg = cl.on(0, |r| transport.create_poll_group(r)).unwrap();
-    let addr = format!("@pollux-rdma-host-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed));
+    let addr = format!(
+        "@pollux-rdma-host-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    );
     target
         .add_listener(TransportId {
             trtype: TrType::Rdma,
@@ -97,7 +102,13 @@ fn pattern(seed: u64, b: &mut [u8]) {
 }
 
 /// Write `n` I/Os of `size` bytes with a pattern, read them back, compare.
-fn verify_mode(mode: MemMode, remote_inv: bool, target_inv: bool, inline_cap: Option<u32>, size: usize) {
+fn verify_mode(
+    mode: MemMode,
+    remote_inv: bool,
+    target_inv: bool,
+    inline_cap: Option<u32>,
+    size: usize,
+) {
     let f = fixture(target_inv);
     f.cl.on(0, |r| {
         let opts = RdmaHostOptions {
@@ -125,7 +136,13 @@ fn verify_mode(mode: MemMode, remote_inv: bool, target_inv: bool, inline_cap: Op
         while submitted < n {
             let mut b = pool.get().unwrap();
             pattern(submitted, b.as_mut_slice());
-            match qp.write(1, submitted * u64::from(blocks), blocks, SgList::from_buf(b), submitted) {
+            match qp.write(
+                1,
+                submitted * u64::from(blocks),
+                blocks,
+                SgList::from_buf(b),
+                submitted,
+            ) {
                 Ok(()) => submitted += 1,
                 Err(e) => {
                     assert_eq!(e.kind, SubmitErrorKind::Busy);
@@ -136,7 +153,11 @@ fn verify_mode(mode: MemMode, remote_inv: bool, target_inv: bool, inline_cap: Op
         while done.len() < n as usize {
             done.extend(reap(r, &mut qp, 1));
         }
-        assert!(done.iter().all(|c| c.result.is_ok()), "{:?}", done.iter().find(|c| c.result.is_err()));
+        assert!(
+            done.iter().all(|c| c.result.is_ok()),
+            "{:?}",
+            done.iter().find(|c| c.result.is_err())
+        );
         drop(done);
         let mut bad = 0;
         let mut got = 0;
@@ -145,7 +166,13 @@ fn verify_mode(mode: MemMode, remote_inv: bool, target_inv: bool, inline_cap: Op
             if next < n {
                 let mut b = pool.get().unwrap();
                 b.as_mut_slice().fill(0xEE);
-                match qp.read(1, next * u64::from(blocks), blocks, SgList::from_buf(b), next) {
+                match qp.read(
+                    1,
+                    next * u64::from(blocks),
+                    blocks,
+                    SgList::from_buf(b),
+                    next,
+                ) {
                     Ok(()) => next += 1,
                     Err(e) => assert_eq!(e.kind, SubmitErrorKind::Busy),
                 }
@@ -169,14 +196,30 @@ fn verify_mode(mode: MemMode, remote_inv: bool, target_inv: bool, inline_cap: Op
         assert_eq!(st.inline > 0, inline_on, "{st:?}");
         if mode == MemMode::RegisterAlways {
             assert!(st.registrations > 0, "{st:?}");
-            assert_eq!(st.registrations, st.remote_invalidations + st.local_invalidations, "{st:?}");
-            assert_eq!(st.remote_invalidations > 0, remote_inv && target_inv, "{st:?}");
-            assert_eq!(st.local_invalidations > 0, !(remote_inv && target_inv), "{st:?}");
+            assert_eq!(
+                st.registrations,
+                st.remote_invalidations + st.local_invalidations,
+                "{st:?}"
+            );
+            assert_eq!(
+                st.remote_invalidations > 0,
+                remote_inv && target_inv,
+                "{st:?}"
+            );
+            assert_eq!(
+                st.local_invalidations > 0,
+                !(remote_inv && target_inv),
+                "{st:?}"
+            );
         } else {
-            assert_eq!(st.registrations + st.remote_invalidations + st.local_invalidations, 0, "{st:?}");
+            assert_eq!(
+                st.registrations + st.remote_invalidations + st.local_invalidations,
+                0,
+                "{st:?}"
+            );
         }
         if mode == MemMode::Pool {
-            assert!(t.mr_cache().len() >= 1);
+            assert!(!t.mr_cache().is_empty());
         }
     });
 }
@@ -205,9 +248,17 @@ fn register_always_local_invalidation() {
 fn nobody_listening_is_unreachable() {
     let cl = TestCluster::new(1);
     cl.on(0, |_| {
-        let t = RdmaHost::<Soft>::open(None, CmAddr::new("@pollux-nobody-here"), RdmaHostOptions::default()).unwrap();
+        let t = RdmaHost::<Soft>::open(
+            None,
+            CmAddr::new("@pollux-nobody-here"),
+            RdmaHostOptions::default(),
+        )
+        .unwrap();
         let e = Controller::connect(&t, who(), CtrlOptions::default()).unwrap_err();
-        assert!(matches!(e, HostError::Unreachable(_) | HostError::Disconnected(_)), "{e}");
+        assert!(
+            matches!(e, HostError::Unreachable(_) | HostError::Disconnected(_)),
+            "{e}"
+        );
     });
 }
 
@@ -215,12 +266,18 @@ fn nobody_listening_is_unreachable() {
 fn target_shutdown_fails_outstanding_io() {
     let f = fixture(true);
     f.cl.on(0, |r| {
-        let t = RdmaHost::<Soft>::open(None, CmAddr::new(f.addr.clone()), RdmaHostOptions::default()).unwrap();
+        let t = RdmaHost::<Soft>::open(
+            None,
+            CmAddr::new(f.addr.clone()),
+            RdmaHostOptions::default(),
+        )
+        .unwrap();
         let mut c = Controller::connect(&t, who(), CtrlOptions::default()).unwrap();
         let mut qp = c.connect_io(&t, 1, 16, None).unwrap();
         let pool = BufPool::new(BufPoolOptions::new("rdma-host-death", 4096, 16)).unwrap();
         for i in 0..8 {
-            qp.read(1, i * 8, 8, SgList::from_buf(pool.get().unwrap()), i).unwrap();
+            qp.read(1, i * 8, 8, SgList::from_buf(pool.get().unwrap()), i)
+                .unwrap();
         }
         qp.flush();
         // The target goes away before serving them.

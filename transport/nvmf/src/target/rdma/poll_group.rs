@@ -260,7 +260,10 @@ impl<P: Provider> RdmaPollGroup<P> {
     /// CM listeners this group has open (listeners are opened by the
     /// group's poller after [`TargetTransport::listen`](super::super::TargetTransport::listen)).
     pub fn listeners(&self) -> usize {
-        self.state.try_borrow().map(|s| s.listeners.len()).unwrap_or(0)
+        self.state
+            .try_borrow()
+            .map(|s| s.listeners.len())
+            .unwrap_or(0)
     }
 
     /// Live connections.
@@ -301,9 +304,6 @@ impl<P: Provider> Drop for RdmaPollGroup<P> {
 
 impl<P: Provider> Shared<P> {
     fn snapshot(&self) -> PollGroupStats {
-        for c in self.conns.iter().flatten() {
-            eprintln!("DEBUG conn qid {} {:?} out {} inflight {} backlog {} sq {} ", c.qid, c.state, c.core.outstanding(), c.core.transfers_in_flight(), c.backlog.len(), c.io.sq_avail);
-        }
         let mut st = self.stats;
         st.connections = self.conns.iter().flatten().count();
         for c in self.conns.iter().flatten() {
@@ -443,7 +443,8 @@ impl<P: Provider> Shared<P> {
                 busy = true;
                 let trid = self.listeners[li].0.clone();
                 if let Err(st) = self.connect(req, trid) {
-                    log::debug!("nvmf rdma: connect rejected: {st:?}");                }
+                    log::debug!("nvmf rdma: connect rejected: {st:?}");
+                }
             }
         }
         busy
@@ -529,7 +530,8 @@ impl<P: Provider> Shared<P> {
         }) {
             Ok(q) => q,
             Err(e) => {
-                log::warn!("nvmf rdma: cannot create a QP: {e}");                return Err(self.reject(id, CmRejectStatus::NoResources));
+                log::warn!("nvmf rdma: cannot create a QP: {e}");
+                return Err(self.reject(id, CmRejectStatus::NoResources));
             }
         };
         let params = QpairParams {
@@ -611,7 +613,7 @@ impl<P: Provider> Shared<P> {
         };
         if let Err(e) = conn.cm.accept(&conn.qp, &param) {
             log::warn!("nvmf rdma: accept failed: {e}");
-                        drop(conn.qp);
+            drop(conn.qp);
             self.free_recvs.append(&mut conn.own_recvs);
             self.free_slots.push(slot);
             t.stats.rejected.fetch_add(1, Ordering::Relaxed);
@@ -624,7 +626,8 @@ impl<P: Provider> Shared<P> {
             req.qid,
             self.reactor.core()
         );
-        self.conns[usize::from(slot)] = Some(conn);        t.stats.accepted.fetch_add(1, Ordering::Relaxed);
+        self.conns[usize::from(slot)] = Some(conn);
+        t.stats.accepted.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
@@ -753,7 +756,7 @@ impl<P: Provider> Shared<P> {
         stats.capsules += 1;
         if !c.backlog.is_empty() {
             // Keep order: behind the capsules already waiting.
-            if c.backlog.len() < c.backlog.capacity() {
+            if c.backlog.len() < usize::from(c.core.depth()) {
                 c.backlog.push_back((id, wc.byte_len));
                 stats.capsules_queued += 1;
             } else {
@@ -763,7 +766,7 @@ impl<P: Provider> Shared<P> {
         }
         match submit(c, recvs, mrs, pd, id, wc.byte_len) {
             Ok(()) => repost(c, recvs, recv_lkey, srq_repost, srq, id),
-            Err(CapsuleError::QueueFull) if c.backlog.len() < c.backlog.capacity() => {
+            Err(CapsuleError::QueueFull) if c.backlog.len() < usize::from(c.core.depth()) => {
                 c.backlog.push_back((id, wc.byte_len));
                 stats.capsules_queued += 1;
             }
@@ -862,12 +865,10 @@ impl<P: Provider> Shared<P> {
             // (Receives are reposted by `repost`, posted here in one batch.)
         }
         if c.io.disconnect_requested {
-            eprintln!("DEBUG core disconnect");
             close = true;
         }
         if cm_round && c.state == ConnState::Live {
             while let Ok(Some(ev)) = c.cm.get_event() {
-                eprintln!("DEBUG cm {ev:?}");
                 if matches!(ev, CmEvent::Disconnected | CmEvent::ConnectError) {
                     close = true;
                 }

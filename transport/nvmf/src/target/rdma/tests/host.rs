@@ -7,9 +7,9 @@ use pollux_reactor::mem::DmaBuf;
 use pollux_reactor::TestCluster;
 use pollux_verbs::soft::{Soft, SoftCmId, SoftCq, SoftDevice, SoftMr, SoftPd, SoftQp};
 use pollux_verbs::{
-    Access, CmAddr, CmEvent, CmId, CompletionQueue, ConnParam, Device, MemoryRegion, ProtectionDomain,
-    Provider, QpAttr, QpCaps, QpInit, QpState, QueuePair, RecvWr, SendOp, SendWr, Sge, Wc, WcFlags,
-    WcOpcode, WcStatus, WrId,
+    Access, CmAddr, CmEvent, CmId, CompletionQueue, ConnParam, Device, MemoryRegion,
+    ProtectionDomain, Provider, QpAttr, QpCaps, QpInit, QpState, QueuePair, RecvWr, SendOp, SendWr,
+    Sge, Wc, WcFlags, WcOpcode, WcStatus, WrId,
 };
 
 use crate::spec::cmd::{NvmeCmd, SQE_SIZE};
@@ -18,7 +18,8 @@ use crate::spec::cpl::NvmeCompletion;
 use crate::spec::rdma_cm::{CmReject, CmRejectStatus, CmRequest};
 use crate::spec::sgl::SglDescriptor;
 
-pub(crate) const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000001";
+pub(crate) const HOSTNQN: &str =
+    "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000001";
 /// Bytes of one capsule slot (SQE + 16 KiB in-capsule data).
 const CAP_SLOT: usize = SQE_SIZE + 16384;
 const CAP_SLOTS: usize = 4;
@@ -73,7 +74,12 @@ pub(crate) enum ConnectOutcome {
 
 impl Host {
     /// Connect a queue with raw private data.
-    pub(crate) fn connect_raw(cl: &TestCluster, addr: &str, private: &[u8], depth: u16) -> ConnectOutcome {
+    pub(crate) fn connect_raw(
+        cl: &TestCluster,
+        addr: &str,
+        private: &[u8],
+        depth: u16,
+    ) -> ConnectOutcome {
         let dev = Soft::open_device("soft0").expect("device");
         let pd = dev.alloc_pd().expect("pd");
         let cq = dev.create_cq(4 * u32::from(depth) + 64).expect("cq");
@@ -123,16 +129,21 @@ impl Host {
         }
         let mut p = ConnParam::with_data(private);
         p.initiator_depth = 0;
-        let id = h.dev.connect(&CmAddr::new(addr), &h.qp, &p).expect("connect");
+        let id = h
+            .dev
+            .connect(&CmAddr::new(addr), &h.qp, &p)
+            .expect("connect");
         let ev = spin(cl, || id.get_event().ok().flatten()).expect("a CM event");
         match ev {
             CmEvent::Established { .. } => {
                 h.id = Some(id);
                 ConnectOutcome::Connected(h)
             }
-            CmEvent::Rejected { private_data, .. } => {
-                ConnectOutcome::Rejected(CmReject::parse(private_data.as_bytes()).ok().map(|r| r.status))
-            }
+            CmEvent::Rejected { private_data, .. } => ConnectOutcome::Rejected(
+                CmReject::parse(private_data.as_bytes())
+                    .ok()
+                    .map(|r| r.status),
+            ),
             e => panic!("unexpected CM event {e:?}"),
         }
     }
@@ -172,12 +183,18 @@ impl Host {
 
     /// A keyed SGL over `len` bytes at `off` of the data area.
     pub(crate) fn keyed(&self, off: usize, len: u32, invalidate: bool) -> SglDescriptor {
-        SglDescriptor::keyed(self.addr(DATA_OFF + off), len, self.mr.rkey(), invalidate).expect("sgl")
+        SglDescriptor::keyed(self.addr(DATA_OFF + off), len, self.mr.rkey(), invalidate)
+            .expect("sgl")
     }
 
     /// Fast-register `len` bytes at `off` of the data area under a fresh
     /// key and return a keyed SGL asking the target to invalidate it.
-    pub(crate) fn keyed_inv(&mut self, cl: &TestCluster, off: usize, len: u32) -> (SglDescriptor, u32) {
+    pub(crate) fn keyed_inv(
+        &mut self,
+        cl: &TestCluster,
+        off: usize,
+        len: u32,
+    ) -> (SglDescriptor, u32) {
         const IOVA: u64 = 0x1000_0000;
         let key = self.fr.next_key();
         let pages = [Sge {
@@ -199,7 +216,10 @@ impl Host {
             self.reg_done.then_some(())
         })
         .expect("registration");
-        (SglDescriptor::keyed(IOVA, len, key, true).expect("sgl"), key)
+        (
+            SglDescriptor::keyed(IOVA, len, key, true).expect("sgl"),
+            key,
+        )
     }
 
     pub(crate) fn data(&self, off: usize, len: usize) -> &[u8] {
@@ -270,7 +290,13 @@ impl Host {
     }
 
     /// Fabrics Connect on this queue (admin: data via keyed SGL; I/O: in capsule).
-    pub(crate) fn fabrics_connect(&mut self, cl: &TestCluster, qid: u16, subnqn: &str, cntlid: u16) -> NvmeCompletion {
+    pub(crate) fn fabrics_connect(
+        &mut self,
+        cl: &TestCluster,
+        qid: u16,
+        subnqn: &str,
+        cntlid: u16,
+    ) -> NvmeCompletion {
         let data = ConnectData {
             hostid: [7; 16],
             cntlid,
@@ -302,26 +328,6 @@ impl Host {
             id.kill();
         }
         drop(self);
-    }
-
-    /// Disconnect cleanly.
-    #[allow(dead_code)]
-    pub(crate) fn disconnect(&self) {
-        if let Some(id) = &self.id {
-            let _ = id.disconnect();
-        }
-    }
-
-    /// Wait for the target to disconnect this queue.
-    pub(crate) fn wait_disconnected(&self, cl: &TestCluster) -> bool {
-        let Some(id) = &self.id else {
-            return true;
-        };
-        spin(cl, || match id.get_event() {
-            Ok(Some(CmEvent::Disconnected)) => Some(()),
-            _ => None,
-        })
-        .is_some()
     }
 
     #[allow(dead_code)]

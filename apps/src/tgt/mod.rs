@@ -1,0 +1,513 @@
+//! `pollux-tgt`: the NVMe-oF RDMA target as an application.
+//!
+//! [`config`] parses and checks the TOML file into a [`TgtPlan`];
+//! [`build`] creates the bdevs, the [`Target`] with its subsystems,
+//! namespaces and listeners, and the RDMA transport; [`serve`] launches
+//! one reactor per core with one RDMA poll group each, prints what it
+//! serves, writes the stats file every second if asked, and
+//! on the stop flag (SIGINT/SIGTERM in the binary) shuts the poll groups
+//! down (hosts see a clean disconnect), stops and joins the reactors.
+//!
+//! # The stats file (reactor busy %)
+//!
+//! With `--stats-file PATH` the target replaces `PATH` (write + rename,
+//! so a reader never sees half a file) once when it is ready and then
+//! every second with one JSON object:
+//!
+//! ```json
+//! { "uptime_s": 12.0, "cores": [0], "busy_pct": [97.1], "busy_pct_total": [88.0],
+//!   "busy_ns": [..], "idle_ns": [..], "connections": 2, "accepted": 2,
+//!   "rejected": 0, "destroyed": 0, "recv_memory_bytes": 16908288 }
+//! ```
+//!
+//! `busy_pct` is per core over the last period, `busy_pct_total` since
+//! start; `busy_ns`/`idle_ns` are the reactors' cumulative counters, so a
+//! reader can take two samples and compute busy % over its own window.
+
+#![forbid(unsafe_code)]
+
+pub mod config;
+
+use std::cell::RefCell;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use pollux_bdev::BdevRegistry;
+use pollux_nvmf::target::rdma::{cm_addr, PollGroupStats, RdmaPollGroup, RdmaTransport};
+use pollux_nvmf::target::{NamespaceConfig, Target};
+use pollux_reactor::{launch, CoreId, Cores, IdleMode, LaunchConfig, ReactorSet, ReactorStats};
+use pollux_verbs::Provider;
+
+pub use self::config::{ProviderKind, TgtPlan};
+use crate::AppError;
+
+/// How long a reactor may take to answer a control message.
+const ASK_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the shutdown waits for the hosts' queues to close.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The target's objects, before the reactors start.
+pub struct Built<P: Provider> {
+    /// The bdevs.
+    pub registry: BdevRegistry,
+    /// The target core.
+    pub target: Arc<Target>,
+    /// The RDMA transport (added to the target).
+    pub transport: Arc<RdmaTransport<P>>,
+}
+
+impl<P: Provider> std::fmt::Debug for Built<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Built")
+            .field("target", &self.target)
+            .finish()
+    }
+}
+
+/// Creates the bdevs, the target, its transport, subsystems, namespaces
+/// and listeners (control path; no reactor runs yet).
+///
+/// # Errors
+///
+/// [`AppError::Config`] naming the line and field of what failed (a bdev
+/// that cannot be created, a namespace the core refuses, an option
+/// combination); [`AppError::Setup`] for anything else.
+pub fn build<P: Provider>(plan: &TgtPlan) -> Result<Built<P>, AppError> {
+    let registry = BdevRegistry::new();
+    for b in &plan.bdevs {
+        registry.create_from(&b.spec).map_err(|e| {
+            b.origin
+                .err(format!("cannot create bdev '{}': {e}", b.name))
+        })?;
+    }
+    let target = Target::new(plan.target.clone()).map_err(|e| plan.option_error(e))?;
+    let transport =
+        RdmaTransport::<P>::new(&target, plan.rdma.clone()).map_err(|e| plan.option_error(e))?;
+    target
+        .add_transport(transport.clone())
+        .map_err(|e| AppError::Setup(e.to_string()))?;
+    for s in &plan.subsystems {
+        let sub = target
+            .add_subsystem(s.config.clone())
+            .map_err(|e| s.origin.err(e))?;
+        for n in &s.namespaces {
+            let bdev = registry
+                .get(&n.bdev)
+                .ok_or_else(|| n.origin.err(format!("no bdev named '{}'", n.bdev)))?;
+            sub.add_namespace(NamespaceConfig::new(bdev).with_nsid(n.nsid))
+                .map_err(|e| n.origin.err(e))?;
+        }
+    }
+    for l in &plan.listeners {
+        target
+            .add_listener(l.trid.clone())
+            .map_err(|e| l.origin.err(e))?;
+    }
+    Ok(Built {
+        registry,
+        target,
+        transport,
+    })
+}
+
+/// How to run.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// Reactor cores.
+    pub cores: Cores,
+    /// Idle policy.
+    pub idle: IdleMode,
+    /// Where to write the stats JSON (see the module docs).
+    pub stats_file: Option<PathBuf>,
+    /// How often to write it (and check the reactors are alive).
+    pub stats_period: Duration,
+}
+
+/// What a finished run did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ServeSummary {
+    /// Connections accepted.
+    pub accepted: u64,
+    /// Connections torn down.
+    pub destroyed: u64,
+    /// Queues still open when the drain gave up (0 on a clean shutdown).
+    pub left_open: usize,
+}
+
+/// The per-core poll group, behind a provider-independent face.
+trait GroupCtl {
+    fn shutdown(&self);
+    fn stats(&self) -> PollGroupStats;
+    fn listeners(&self) -> usize;
+}
+
+impl<P: Provider> GroupCtl for RdmaPollGroup<P> {
+    fn shutdown(&self) {
+        RdmaPollGroup::shutdown(self);
+    }
+    fn stats(&self) -> PollGroupStats {
+        RdmaPollGroup::stats(self)
+    }
+    fn listeners(&self) -> usize {
+        RdmaPollGroup::listeners(self)
+    }
+}
+
+thread_local! {
+    /// This reactor's poll group (set by `init`, taken before the stop).
+    static GROUP: RefCell<Option<Rc<dyn GroupCtl>>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` with this core's poll group on every reactor; answers in core order.
+fn ask_all<T: Send + 'static>(
+    set: &ReactorSet,
+    f: fn(Option<&dyn GroupCtl>) -> T,
+) -> Result<Vec<T>, AppError> {
+    let mut out = Vec::with_capacity(set.cores().len());
+    for &core in set.cores() {
+        let (tx, rx) = mpsc::sync_channel(1);
+        set.messenger()
+            .send_blocking(core, move |_| {
+                let v = GROUP.with(|g| f(g.borrow().as_deref()));
+                let _ = tx.send(v);
+            })
+            .map_err(|e| AppError::Reactor(format!("core {core}: {e}")))?;
+        out.push(
+            rx.recv_timeout(ASK_TIMEOUT)
+                .map_err(|_| AppError::Reactor(format!("core {core} did not answer")))?,
+        );
+    }
+    Ok(out)
+}
+
+/// Drops every core's poll group on its own core (best effort).
+fn drop_groups(set: &ReactorSet) {
+    for &core in set.cores() {
+        let (tx, rx) = mpsc::sync_channel(1);
+        let sent = set.messenger().send_blocking(core, move |_| {
+            let g = GROUP.with(|g| g.borrow_mut().take());
+            drop(g);
+            let _ = tx.send(());
+        });
+        if sent.is_ok() {
+            let _ = rx.recv_timeout(ASK_TIMEOUT);
+        }
+    }
+}
+
+/// Builds the target of `plan`, serves it on `opts.cores` until `stop`
+/// turns true, then shuts down cleanly. The banner and the shutdown lines
+/// go to `out`.
+///
+/// # Errors
+///
+/// [`AppError::Config`] as [`build`]; [`AppError::Setup`] when a poll
+/// group cannot be created (a listener that cannot bind names itself);
+/// [`AppError::Reactor`] when reactors fail to start or stop answering.
+pub fn serve<P: Provider>(
+    plan: &TgtPlan,
+    opts: &ServeOptions,
+    stop: &AtomicBool,
+    out: &mut dyn Write,
+) -> Result<ServeSummary, AppError> {
+    let built = build::<P>(plan)?;
+    let (tx, rx) = mpsc::channel::<Result<CoreId, String>>();
+    let transport = Arc::clone(&built.transport);
+    let mut lc = LaunchConfig::new(opts.cores.clone());
+    lc.idle = opts.idle;
+    let set = launch(lc, move |r| {
+        let res = match transport.create_poll_group(r) {
+            Ok(pg) => {
+                let pg: Rc<dyn GroupCtl> = pg;
+                GROUP.with(|g| *g.borrow_mut() = Some(pg));
+                Ok(r.core())
+            }
+            Err(e) => Err(format!("core {}: RDMA poll group: {e}", r.core())),
+        };
+        let _ = tx.send(res);
+    })
+    .map_err(|e| AppError::Reactor(e.to_string()))?;
+    let res = run(plan, opts, &built, &set, &rx, stop, out);
+    // Whatever happened: drop the groups on their cores, then stop.
+    drop_groups(&set);
+    set.stop_all();
+    let joined = set.join().map_err(|e| AppError::Reactor(e.to_string()));
+    let summary = res?;
+    joined?;
+    let _ = writeln!(
+        out,
+        "pollux-tgt: stopped ({} connection(s) accepted, {} closed)",
+        summary.accepted, summary.destroyed
+    );
+    let _ = out.flush();
+    Ok(summary)
+}
+
+fn run<P: Provider>(
+    plan: &TgtPlan,
+    opts: &ServeOptions,
+    built: &Built<P>,
+    set: &ReactorSet,
+    rx: &mpsc::Receiver<Result<CoreId, String>>,
+    stop: &AtomicBool,
+    out: &mut dyn Write,
+) -> Result<ServeSummary, AppError> {
+    for _ in set.cores() {
+        match rx.recv_timeout(ASK_TIMEOUT) {
+            Ok(Ok(_)) => {}
+            Ok(Err(msg)) => {
+                // A listener that cannot bind names its address: place it.
+                let l = plan
+                    .listeners
+                    .iter()
+                    .find(|l| msg.contains(&cm_addr(&l.trid).to_string()));
+                return Err(match l {
+                    Some(l) => l.origin.err(msg),
+                    None => AppError::Setup(msg),
+                });
+            }
+            Err(_) => return Err(AppError::Reactor("a reactor did not start".into())),
+        }
+    }
+    // Listeners open in the first poll group created; check they all did.
+    let listening: usize = ask_all(set, |g| g.map_or(0, |g| g.listeners()))?
+        .into_iter()
+        .sum();
+    if listening != plan.listeners.len() {
+        return Err(AppError::Setup(format!(
+            "{listening} of {} listener(s) open",
+            plan.listeners.len()
+        )));
+    }
+    let first = set.stats().map_err(|e| AppError::Reactor(e.to_string()))?;
+    let started = Instant::now();
+    let mut prev = first.clone();
+    // The stats file exists before the banner says `ready`.
+    if let Some(p) = &opts.stats_file {
+        write_stats(p, started, &first, &first, &first, set, built)?;
+    }
+    banner(plan, opts, built, out).map_err(|e| AppError::Setup(format!("stdout: {e}")))?;
+    let mut next = Instant::now() + opts.stats_period;
+    while !stop.load(Ordering::SeqCst) {
+        let now = Instant::now();
+        if now >= next {
+            let cur = set.stats().map_err(|e| AppError::Reactor(e.to_string()))?;
+            if let Some(p) = &opts.stats_file {
+                write_stats(p, started, &first, &prev, &cur, set, built)?;
+            }
+            prev = cur;
+            next += opts.stats_period;
+            continue;
+        }
+        std::thread::sleep((next - now).min(Duration::from_millis(20)));
+    }
+    let conns: usize = ask_all(set, |g| g.map_or(0, |g| g.stats().connections))?
+        .into_iter()
+        .sum();
+    let _ = writeln!(
+        out,
+        "pollux-tgt: shutting down: disconnecting {conns} queue(s)"
+    );
+    let _ = out.flush();
+    ask_all(set, |g| {
+        if let Some(g) = g {
+            g.shutdown();
+        }
+    })?;
+    let deadline = Instant::now() + DRAIN_TIMEOUT;
+    let left_open = loop {
+        let open: usize = ask_all(set, |g| g.map_or(0, |g| g.stats().connections))?
+            .into_iter()
+            .sum();
+        if open == 0 || Instant::now() >= deadline {
+            break open;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    if left_open > 0 {
+        eprintln!(
+            "pollux-tgt: {left_open} queue(s) did not close in {DRAIN_TIMEOUT:?}; stopping anyway"
+        );
+    }
+    let t = built.transport.stats();
+    Ok(ServeSummary {
+        accepted: t.accepted,
+        destroyed: t.destroyed,
+        left_open,
+    })
+}
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0)
+}
+
+/// Prints what the target serves: cores, provider, transport options,
+/// receive-buffer memory, subsystems with their namespaces, listeners.
+fn banner<P: Provider>(
+    plan: &TgtPlan,
+    opts: &ServeOptions,
+    built: &Built<P>,
+    out: &mut dyn Write,
+) -> std::io::Result<()> {
+    let t = &plan.target;
+    let r = built.transport.options();
+    let st = built.transport.stats();
+    writeln!(
+        out,
+        "pollux-tgt: NVMe-oF RDMA target, provider {}, cores {}",
+        plan.provider.name(),
+        opts.cores
+    )?;
+    writeln!(
+        out,
+        "  transport: max_queue_depth {} max_io_size {} io_unit_size {} in_capsule_data_size {} num_shared_buffers {} buf_cache_size {}",
+        t.max_queue_depth, t.max_io_size, t.io_unit_size, t.in_capsule_data_size, t.num_data_buffers, t.buffer_cache_size
+    )?;
+    writeln!(
+        out,
+        "             {} max_srq_depth {} num_cqe {} send_with_invalidate {} max_read_depth {}{}",
+        if r.no_srq { "no_srq" } else { "srq" },
+        r.max_srq_depth,
+        r.num_cqe,
+        r.send_with_invalidate,
+        r.max_read_depth,
+        r.device
+            .as_deref()
+            .map(|d| format!(" device {d}"))
+            .unwrap_or_default()
+    )?;
+    writeln!(
+        out,
+        "  receive buffers: {:.1} MiB ({} bytes) in {} poll group(s); shared data buffers: {:.1} MiB",
+        mib(st.recv_memory_bytes),
+        st.recv_memory_bytes,
+        opts.cores.len(),
+        mib(t.num_data_buffers as u64 * u64::from(t.io_unit_size)),
+    )?;
+    for s in &plan.subsystems {
+        let c = &s.config;
+        let hosts = if c.allow_any_host {
+            "any host".to_string()
+        } else {
+            format!("hosts {}", c.hosts.join(", "))
+        };
+        writeln!(
+            out,
+            "  subsystem {} (serial {}, model {}, {hosts})",
+            c.nqn, c.serial, c.model
+        )?;
+        let Some(sub) = built.target.subsystem(&c.nqn) else {
+            continue;
+        };
+        for ns in sub.namespaces() {
+            let b = ns.bdev();
+            writeln!(
+                out,
+                "    namespace {}: bdev {} ({}, {} blocks of {} bytes, {:.1} MiB)",
+                ns.nsid(),
+                b.name(),
+                b.info().product(),
+                ns.num_blocks(),
+                ns.block_size(),
+                mib(ns.num_blocks() * u64::from(ns.block_size()))
+            )?;
+        }
+    }
+    for l in built.target.listeners() {
+        writeln!(
+            out,
+            "  listener {} (portid {}, adrfam {:?})",
+            cm_addr(&l.trid),
+            l.portid,
+            l.trid.adrfam
+        )?;
+        for s in &plan.subsystems {
+            writeln!(
+                out,
+                "    host: -r '{}'",
+                config::host_trid(plan.provider, &l.trid, &s.config.nqn)
+            )?;
+        }
+    }
+    if let Some(p) = &opts.stats_file {
+        writeln!(
+            out,
+            "  stats file: {} (every {:?})",
+            p.display(),
+            opts.stats_period
+        )?;
+    }
+    writeln!(
+        out,
+        "pollux-tgt: ready (pid {}; SIGINT or SIGTERM stops it)",
+        std::process::id()
+    )?;
+    out.flush()
+}
+
+fn pct(busy: u64, idle: u64) -> f64 {
+    let total = busy.saturating_add(idle);
+    if total == 0 {
+        0.0
+    } else {
+        (busy as f64 * 1000.0 / total as f64).round() / 10.0
+    }
+}
+
+fn write_stats<P: Provider>(
+    path: &Path,
+    started: Instant,
+    first: &[ReactorStats],
+    prev: &[ReactorStats],
+    cur: &[ReactorStats],
+    set: &ReactorSet,
+    built: &Built<P>,
+) -> Result<(), AppError> {
+    let interval: Vec<f64> = cur
+        .iter()
+        .zip(prev)
+        .map(|(c, p)| {
+            pct(
+                c.busy_ns.saturating_sub(p.busy_ns),
+                c.idle_ns.saturating_sub(p.idle_ns),
+            )
+        })
+        .collect();
+    let total: Vec<f64> = cur
+        .iter()
+        .zip(first)
+        .map(|(c, f)| {
+            pct(
+                c.busy_ns.saturating_sub(f.busy_ns),
+                c.idle_ns.saturating_sub(f.idle_ns),
+            )
+        })
+        .collect();
+    let conns: usize = ask_all(set, |g| g.map_or(0, |g| g.stats().connections))?
+        .into_iter()
+        .sum();
+    let t = built.transport.stats();
+    let v = serde_json::json!({
+        "uptime_s": (started.elapsed().as_secs_f64() * 10.0).round() / 10.0,
+        "cores": cur.iter().map(|s| s.core).collect::<Vec<_>>(),
+        "busy_pct": interval,
+        "busy_pct_total": total,
+        "busy_ns": cur.iter().map(|s| s.busy_ns).collect::<Vec<_>>(),
+        "idle_ns": cur.iter().map(|s| s.idle_ns).collect::<Vec<_>>(),
+        "connections": conns,
+        "accepted": t.accepted,
+        "rejected": t.rejected,
+        "destroyed": t.destroyed,
+        "recv_memory_bytes": t.recv_memory_bytes,
+    });
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    let io = |e: std::io::Error| AppError::Setup(format!("stats file {}: {e}", path.display()));
+    std::fs::write(&tmp, format!("{v}\n")).map_err(io)?;
+    std::fs::rename(&tmp, path).map_err(io)
+}

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The main job: our NVMe-oF target on a null bdev over the software RDMA
+# provider (core 0), pollux-perf against it from core 1, and a table of
+# IOPS/host-CPU% per block size (512 B … 64 KiB) and host memory mode.
+#
+#   bash scripts/main-job.sh            # sweep, SECS=1 per cell
+#   SECS=3 MODES=pool,register-always+inline bash scripts/main-job.sh
+#   bash scripts/main-job.sh --single   # one 5 s randread 4 KiB run, JSON
+#
+# It needs nothing but cargo. When `pollux-tgt` exists and a config is given
+# (POLLUX_TGT_CONFIG, plus POLLUX_TGT_TRID for its address), the target runs
+# as that separate process and is stopped afterwards; otherwise pollux-perf
+# runs the same target core and RDMA transport in-process
+# (`--spawn-target`) on its own reactor core.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SECS=${SECS:-1}
+QD=${QD:-128}
+MODES=${MODES:-pool,register-always+inline,register-always+inline+local-inv}
+BDEV=${BDEV:-null:size=1G,block=512}
+WORKLOAD=${WORKLOAD:-randrw}
+TGT_CORE=0
+HOST_CORE=1
+if [ "$(nproc)" -lt 2 ]; then
+    echo "main-job: one CPU only: target and host share core 0 (figures will be low)" >&2
+    HOST_CORE=0
+fi
+
+cargo build --release --bin pollux-perf >&2
+PERF=target/release/pollux-perf
+
+if [ "${1:-}" = "--single" ]; then
+    RUN=(-q "$QD" -o 4096 -w randread -t 5 --cores "$HOST_CORE" --json)
+else
+    RUN=(--sweep --sweep-modes "$MODES" -q "$QD" -w "$WORKLOAD" -t "$SECS" --cores "$HOST_CORE")
+fi
+
+TGT_PID=
+cleanup() {
+    if [ -n "$TGT_PID" ] && kill -0 "$TGT_PID" 2>/dev/null; then
+        kill -INT "$TGT_PID" 2>/dev/null || true
+        for _ in $(seq 50); do kill -0 "$TGT_PID" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL "$TGT_PID" 2>/dev/null || true
+        wait "$TGT_PID" 2>/dev/null || true
+    fi
+}
+trap cleanup EXIT
+
+if [ -f apps/src/bin/pollux-tgt.rs ] && [ -n "${POLLUX_TGT_CONFIG:-}" ]; then
+    cargo build --release --bin pollux-tgt >&2
+    TRID=${POLLUX_TGT_TRID:-"trtype:soft traddr:@pollux-tgt subnqn:nqn.2024-01.io.pollux:null0"}
+    target/release/pollux-tgt -c "$POLLUX_TGT_CONFIG" --cores "$TGT_CORE" >&2 &
+    TGT_PID=$!
+    sleep 1
+    "$PERF" -r "$TRID" "${RUN[@]}"
+else
+    "$PERF" --spawn-target "$BDEV" --target-cores "$TGT_CORE" "${RUN[@]}"
+fi

@@ -1,0 +1,153 @@
+//! Abrupt death of a target process mid-run: the host's outstanding I/O
+//! completes with an error and `pollux-perf`'s engine ends with a clear
+//! error, quickly.
+//!
+//! The target is this test binary re-executed as a child
+//! (`POLLUX_NVMF_CHILD_TARGET=<address>` runs only `child_target`), killed
+//! with SIGKILL while the host has I/O in flight.
+#![allow(clippy::unwrap_used)]
+
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pollux_apps::perf::{run, PerfParams};
+use pollux_apps::workload::Workload;
+use pollux_bdev::BdevRegistry;
+use pollux_nvmf::host::rdma::{RdmaHost, RdmaHostOptions};
+use pollux_nvmf::host::HostTrid;
+use pollux_nvmf::spec::transport_id::{AdrFam, TrType, TransportId};
+use pollux_nvmf::target::rdma::{RdmaOptions, RdmaTransport};
+use pollux_nvmf::target::{NamespaceConfig, SubsystemConfig, Target, TargetOptions};
+use pollux_reactor::{launch, Cores, IdleMode, LaunchConfig, PollStatus};
+use pollux_verbs::soft::Soft;
+use pollux_verbs::CmAddr;
+
+const NQN: &str = "nqn.2024-01.io.pollux:death";
+const ENV: &str = "POLLUX_NVMF_CHILD_TARGET";
+
+/// Not a test on its own: the child process's body (returns at once
+/// unless the environment variable is set).
+#[test]
+fn child_target() {
+    let Ok(addr) = std::env::var(ENV) else {
+        return;
+    };
+    let target = Target::new(TargetOptions::for_tests()).unwrap();
+    let mut sc = SubsystemConfig::new(NQN);
+    sc.allow_any_host = true;
+    let sub = target.add_subsystem(sc).unwrap();
+    let bdev = BdevRegistry::new()
+        .create("null:size=64M,block=512,name=death")
+        .unwrap();
+    sub.add_namespace(NamespaceConfig::new(bdev).with_nsid(1))
+        .unwrap();
+    let transport = RdmaTransport::<Soft>::new(&target, RdmaOptions::for_tests()).unwrap();
+    target.add_transport(transport.clone()).unwrap();
+    target
+        .add_listener(TransportId {
+            trtype: TrType::Rdma,
+            adrfam: AdrFam::IntraHost,
+            traddr: addr,
+            trsvcid: String::new(),
+        })
+        .unwrap();
+    let set = launch(LaunchConfig::new(Cores::parse("0").unwrap()), move |r| {
+        let pg = transport.create_poll_group(r).unwrap();
+        r.add_poller("keep", move || {
+            let _ = &pg;
+            PollStatus::Idle
+        });
+    })
+    .unwrap();
+    println!("POLLUX-CHILD-READY");
+    // Serve until killed (bounded, in case the parent died first).
+    std::thread::sleep(Duration::from_secs(60));
+    set.stop_all();
+    let _ = set.join();
+}
+
+/// Kills the child when the test ends, whatever happened.
+struct Reaper(Child);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn_target(addr: &str) -> Child {
+    Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "child_target",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env(ENV, addr)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn killing_the_target_process_fails_the_run_clearly() {
+    let addr = format!("@pollux-death-{}", std::process::id());
+    let mut child = Reaper(spawn_target(&addr));
+    let child = &mut child.0;
+    let host_core = if std::thread::available_parallelism().map_or(1, |n| n.get()) >= 2 {
+        "1"
+    } else {
+        "0"
+    };
+    let p = PerfParams {
+        trid: HostTrid::parse(&format!("trtype:soft traddr:{addr} subnqn:{NQN}")).unwrap(),
+        queue_depth: 32,
+        io_size: 4096,
+        workload: Workload::RandRead,
+        read_pct: 50,
+        duration: Duration::from_secs(30),
+        warmup: Duration::ZERO,
+        qpairs_per_ns: 1,
+        verify: false,
+        inline_cap: None,
+        kato: Duration::from_secs(10),
+        io_timeout: Duration::from_secs(10),
+    };
+    let a2 = addr.clone();
+    let factory = Arc::new(move || {
+        RdmaHost::<Soft>::open(None, CmAddr::new(a2.clone()), RdmaHostOptions::default())
+    });
+    // Wait until the child listens, then kill it half a second into the run.
+    let out = child.stdout.take().unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(out));
+    assert!(
+        lines.any(|l| l.is_ok_and(|l| l.contains("POLLUX-CHILD-READY"))),
+        "the child target did not start"
+    );
+    let pid = child.id();
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(500));
+        let _ = Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status();
+    });
+    let start = Instant::now();
+    let res = run(
+        factory,
+        Cores::parse(host_core).unwrap(),
+        IdleMode::BusyPoll,
+        &p,
+    );
+    killer.join().unwrap();
+    let _ = child.wait();
+    let e = res.unwrap_err().to_string();
+    assert!(e.contains("lost the target"), "{e}");
+    assert!(
+        start.elapsed() < Duration::from_secs(20),
+        "took {:?}",
+        start.elapsed()
+    );
+}

@@ -1,0 +1,23 @@
+//! Pollux iSCSI over iSER (RFC 7143 + RFC 7145).
+//!
+//! - [`pdu`]: every BHS the protocol uses, AHS, data-segment padding, the
+//!   28-byte iSER header and the iSER CM private data; strict
+//!   `&[u8] -> Result<Pdu, PduError>` parsing and fixed-size encoders.
+//! - [`session`]: key=value negotiation with the result function of each
+//!   key (iSER keys included), the target login state machine
+//!   ([`session::TargetLogin`]) and the CmdSN window.
+//! - [`scsi`]: CDB decoding, fixed-format sense, the SBC/SPC subset a Linux
+//!   initiator needs ([`scsi::Disk`]) and T10 PI (via `pollux-pi`).
+//! - [`target`]: the shared configuration ([`target::IscsiTarget`]: nodes,
+//!   LUNs, ACLs, portal groups) and the transport-independent connection
+//!   core ([`target::Connection`]) that a transport drives through
+//!   [`target::ConnOps`]. The iSER verbs transport and the initiator are
+//!   not written yet (see [`target::iser`]).
+//! - [`fuzz`]: never-panicking fuzz entry points.
+#![forbid(unsafe_code)]
+
+pub mod fuzz;
+pub mod pdu;
+pub mod scsi;
+pub mod session;
+pub mod target;

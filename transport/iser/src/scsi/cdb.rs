@@ -1,0 +1,370 @@
+//! Command descriptor blocks: decoding the commands a Linux initiator
+//! sends to a disk (`iser-iscsi.md` §9.2) into [`Cdb`], with the sense to
+//! answer for anything else.
+
+use super::sense::Sense;
+
+/// Operation codes.
+pub mod op {
+    /// TEST UNIT READY.
+    pub const TEST_UNIT_READY: u8 = 0x00;
+    /// REQUEST SENSE.
+    pub const REQUEST_SENSE: u8 = 0x03;
+    /// INQUIRY.
+    pub const INQUIRY: u8 = 0x12;
+    /// MODE SENSE(6).
+    pub const MODE_SENSE_6: u8 = 0x1A;
+    /// START STOP UNIT.
+    pub const START_STOP_UNIT: u8 = 0x1B;
+    /// READ CAPACITY(10).
+    pub const READ_CAPACITY_10: u8 = 0x25;
+    /// READ(10).
+    pub const READ_10: u8 = 0x28;
+    /// WRITE(10).
+    pub const WRITE_10: u8 = 0x2A;
+    /// SYNCHRONIZE CACHE(10).
+    pub const SYNC_CACHE_10: u8 = 0x35;
+    /// UNMAP.
+    pub const UNMAP: u8 = 0x42;
+    /// MODE SENSE(10).
+    pub const MODE_SENSE_10: u8 = 0x5A;
+    /// READ(16).
+    pub const READ_16: u8 = 0x88;
+    /// WRITE(16).
+    pub const WRITE_16: u8 = 0x8A;
+    /// SYNCHRONIZE CACHE(16).
+    pub const SYNC_CACHE_16: u8 = 0x91;
+    /// WRITE SAME(16).
+    pub const WRITE_SAME_16: u8 = 0x93;
+    /// SERVICE ACTION IN(16) (READ CAPACITY(16) is SA 0x10).
+    pub const SERVICE_ACTION_IN_16: u8 = 0x9E;
+    /// REPORT LUNS.
+    pub const REPORT_LUNS: u8 = 0xA0;
+}
+
+/// A decoded CDB.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cdb {
+    /// TEST UNIT READY.
+    TestUnitReady,
+    /// REQUEST SENSE.
+    RequestSense {
+        /// Allocation length.
+        alloc: u32,
+    },
+    /// INQUIRY.
+    Inquiry {
+        /// EVPD: a VPD page is asked for.
+        evpd: bool,
+        /// Page code.
+        page: u8,
+        /// Allocation length.
+        alloc: u32,
+    },
+    /// MODE SENSE(6) or (10).
+    ModeSense {
+        /// The 10-byte form.
+        ten: bool,
+        /// Disable block descriptors.
+        dbd: bool,
+        /// Page control (0 current, 1 changeable, 2 default, 3 saved).
+        pc: u8,
+        /// Page code.
+        page: u8,
+        /// Subpage code.
+        subpage: u8,
+        /// Allocation length.
+        alloc: u32,
+    },
+    /// START STOP UNIT (accepted, no effect).
+    StartStopUnit,
+    /// READ CAPACITY(10).
+    ReadCapacity10,
+    /// READ CAPACITY(16).
+    ReadCapacity16 {
+        /// Allocation length.
+        alloc: u32,
+    },
+    /// READ(10/16).
+    Read(Rw),
+    /// WRITE(10/16).
+    Write(Rw),
+    /// SYNCHRONIZE CACHE(10/16).
+    SyncCache {
+        /// First LBA.
+        lba: u64,
+        /// Blocks (0 = to the end).
+        blocks: u32,
+    },
+    /// UNMAP.
+    Unmap {
+        /// Parameter list length.
+        param_len: u32,
+    },
+    /// WRITE SAME(16).
+    WriteSame16 {
+        /// First LBA.
+        lba: u64,
+        /// Blocks.
+        blocks: u32,
+        /// UNMAP bit.
+        unmap: bool,
+        /// NDOB: no data-out buffer (zeroes).
+        ndob: bool,
+    },
+    /// REPORT LUNS.
+    ReportLuns {
+        /// Allocation length.
+        alloc: u32,
+    },
+}
+
+/// The fields of a READ or WRITE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rw {
+    /// First LBA.
+    pub lba: u64,
+    /// Blocks.
+    pub blocks: u32,
+    /// RDPROTECT / WRPROTECT (byte 1 bits 5-7).
+    pub protect: u8,
+    /// FUA.
+    pub fua: bool,
+}
+
+fn be16(b: &[u8], o: usize) -> u32 {
+    u32::from(u16::from_be_bytes([b[o], b[o + 1]]))
+}
+fn be32(b: &[u8], o: usize) -> u32 {
+    u32::from_be_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]])
+}
+fn be64(b: &[u8], o: usize) -> u64 {
+    (u64::from(be32(b, o)) << 32) | u64::from(be32(b, o + 4))
+}
+
+/// The CDB length of an opcode's group (6, 10, 12, 16), `None` for the
+/// variable-length and vendor groups.
+pub fn cdb_len(opcode: u8) -> Option<usize> {
+    match opcode >> 5 {
+        0 => Some(6),
+        1 | 2 => Some(10),
+        4 => Some(16),
+        5 => Some(12),
+        _ => None,
+    }
+}
+
+impl Cdb {
+    /// Decode `cdb` (at least 16 bytes as carried in the BHS; shorter
+    /// slices are treated as zero-padded).
+    ///
+    /// # Errors
+    /// ILLEGAL REQUEST 20/00 for an unsupported opcode or service action,
+    /// 24/00 (with the field pointer) for a reserved or unsupported field.
+    pub fn parse(cdb: &[u8]) -> Result<Cdb, Sense> {
+        let mut b = [0u8; 16];
+        let n = cdb.len().min(16);
+        b[..n].copy_from_slice(&cdb[..n]);
+        let opcode = b[0];
+        let len = cdb_len(opcode).ok_or(Sense::INVALID_OPCODE)?;
+        // Control byte: NACA/link are not supported.
+        if b[len - 1] & 0x05 != 0 {
+            return Err(Sense::INVALID_FIELD_IN_CDB.at_cdb((len - 1) as u16, None));
+        }
+        let bad = |byte: u16| Sense::INVALID_FIELD_IN_CDB.at_cdb(byte, None);
+        Ok(match opcode {
+            op::TEST_UNIT_READY => Cdb::TestUnitReady,
+            op::REQUEST_SENSE => Cdb::RequestSense {
+                alloc: u32::from(b[4]),
+            },
+            op::INQUIRY => {
+                let evpd = b[1] & 1 != 0;
+                if b[1] & 0xFE != 0 {
+                    return Err(bad(1));
+                }
+                if !evpd && b[2] != 0 {
+                    return Err(bad(2));
+                }
+                Cdb::Inquiry {
+                    evpd,
+                    page: b[2],
+                    alloc: be16(&b, 3),
+                }
+            }
+            op::MODE_SENSE_6 | op::MODE_SENSE_10 => {
+                let ten = opcode == op::MODE_SENSE_10;
+                Cdb::ModeSense {
+                    ten,
+                    dbd: b[1] & 0x08 != 0,
+                    pc: b[2] >> 6,
+                    page: b[2] & 0x3F,
+                    subpage: b[3],
+                    alloc: if ten { be16(&b, 7) } else { u32::from(b[4]) },
+                }
+            }
+            op::START_STOP_UNIT => Cdb::StartStopUnit,
+            op::READ_CAPACITY_10 => {
+                if b[8] & 1 != 0 || be32(&b, 2) != 0 {
+                    return Err(bad(8));
+                }
+                Cdb::ReadCapacity10
+            }
+            op::SERVICE_ACTION_IN_16 => {
+                if b[1] & 0x1F != 0x10 {
+                    return Err(Sense::INVALID_FIELD_IN_CDB.at_cdb(1, Some(4)));
+                }
+                Cdb::ReadCapacity16 {
+                    alloc: be32(&b, 10),
+                }
+            }
+            op::READ_10 | op::WRITE_10 | op::READ_16 | op::WRITE_16 => {
+                let sixteen = opcode == op::READ_16 || opcode == op::WRITE_16;
+                if b[1] & 0x03 != 0 {
+                    return Err(bad(1));
+                }
+                let rw = Rw {
+                    lba: if sixteen {
+                        be64(&b, 2)
+                    } else {
+                        u64::from(be32(&b, 2))
+                    },
+                    blocks: if sixteen { be32(&b, 10) } else { be16(&b, 7) },
+                    protect: b[1] >> 5,
+                    fua: b[1] & 0x08 != 0,
+                };
+                if opcode == op::READ_10 || opcode == op::READ_16 {
+                    Cdb::Read(rw)
+                } else {
+                    Cdb::Write(rw)
+                }
+            }
+            op::SYNC_CACHE_10 => Cdb::SyncCache {
+                lba: u64::from(be32(&b, 2)),
+                blocks: be16(&b, 7),
+            },
+            op::SYNC_CACHE_16 => Cdb::SyncCache {
+                lba: be64(&b, 2),
+                blocks: be32(&b, 10),
+            },
+            op::UNMAP => {
+                if b[1] & 0x01 != 0 {
+                    // ANCHOR is not supported.
+                    return Err(Sense::INVALID_FIELD_IN_CDB.at_cdb(1, Some(0)));
+                }
+                Cdb::Unmap {
+                    param_len: be16(&b, 7),
+                }
+            }
+            op::WRITE_SAME_16 => {
+                if b[1] & 0xE6 != 0 {
+                    // WRPROTECT, ANCHOR and reserved bits are not supported.
+                    return Err(bad(1));
+                }
+                Cdb::WriteSame16 {
+                    lba: be64(&b, 2),
+                    blocks: be32(&b, 10),
+                    unmap: b[1] & 0x08 != 0,
+                    ndob: b[1] & 0x01 != 0,
+                }
+            }
+            op::REPORT_LUNS => {
+                if b[2] > 2 {
+                    return Err(bad(2));
+                }
+                let alloc = be32(&b, 6);
+                if alloc < 16 {
+                    return Err(bad(6));
+                }
+                Cdb::ReportLuns { alloc }
+            }
+            _ => return Err(Sense::INVALID_OPCODE),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decodes_linux_commands() {
+        let c = |b: &[u8]| Cdb::parse(b);
+        assert_eq!(c(&[0; 6]), Ok(Cdb::TestUnitReady));
+        assert_eq!(
+            c(&[0x12, 1, 0x83, 0, 0xFF, 0]),
+            Ok(Cdb::Inquiry {
+                evpd: true,
+                page: 0x83,
+                alloc: 255
+            })
+        );
+        assert_eq!(
+            c(&[0x28, 0x20, 0, 0, 1, 0, 0, 0, 8, 0]),
+            Ok(Cdb::Read(Rw {
+                lba: 256,
+                blocks: 8,
+                protect: 1,
+                fua: false
+            }))
+        );
+        let mut w16 = [0u8; 16];
+        w16[0] = 0x8A;
+        w16[1] = 0x08;
+        w16[2..10].copy_from_slice(&0x1_0000_0000u64.to_be_bytes());
+        w16[10..14].copy_from_slice(&16u32.to_be_bytes());
+        assert_eq!(
+            c(&w16),
+            Ok(Cdb::Write(Rw {
+                lba: 1 << 32,
+                blocks: 16,
+                protect: 0,
+                fua: true
+            }))
+        );
+        let mut rc16 = [0u8; 16];
+        rc16[0] = 0x9E;
+        rc16[1] = 0x10;
+        rc16[13] = 32;
+        assert_eq!(c(&rc16), Ok(Cdb::ReadCapacity16 { alloc: 32 }));
+        assert_eq!(
+            c(&[0x1A, 0x08, 0x3F, 0, 4, 0]),
+            Ok(Cdb::ModeSense {
+                ten: false,
+                dbd: true,
+                pc: 0,
+                page: 0x3F,
+                subpage: 0,
+                alloc: 4
+            })
+        );
+    }
+
+    #[test]
+    fn errors_have_the_right_sense() {
+        let c = |b: &[u8]| Cdb::parse(b).map_err(|s| s.code());
+        assert_eq!(c(&[0xC0; 16]), Err((5, 0x20, 0)), "vendor group");
+        assert_eq!(c(&[0x7F; 16]), Err((5, 0x20, 0)), "variable length");
+        assert_eq!(c(&[0x04, 0, 0, 0, 0, 0]), Err((5, 0x20, 0)), "FORMAT UNIT");
+        assert_eq!(
+            c(&[0x12, 0, 0x80, 0, 36, 0]),
+            Err((5, 0x24, 0)),
+            "page without EVPD"
+        );
+        assert_eq!(c(&[0x12, 2, 0, 0, 36, 0]), Err((5, 0x24, 0)), "CmdDt");
+        assert_eq!(c(&[0x00, 0, 0, 0, 0, 4]), Err((5, 0x24, 0)), "NACA");
+        let mut sai = [0u8; 16];
+        sai[0] = 0x9E;
+        sai[1] = 0x11;
+        assert_eq!(c(&sai), Err((5, 0x24, 0)), "unknown service action");
+        let mut rl = [0u8; 12];
+        rl[0] = 0xA0;
+        rl[9] = 8;
+        assert_eq!(c(&rl), Err((5, 0x24, 0)), "REPORT LUNS alloc < 16");
+        assert_eq!(c(&[0x28, 0x01, 0, 0, 0, 0, 0, 0, 1, 0]), Err((5, 0x24, 0)));
+        assert_eq!(
+            c(&[0x42, 0x01, 0, 0, 0, 0, 0, 0, 24, 0]),
+            Err((5, 0x24, 0)),
+            "UNMAP ANCHOR"
+        );
+    }
+}

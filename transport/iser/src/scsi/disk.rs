@@ -1,0 +1,419 @@
+//! A SCSI direct-access block device over a bdev: what it advertises
+//! ([`DiskInfo`]) and how each command is answered ([`Disk::exec`]).
+//! Commands that touch the medium come back as a [`BlockIo`] plan that
+//! the target core runs on the bdev `IoChannel`.
+
+use pollux_bdev::{BdevInfo, PiType};
+
+use super::cdb::{Cdb, Rw};
+use super::commands::{capacity, inquiry, mode_sense};
+use super::sense::Sense;
+
+/// Vendor identification (8 bytes, space padded).
+pub const VENDOR: &[u8; 8] = b"POLLUX  ";
+
+/// What a LUN advertises; built from the bdev on the control path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiskInfo {
+    /// Logical block size (512 or 4096).
+    pub block_size: u32,
+    /// Number of blocks.
+    pub num_blocks: u64,
+    /// PI type 0 (none), 1, 2 or 3.
+    pub pi_type: u8,
+    /// Bytes per block in the bdev's buffers (block + interleaved metadata).
+    pub buf_block_size: u32,
+    /// UNMAP and WRITE SAME(16) with UNMAP are advertised (LBPME).
+    pub unmap: bool,
+    /// Writes are allowed.
+    pub writable: bool,
+    /// Largest transfer in blocks (VPD B0 MAXIMUM TRANSFER LENGTH).
+    pub max_transfer_blocks: u32,
+    /// Product identification (16 bytes, space padded).
+    pub product: [u8; 16],
+    /// Unit serial number (VPD 80).
+    pub serial: String,
+    /// NAA type 6 designator (VPD 83): 16 bytes.
+    pub naa: [u8; 16],
+}
+
+/// The IEEE OUI in NAA designators (a locally administered placeholder).
+const OUI: u32 = 0x00_1A_2B;
+
+impl DiskInfo {
+    /// The description of `bdev` with `max_io_bytes` per command.
+    /// PI is advertised only when the bdev has Type 1 or 3 PI in 8
+    /// interleaved metadata bytes (Type 2 needs 32-byte CDBs).
+    pub fn from_bdev(info: &BdevInfo, writable: bool, unmap: bool, max_io_bytes: u32) -> DiskInfo {
+        let pi_type = match info.pi_type() {
+            PiType::Type1 if info.md_interleave() && info.md_size() == 8 => 1,
+            PiType::Type3 if info.md_interleave() && info.md_size() == 8 => 3,
+            _ => 0,
+        };
+        let mut product = [b' '; 16];
+        let p = info.product().as_bytes();
+        product[..p.len().min(16)].copy_from_slice(&p[..p.len().min(16)]);
+        // A stable id from the name (FNV-1a).
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in info.name().bytes() {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+        let mut naa = [0u8; 16];
+        let hi = (6u64 << 60) | (u64::from(OUI) << 36) | (h >> 28);
+        naa[..8].copy_from_slice(&hi.to_be_bytes());
+        naa[8..].copy_from_slice(&h.rotate_left(17).to_be_bytes());
+        DiskInfo {
+            block_size: info.block_size(),
+            num_blocks: info.num_blocks(),
+            pi_type,
+            buf_block_size: info.buf_block_size(),
+            // Unmapped blocks read back as zeroes without valid PI.
+            unmap: unmap && pi_type == 0,
+            writable,
+            max_transfer_blocks: (max_io_bytes / info.block_size()).max(1),
+            product,
+            serial: format!("{h:016x}"),
+            naa,
+        }
+    }
+
+    /// Bytes of one block on the wire when PI travels with it.
+    pub fn wire_block(&self, pi_on_wire: bool) -> u32 {
+        self.block_size + if pi_on_wire { 8 } else { 0 }
+    }
+}
+
+/// How PI is handled for one READ or WRITE (`t10-pi.md` §4.1, §6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PiMode {
+    /// The LU has no PI.
+    None,
+    /// PROTECT 000b on a PI LU: the wire carries plain blocks; the target
+    /// generates PI on write, and checks and strips it on read.
+    Strip,
+    /// PROTECT 001b-101b: the wire carries PI; the target checks the given
+    /// fields (guard, app, ref).
+    Pass {
+        /// Check the guard.
+        guard: bool,
+        /// Check the application tag.
+        app: bool,
+        /// Check the reference tag.
+        reftag: bool,
+    },
+}
+
+impl PiMode {
+    /// Whether PI tuples travel on the wire.
+    pub fn on_wire(self) -> bool {
+        matches!(self, PiMode::Pass { .. })
+    }
+}
+
+/// The medium operation of a command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockOp {
+    /// Read blocks to the initiator.
+    Read,
+    /// Write blocks from the initiator.
+    Write,
+    /// Flush.
+    Flush,
+    /// Discard (UNMAP; the ranges come in the parameter list).
+    Unmap,
+    /// Write zeroes.
+    WriteZeroes,
+}
+
+/// A medium operation planned by [`Disk::exec`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockIo {
+    /// What to do.
+    pub op: BlockOp,
+    /// First LBA.
+    pub lba: u64,
+    /// Blocks.
+    pub blocks: u64,
+    /// PI handling (reads and writes).
+    pub pi: PiMode,
+}
+
+impl BlockIo {
+    /// Bytes the initiator transfers (reads and writes).
+    pub fn wire_len(&self, info: &DiskInfo) -> u64 {
+        match self.op {
+            BlockOp::Read | BlockOp::Write => {
+                self.blocks * u64::from(info.wire_block(self.pi.on_wire()))
+            }
+            _ => 0,
+        }
+    }
+}
+
+/// What the core must do next for a command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// GOOD status, no data.
+    Good,
+    /// GOOD status with `n` bytes of data-in written to the output buffer.
+    DataIn(usize),
+    /// Run a medium operation.
+    Io(BlockIo),
+    /// Fetch `len` bytes of data-out (a parameter list or the WRITE SAME
+    /// block), then call [`Disk::exec_with_data`].
+    NeedData(u32),
+}
+
+/// The SCSI side of one LUN.
+#[derive(Debug, Clone)]
+pub struct Disk {
+    /// What it advertises.
+    pub info: DiskInfo,
+}
+
+fn check_range(info: &DiskInfo, lba: u64, blocks: u64) -> Result<(), Sense> {
+    match lba.checked_add(blocks) {
+        Some(end) if end <= info.num_blocks => Ok(()),
+        _ => Err(Sense::LBA_OUT_OF_RANGE.with_info(lba)),
+    }
+}
+
+impl Disk {
+    /// A disk advertising `info`.
+    pub fn new(info: DiskInfo) -> Disk {
+        Disk { info }
+    }
+
+    fn pi_mode(&self, protect: u8) -> Result<PiMode, Sense> {
+        if self.info.pi_type == 0 {
+            return if protect == 0 {
+                Ok(PiMode::None)
+            } else {
+                Err(Sense::INVALID_FIELD_IN_CDB.at_cdb(1, Some(7)))
+            };
+        }
+        let t3 = self.info.pi_type == 3;
+        Ok(match protect {
+            0 => PiMode::Strip,
+            1 | 5 => PiMode::Pass {
+                guard: true,
+                app: false,
+                reftag: !t3,
+            },
+            2 => PiMode::Pass {
+                guard: false,
+                app: false,
+                reftag: !t3,
+            },
+            3 => PiMode::Pass {
+                guard: false,
+                app: false,
+                reftag: false,
+            },
+            4 => PiMode::Pass {
+                guard: true,
+                app: false,
+                reftag: false,
+            },
+            _ => return Err(Sense::INVALID_FIELD_IN_CDB.at_cdb(1, Some(7))),
+        })
+    }
+
+    fn rw(&self, rw: &Rw, write: bool) -> Result<Action, Sense> {
+        if write && !self.info.writable {
+            return Err(Sense::WRITE_PROTECTED);
+        }
+        let pi = self.pi_mode(rw.protect)?;
+        if rw.blocks > self.info.max_transfer_blocks {
+            return Err(Sense::INVALID_FIELD_IN_CDB.at_cdb(7, None));
+        }
+        check_range(&self.info, rw.lba, u64::from(rw.blocks))?;
+        if rw.blocks == 0 {
+            return Ok(Action::Good);
+        }
+        Ok(Action::Io(BlockIo {
+            op: if write { BlockOp::Write } else { BlockOp::Read },
+            lba: rw.lba,
+            blocks: u64::from(rw.blocks),
+            pi,
+        }))
+    }
+
+    /// Decode and answer `cdb`: data-in commands write into `out` (which
+    /// should hold at least 512 bytes; answers are cut to the allocation
+    /// length and to `out`), medium commands return a plan.
+    ///
+    /// # Errors
+    /// The sense to report with CHECK CONDITION.
+    pub fn exec(&self, cdb: &[u8], out: &mut [u8]) -> Result<Action, Sense> {
+        let cmd = Cdb::parse(cdb)?;
+        let info = &self.info;
+        let fit = |n: usize, alloc: u32| n.min(alloc as usize).min(out.len());
+        match cmd {
+            Cdb::TestUnitReady | Cdb::StartStopUnit => Ok(Action::Good),
+            Cdb::RequestSense { alloc } => {
+                let s = Sense {
+                    key: 0,
+                    asc: 0,
+                    ascq: 0,
+                    info: None,
+                    field: None,
+                }
+                .fixed();
+                let n = fit(s.len(), alloc);
+                out[..n].copy_from_slice(&s[..n]);
+                Ok(Action::DataIn(n))
+            }
+            Cdb::Inquiry { evpd, page, alloc } => {
+                let mut buf = [0u8; 512];
+                let n = if evpd {
+                    inquiry::vpd(info, page, &mut buf)?
+                } else {
+                    inquiry::standard(info, &mut buf)
+                };
+                let n2 = fit(n, alloc);
+                out[..n2].copy_from_slice(&buf[..n2]);
+                Ok(Action::DataIn(n2))
+            }
+            Cdb::ModeSense {
+                ten,
+                dbd,
+                pc,
+                page,
+                subpage,
+                alloc,
+            } => {
+                let mut buf = [0u8; 512];
+                let n = mode_sense::mode_sense(info, ten, dbd, pc, page, subpage, &mut buf)?;
+                let n2 = fit(n, alloc);
+                out[..n2].copy_from_slice(&buf[..n2]);
+                Ok(Action::DataIn(n2))
+            }
+            Cdb::ReadCapacity10 => {
+                let b = capacity::rc10(info);
+                let n = fit(b.len(), 8);
+                out[..n].copy_from_slice(&b[..n]);
+                Ok(Action::DataIn(n))
+            }
+            Cdb::ReadCapacity16 { alloc } => {
+                let b = capacity::rc16(info);
+                let n = fit(b.len(), alloc);
+                out[..n].copy_from_slice(&b[..n]);
+                Ok(Action::DataIn(n))
+            }
+            Cdb::Read(rw) => self.rw(&rw, false),
+            Cdb::Write(rw) => self.rw(&rw, true),
+            Cdb::SyncCache { lba, blocks } => {
+                let n = if blocks == 0 {
+                    info.num_blocks.saturating_sub(lba)
+                } else {
+                    u64::from(blocks)
+                };
+                check_range(info, lba, n)?;
+                if n == 0 {
+                    return Ok(Action::Good);
+                }
+                Ok(Action::Io(BlockIo {
+                    op: BlockOp::Flush,
+                    lba,
+                    blocks: n,
+                    pi: PiMode::None,
+                }))
+            }
+            Cdb::Unmap { param_len } => {
+                if !info.unmap {
+                    return Err(Sense::INVALID_OPCODE);
+                }
+                if !info.writable {
+                    return Err(Sense::WRITE_PROTECTED);
+                }
+                match param_len {
+                    0 => Ok(Action::Good),
+                    1..=7 => Err(Sense::PARAM_LIST_LENGTH),
+                    n => Ok(Action::NeedData(n.min(8 + 16 * UNMAP_MAX_DESCRIPTORS))),
+                }
+            }
+            Cdb::WriteSame16 {
+                lba,
+                blocks,
+                unmap,
+                ndob,
+            } => {
+                if !info.writable {
+                    return Err(Sense::WRITE_PROTECTED);
+                }
+                if (unmap && !info.unmap) || blocks == 0 || blocks > WRITE_SAME_MAX_BLOCKS {
+                    return Err(Sense::INVALID_FIELD_IN_CDB.at_cdb(1, Some(3)));
+                }
+                check_range(info, lba, u64::from(blocks))?;
+                let io = BlockIo {
+                    op: if unmap {
+                        BlockOp::Unmap
+                    } else {
+                        BlockOp::WriteZeroes
+                    },
+                    lba,
+                    blocks: u64::from(blocks),
+                    pi: PiMode::None,
+                };
+                if ndob {
+                    Ok(Action::Io(io))
+                } else {
+                    Ok(Action::NeedData(info.block_size))
+                }
+            }
+            Cdb::ReportLuns { .. } => Err(Sense::INVALID_OPCODE), // answered by the target, which knows the LUNs
+        }
+    }
+
+    /// Finish a command that needed data-out ([`Action::NeedData`]).
+    ///
+    /// # Errors
+    /// The sense to report (parameter list errors, unsupported WRITE SAME
+    /// pattern).
+    pub fn exec_with_data(&self, cdb: &[u8], data: &[u8]) -> Result<Action, Sense> {
+        match Cdb::parse(cdb)? {
+            Cdb::Unmap { .. } => {
+                let Some((lba, blocks)) = super::commands::unmap::parse(data)? else {
+                    return Ok(Action::Good);
+                };
+                check_range(&self.info, lba, blocks)?;
+                Ok(Action::Io(BlockIo {
+                    op: BlockOp::Unmap,
+                    lba,
+                    blocks,
+                    pi: PiMode::None,
+                }))
+            }
+            Cdb::WriteSame16 {
+                lba, blocks, unmap, ..
+            } => {
+                if data.iter().any(|&b| b != 0) {
+                    // Only the zero pattern is supported (documented limit).
+                    return Err(Sense::INVALID_FIELD_IN_PARAM);
+                }
+                Ok(Action::Io(BlockIo {
+                    op: if unmap {
+                        BlockOp::Unmap
+                    } else {
+                        BlockOp::WriteZeroes
+                    },
+                    lba,
+                    blocks: u64::from(blocks),
+                    pi: PiMode::None,
+                }))
+            }
+            _ => Err(Sense::INVALID_OPCODE),
+        }
+    }
+}
+
+/// UNMAP block descriptors accepted per command (VPD B0).
+pub const UNMAP_MAX_DESCRIPTORS: u32 = 1;
+/// Largest UNMAP range in blocks (VPD B0).
+pub const UNMAP_MAX_BLOCKS: u32 = 1 << 22;
+/// Largest WRITE SAME range in blocks (VPD B0).
+pub const WRITE_SAME_MAX_BLOCKS: u32 = 1 << 22;
+
+#[cfg(test)]
+mod tests;

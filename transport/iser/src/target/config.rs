@@ -1,0 +1,260 @@
+//! The shared (`Send + Sync`) target configuration: target nodes (IQN +
+//! LUNs + initiator ACL), portal groups, TSIH allocation, and the buffer
+//! pool that task buffers come from. Control path: it locks.
+
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use pollux_bdev::Bdev;
+use pollux_reactor::mem::{BufPool, BufPoolOptions, DmaArena};
+use thiserror::Error;
+
+use crate::session::{LoginEnv, LoginStatus, LoginTargetInfo, TargetLimits};
+
+/// A control-path error.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// Bad or duplicate name, LUN or tag.
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+    /// Memory for task buffers.
+    #[error("cannot allocate task buffers: {0}")]
+    Memory(String),
+}
+
+/// One target node.
+#[derive(Debug, Clone)]
+pub struct TargetNode {
+    /// The IQN.
+    pub name: String,
+    /// TargetAlias.
+    pub alias: Option<String>,
+    /// LUN number → bdev.
+    pub luns: Vec<(u16, Arc<Bdev>)>,
+    /// Initiator IQNs allowed (empty = any).
+    pub allowed_initiators: Vec<String>,
+    /// Portal group tags this node is reachable through.
+    pub portal_groups: Vec<u16>,
+}
+
+/// A portal group: a tag and the listen addresses (transport-specific
+/// strings, e.g. `@name` for the soft verbs provider or `ip:port`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortalGroup {
+    /// TargetPortalGroupTag.
+    pub tag: u16,
+    /// Listen addresses.
+    pub addrs: Vec<String>,
+}
+
+/// Options of [`IscsiTarget::new`].
+#[derive(Debug, Clone)]
+pub struct TargetOptions {
+    /// Negotiation limits (queue depth, bursts, receive sizes).
+    pub limits: TargetLimits,
+    /// Largest data transfer of one command in bytes (VPD B0).
+    pub max_io_bytes: u32,
+    /// Task buffers in the pool (connections × queue depth).
+    pub task_buffers: usize,
+}
+
+impl Default for TargetOptions {
+    fn default() -> Self {
+        TargetOptions {
+            limits: TargetLimits {
+                queue_depth: 32,
+                ..TargetLimits::default()
+            },
+            max_io_bytes: 128 * 1024,
+            task_buffers: 256,
+        }
+    }
+}
+
+/// The iSCSI target: nodes, portal groups and shared resources.
+#[derive(Debug)]
+pub struct IscsiTarget {
+    opts: TargetOptions,
+    nodes: Mutex<Vec<Arc<TargetNode>>>,
+    groups: Mutex<Vec<PortalGroup>>,
+    tsih: AtomicU16,
+    pool: BufPool,
+}
+
+impl IscsiTarget {
+    /// A target with `opts`; allocates the task buffer pool (control path).
+    ///
+    /// # Errors
+    /// [`ConfigError::Memory`], [`ConfigError::Invalid`] for a zero queue
+    /// depth or I/O size.
+    pub fn new(opts: TargetOptions) -> Result<Arc<IscsiTarget>, ConfigError> {
+        if opts.limits.queue_depth == 0 || opts.max_io_bytes < 4096 {
+            return Err(ConfigError::Invalid(
+                "queue depth 0 or max I/O below 4 KiB".into(),
+            ));
+        }
+        // Room for 8 PI bytes per 512-byte block.
+        let size = (opts.max_io_bytes as usize / 512) * 520;
+        let pool = BufPool::new(BufPoolOptions::new("iscsi-task", size, opts.task_buffers))
+            .map_err(|e| ConfigError::Memory(e.to_string()))?;
+        Ok(Arc::new(IscsiTarget {
+            opts,
+            nodes: Mutex::new(Vec::new()),
+            groups: Mutex::new(Vec::new()),
+            tsih: AtomicU16::new(0),
+            pool,
+        }))
+    }
+
+    fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+        m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The options.
+    pub fn options(&self) -> &TargetOptions {
+        &self.opts
+    }
+
+    /// The task buffer pool (transports register its arenas).
+    pub fn pool(&self) -> &BufPool {
+        &self.pool
+    }
+
+    /// The arenas task buffers live in.
+    pub fn arenas(&self) -> Vec<Arc<DmaArena>> {
+        self.pool.arenas().to_vec()
+    }
+
+    /// Add a portal group.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] for a duplicate or zero tag.
+    pub fn add_portal_group(&self, pg: PortalGroup) -> Result<(), ConfigError> {
+        let mut g = Self::lock(&self.groups);
+        if pg.tag == 0 || g.iter().any(|x| x.tag == pg.tag) {
+            return Err(ConfigError::Invalid(format!("portal group tag {}", pg.tag)));
+        }
+        g.push(pg);
+        Ok(())
+    }
+
+    /// Portal groups.
+    pub fn portal_groups(&self) -> Vec<PortalGroup> {
+        Self::lock(&self.groups).clone()
+    }
+
+    /// Add a target node.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] for a name that is not `iqn.`/`eui.`/`naa.`,
+    /// a duplicate name, duplicate LUNs or LUNs above 16383.
+    pub fn add_node(&self, node: TargetNode) -> Result<(), ConfigError> {
+        let n = &node.name;
+        if !(n.starts_with("iqn.") || n.starts_with("eui.") || n.starts_with("naa."))
+            || n.len() > 223
+        {
+            return Err(ConfigError::Invalid(format!("target name {n}")));
+        }
+        let mut seen = Vec::new();
+        for (l, _) in &node.luns {
+            if *l > 16383 || seen.contains(l) {
+                return Err(ConfigError::Invalid(format!("LUN {l}")));
+            }
+            seen.push(*l);
+        }
+        let mut nodes = Self::lock(&self.nodes);
+        if nodes.iter().any(|x| x.name == node.name) {
+            return Err(ConfigError::Invalid(format!("duplicate target {n}")));
+        }
+        nodes.push(Arc::new(node));
+        Ok(())
+    }
+
+    /// The node named `name`.
+    pub fn node(&self, name: &str) -> Option<Arc<TargetNode>> {
+        Self::lock(&self.nodes)
+            .iter()
+            .find(|n| n.name == name)
+            .cloned()
+    }
+
+    /// The SendTargets answer for `initiator` on portal group `tag`:
+    /// `TargetName=` / `TargetAddress=addr,tag` pairs for every node it may
+    /// see.
+    pub fn send_targets(&self, initiator: &str, out: &mut Vec<u8>) {
+        let groups = self.portal_groups();
+        for n in Self::lock(&self.nodes).iter() {
+            if !n.allowed_initiators.is_empty()
+                && !n.allowed_initiators.iter().any(|i| i == initiator)
+            {
+                continue;
+            }
+            crate::pdu::text::push_pair(out, "TargetName", &n.name);
+            for g in groups.iter().filter(|g| n.portal_groups.contains(&g.tag)) {
+                for a in &g.addrs {
+                    crate::pdu::text::push_pair(out, "TargetAddress", &format!("{a},{}", g.tag));
+                }
+            }
+        }
+    }
+
+    /// The login environment of a connection that came in on portal group `tag`.
+    pub fn login_env(self: &Arc<Self>, tag: u16) -> PortalLogin {
+        PortalLogin {
+            target: Arc::clone(self),
+            tag,
+        }
+    }
+}
+
+/// [`LoginEnv`] of one portal group.
+#[derive(Debug, Clone)]
+pub struct PortalLogin {
+    target: Arc<IscsiTarget>,
+    tag: u16,
+}
+
+impl LoginEnv for PortalLogin {
+    fn authorize(
+        &self,
+        initiator: &str,
+        target: Option<&str>,
+    ) -> Result<LoginTargetInfo, LoginStatus> {
+        let limits = self.target.opts.limits.clone();
+        let Some(name) = target else {
+            return Ok(LoginTargetInfo {
+                tpgt: self.tag,
+                alias: None,
+                limits,
+            });
+        };
+        let node = self.target.node(name).ok_or(LoginStatus::NOT_FOUND)?;
+        if !node.portal_groups.contains(&self.tag) {
+            return Err(LoginStatus::NOT_FOUND);
+        }
+        if !node.allowed_initiators.is_empty()
+            && !node.allowed_initiators.iter().any(|i| i == initiator)
+        {
+            return Err(LoginStatus::FORBIDDEN);
+        }
+        Ok(LoginTargetInfo {
+            tpgt: self.tag,
+            alias: node.alias.clone(),
+            limits,
+        })
+    }
+
+    fn new_tsih(&self) -> u16 {
+        loop {
+            let t = self
+                .target
+                .tsih
+                .fetch_add(1, Ordering::Relaxed)
+                .wrapping_add(1);
+            if t != 0 {
+                return t;
+            }
+        }
+    }
+}

@@ -1,0 +1,934 @@
+//! One iSCSI connection (= one session: MaxConnections is 1) in the target
+//! core: login, full feature phase, the CmdSN window, SCSI tasks on bdev
+//! channels, T10 PI, NOP, Text (SendTargets), TMF and Logout. `!Send`,
+//! lives on one reactor; no allocation per command (task slots, buffers
+//! and queues are preallocated at login).
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use pollux_bdev::{CompletedIo, IoChannel, IoCompletion, IoStatus, SgList};
+use pollux_reactor::mem::DmaBuf;
+use pollux_reactor::{PollStatus, Reactor};
+
+use super::config::{IscsiTarget, PortalLogin};
+use super::ops::{ConnOps, Transfer};
+use crate::pdu::text::{parse_text, push_pair};
+use crate::pdu::{
+    reject_reason, tmf_response, Bhs, IserHeader, LogoutRequest, LogoutResponse, Lun, NopIn,
+    NopOut, Pdu, Reject, ScsiCommand, ScsiResponse, Stag, TextPdu, TmfFunction, TmfRequest,
+    TmfResponse, BHS_LEN, RESERVED_TAG,
+};
+use crate::scsi::commands::report_luns::report_luns;
+use crate::scsi::disk::{Action, BlockIo, BlockOp, Disk, DiskInfo, PiMode};
+use crate::scsi::sense::{self, Sense};
+use crate::scsi::{cdb::op, pi};
+use crate::session::{CmdSnCheck, CmdWindow, LoginOutcome, LoginStep, SessionType, TargetLogin};
+
+/// Per-connection facts from the transport.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnParams {
+    /// The portal group the connection came in on.
+    pub portal_tag: u16,
+    /// The initiator accepts SEND_WITH_INVALIDATE (iSER CM flag clear).
+    pub send_with_inv: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TaskState {
+    Free,
+    /// Waiting for unsolicited Data-Out PDUs.
+    AwaitDataOut,
+    /// RDMA READ of solicited data in flight.
+    Reading,
+    /// At the bdev.
+    Bdev,
+    /// Data and response to send (retried on back-pressure).
+    Respond,
+}
+
+struct Task {
+    state: TaskState,
+    itt: u32,
+    lun: Option<usize>,
+    cdb: [u8; 16],
+    edtl: u32,
+    read: Option<Stag>,
+    write: Option<Stag>,
+    buf: Option<DmaBuf>,
+    io: Option<BlockIo>,
+    /// Data-out bytes expected and received.
+    need: usize,
+    got: usize,
+    /// Waiting for a parameter list (UNMAP / WRITE SAME) rather than blocks.
+    param: bool,
+    /// Data-in bytes ready in `buf`.
+    data_in: usize,
+    result: Result<(), Sense>,
+    /// The command holds a CmdSN window slot.
+    slot: bool,
+}
+
+impl Task {
+    fn new() -> Task {
+        Task {
+            state: TaskState::Free,
+            itt: RESERVED_TAG,
+            lun: None,
+            cdb: [0; 16],
+            edtl: 0,
+            read: None,
+            write: None,
+            buf: None,
+            io: None,
+            need: 0,
+            got: 0,
+            param: false,
+            data_in: 0,
+            result: Ok(()),
+            slot: false,
+        }
+    }
+}
+
+struct LunState {
+    id: u16,
+    disk: Disk,
+    ch: IoChannel,
+}
+
+/// Collects bdev completions for the connection's next poll.
+struct Sink {
+    done: RefCell<VecDeque<(u16, IoStatus, Option<DmaBuf>)>>,
+}
+
+impl IoCompletion for Sink {
+    fn complete(&self, mut io: CompletedIo) {
+        let buf = io.bufs.pop();
+        self.done
+            .borrow_mut()
+            .push_back((io.ctx as u16, io.status, buf));
+    }
+}
+
+enum Phase {
+    Login(Box<TargetLogin>),
+    Full,
+    Closed,
+}
+
+/// Counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ConnStats {
+    /// SCSI commands accepted.
+    pub commands: u64,
+    /// Commands answered with CHECK CONDITION.
+    pub check_conditions: u64,
+    /// PDUs rejected or dropped.
+    pub rejected: u64,
+    /// PI errors detected by the target.
+    pub pi_errors: u64,
+}
+
+/// The core of one connection.
+pub struct Connection {
+    target: Arc<IscsiTarget>,
+    env: PortalLogin,
+    params: ConnParams,
+    reactor: Reactor,
+    phase: Phase,
+    outcome: Option<Box<LoginOutcome>>,
+    stat_sn: u32,
+    window: CmdWindow,
+    tasks: Vec<Task>,
+    free: Vec<u16>,
+    retry: VecDeque<u16>,
+    luns: Vec<LunState>,
+    sink: Rc<Sink>,
+    cb: Rc<dyn IoCompletion>,
+    text_out: Vec<u8>,
+    stats: ConnStats,
+}
+
+fn lun_slot(luns: &[LunState], lun: &Lun) -> Option<usize> {
+    let id = lun.index()?;
+    luns.iter().position(|l| l.id == id)
+}
+
+impl Connection {
+    /// A new connection in the login phase (control path).
+    pub fn new(target: &Arc<IscsiTarget>, reactor: &Reactor, params: ConnParams) -> Connection {
+        let sink = Rc::new(Sink {
+            done: RefCell::new(VecDeque::new()),
+        });
+        let cb: Rc<dyn IoCompletion> = sink.clone();
+        Connection {
+            target: Arc::clone(target),
+            env: target.login_env(params.portal_tag),
+            params,
+            reactor: reactor.clone(),
+            phase: Phase::Login(Box::new(TargetLogin::new(1))),
+            outcome: None,
+            stat_sn: 1,
+            window: CmdWindow::new(0, 1),
+            tasks: Vec::new(),
+            free: Vec::new(),
+            retry: VecDeque::new(),
+            luns: Vec::new(),
+            sink,
+            cb,
+            text_out: Vec::with_capacity(8192),
+            stats: ConnStats::default(),
+        }
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> ConnStats {
+        self.stats
+    }
+
+    /// Whether the connection reached full feature phase.
+    pub fn is_full_feature(&self) -> bool {
+        matches!(self.phase, Phase::Full)
+    }
+
+    /// Whether the connection is closed.
+    pub fn is_closed(&self) -> bool {
+        matches!(self.phase, Phase::Closed)
+    }
+
+    /// Tasks holding buffers or I/O.
+    pub fn tasks_in_flight(&self) -> usize {
+        self.tasks
+            .iter()
+            .filter(|t| t.state != TaskState::Free)
+            .count()
+    }
+
+    fn next_stat_sn(&mut self) -> u32 {
+        let s = self.stat_sn;
+        self.stat_sn = self.stat_sn.wrapping_add(1);
+        s
+    }
+
+    fn close(&mut self, ops: &mut dyn ConnOps) {
+        if !matches!(self.phase, Phase::Closed) {
+            self.phase = Phase::Closed;
+            ops.close();
+        }
+    }
+
+    fn reject(&mut self, raw: &[u8; BHS_LEN], reason: u8, ops: &mut dyn ConnOps) {
+        self.stats.rejected += 1;
+        let r = Reject {
+            reason,
+            stat_sn: self.next_stat_sn(),
+            exp_cmd_sn: self.window.exp_cmd_sn(),
+            max_cmd_sn: self.window.max_cmd_sn(),
+            data_sn: 0,
+        };
+        if !ops.send_pdu(&Bhs::Reject(r).encode(0, BHS_LEN as u32), raw, None) {
+            self.close(ops);
+        }
+    }
+
+    /// Handle one received PDU (`buf` = BHS + AHS + data, after the iSER
+    /// header `hdr`). Returns `false` when the connection closed.
+    pub fn on_pdu(&mut self, hdr: &IserHeader, buf: &[u8], ops: &mut dyn ConnOps) -> bool {
+        if matches!(self.phase, Phase::Closed) {
+            return false;
+        }
+        let (write, read) = match *hdr {
+            IserHeader::Control { write, read } => (write, read),
+            // Hello/HelloReply: not used on IB/RoCE; ignored.
+            _ => return true,
+        };
+        let pdu = match Pdu::parse(buf) {
+            Ok(p) => p,
+            Err(_) => {
+                match buf
+                    .get(..BHS_LEN)
+                    .and_then(|s| <&[u8; BHS_LEN]>::try_from(s).ok())
+                {
+                    Some(raw) if self.is_full_feature() => {
+                        self.reject(raw, reject_reason::INVALID_PDU_FIELD, ops)
+                    }
+                    _ => self.close(ops),
+                }
+                return !self.is_closed();
+            }
+        };
+        if let Phase::Login(_) = self.phase {
+            self.on_login_pdu(&pdu, ops);
+            return !self.is_closed();
+        }
+        match pdu.bhs {
+            Bhs::ScsiCmd(cmd) => self.on_command(&cmd, pdu.data, write, read, ops),
+            Bhs::DataOut(d) => self.on_data_out(&d, pdu.data, ops),
+            Bhs::NopOut(n) => self.on_nop(&n, ops),
+            Bhs::TextReq(t) => self.on_text(&t, pdu.data, ops),
+            Bhs::TmfReq(t) => self.on_tmf(&t, ops),
+            Bhs::LogoutReq(l) => self.on_logout(&l, ops),
+            _ => self.reject(pdu.raw, reject_reason::PROTOCOL_ERROR, ops),
+        }
+        !self.is_closed()
+    }
+
+    fn on_login_pdu(&mut self, pdu: &Pdu<'_>, ops: &mut dyn ConnOps) {
+        let Bhs::LoginReq(req) = pdu.bhs else {
+            self.close(ops);
+            return;
+        };
+        let Phase::Login(login) = &mut self.phase else {
+            return;
+        };
+        let (rsp, step) = login.on_request(&req, pdu.data, &self.env, &mut self.text_out);
+        let bhs = Bhs::LoginRsp(rsp).encode(0, self.text_out.len() as u32);
+        let sent = ops.send_pdu(&bhs, &self.text_out, None);
+        match step {
+            LoginStep::Continue if sent => {}
+            LoginStep::Done(o) if sent => self.enter_full_feature(o, ops),
+            _ => self.close(ops),
+        }
+    }
+
+    fn enter_full_feature(&mut self, o: Box<LoginOutcome>, ops: &mut dyn ConnOps) {
+        let depth = o.info.limits.queue_depth.max(1) as usize;
+        self.stat_sn = o.stat_sn;
+        self.window = CmdWindow::new(o.exp_cmd_sn, depth as u32);
+        // Task slots with buffers: control path.
+        self.tasks = (0..depth).map(|_| Task::new()).collect();
+        self.free = (0..depth as u16).rev().collect();
+        self.retry = VecDeque::with_capacity(depth);
+        self.sink.done.borrow_mut().reserve(depth);
+        for t in &mut self.tasks {
+            t.buf = self.target.pool().get();
+            if t.buf.is_none() {
+                self.close(ops);
+                return;
+            }
+        }
+        if o.session_type == SessionType::Normal {
+            let node = o.target_name.as_deref().and_then(|n| self.target.node(n));
+            for (id, bdev) in node.map(|n| n.luns.clone()).unwrap_or_default() {
+                let desc = match bdev.open(true).or_else(|_| bdev.open(false)) {
+                    Ok(d) => d,
+                    Err(_) => continue,
+                };
+                let writable = desc.is_writable();
+                let Ok(ch) = desc.channel(&self.reactor) else {
+                    continue;
+                };
+                let unmap = bdev.supports(pollux_bdev::IoType::Unmap);
+                let info = DiskInfo::from_bdev(
+                    bdev.info(),
+                    writable,
+                    unmap,
+                    self.target.options().max_io_bytes,
+                );
+                self.luns.push(LunState {
+                    id,
+                    disk: Disk::new(info),
+                    ch,
+                });
+            }
+        }
+        self.outcome = Some(o);
+        self.phase = Phase::Full;
+    }
+
+    fn on_nop(&mut self, n: &NopOut, ops: &mut dyn ConnOps) {
+        if !n.immediate && self.window.check(n.cmd_sn, false, false) == CmdSnCheck::Drop {
+            return;
+        }
+        if n.itt == RESERVED_TAG {
+            return; // answer to our ping
+        }
+        let r = NopIn {
+            lun: n.lun,
+            itt: n.itt,
+            ttt: RESERVED_TAG,
+            stat_sn: self.next_stat_sn(),
+            exp_cmd_sn: self.window.exp_cmd_sn(),
+            max_cmd_sn: self.window.max_cmd_sn(),
+        };
+        if !ops.send_pdu(&Bhs::NopIn(r).encode(0, 0), &[], None) {
+            self.close(ops);
+        }
+    }
+
+    fn on_text(&mut self, t: &TextPdu, data: &[u8], ops: &mut dyn ConnOps) {
+        if !t.immediate && self.window.check(t.sn, false, false) == CmdSnCheck::Drop {
+            return;
+        }
+        self.text_out.clear();
+        let initiator = self
+            .outcome
+            .as_ref()
+            .map(|o| o.initiator_name.clone())
+            .unwrap_or_default();
+        match parse_text(data) {
+            Ok(pairs) => {
+                for (k, v) in pairs {
+                    if k == "SendTargets" && v == "All" {
+                        self.target.send_targets(&initiator, &mut self.text_out);
+                    } else {
+                        push_pair(&mut self.text_out, k, "NotUnderstood");
+                    }
+                }
+            }
+            Err(_) => {
+                let raw = Bhs::TextReq(*t).encode(0, data.len() as u32);
+                self.reject(&raw, reject_reason::PROTOCOL_ERROR, ops);
+                return;
+            }
+        }
+        // Long answers would need the C bit (not implemented): cut at the
+        // initiator's limit on a pair boundary.
+        let limit = self
+            .outcome
+            .as_ref()
+            .map_or(8192, |o| o.params.target_send_dsl as usize)
+            .min(8192);
+        if self.text_out.len() > limit {
+            let cut = self.text_out[..limit]
+                .iter()
+                .rposition(|&b| b == 0)
+                .map_or(0, |p| p + 1);
+            self.text_out.truncate(cut);
+        }
+        let r = TextPdu {
+            immediate: false,
+            final_: true,
+            cont: false,
+            lun: t.lun,
+            itt: t.itt,
+            ttt: RESERVED_TAG,
+            sn: self.next_stat_sn(),
+            exp_sn: self.window.exp_cmd_sn(),
+            max_cmd_sn: self.window.max_cmd_sn(),
+        };
+        let bhs = Bhs::TextRsp(r).encode(0, self.text_out.len() as u32);
+        if !ops.send_pdu(&bhs, &self.text_out, None) {
+            self.close(ops);
+        }
+    }
+
+    fn on_tmf(&mut self, t: &TmfRequest, ops: &mut dyn ConnOps) {
+        if !t.immediate && self.window.check(t.cmd_sn, false, false) == CmdSnCheck::Drop {
+            return;
+        }
+        let busy = self.tasks_in_flight() > 0;
+        let response = match t.function {
+            TmfFunction::AbortTask => {
+                if self
+                    .tasks
+                    .iter()
+                    .any(|x| x.state != TaskState::Free && x.itt == t.ref_task_tag)
+                {
+                    // Running tasks finish on their own (their data is in flight).
+                    tmf_response::REJECTED
+                } else {
+                    tmf_response::NO_TASK
+                }
+            }
+            TmfFunction::AbortTaskSet
+            | TmfFunction::ClearTaskSet
+            | TmfFunction::LogicalUnitReset
+            | TmfFunction::TargetWarmReset => {
+                if lun_slot(&self.luns, &t.lun).is_none()
+                    && t.function != TmfFunction::TargetWarmReset
+                {
+                    tmf_response::NO_LUN
+                } else if busy {
+                    tmf_response::REJECTED
+                } else {
+                    tmf_response::COMPLETE
+                }
+            }
+            _ => tmf_response::NOT_SUPPORTED,
+        };
+        let r = TmfResponse {
+            response,
+            itt: t.itt,
+            stat_sn: self.next_stat_sn(),
+            exp_cmd_sn: self.window.exp_cmd_sn(),
+            max_cmd_sn: self.window.max_cmd_sn(),
+        };
+        if !ops.send_pdu(&Bhs::TmfRsp(r).encode(0, 0), &[], None) {
+            self.close(ops);
+        }
+    }
+
+    fn on_logout(&mut self, l: &LogoutRequest, ops: &mut dyn ConnOps) {
+        if !l.immediate && self.window.check(l.cmd_sn, false, false) == CmdSnCheck::Drop {
+            return;
+        }
+        let r = LogoutResponse {
+            response: 0,
+            itt: l.itt,
+            stat_sn: self.next_stat_sn(),
+            exp_cmd_sn: self.window.exp_cmd_sn(),
+            max_cmd_sn: self.window.max_cmd_sn(),
+            time2wait: 0,
+            time2retain: 0,
+        };
+        ops.send_pdu(&Bhs::LogoutRsp(r).encode(0, 0), &[], None);
+        self.close(ops);
+    }
+
+    fn on_command(
+        &mut self,
+        cmd: &ScsiCommand,
+        data: &[u8],
+        write: Option<Stag>,
+        read: Option<Stag>,
+        ops: &mut dyn ConnOps,
+    ) {
+        let discovery = self
+            .outcome
+            .as_ref()
+            .is_some_and(|o| o.session_type == SessionType::Discovery);
+        let raw = Bhs::ScsiCmd(*cmd).encode(0, data.len() as u32);
+        if discovery {
+            self.reject(&raw, reject_reason::PROTOCOL_ERROR, ops);
+            return;
+        }
+        if self.window.check(cmd.cmd_sn, cmd.immediate, true) == CmdSnCheck::Drop {
+            self.stats.rejected += 1;
+            return;
+        }
+        let Some(idx) = self.free.pop() else {
+            // The window guarantees a slot to well-behaved initiators.
+            self.window.release();
+            self.reject(&raw, reject_reason::OUT_OF_RESOURCES, ops);
+            return;
+        };
+        self.stats.commands += 1;
+        let lun = lun_slot(&self.luns, &cmd.lun);
+        let t = &mut self.tasks[usize::from(idx)];
+        t.state = TaskState::Respond;
+        t.itt = cmd.itt;
+        t.lun = lun;
+        t.cdb = cmd.cdb;
+        t.edtl = cmd.edtl;
+        t.read = if cmd.read { read } else { None };
+        t.write = if cmd.write { write } else { None };
+        t.io = None;
+        t.need = 0;
+        t.got = 0;
+        t.param = false;
+        t.data_in = 0;
+        t.result = Ok(());
+        t.slot = true;
+        let Some(buf) = t.buf.as_mut() else {
+            t.result = Err(Sense::INTERNAL_FAILURE);
+            self.respond(idx, ops);
+            return;
+        };
+        let cap = buf.capacity();
+        let _ = buf.set_len(cap);
+        let opcode = cmd.cdb[0];
+        let action = if opcode == op::REPORT_LUNS {
+            crate::scsi::Cdb::parse(&cmd.cdb).map(|c| {
+                let alloc = match c {
+                    crate::scsi::Cdb::ReportLuns { alloc } => alloc as usize,
+                    _ => 0,
+                };
+                let out = &mut buf.as_mut_slice()[..alloc.min(cap).min(16 + 8 * 256)];
+                Action::DataIn(report_luns(self.luns.iter().map(|l| l.id), out))
+            })
+        } else if let Some(l) = lun {
+            let out_len = cap.min(512);
+            self.luns[l]
+                .disk
+                .exec(&cmd.cdb, &mut buf.as_mut_slice()[..out_len])
+        } else if opcode == op::INQUIRY && cmd.cdb[1] & 1 == 0 {
+            // Unmapped LUN: peripheral qualifier 3, type 1Fh.
+            let b = buf.as_mut_slice();
+            b[..36].fill(0);
+            b[0] = 0x7F;
+            b[2] = 6;
+            b[3] = 2;
+            b[4] = 31;
+            Ok(Action::DataIn(36.min(usize::from(u16::from_be_bytes([
+                cmd.cdb[3], cmd.cdb[4],
+            ])))))
+        } else {
+            Err(Sense::LUN_NOT_SUPPORTED)
+        };
+        let t = &mut self.tasks[usize::from(idx)];
+        match action {
+            Err(s) => t.result = Err(s),
+            Ok(Action::Good) => {}
+            Ok(Action::DataIn(n)) => t.data_in = n,
+            Ok(Action::NeedData(len)) => {
+                t.param = true;
+                t.need = len as usize;
+            }
+            Ok(Action::Io(io)) => {
+                t.io = Some(io);
+                if io.op == BlockOp::Write {
+                    let info = &self.luns[lun.unwrap_or(0)].disk.info;
+                    let wire = io.wire_len(info);
+                    if u64::from(cmd.edtl) != wire || !cmd.write {
+                        t.result = Err(Sense::INVALID_FIELD_IN_CDB);
+                        t.io = None;
+                    } else {
+                        t.need = wire as usize;
+                    }
+                } else if io.op == BlockOp::Read && !cmd.read {
+                    t.result = Err(Sense::INVALID_FIELD_IN_CDB);
+                    t.io = None;
+                }
+            }
+        }
+        if t.need > 0 {
+            if u64::from(cmd.edtl) < t.need as u64 || !cmd.write {
+                t.result = Err(Sense::INVALID_FIELD_IN_CDB);
+                t.need = 0;
+                t.io = None;
+            } else {
+                // Immediate data first.
+                let n = data.len().min(t.need);
+                if let Some(b) = t.buf.as_mut() {
+                    b.as_mut_slice()[..n].copy_from_slice(&data[..n]);
+                }
+                t.got = n;
+                if t.got < t.need && !cmd.final_ {
+                    t.state = TaskState::AwaitDataOut;
+                    return;
+                }
+            }
+        }
+        self.continue_data(idx, ops);
+    }
+
+    fn on_data_out(&mut self, d: &crate::pdu::DataOut, data: &[u8], ops: &mut dyn ConnOps) {
+        let Some(idx) = self
+            .tasks
+            .iter()
+            .position(|t| t.state == TaskState::AwaitDataOut && t.itt == d.itt)
+        else {
+            let raw = Bhs::DataOut(*d).encode(0, data.len() as u32);
+            self.reject(&raw, reject_reason::PROTOCOL_ERROR, ops);
+            return;
+        };
+        let t = &mut self.tasks[idx];
+        let off = d.buffer_offset as usize;
+        let end = off.saturating_add(data.len());
+        if off != t.got || end > t.need {
+            t.result = Err(Sense::INVALID_FIELD_IN_PARAM);
+            t.need = 0;
+            t.io = None;
+        } else if let Some(b) = t.buf.as_mut() {
+            b.as_mut_slice()[off..end].copy_from_slice(data);
+            t.got = end;
+        }
+        if d.final_ || t.need == 0 {
+            self.continue_data(idx as u16, ops);
+        }
+    }
+
+    /// Fetch missing data-out (RDMA READ) or go on.
+    fn continue_data(&mut self, idx: u16, ops: &mut dyn ConnOps) {
+        let t = &mut self.tasks[usize::from(idx)];
+        if t.result.is_ok() && t.got < t.need {
+            let Some(from) = t.write else {
+                t.result = Err(Sense::NOT_ENOUGH_UNSOLICITED);
+                return self.respond(idx, ops);
+            };
+            let Some(buf) = t.buf.as_ref() else {
+                return;
+            };
+            // The VA points at the first solicited byte: everything after
+            // the unsolicited data.
+            let len = t.need - t.got;
+            t.state = TaskState::Reading;
+            match ops.read_data(idx, from, buf, t.got, len) {
+                Transfer::Pending => return,
+                Transfer::Done => t.got = t.need,
+                Transfer::Busy => {
+                    t.state = TaskState::AwaitDataOut;
+                    self.retry.push_back(idx);
+                    return;
+                }
+            }
+        }
+        self.data_ready(idx, ops);
+    }
+
+    /// The transport finished the RDMA READ of task `idx` (`ok` = success).
+    pub fn data_done(&mut self, idx: u16, ok: bool, ops: &mut dyn ConnOps) {
+        let Some(t) = self.tasks.get_mut(usize::from(idx)) else {
+            return;
+        };
+        if t.state != TaskState::Reading {
+            return;
+        }
+        if ok {
+            t.got = t.need;
+        } else {
+            t.result = Err(Sense::TRANSFER_FAILED);
+        }
+        self.data_ready(idx, ops);
+    }
+
+    fn data_ready(&mut self, idx: u16, ops: &mut dyn ConnOps) {
+        let t = &mut self.tasks[usize::from(idx)];
+        if t.result.is_ok() && t.param {
+            t.param = false;
+            let lun = t.lun.unwrap_or(0);
+            let data = t.buf.as_ref().map_or(&[][..], |b| &b.as_slice()[..t.need]);
+            match self
+                .luns
+                .get(lun)
+                .map(|l| l.disk.exec_with_data(&t.cdb, data))
+            {
+                Some(Ok(Action::Io(io))) => t.io = Some(io),
+                Some(Ok(_)) => {}
+                Some(Err(s)) => t.result = Err(s),
+                None => t.result = Err(Sense::LUN_NOT_SUPPORTED),
+            }
+        }
+        if t.result.is_err() || t.io.is_none() {
+            return self.respond(idx, ops);
+        }
+        self.submit_io(idx, ops);
+    }
+
+    fn submit_io(&mut self, idx: u16, ops: &mut dyn ConnOps) {
+        let t = &mut self.tasks[usize::from(idx)];
+        let (Some(io), Some(l)) = (t.io, t.lun) else {
+            return self.respond(idx, ops);
+        };
+        let lun = &self.luns[l];
+        let info = &lun.disk.info;
+        let bbs = info.buf_block_size as usize;
+        let bs = info.block_size as usize;
+        let n = io.blocks as usize;
+        let bufs = match io.op {
+            BlockOp::Read | BlockOp::Write => {
+                let Some(mut buf) = t.buf.take() else {
+                    return;
+                };
+                if io.op == BlockOp::Write {
+                    match io.pi {
+                        PiMode::Strip => {
+                            pi::insert(buf.as_mut_slice(), bs, n, io.lba, info.pi_type)
+                        }
+                        PiMode::Pass { .. } => {
+                            if let Err(s) = pi::verify(
+                                &buf.as_slice()[..n * bbs],
+                                bs,
+                                io.lba,
+                                info.pi_type,
+                                io.pi,
+                            ) {
+                                self.stats.pi_errors += 1;
+                                t.buf = Some(buf);
+                                t.result = Err(s);
+                                return self.respond(idx, ops);
+                            }
+                        }
+                        PiMode::None => {}
+                    }
+                }
+                let _ = buf.set_len(n * bbs);
+                SgList::from_buf(buf)
+            }
+            _ => SgList::new(),
+        };
+        let ty = match io.op {
+            BlockOp::Read => pollux_bdev::IoType::Read,
+            BlockOp::Write => pollux_bdev::IoType::Write,
+            BlockOp::Flush => pollux_bdev::IoType::Flush,
+            BlockOp::Unmap => pollux_bdev::IoType::Unmap,
+            BlockOp::WriteZeroes => pollux_bdev::IoType::WriteZeroes,
+        };
+        t.state = TaskState::Bdev;
+        if let Err(mut rej) = lun
+            .ch
+            .submit(ty, io.lba, io.blocks, bufs, &self.cb, u64::from(idx))
+        {
+            t.buf = rej.bufs.pop();
+            t.result = Err(Sense::INTERNAL_FAILURE);
+            self.respond(idx, ops);
+        }
+    }
+
+    fn on_bdev_done(
+        &mut self,
+        idx: u16,
+        status: IoStatus,
+        buf: Option<DmaBuf>,
+        ops: &mut dyn ConnOps,
+    ) {
+        let Some(t) = self.tasks.get_mut(usize::from(idx)) else {
+            return;
+        };
+        if t.state != TaskState::Bdev {
+            return;
+        }
+        if buf.is_some() {
+            t.buf = buf;
+        }
+        let io = t.io;
+        if let Err(e) = status {
+            let read = io.is_some_and(|i| i.op == BlockOp::Read);
+            t.result = Err(match e {
+                pollux_bdev::IoError::OutOfRange { lba, .. } => {
+                    Sense::LBA_OUT_OF_RANGE.with_info(lba)
+                }
+                _ if read => Sense::READ_ERROR,
+                _ => Sense::WRITE_ERROR,
+            });
+            return self.respond(idx, ops);
+        }
+        if let (Some(io), Some(l)) = (io, t.lun) {
+            if io.op == BlockOp::Read {
+                let info = &self.luns[l].disk.info;
+                let (bs, bbs, n) = (
+                    info.block_size as usize,
+                    info.buf_block_size as usize,
+                    io.blocks as usize,
+                );
+                if let Some(buf) = t.buf.as_mut() {
+                    let cap = buf.capacity();
+                    let _ = buf.set_len(cap);
+                    let b = buf.as_mut_slice();
+                    if io.pi != PiMode::None {
+                        if let Err(s) = pi::verify(&b[..n * bbs], bs, io.lba, info.pi_type, io.pi) {
+                            self.stats.pi_errors += 1;
+                            t.result = Err(s);
+                            return self.respond(idx, ops);
+                        }
+                    }
+                    if io.pi == PiMode::Strip {
+                        pi::strip(b, bs, n);
+                    }
+                }
+                t.data_in = io.wire_len(info) as usize;
+            }
+        }
+        self.respond(idx, ops);
+    }
+
+    /// Send read data (if any) and the SCSI Response; frees the task.
+    fn respond(&mut self, idx: u16, ops: &mut dyn ConnOps) {
+        let t = &mut self.tasks[usize::from(idx)];
+        t.state = TaskState::Respond;
+        let mut flags = 0u8;
+        let mut residual = 0u32;
+        let mut sense_buf = [0u8; 20];
+        let mut sense_len = 0;
+        let status = match t.result {
+            Ok(()) => {
+                let sent = t.data_in.min(t.edtl as usize);
+                if sent > 0 {
+                    let (Some(to), Some(buf)) = (t.read, t.buf.as_ref()) else {
+                        t.result = Err(Sense::INVALID_FIELD_IN_CDB);
+                        return self.respond(idx, ops);
+                    };
+                    match ops.write_data(idx, to, buf, sent) {
+                        Transfer::Busy => {
+                            self.retry.push_back(idx);
+                            return;
+                        }
+                        Transfer::Done | Transfer::Pending => {}
+                    }
+                    t.data_in = 0;
+                }
+                let expected = t.edtl as usize;
+                let moved = if t.io.is_some_and(|i| i.op == BlockOp::Write) || t.need > 0 {
+                    t.need
+                } else {
+                    sent
+                };
+                if moved < expected {
+                    flags |= crate::pdu::scsi::RSP_UNDERFLOW;
+                    residual = (expected - moved) as u32;
+                }
+                sense::GOOD
+            }
+            Err(s) => {
+                self.stats.check_conditions += 1;
+                let f = s.fixed();
+                sense_buf[..2].copy_from_slice(&(f.len() as u16).to_be_bytes());
+                sense_buf[2..].copy_from_slice(&f);
+                sense_len = 2 + f.len();
+                sense::CHECK_CONDITION
+            }
+        };
+        let invalidate = if self.params.send_with_inv {
+            t.read.or(t.write).map(|s| s.stag)
+        } else {
+            None
+        };
+        // Release the window slot before computing MaxCmdSN.
+        if t.slot {
+            self.window.release();
+        }
+        let rsp = ScsiResponse {
+            flags,
+            response: 0,
+            status,
+            itt: t.itt,
+            snack_tag: 0,
+            stat_sn: self.stat_sn,
+            exp_cmd_sn: self.window.exp_cmd_sn(),
+            max_cmd_sn: self.window.max_cmd_sn(),
+            exp_data_sn: 0,
+            bidi_residual: 0,
+            residual,
+        };
+        let bhs = Bhs::ScsiRsp(rsp).encode(0, sense_len as u32);
+        if !ops.send_pdu(&bhs, &sense_buf[..sense_len], invalidate) {
+            // Keep the slot until the response goes out.
+            if t.slot {
+                let _ = self.window.check(0, true, true);
+            }
+            self.retry.push_back(idx);
+            return;
+        }
+        self.stat_sn = self.stat_sn.wrapping_add(1);
+        t.state = TaskState::Free;
+        t.slot = false;
+        self.free.push(idx);
+    }
+
+    /// Deliver bdev completions and retry parked tasks. Call once per
+    /// reactor loop.
+    pub fn poll(&mut self, ops: &mut dyn ConnOps) -> PollStatus {
+        let mut busy = false;
+        loop {
+            let next = self.sink.done.borrow_mut().pop_front();
+            let Some((idx, status, buf)) = next else {
+                break;
+            };
+            busy = true;
+            self.on_bdev_done(idx, status, buf, ops);
+        }
+        for _ in 0..self.retry.len() {
+            let Some(idx) = self.retry.pop_front() else {
+                break;
+            };
+            busy = true;
+            match self.tasks[usize::from(idx)].state {
+                TaskState::AwaitDataOut => self.continue_data(idx, ops),
+                TaskState::Respond => self.respond(idx, ops),
+                _ => {}
+            }
+        }
+        if busy {
+            PollStatus::Busy
+        } else {
+            PollStatus::Idle
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,12 @@
+//! The iSCSI target: shared configuration ([`IscsiTarget`]), the
+//! transport-independent connection core ([`Connection`] driven through
+//! [`ConnOps`]) and the iSER transport ([`iser`]).
+
+pub mod config;
+pub mod conn;
+pub mod iser;
+pub mod ops;
+
+pub use config::{ConfigError, IscsiTarget, PortalGroup, TargetNode, TargetOptions};
+pub use conn::{ConnParams, ConnStats, Connection};
+pub use ops::{ConnOps, Transfer};

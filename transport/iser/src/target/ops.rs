@@ -1,0 +1,57 @@
+//! The contract between the transport-independent connection core
+//! ([`Connection`](super::Connection)) and a transport (iSER, later TCP).
+//!
+//! The core parses every PDU, runs login, the CmdSN window, SCSI execution
+//! and PI; the transport only moves bytes:
+//! - [`ConnOps::send_pdu`]: send one PDU (the transport adds its iSER
+//!   header and copies header + data into a registered send buffer);
+//!   with `invalidate`, as SEND_WITH_INVALIDATE of that rkey.
+//! - [`ConnOps::read_data`]: RDMA READ `len` bytes from the initiator's
+//!   buffer into a task buffer; `Pending` means call
+//!   [`Connection::data_done`](super::Connection::data_done) later.
+//! - [`ConnOps::write_data`]: RDMA WRITE a task buffer to the initiator;
+//!   posted before the response SEND on the same QP (RC ordering makes the
+//!   data visible first), so no completion is needed.
+//! - [`ConnOps::close`]: tear the connection down once queued sends are out.
+//!
+//! `Busy` is back-pressure: the core parks the task and retries at its
+//! next [`poll`](super::Connection::poll).
+
+use pollux_reactor::mem::DmaBuf;
+
+use crate::pdu::{Stag, BHS_LEN};
+
+/// The outcome of a data-movement request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transfer {
+    /// Finished already (or posted with completion ordering guaranteed).
+    Done,
+    /// Posted; the transport calls back when it completes.
+    Pending,
+    /// No resources now; retry later.
+    Busy,
+}
+
+/// What a transport does for the core.
+pub trait ConnOps {
+    /// Send one PDU with `data` as its data segment. `false` when no send
+    /// slot is free (retry later).
+    fn send_pdu(&mut self, bhs: &[u8; BHS_LEN], data: &[u8], invalidate: Option<u32>) -> bool;
+
+    /// Pull `len` bytes from the initiator's `from` buffer into
+    /// `buf[offset..offset + len]` (which stays put until completion).
+    fn read_data(
+        &mut self,
+        task: u16,
+        from: Stag,
+        buf: &DmaBuf,
+        offset: usize,
+        len: usize,
+    ) -> Transfer;
+
+    /// Push `buf[..len]` into the initiator's `to` buffer.
+    fn write_data(&mut self, task: u16, to: Stag, buf: &DmaBuf, len: usize) -> Transfer;
+
+    /// Close the connection after the queued sends.
+    fn close(&mut self);
+}
