@@ -46,6 +46,10 @@ struct Args {
     /// provider, and benchmark it (`-r` is then not needed).
     #[arg(long = "spawn-target", value_name = "BDEV_SPEC")]
     spawn_target: Option<String>,
+    /// A `pollux-tgt --stats-file` to read the target's reactor busy time
+    /// from (sampled before and after each run).
+    #[arg(long = "target-stats", value_name = "PATH")]
+    target_stats: Option<std::path::PathBuf>,
     /// Cores of the spawned target.
     #[arg(long = "target-cores", default_value = "0")]
     target_cores: String,
@@ -144,12 +148,30 @@ fn run_once(
     opts: RdmaHostOptions,
     tgt: Option<&SpawnedTarget>,
 ) -> Result<Report, AppError> {
-    let before = tgt.and_then(SpawnedTarget::load);
+    let sample = || match (&args.target_stats, tgt) {
+        (Some(path), _) => stats_file_load(path),
+        (None, Some(t)) => t.load(),
+        (None, None) => None,
+    };
+    let before = sample();
     let mut r = run_transport(args, trid, cores, idle, p, opts)?;
-    if let (Some(a), Some(b)) = (before, tgt.and_then(SpawnedTarget::load)) {
+    if args.target_stats.is_some() {
+        // The stats file is rewritten every second: let it catch up.
+        std::thread::sleep(Duration::from_millis(1100));
+    }
+    if let (Some(a), Some(b)) = (before, sample()) {
         r.target_busy_pct = r.target_busy_pct.or(busy_pct(a, b));
     }
     Ok(r)
+}
+
+/// `(busy_ns, idle_ns)` summed over the cores of a `pollux-tgt` stats file.
+fn stats_file_load(path: &std::path::Path) -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+    let sum =
+        |k: &str| -> Option<u64> { v[k].as_array()?.iter().map(serde_json::Value::as_u64).sum() };
+    Some((sum("busy_ns")?, sum("idle_ns")?))
 }
 
 fn run_transport(

@@ -23,6 +23,15 @@
 //!   flushes its WRs. Every index and length read from shared memory is
 //!   validated, so a crashed or broken peer can make the survivor fail
 //!   a connection but never read out of bounds or spin.
+//! - **Integrity MRs** (`REG_MR_INTEGRITY`): the MR table entry also holds
+//!   the signature domains; whoever copies through the key (requester of a
+//!   READ/WRITE, sender or receiver of a SEND) applies T10-PI with
+//!   `pollux-pi` interval by interval (insert, strip, pass with checks;
+//!   DIX or interleaved memory). A mismatch never fails the WR: the first
+//!   error is reported by `check_sig_status` on the owner's MR (a peer that
+//!   found it posts it in the link's control block). Transfers must cover
+//!   whole wire intervals (≤ 4096-byte intervals, CRC guard only), and an
+//!   integrity SGE must be the only SGE of its WR.
 //! - **Events**: a CQ's eventfd is written when it is armed and a completion
 //!   arrives (locally, or by the peer through the link's armed words).
 //!

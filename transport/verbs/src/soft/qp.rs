@@ -565,7 +565,7 @@ impl QpInner {
     }
 
     /// Slow path of SEND/WRITE/READ when the fast path refused a key: run
-    /// the WR through an integrity MR ([`integrity`](super::integrity)).
+    /// the WR through an integrity MR ([`integrity`]).
     /// `None` when no integrity MR is involved (the caller reports its own
     /// error).
     #[cold]

@@ -1,16 +1,41 @@
-//! The iSER target transport over `pollux_verbs::Provider` — **not written
-//! yet**. The intended shape (same as `pollux_nvmf::target::rdma`):
+//! The iSER target transport, generic over the verbs
+//! [`Provider`](pollux_verbs::Provider) (the software provider by default,
+//! `ibverbs` with that feature). Modelled on `pollux_nvmf::target::rdma`.
 //!
-//! - `IserTransport<P>` (`Send + Sync`): listeners per portal group,
-//!   options (receive buffer size 76 + 8192, queue depth).
-//! - `IserPollGroup<P>` (one per reactor, `!Send`): PD, one CQ, one SRQ
-//!   with receive buffers of 76 + 8192 bytes, the task-buffer arenas of
-//!   [`IscsiTarget::arenas`](super::IscsiTarget::arenas) registered once,
-//!   CM accept with the 4-byte iSER CM header
-//!   ([`IserCmHdr`](crate::pdu::IserCmHdr): REP = ZBVA_NOT_USED, plus
-//!   SEND_W_INV_NOT_USED when the REQ had 0x40 set), and one
-//!   [`Connection`](super::Connection) per QP driven through a
-//!   [`ConnOps`](super::ConnOps) impl: `send_pdu` = SEND (or
-//!   SEND_WITH_INV) of iSER header + BHS + data from a send slot,
-//!   `read_data` = RDMA READ (signaled) into the task buffer,
-//!   `write_data` = unsignaled RDMA WRITE chained before the response.
+//! - [`IserTransport`] (shared, `Send + Sync`): options, listeners (one
+//!   per address, each owned by one poll group, spread round robin),
+//!   connection counters.
+//! - [`IserPollGroup`] (one per reactor, `!Send`): one PD, one CQ shared by
+//!   its connections, one SRQ with receive buffers of 76 + 8192 bytes (iSER
+//!   header + BHS + immediate data or login text), the target's task-buffer
+//!   arenas registered once, and its connections. One poller: accept
+//!   (iSER CM header checked: reserved bits set → reject; REP =
+//!   ZBVA_NOT_USED, plus SEND_W_INV_NOT_USED unless the initiator allows
+//!   remote invalidation and the device supports it), reap the CQ, hand
+//!   PDUs to the [`Connection`](super::Connection) cores, poll them, and
+//!   post each connection's WRs with one `post_send`.
+//! - `conn.rs`: the [`ConnOps`](super::ConnOps) implementation: every PDU
+//!   (login responses included) is one signaled SEND from a registered
+//!   send slot (SEND_WITH_INV of the initiator's STag when allowed);
+//!   Data-In is an unsignaled RDMA WRITE queued before the response SEND on
+//!   the same QP; solicited Data-Out is a signaled RDMA READ into the task
+//!   buffer, completed through [`Connection::data_done`](super::Connection::data_done).
+//!   Send-queue room is counted by WR sequence numbers (a signaled
+//!   completion retires every WR before it), READs by credits; running
+//!   out answers `Busy` / `false` and the core retries.
+//! - Teardown: a CM disconnect, a failed WR, a bad PDU or the core's
+//!   `close` (after Logout) move the connection to `Closing`: the QP goes
+//!   to ERR, its WRs flush; once no signaled WR is outstanding the QP, the
+//!   core (its task buffers) and the send slots are dropped on this core.
+//!   Receive buffers never leave the SRQ's pool: each is reposted as soon
+//!   as the core has consumed its PDU.
+
+mod conn;
+mod options;
+mod poll_group;
+mod transport;
+mod wrid;
+
+pub use options::{IserOptions, RECV_BUF_LEN, RECV_DATA_LEN};
+pub use poll_group::{IserPollGroup, IserPollGroupStats};
+pub use transport::{IserTransport, IserTransportError, IserTransportStats};

@@ -1,0 +1,362 @@
+//! One iSER connection: its QP and CM id, the core's
+//! [`Connection`](crate::target::Connection), and [`ConnIo`], the work
+//! request machinery behind [`ConnOps`]: PDUs go out as SENDs (or
+//! SEND_WITH_INV) from registered send slots, Data-In as unsignaled RDMA
+//! WRITEs queued before the response SEND, solicited Data-Out as signaled
+//! RDMA READs. WRs are queued during a poll and posted once at its end.
+
+use pollux_reactor::mem::{ArenaId, DmaBuf};
+use pollux_verbs::{
+    Access, MemoryRegion, ProtectionDomain, Provider, QueuePair as _, RemoteAddr, SendOp, SendWr,
+    Sge, WrId,
+};
+
+use super::options::{IserOptions, LARGE_SLOT, LARGE_SLOTS, SMALL_SLOT};
+use super::wrid::{Token, WrKind};
+use crate::pdu::{IserHeader, Stag, BHS_LEN, ISER_HDR_LEN};
+use crate::target::{ConnOps, Connection, Transfer};
+
+/// Most WRs handed to one `post_send` call.
+const POST_CHUNK: usize = 32;
+
+/// Memory regions by arena.
+pub(crate) struct MrTable<P: Provider>(pub(crate) Vec<(ArenaId, P::Mr)>);
+
+impl<P: Provider> MrTable<P> {
+    pub(crate) fn lkey(&self, id: ArenaId) -> Option<u32> {
+        self.0.iter().find(|(a, _)| *a == id).map(|(_, m)| m.lkey())
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum PendOp {
+    Send,
+    SendInv(u32),
+    Read(RemoteAddr),
+    Write(RemoteAddr),
+}
+
+#[derive(Debug, Clone, Copy)]
+struct PendWr {
+    token: Token,
+    op: PendOp,
+    sge: Sge,
+    signaled: bool,
+}
+
+/// The transport side of one connection.
+pub(crate) struct ConnIo<P: Provider> {
+    pub(crate) slot: u16,
+    pub(crate) gen: u16,
+    pend: Vec<PendWr>,
+    /// Send slots: `small` of [`SMALL_SLOT`] bytes, then [`LARGE_SLOTS`]
+    /// of [`LARGE_SLOT`] bytes.
+    send_buf: DmaBuf,
+    send_lkey: u32,
+    small: usize,
+    free_small: Vec<u16>,
+    free_large: Vec<u16>,
+    /// Sequence number of each slot's SEND / each task's READ.
+    slot_seq: Vec<u64>,
+    read_seq: Vec<u64>,
+    /// WRs queued or posted, and the sequence of the last one known done.
+    posted: u64,
+    completed: u64,
+    sq_size: u32,
+    rd_avail: u32,
+    rd_depth: u32,
+    /// Signaled WRs posted and not completed (flushes included).
+    pub(crate) signaled_inflight: u32,
+    pub(crate) closing: bool,
+    pub(crate) disconnect_requested: bool,
+    own_mrs: MrTable<P>,
+    pub(crate) doorbells: u64,
+    pub(crate) busy: u64,
+}
+
+impl<P: Provider> ConnIo<P> {
+    /// Control path: allocates and registers the send slots.
+    pub(crate) fn new(
+        pd: &P::Pd,
+        slot: u16,
+        gen: u16,
+        depth: u32,
+        sq_size: u32,
+        rd_depth: u32,
+    ) -> Result<(Self, P::Mr), String> {
+        let small = IserOptions::small_slots(depth);
+        let len = small * SMALL_SLOT + LARGE_SLOTS * LARGE_SLOT;
+        let send_buf = DmaBuf::alloc(len).map_err(|e| e.to_string())?;
+        let arena = send_buf.arena().clone();
+        let mr = pd
+            .reg_mr(&arena, 0, arena.len(), Access::LOCAL_WRITE)
+            .map_err(|e| e.to_string())?;
+        let io = ConnIo {
+            slot,
+            gen,
+            pend: Vec::with_capacity(sq_size as usize),
+            send_lkey: mr.lkey(),
+            send_buf,
+            small,
+            free_small: (0..small as u16).rev().collect(),
+            free_large: (small as u16..(small + LARGE_SLOTS) as u16).rev().collect(),
+            slot_seq: vec![0; small + LARGE_SLOTS],
+            read_seq: vec![0; depth as usize],
+            posted: 0,
+            completed: 0,
+            sq_size,
+            rd_avail: rd_depth,
+            rd_depth,
+            signaled_inflight: 0,
+            closing: false,
+            disconnect_requested: false,
+            own_mrs: MrTable(Vec::new()),
+            doorbells: 0,
+            busy: 0,
+        };
+        Ok((io, mr))
+    }
+
+    fn sq_free(&self) -> u64 {
+        u64::from(self.sq_size).saturating_sub(self.posted - self.completed)
+    }
+
+    /// Whether WRs wait for the flush.
+    pub(crate) fn has_pending(&self) -> bool {
+        !self.pend.is_empty()
+    }
+
+    /// Send slots not yet free again.
+    pub(crate) fn slots_in_use(&self) -> usize {
+        self.small + LARGE_SLOTS - self.free_small.len() - self.free_large.len()
+    }
+
+    /// The signaled SEND from `slot` completed (or flushed).
+    pub(crate) fn send_done(&mut self, slot: u32) {
+        let s = slot as usize;
+        if let Some(&seq) = self.slot_seq.get(s) {
+            self.completed = self.completed.max(seq);
+            self.signaled_inflight = self.signaled_inflight.saturating_sub(1);
+            if s < self.small {
+                self.free_small.push(slot as u16);
+            } else {
+                self.free_large.push(slot as u16);
+            }
+        }
+    }
+
+    /// The READ of `task` completed (or flushed).
+    pub(crate) fn read_done(&mut self, task: u32) {
+        if let Some(&seq) = self.read_seq.get(task as usize) {
+            self.completed = self.completed.max(seq);
+            self.signaled_inflight = self.signaled_inflight.saturating_sub(1);
+            self.rd_avail = (self.rd_avail + 1).min(self.rd_depth);
+        }
+    }
+
+    fn lkey(&mut self, shared: &MrTable<P>, pd: &P::Pd, buf: &DmaBuf) -> Option<u32> {
+        let id = buf.arena_id();
+        if let Some(k) = shared.lkey(id).or_else(|| self.own_mrs.lkey(id)) {
+            return Some(k);
+        }
+        // An arena the poll group did not register: once, control path.
+        let arena = buf.arena();
+        let mr = pd
+            .reg_mr(arena, 0, arena.len(), Access::LOCAL_WRITE)
+            .ok()?;
+        let k = mr.lkey();
+        self.own_mrs.0.push((id, mr));
+        Some(k)
+    }
+
+    /// Post every queued WR (one `post_send` per [`POST_CHUNK`] WRs).
+    ///
+    /// # Errors
+    /// The QP refused a WR: the connection must be torn down.
+    pub(crate) fn flush(&mut self, qp: &P::Qp) -> Result<(), pollux_verbs::PostError> {
+        let mut start = 0;
+        let mut result = Ok(());
+        while start < self.pend.len() {
+            let end = (start + POST_CHUNK).min(self.pend.len());
+            let mut wrs = [SendWr::new(WrId(0), SendOp::Send, &[]); POST_CHUNK];
+            for (w, p) in wrs.iter_mut().zip(&self.pend[start..end]) {
+                let op = match p.op {
+                    PendOp::Send => SendOp::Send,
+                    PendOp::SendInv(rkey) => SendOp::SendWithInv { rkey },
+                    PendOp::Read(remote) => SendOp::RdmaRead { remote },
+                    PendOp::Write(remote) => SendOp::RdmaWrite { remote },
+                };
+                let mut wr = SendWr::new(p.token.encode(), op, std::slice::from_ref(&p.sge));
+                if p.signaled {
+                    wr = wr.signaled();
+                }
+                *w = wr;
+            }
+            self.doorbells += 1;
+            if let Err(e) = qp.post_send(&wrs[..end - start]) {
+                // WRs that never reached the QP never complete.
+                let lost = self.pend[start + e.index..]
+                    .iter()
+                    .filter(|p| p.signaled)
+                    .count() as u32;
+                self.signaled_inflight = self.signaled_inflight.saturating_sub(lost);
+                result = Err(e);
+                break;
+            }
+            start = end;
+        }
+        self.pend.clear();
+        result
+    }
+}
+
+/// [`ConnOps`] of one connection, borrowing the poll group's MR table.
+pub(crate) struct IserOps<'a, P: Provider> {
+    pub(crate) io: &'a mut ConnIo<P>,
+    pub(crate) shared: &'a MrTable<P>,
+    pub(crate) pd: &'a P::Pd,
+}
+
+impl<P: Provider> ConnOps for IserOps<'_, P> {
+    fn send_pdu(&mut self, bhs: &[u8; BHS_LEN], data: &[u8], invalidate: Option<u32>) -> bool {
+        let io = &mut *self.io;
+        if io.closing || io.sq_free() == 0 {
+            io.busy += 1;
+            return false;
+        }
+        let len = ISER_HDR_LEN + BHS_LEN + data.len();
+        let slot = if len <= SMALL_SLOT {
+            io.free_small.pop().or_else(|| io.free_large.pop())
+        } else if len <= LARGE_SLOT {
+            io.free_large.pop()
+        } else {
+            None
+        };
+        let Some(slot) = slot else {
+            io.busy += 1;
+            return false;
+        };
+        let s = usize::from(slot);
+        let off = if s < io.small {
+            s * SMALL_SLOT
+        } else {
+            io.small * SMALL_SLOT + (s - io.small) * LARGE_SLOT
+        };
+        let b = &mut io.send_buf.as_mut_slice()[off..off + len];
+        b[..ISER_HDR_LEN].copy_from_slice(&IserHeader::PLAIN.encode());
+        b[ISER_HDR_LEN..ISER_HDR_LEN + BHS_LEN].copy_from_slice(bhs);
+        b[ISER_HDR_LEN + BHS_LEN..].copy_from_slice(data);
+        io.posted += 1;
+        io.slot_seq[s] = io.posted;
+        io.signaled_inflight += 1;
+        io.pend.push(PendWr {
+            token: Token::new(WrKind::Send, io.slot, io.gen, u32::from(slot)),
+            op: match invalidate {
+                Some(k) => PendOp::SendInv(k),
+                None => PendOp::Send,
+            },
+            sge: Sge {
+                addr: (io.send_buf.addr() + off) as u64,
+                length: len as u32,
+                lkey: io.send_lkey,
+            },
+            signaled: true,
+        });
+        true
+    }
+
+    fn read_data(
+        &mut self,
+        task: u16,
+        from: Stag,
+        buf: &DmaBuf,
+        offset: usize,
+        len: usize,
+    ) -> Transfer {
+        let io = &mut *self.io;
+        if io.closing {
+            return Transfer::Busy;
+        }
+        if io.rd_avail == 0 || io.sq_free() < 2 {
+            io.busy += 1;
+            return Transfer::Busy;
+        }
+        let Some(lkey) = io.lkey(self.shared, self.pd, buf) else {
+            io.disconnect_requested = true;
+            return Transfer::Busy;
+        };
+        io.posted += 1;
+        if let Some(s) = io.read_seq.get_mut(usize::from(task)) {
+            *s = io.posted;
+        }
+        io.rd_avail -= 1;
+        io.signaled_inflight += 1;
+        io.pend.push(PendWr {
+            token: Token::new(WrKind::Read, io.slot, io.gen, u32::from(task)),
+            op: PendOp::Read(RemoteAddr {
+                addr: from.va,
+                rkey: from.stag,
+            }),
+            sge: Sge {
+                addr: (buf.addr() + offset) as u64,
+                length: len as u32,
+                lkey,
+            },
+            signaled: true,
+        });
+        Transfer::Pending
+    }
+
+    fn write_data(&mut self, task: u16, to: Stag, buf: &DmaBuf, len: usize) -> Transfer {
+        let io = &mut *self.io;
+        // Room for the WRITE and the response SEND behind it.
+        if io.closing || io.sq_free() < 2 {
+            io.busy += 1;
+            return Transfer::Busy;
+        }
+        let Some(lkey) = io.lkey(self.shared, self.pd, buf) else {
+            io.disconnect_requested = true;
+            return Transfer::Busy;
+        };
+        io.posted += 1;
+        io.pend.push(PendWr {
+            token: Token::new(WrKind::Data, io.slot, io.gen, u32::from(task)),
+            op: PendOp::Write(RemoteAddr {
+                addr: to.va,
+                rkey: to.stag,
+            }),
+            sge: Sge {
+                addr: buf.addr() as u64,
+                length: len as u32,
+                lkey,
+            },
+            signaled: false,
+        });
+        Transfer::Done
+    }
+
+    fn close(&mut self) {
+        self.io.disconnect_requested = true;
+    }
+}
+
+/// Where a connection is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ConnState {
+    /// Accepted, serving.
+    Live,
+    /// Disconnect started: waiting for flushes, then destroyed.
+    Closing,
+}
+
+/// One connection of a poll group.
+pub(crate) struct Conn<P: Provider> {
+    pub(crate) qp: P::Qp,
+    pub(crate) cm: P::CmId,
+    pub(crate) core: Connection,
+    pub(crate) io: ConnIo<P>,
+    pub(crate) send_mr: P::Mr,
+    pub(crate) qp_num: u32,
+    pub(crate) state: ConnState,
+    pub(crate) cqes: u32,
+}

@@ -1,0 +1,74 @@
+//! [`IserOptions`]: the iSER target transport's knobs and the one place
+//! that sizes queues, CQs and send/receive buffers.
+
+use crate::pdu::ISER_HEADERS_LEN;
+
+/// Data bytes of one receive buffer: a login/text PDU or a command with
+/// immediate data (TargetRecvDataSegmentLength, 8 KiB).
+pub const RECV_DATA_LEN: usize = 8192;
+/// Bytes of one receive buffer (iSER header + BHS + data).
+pub const RECV_BUF_LEN: usize = ISER_HEADERS_LEN + RECV_DATA_LEN;
+/// Bytes of a small send slot (responses with sense, NOP-In, Reject).
+pub(crate) const SMALL_SLOT: usize = 512;
+/// Bytes of a large send slot (login and text responses).
+pub(crate) const LARGE_SLOT: usize = ISER_HEADERS_LEN + RECV_DATA_LEN + 52;
+/// Large send slots per connection (login and text are lock-step).
+pub(crate) const LARGE_SLOTS: usize = 4;
+
+/// iSER transport options.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IserOptions {
+    /// Verbs device to open; `None`: the provider's first device.
+    pub device: Option<String>,
+    /// Receive buffers of each poll group's SRQ.
+    pub max_srq_depth: u32,
+    /// Completion queue entries of each poll group.
+    pub num_cqe: u32,
+    /// Answer with SEND_WITH_INVALIDATE when the initiator allows it (its
+    /// CM header has SEND_W_INV_NOT_SUP clear) and the device supports it.
+    pub send_with_invalidate: bool,
+    /// Listen backlog.
+    pub acceptor_backlog: u32,
+    /// Most RDMA READs in flight per connection.
+    pub max_read_depth: u8,
+    /// Hugepages for the receive buffers.
+    pub hugepages: pollux_reactor::mem::HugepageMode,
+}
+
+impl Default for IserOptions {
+    fn default() -> Self {
+        IserOptions {
+            device: None,
+            max_srq_depth: 1024,
+            num_cqe: 16384,
+            send_with_invalidate: true,
+            acceptor_backlog: 100,
+            max_read_depth: 16,
+            hugepages: pollux_reactor::mem::HugepageMode::Auto,
+        }
+    }
+}
+
+impl IserOptions {
+    /// Small pools and ordinary pages, for tests.
+    pub fn for_tests() -> Self {
+        IserOptions {
+            max_srq_depth: 128,
+            num_cqe: 4096,
+            hugepages: pollux_reactor::mem::HugepageMode::Never,
+            ..IserOptions::default()
+        }
+    }
+
+    /// Small send slots of one connection at queue depth `depth`: one
+    /// response per task plus NOP-In/Reject/Async headroom.
+    pub(crate) fn small_slots(depth: u32) -> usize {
+        depth as usize + 8
+    }
+
+    /// Send work requests one connection needs at `depth`: per task one
+    /// RDMA WRITE or READ plus its response SEND, plus the other PDUs.
+    pub(crate) fn send_wrs(depth: u32) -> u32 {
+        2 * depth + (Self::small_slots(depth) - depth as usize + LARGE_SLOTS) as u32 + 1
+    }
+}

@@ -1,0 +1,197 @@
+//! [`IserTransport`]: the shared (`Send + Sync`) half of the iSER target
+//! transport: options, listeners (each owned by one poll group) and
+//! connection counters. The per-core half is
+//! [`IserPollGroup`](super::IserPollGroup).
+
+use std::marker::PhantomData;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use pollux_reactor::Reactor;
+use pollux_verbs::{CmAddr, Provider};
+use thiserror::Error;
+
+use super::options::IserOptions;
+use super::poll_group::IserPollGroup;
+use crate::target::IscsiTarget;
+
+/// A control-path error of the iSER transport.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum IserTransportError {
+    /// A verbs object or buffers could not be created.
+    #[error("no resources: {0}")]
+    NoResources(String),
+    /// The address is listened on already.
+    #[error("already listening on {0}")]
+    AlreadyListening(String),
+    /// The address is not listened on.
+    #[error("not listening on {0}")]
+    NotListening(String),
+    /// No portal group with that tag.
+    #[error("unknown portal group {0}")]
+    UnknownPortalGroup(u16),
+}
+
+/// A listen address, its portal group, and the poll group owning it.
+#[derive(Debug, Clone)]
+pub(crate) struct ListenEntry {
+    pub(crate) addr: CmAddr,
+    pub(crate) tag: u16,
+    pub(crate) owner: Option<usize>,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct SharedStats {
+    pub(crate) accepted: AtomicU64,
+    pub(crate) rejected: AtomicU64,
+    pub(crate) destroyed: AtomicU64,
+}
+
+/// A snapshot of [`IserTransport::stats`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct IserTransportStats {
+    /// Connections accepted.
+    pub accepted: u64,
+    /// Connect requests rejected (bad iSER CM header, no resources).
+    pub rejected: u64,
+    /// Connections torn down and destroyed.
+    pub destroyed: u64,
+}
+
+/// The iSER target transport, generic over the verbs provider.
+pub struct IserTransport<P: Provider> {
+    pub(crate) target: Arc<IscsiTarget>,
+    pub(crate) opts: IserOptions,
+    listeners: Mutex<Vec<ListenEntry>>,
+    pub(crate) listen_gen: AtomicU64,
+    groups: AtomicUsize,
+    pub(crate) stats: SharedStats,
+    _p: PhantomData<fn() -> P>,
+}
+
+impl<P: Provider> std::fmt::Debug for IserTransport<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IserTransport")
+            .field("provider", &P::NAME)
+            .field("opts", &self.opts)
+            .finish()
+    }
+}
+
+impl<P: Provider> IserTransport<P> {
+    /// A transport serving `target` (control path). Then create one poll
+    /// group per reactor ([`IserTransport::create_poll_group`]) and listen
+    /// ([`IserTransport::listen`] or [`IserTransport::listen_portal_groups`]).
+    pub fn new(target: &Arc<IscsiTarget>, opts: IserOptions) -> Arc<Self> {
+        Arc::new(IserTransport {
+            target: Arc::clone(target),
+            opts,
+            listeners: Mutex::new(Vec::new()),
+            listen_gen: AtomicU64::new(1),
+            groups: AtomicUsize::new(0),
+            stats: SharedStats::default(),
+            _p: PhantomData,
+        })
+    }
+
+    /// The options.
+    pub fn options(&self) -> &IserOptions {
+        &self.opts
+    }
+
+    /// The target served.
+    pub fn target(&self) -> &Arc<IscsiTarget> {
+        &self.target
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Vec<ListenEntry>> {
+        self.listeners
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Listen on `addr` (a verbs CM address: `@name` for the soft
+    /// provider, `ip:port` for ibverbs) for portal group `tag` (control
+    /// path; a poll group opens the CM listener at its next poll).
+    ///
+    /// # Errors
+    /// [`IserTransportError::AlreadyListening`],
+    /// [`IserTransportError::UnknownPortalGroup`].
+    pub fn listen(&self, addr: &str, tag: u16) -> Result<(), IserTransportError> {
+        if !self.target.portal_groups().iter().any(|g| g.tag == tag) {
+            return Err(IserTransportError::UnknownPortalGroup(tag));
+        }
+        let mut l = self.lock();
+        if l.iter().any(|e| e.addr.0 == addr) {
+            return Err(IserTransportError::AlreadyListening(addr.into()));
+        }
+        let groups = self.groups.load(Ordering::Relaxed);
+        let owner = (groups > 0).then(|| l.len() % groups);
+        l.push(ListenEntry {
+            addr: CmAddr::new(addr),
+            tag,
+            owner,
+        });
+        self.listen_gen.fetch_add(1, Ordering::Release);
+        Ok(())
+    }
+
+    /// Listen on every address of every portal group of the target;
+    /// returns how many listeners were added.
+    ///
+    /// # Errors
+    /// As [`IserTransport::listen`] (addresses listened on already are skipped).
+    pub fn listen_portal_groups(&self) -> Result<usize, IserTransportError> {
+        let mut n = 0;
+        for g in self.target.portal_groups() {
+            for a in &g.addrs {
+                match self.listen(a, g.tag) {
+                    Ok(()) => n += 1,
+                    Err(IserTransportError::AlreadyListening(_)) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(n)
+    }
+
+    /// Stop listening on `addr` (live connections stay).
+    ///
+    /// # Errors
+    /// [`IserTransportError::NotListening`].
+    pub fn stop_listen(&self, addr: &str) -> Result<(), IserTransportError> {
+        let mut l = self.lock();
+        let i = l
+            .iter()
+            .position(|e| e.addr.0 == addr)
+            .ok_or_else(|| IserTransportError::NotListening(addr.into()))?;
+        l.remove(i);
+        self.listen_gen.fetch_add(1, Ordering::Release);
+        Ok(())
+    }
+
+    /// This core's poll group (control path): device, PD, CQ, SRQ,
+    /// receive buffers, registration of the target's task buffers, and the
+    /// poller. Keep the handle; dropping it stops the group.
+    ///
+    /// # Errors
+    /// [`IserTransportError::NoResources`].
+    pub fn create_poll_group(
+        self: &Arc<Self>,
+        reactor: &Reactor,
+    ) -> Result<Rc<IserPollGroup<P>>, IserTransportError> {
+        let index = self.groups.fetch_add(1, Ordering::Relaxed);
+        IserPollGroup::new(self, reactor, index)
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> IserTransportStats {
+        IserTransportStats {
+            accepted: self.stats.accepted.load(Ordering::Relaxed),
+            rejected: self.stats.rejected.load(Ordering::Relaxed),
+            destroyed: self.stats.destroyed.load(Ordering::Relaxed),
+        }
+    }
+}
