@@ -7,11 +7,11 @@
 #   SECS=3 MODES=pool,register-always+inline bash scripts/main-job.sh
 #   bash scripts/main-job.sh --single   # one 5 s randread 4 KiB run, JSON
 #
-# It needs nothing but cargo. When `pollux-tgt` exists and a config is given
-# (POLLUX_TGT_CONFIG, plus POLLUX_TGT_TRID for its address), the target runs
-# as that separate process and is stopped afterwards; otherwise pollux-perf
-# runs the same target core and RDMA transport in-process
-# (`--spawn-target`) on its own reactor core.
+# It needs nothing but cargo. The target is `pollux-tgt` (the example
+# config apps/config/tgt-null.toml with 512-byte blocks, core 0, its stats
+# file giving the target's busy %), started, awaited ("ready") and stopped
+# with SIGINT afterwards. SPAWN=1 instead runs the same target core and RDMA
+# transport inside pollux-perf (`--spawn-target`) on its own reactor core.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -47,13 +47,26 @@ cleanup() {
 }
 trap cleanup EXIT
 
-if [ -f apps/src/bin/pollux-tgt.rs ] && [ -n "${POLLUX_TGT_CONFIG:-}" ]; then
+if [ -f apps/src/bin/pollux-tgt.rs ] && [ -f apps/config/tgt-null.toml ] && [ -z "${SPAWN:-}" ]; then
     cargo build --release --bin pollux-tgt >&2
-    TRID=${POLLUX_TGT_TRID:-"trtype:soft traddr:@pollux-tgt subnqn:nqn.2024-01.io.pollux:null0"}
-    target/release/pollux-tgt -c "$POLLUX_TGT_CONFIG" --cores "$TGT_CORE" >&2 &
+    WORK=$(mktemp -d)
+    trap 'cleanup; rm -rf "$WORK"' EXIT
+    # The example config, with 512-byte blocks so the sweep can start at 512 B.
+    sed -e 's/block=4096/block=512/' -e "s/^cores = .*/cores = \"$TGT_CORE\"/" \
+        apps/config/tgt-null.toml >"$WORK/tgt.toml"
+    target/release/pollux-tgt -c "$WORK/tgt.toml" --stats-file "$WORK/stats.json" >"$WORK/tgt.log" 2>&1 &
     TGT_PID=$!
-    sleep 1
-    "$PERF" -r "$TRID" "${RUN[@]}"
+    for _ in $(seq 300); do
+        grep -q 'pollux-tgt: ready' "$WORK/tgt.log" 2>/dev/null && break
+        kill -0 "$TGT_PID" 2>/dev/null || { cat "$WORK/tgt.log" >&2; exit 1; }
+        sleep 0.1
+    done
+    grep -q 'pollux-tgt: ready' "$WORK/tgt.log" || { echo "main-job: pollux-tgt did not start" >&2; cat "$WORK/tgt.log" >&2; exit 1; }
+    TRID=${POLLUX_TGT_TRID:-"trtype:soft traddr:@pollux-tgt subnqn:nqn.2016-06.io.pollux:null0"}
+    "$PERF" -r "$TRID" --target-stats "$WORK/stats.json" "${RUN[@]}"
+    cleanup
+    TGT_PID=
+    echo "main-job: pollux-tgt stopped" >&2
 else
     "$PERF" --spawn-target "$BDEV" --target-cores "$TGT_CORE" "${RUN[@]}"
 fi
