@@ -35,7 +35,7 @@ fn connect_enable_identify_controller() {
         "connect data SGL asked for remote invalidation"
     );
     let cntlid = c.cpl.dw0 as u16;
-    assert!(cntlid >= 1 && cntlid < 0xFFF0);
+    assert!((1..0xFFF0).contains(&cntlid));
     assert_eq!(c.cpl.dw0 >> 16, 0, "no authentication flags");
 
     // Before CC.EN: admin commands are a sequence error.

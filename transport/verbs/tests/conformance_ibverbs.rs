@@ -1,4 +1,3 @@
-#![cfg(feature = "ibverbs")]
 //! The `ibverbs` provider against real RDMA devices: the provider-generic
 //! conformance suite (`pollux_verbs::conformance`) through [`IbvFixture`],
 //! plus end-to-end checks of our own (connect through RDMA CM, SEND/RECV
@@ -10,6 +9,7 @@
 //! `$LAB_TARGET_ADDR`, the host side connects from `$LAB_HOST_ADDR`'s device.
 //! Without an RDMA device (or outside the lab) every test prints why it is
 //! skipped and passes.
+#![cfg(feature = "ibverbs")]
 
 use std::cell::Cell;
 use std::io::Write;
