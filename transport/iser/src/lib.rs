@@ -11,12 +11,14 @@
 //! - [`target`]: the shared configuration ([`target::IscsiTarget`]: nodes,
 //!   LUNs, ACLs, portal groups) and the transport-independent connection
 //!   core ([`target::Connection`]) that a transport drives through
-//!   [`target::ConnOps`]. The iSER verbs transport and the initiator are
-//!   not written yet (see [`target::iser`]).
+//!   [`target::ConnOps`], and the iSER verbs transport ([`target::iser`]).
+//! - [`initiator`]: the iSER initiator (login, discovery, per-task memory
+//!   registration, T10 PI with signature offload or in software).
 //! - [`fuzz`]: never-panicking fuzz entry points.
 #![forbid(unsafe_code)]
 
 pub mod fuzz;
+pub mod initiator;
 pub mod pdu;
 pub mod scsi;
 pub mod session;

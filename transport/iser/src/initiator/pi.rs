@@ -18,7 +18,11 @@ pub(crate) const TUPLE: usize = 8;
 /// reads check guard and reference tag, then strip.
 pub(crate) fn sig_attrs(write: bool, lba: u64, block: u32) -> SigAttrs {
     SigAttrs {
-        check_mask: if write { 0 } else { check::GUARD | check::REFTAG },
+        check_mask: if write {
+            0
+        } else {
+            check::GUARD | check::REFTAG
+        },
         mem: SigDomain::None,
         wire: SigDomain::T10Dif(T10Dif {
             bg_type: pollux_verbs::sig::GuardType::Crc,

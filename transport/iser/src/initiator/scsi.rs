@@ -54,7 +54,10 @@ pub fn rw16_cdb(write: bool, lba: u64, blocks: u32, protect: u8) -> [u8; 16] {
 /// The LUN numbers of REPORT LUNS parameter data (flat/peripheral
 /// addressing below 16384; others skipped).
 pub fn parse_report_luns(d: &[u8]) -> Vec<u16> {
-    let Some(len) = d.get(..4).map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]])) else {
+    let Some(len) = d
+        .get(..4)
+        .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+    else {
         return Vec::new();
     };
     d.get(8..)
@@ -100,7 +103,9 @@ mod tests {
         let c = rw16_cdb(true, 0x1_0000_0002, 8, 1);
         assert_eq!((c[0], c[1], c[9], c[13]), (0x8A, 0x20, 2, 8));
         assert_eq!(report_luns_cdb(4096)[6..10], 4096u32.to_be_bytes());
-        let rl = [0, 0, 0, 16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0];
+        let rl = [
+            0, 0, 0, 16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0,
+        ];
         assert_eq!(parse_report_luns(&rl), vec![0, 1]);
         let mut rc = [0u8; 32];
         rc[7] = 99;

@@ -90,7 +90,12 @@ pub(crate) struct Task<Mr> {
     pub(crate) gen: u16,
     pub(crate) itt: u32,
     pub(crate) ctx: u64,
-    pub(crate) mr: Mr,
+    /// Fast-registration MR (plain transfers, software PI).
+    pub(crate) _mr: Mr,
+    pub(crate) fr_key: u32,
+    /// Integrity MR (signature offload), if the device has it.
+    pub(crate) imr: Option<(Mr, u32)>,
+    /// The key registered for the current task.
     pub(crate) key: u32,
     /// The MR is bound (needs invalidation).
     pub(crate) registered: bool,
@@ -111,13 +116,15 @@ pub(crate) struct Task<Mr> {
 }
 
 impl<Mr> Task<Mr> {
-    pub(crate) fn new(mr: Mr, key: u32) -> Self {
+    pub(crate) fn new(mr: Mr, key: u32, imr: Option<(Mr, u32)>) -> Self {
         Task {
             active: false,
             gen: 0,
             itt: 0,
             ctx: 0,
-            mr,
+            _mr: mr,
+            fr_key: key,
+            imr,
             key,
             registered: false,
             send_done: false,

@@ -161,9 +161,7 @@ impl<P: Provider> ConnIo<P> {
         }
         // An arena the poll group did not register: once, control path.
         let arena = buf.arena();
-        let mr = pd
-            .reg_mr(arena, 0, arena.len(), Access::LOCAL_WRITE)
-            .ok()?;
+        let mr = pd.reg_mr(arena, 0, arena.len(), Access::LOCAL_WRITE).ok()?;
         let k = mr.lkey();
         self.own_mrs.0.push((id, mr));
         Some(k)

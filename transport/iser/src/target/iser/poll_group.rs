@@ -380,7 +380,10 @@ impl<P: Provider> Shared<P> {
 
     fn reject(&mut self, id: P::CmId, why: &str) {
         log::debug!("iser: connect request rejected: {why}");
-        self.transport.stats.rejected.fetch_add(1, Ordering::Relaxed);
+        self.transport
+            .stats
+            .rejected
+            .fetch_add(1, Ordering::Relaxed);
         let _ = id.reject(&[]);
         self.rejected.push_back((self.rounds, id));
     }
@@ -629,9 +632,7 @@ impl<P: Provider> Shared<P> {
     }
 
     fn service(&mut self, i: usize, cm_round: bool) -> bool {
-        let Shared {
-            conns, mrs, pd, ..
-        } = self;
+        let Shared { conns, mrs, pd, .. } = self;
         let Some(c) = conns[i].as_mut() else {
             return false;
         };

@@ -1,0 +1,45 @@
+//! The iSER initiator, generic over the verbs
+//! [`Provider`](pollux_verbs::Provider): one [`IserInitiator`] per
+//! connection (= session, MaxConnections 1), polled by its owner.
+//!
+//! - Connect: RDMA CM with the 4-byte iSER CM header (ZBVA_NOT_SUP; plus
+//!   SEND_W_INV_NOT_SUP unless [`InitiatorOptions::remote_invalidate`]);
+//!   the reply's header says whether the target will invalidate.
+//! - Login (driven by [`IserInitiator::poll`]): security stage
+//!   (`AuthMethod=None`, names, session type) → operational stage
+//!   ([`SessionParams::initiator_offer`](crate::session::SessionParams::initiator_offer),
+//!   answers applied with `apply_answer`) → full feature phase.
+//! - Tasks: [`IserInitiator::read`] / [`IserInitiator::write`] (READ(16)
+//!   / WRITE(16) on a LU whose [`LunGeometry`] was set) and
+//!   [`IserInitiator::submit`] (any CDB) take the caller's `SgList` and a
+//!   context; [`IserInitiator::poll`] hands back a [`TaskResult`] with the
+//!   SCSI status, sense, PI failure and the buffers. Each task with a data
+//!   phase fast-registers its buffers (REG_MR chained before the command
+//!   SEND; the STag and real VA go into the iSER header), and the
+//!   registration is undone by the target's SEND_WITH_INV (the completion's
+//!   with-invalidate flag and rkey are checked) or by a LOCAL_INV before the
+//!   task completes. Writes send up to FirstBurstLength (8 KiB at most) as
+//!   immediate data; the rest is RDMA-READ by the target. The CmdSN window
+//!   is honoured (`SubmitError::Busy`).
+//! - T10 PI ([`PiPolicy`]): with signature offload one integrity MR per
+//!   task (memory domain none, wire T10 DIF Type 1: the provider generates
+//!   on write and checks + strips on read; the signature status is read
+//!   after the response); otherwise `pollux-pi` in software through a
+//!   per-task bounce slot. Initiator-detected errors come back as
+//!   [`TaskResult::pi_error`] with the LBA and as ILLEGAL REQUEST 10/0x.
+//! - [`IserInitiator::send_targets`] (discovery), [`IserInitiator::logout`].
+//! - [`scsi`]: CDB builders and parsers for LUN discovery.
+
+mod error;
+mod options;
+mod pi;
+pub mod scsi;
+mod session;
+mod task;
+
+pub use error::{InitiatorError, SubmitError};
+pub use options::{InitiatorOptions, PiEngine, PiPolicy, PiPolicyError, SessionKind};
+pub use pi::pi_sense;
+pub use scsi::LunGeometry;
+pub use session::{InitiatorStats, IserInitiator, SessionState};
+pub use task::{DataDir, Invalidation, PiFailure, TaskResult};
