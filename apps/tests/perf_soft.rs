@@ -74,14 +74,19 @@ fn target(bdev: &str) -> Tgt {
     } else {
         "0"
     };
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let tx = std::sync::Mutex::new(tx);
     let set = launch(LaunchConfig::new(Cores::parse(core).unwrap()), move |r| {
         let pg = transport.create_poll_group(r).unwrap();
         r.add_poller("keep-poll-group", move || {
             let _ = &pg;
             PollStatus::Idle
         });
+        let _ = tx.lock().unwrap().send(());
     })
     .unwrap();
+    // The listener is up once the poll group exists.
+    rx.recv_timeout(Duration::from_secs(10)).unwrap();
     Tgt {
         set: Some(set),
         addr,

@@ -52,14 +52,19 @@ fn child_target() {
             trsvcid: String::new(),
         })
         .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let tx = std::sync::Mutex::new(tx);
     let set = launch(LaunchConfig::new(Cores::parse("0").unwrap()), move |r| {
         let pg = transport.create_poll_group(r).unwrap();
         r.add_poller("keep", move || {
             let _ = &pg;
             PollStatus::Idle
         });
+        let _ = tx.lock().unwrap().send(());
     })
     .unwrap();
+    // The listener is up once the poll group exists.
+    rx.recv_timeout(Duration::from_secs(10)).unwrap();
     println!("POLLUX-CHILD-READY");
     // Serve until killed (bounded, in case the parent died first).
     std::thread::sleep(Duration::from_secs(60));

@@ -71,18 +71,37 @@ impl SpawnedTarget {
                 trsvcid: String::new(),
             })
             .map_err(|e| setup(e.to_string()))?;
+        let ncores = cores.len();
+        let (tx, rx) = std::sync::mpsc::channel::<Result<(), String>>();
+        let tx = std::sync::Mutex::new(tx);
         let set = launch(LaunchConfig::new(cores), move |r| {
-            match transport.create_poll_group(r) {
+            let res = match transport.create_poll_group(r) {
                 Ok(pg) => {
                     r.add_poller("perf-target-keep", move || {
                         let _ = &pg;
                         PollStatus::Idle
                     });
+                    Ok(())
                 }
-                Err(e) => log::error!("spawned target: poll group: {e}"),
+                Err(e) => Err(e.to_string()),
+            };
+            if let Ok(tx) = tx.lock() {
+                let _ = tx.send(res);
             }
         })
         .map_err(|e| AppError::Reactor(e.to_string()))?;
+        // The listener is up once the poll groups exist: wait for them.
+        for _ in 0..ncores {
+            let res = match rx.recv_timeout(std::time::Duration::from_secs(10)) {
+                Ok(r) => r,
+                Err(_) => Err("the target reactors did not start".to_string()),
+            };
+            if let Err(e) = res {
+                set.stop_all();
+                let _ = set.join();
+                return Err(setup(format!("poll group: {e}")));
+            }
+        }
         Ok(SpawnedTarget {
             set: Some(set),
             addr,

@@ -124,45 +124,6 @@ macro_rules! suite {
     };
 }
 
-/// Cases whose expectations soft-RoCE does not meet (reported to the suite's
-/// owner): run them with `--ignored` to see the difference.
-macro_rules! suite_rxe_differs {
-    ($($name:ident => $why:literal),* $(,)?) => {
-        $(#[test] #[ignore = $why] fn $name() {
-            if let Some(f) = IbvFixture::new() {
-                c::$name(&f);
-            }
-        })*
-    };
-}
-
-suite!(
-    connect_accept_private_data,
-    reject_with_private_data,
-    private_data_limits,
-    send_recv_imm_inline,
-    write_then_send_ordering,
-    write_with_imm,
-    rdma_read,
-    bad_rkey_is_remote_access_error,
-    out_of_bounds_and_rights,
-    rnr_retry_forever_waits,
-    rnr_retry_exhausted,
-    fast_reg_send_with_inv_local_inv,
-    flush_after_error_and_drain,
-    srq_shared_by_qps_and_cq_shared,
-    disconnect_during_traffic,
-    cq_arm_event_fd,
-    integrity_t10_pi,
-);
-
-suite_rxe_differs!(
-    qp_state_table_and_post_checks => "rxe rounds a 64-deep RQ up to 127 (QpCaps reports it); the case expects QueueFull at 64",
-    bad_lkey_is_local_protection_error => "rxe completes a bad-lkey SEND with LOC_QP_OP_ERR, not LOC_PROT_ERR",
-    recv_too_small => "rxe's receive completion is LOC_QP_OP_ERR, not LOC_LEN_ERR",
-    cq_overflow => "rxe reports CQ overflow only as an async CQ_ERR event, never from ibv_poll_cq",
-);
-
 /// Poll `f` until it yields a value; panic after [`STEP_LIMIT`].
 fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     let start = Instant::now();

@@ -2,6 +2,7 @@
 
 use std::cell::RefCell;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use pollux_reactor::mem::{ArenaOptions, DmaArena, HugepageMode};
 
@@ -9,10 +10,73 @@ use crate::cm::{CmAddr, CmEvent, ConnParam};
 use crate::provider::{
     CmId, CmListener, CompletionQueue, Device, MemoryRegion, ProtectionDomain, Provider, QpInit,
 };
-use crate::types::{Access, QpCaps, Sge, Wc};
+use crate::types::{Access, QpCaps, Sge, Wc, WcStatus};
 
-/// Upper bound on polling rounds while waiting for something (not time).
-pub const SPIN_LIMIT: usize = 2_000_000;
+/// How long a wait may last before the case fails. A failure bound, not a
+/// timing assumption: every wait normally ends in micro- to milliseconds
+/// (seconds for an RNR budget on rxe, or under an emulated CPU); this only
+/// turns a hang into a failure. No case asserts on how long anything took.
+pub const WAIT_LIMIT: Duration = Duration::from_secs(60);
+
+/// How a provider reports a CQ overflow (verbs-semantics §10: an
+/// `IBV_EVENT_CQ_ERR` async event; `ibv_poll_cq` may or may not fail).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CqOverflowReport {
+    /// Both: [`CompletionQueue::poll`] fails with `CqError::Overflow` and the
+    /// device raises [`AsyncEvent::CqErr`](crate::types::AsyncEvent::CqErr).
+    PollErrorAndEvent,
+    /// Either one is enough (rxe raises only the async event).
+    PollErrorOrEvent,
+}
+
+/// The completion statuses (and reports) that legitimately differ between
+/// providers, and the set each case accepts. Everything else in the suite is
+/// exact for every provider.
+///
+/// The soft provider reports the statuses of the verbs-semantics doc (§6,
+/// the IB spec's classes as hardware reports them): one status per case. A
+/// libibverbs device may also be soft-RoCE (rxe), whose requester puts every
+/// local error of a WR (bad lkey included) out as `LOC_QP_OP_ERR`, and whose
+/// responder completes an over-long SEND's receive with `LOC_QP_OP_ERR` (6.x
+/// kernels) or `REM_INV_REQ_ERR` (doc §6). The requester side of the
+/// over-long SEND (`REM_INV_REQ_ERR`, the NAK) is the same everywhere.
+#[derive(Debug, Clone, Copy)]
+pub struct Expected {
+    /// A SEND whose SGE has a bad lkey: the requester's status.
+    pub bad_lkey: &'static [WcStatus],
+    /// A SEND longer than the receive buffer: the responder's receive status.
+    pub recv_too_small: &'static [WcStatus],
+    /// How CQ overflow shows.
+    pub cq_overflow: CqOverflowReport,
+}
+
+impl Expected {
+    /// The precise statuses (IB spec classes, verbs-semantics §6): the soft
+    /// provider.
+    pub const EXACT: Expected = Expected {
+        bad_lkey: &[WcStatus::LocProtErr],
+        recv_too_small: &[WcStatus::LocLenErr],
+        cq_overflow: CqOverflowReport::PollErrorAndEvent,
+    };
+    /// Any libibverbs device: hardware (the precise statuses) or rxe.
+    pub const IBVERBS: Expected = Expected {
+        bad_lkey: &[WcStatus::LocProtErr, WcStatus::LocQpOpErr],
+        recv_too_small: &[
+            WcStatus::LocLenErr,
+            WcStatus::LocQpOpErr,
+            WcStatus::RemInvReqErr,
+        ],
+        cq_overflow: CqOverflowReport::PollErrorOrEvent,
+    };
+
+    /// The set for a provider, by [`Provider::NAME`].
+    pub fn for_provider(name: &str) -> &'static Expected {
+        match name {
+            "ibverbs" => &Self::IBVERBS,
+            _ => &Self::EXACT,
+        }
+    }
+}
 
 /// What a provider must supply to run the suite.
 pub trait Fixture {
@@ -22,6 +86,11 @@ pub trait Fixture {
     fn open(&self) -> <Self::P as Provider>::Device;
     /// A fresh, unused listen address.
     fn listen_addr(&self) -> CmAddr;
+    /// The provider-dependent statuses to accept (see [`Expected`]); by
+    /// default the provider's set.
+    fn expected(&self) -> &'static Expected {
+        Expected::for_provider(<Self::P as Provider>::NAME)
+    }
     /// DMA memory for MRs (defaults to an ordinary-page arena).
     fn arena(&self, len: usize) -> Arc<DmaArena> {
         DmaArena::new(
@@ -203,25 +272,43 @@ impl<F: Fixture> Pair<F> {
         self.b.poll();
     }
 
-    /// Poll until `cond` holds (bounded by [`SPIN_LIMIT`] rounds).
+    /// Poll until `cond` holds (bounded by [`WAIT_LIMIT`]).
     pub fn until(&self, mut cond: impl FnMut(&Self) -> bool) {
-        for _ in 0..SPIN_LIMIT {
+        let start = Instant::now();
+        loop {
             self.poll();
             if cond(self) {
                 return;
             }
+            assert!(
+                start.elapsed() < WAIT_LIMIT,
+                "condition not reached within {WAIT_LIMIT:?}"
+            );
         }
-        panic!("condition not reached after {SPIN_LIMIT} polling rounds");
     }
 }
 
-/// Call `f` until it returns `Some` (bounded by [`SPIN_LIMIT`] calls).
+/// Call `f` until it returns `Some`; `None` after [`WAIT_LIMIT`].
 pub fn spin<T>(mut f: impl FnMut() -> Option<T>) -> Option<T> {
-    for _ in 0..SPIN_LIMIT {
+    let start = Instant::now();
+    loop {
         if let Some(v) = f() {
             return Some(v);
         }
+        if start.elapsed() >= WAIT_LIMIT {
+            return None;
+        }
         std::hint::spin_loop();
     }
-    None
+}
+
+/// Call `f` for at least `rounds` calls and at least `min` (a window in
+/// which something must *not* happen; nothing is asserted about time).
+pub fn for_a_while(rounds: usize, min: Duration, mut f: impl FnMut()) {
+    let start = Instant::now();
+    let mut n = 0;
+    while n < rounds || start.elapsed() < min {
+        f();
+        n += 1;
+    }
 }
