@@ -31,6 +31,7 @@ pub mod ibv;
 pub mod provider;
 pub mod sig;
 pub mod soft;
+pub mod token;
 pub mod types;
 pub mod wr;
 
