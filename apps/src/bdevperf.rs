@@ -15,9 +15,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pollux_bdev::{
-    Bdev, BdevDesc, CompletedIo, InPlaceIo, IoChannel, IoCompletion, IoType, SgList,
+    Bdev, BdevDesc, CompletedIo, InPlaceIo, IoChannel, IoCompletion, IoType, PiAction, SgList,
 };
-use pollux_reactor::mem::{BufPool, BufPoolOptions};
+use pollux_reactor::mem::{BufPool, BufPoolOptions, DmaBuf};
 use pollux_reactor::{launch, CoreId, Cores, IdleMode, LaunchConfig, PollStatus, Reactor};
 
 use crate::report::{Report, Tally};
@@ -37,6 +37,49 @@ pub struct PerfParams {
     pub read_pct: u8,
     /// How long to run.
     pub duration: Duration,
+}
+
+/// What the bdev layer does about protection information on every I/O
+/// (`--pi`; the bdevs must have PI).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PiMode {
+    /// No PI action (the metadata passes through).
+    #[default]
+    Off,
+    /// Writes generate their tuples.
+    WriteGenerate,
+    /// Reads verify guard and reference tag.
+    ReadVerify,
+    /// Both.
+    Both,
+}
+
+impl PiMode {
+    /// The action each I/O carries.
+    pub fn action(self) -> Option<PiAction> {
+        match self {
+            PiMode::Off => None,
+            PiMode::WriteGenerate => Some(PiAction::write_generate()),
+            PiMode::ReadVerify => Some(PiAction::read_verify()),
+            PiMode::Both => Some(PiAction::both()),
+        }
+    }
+}
+
+impl std::str::FromStr for PiMode {
+    type Err = AppError;
+
+    fn from_str(s: &str) -> Result<Self, AppError> {
+        match s {
+            "off" => Ok(PiMode::Off),
+            "write-generate" => Ok(PiMode::WriteGenerate),
+            "read-verify" => Ok(PiMode::ReadVerify),
+            "both" => Ok(PiMode::Both),
+            _ => Err(AppError::Usage(format!(
+                "--pi `{s}`: expected off, write-generate, read-verify or both"
+            ))),
+        }
+    }
 }
 
 /// Progress or results sent from a reactor to the main thread.
@@ -67,9 +110,43 @@ pub fn run(
     cores: Cores,
     idle: IdleMode,
     params: &PerfParams,
+    progress: Option<&mut dyn FnMut(f64)>,
+) -> Result<Report, AppError> {
+    run_with_pi(bdevs, cores, idle, params, PiMode::Off, progress)
+}
+
+/// [`run`] with a PI action on every I/O (`--pi`): every bdev must have PI,
+/// and the workload may not be `verify` (its pattern covers the metadata).
+/// Bdevs with separate metadata get one metadata buffer per slot.
+///
+/// # Errors
+///
+/// As [`run`], and [`AppError::Usage`] for a bdev without PI.
+pub fn run_with_pi(
+    bdevs: &[Arc<Bdev>],
+    cores: Cores,
+    idle: IdleMode,
+    params: &PerfParams,
+    pi: PiMode,
     mut progress: Option<&mut dyn FnMut(f64)>,
 ) -> Result<Report, AppError> {
     check_params(bdevs, params)?;
+    if pi != PiMode::Off {
+        if params.workload == Workload::Verify {
+            return Err(AppError::Usage(
+                "--pi does not combine with -w verify".into(),
+            ));
+        }
+        if let Some(b) = bdevs
+            .iter()
+            .find(|b| b.info().pi_type() == pollux_bdev::PiType::None)
+        {
+            return Err(AppError::Usage(format!(
+                "--pi needs bdevs with PI; {} has none (md=8,pi=1)",
+                b.name()
+            )));
+        }
+    }
     let writable = params.workload != Workload::Read && params.workload != Workload::RandRead;
     let mut descs = Vec::with_capacity(bdevs.len());
     for b in bdevs {
@@ -88,7 +165,7 @@ pub fn run(
     for (index, &core) in core_ids.iter().enumerate() {
         let (descs, params, tx) = (Arc::clone(&descs), params.clone(), tx.clone());
         let sent = set.messenger().send(core, move |r| {
-            if let Err(error) = start_core(r, &descs, &params, index, ncores, tx.clone()) {
+            if let Err(error) = start_core(r, &descs, &params, pi, index, ncores, tx.clone()) {
                 let _ = tx.send(Msg::Failed { core, error });
             }
         });
@@ -190,6 +267,7 @@ fn start_core(
     r: &Reactor,
     descs: &[BdevDesc],
     p: &PerfParams,
+    pi: PiMode,
     index: usize,
     ncores: usize,
     tx: mpsc::Sender<Msg>,
@@ -206,7 +284,7 @@ fn start_core(
     let mut jobs = Vec::with_capacity(descs.len());
     for (j, desc) in descs.iter().enumerate() {
         let ch = desc.channel(r).map_err(|e| e.to_string())?;
-        let job = Job::new(r, ch, p, index, ncores, j, Rc::clone(&run))?;
+        let job = Job::new(r, ch, (p, pi), index, ncores, j, Rc::clone(&run))?;
         jobs.push(job);
     }
     // Start every job, then arm the end-of-run timer and the progress ticker.
@@ -277,6 +355,8 @@ enum Phase {
 
 struct Slot {
     bufs: Option<SgList>,
+    /// Separate metadata buffers (`--pi` on a DIX bdev; else empty).
+    md: Option<SgList>,
     /// Submit time, `Reactor::now_ns` (integer nanoseconds, cached per loop).
     submitted: u64,
     unit: u64,
@@ -292,6 +372,8 @@ struct JobState {
     workload: Workload,
     io_blocks: u64,
     io_bytes: u64,
+    /// `--pi`: the action every I/O carries.
+    pi: Option<PiAction>,
     first_block: u64,
     units: u64,
     slots: Vec<Slot>,
@@ -311,8 +393,10 @@ impl IoCompletion for Job {
         let mut s = self.0.borrow_mut();
         let i = io.ctx as usize;
         let bufs = std::mem::take(&mut io.bufs);
+        let md = std::mem::take(&mut io.md_bufs);
         if let Some(slot) = s.slots.get_mut(i) {
             slot.bufs = Some(bufs);
+            slot.md = Some(md);
         }
         s.in_flight -= 1;
         s.maybe_finish();
@@ -329,7 +413,7 @@ impl Job {
     fn new(
         r: &Reactor,
         ch: IoChannel,
-        p: &PerfParams,
+        (p, pi): (&PerfParams, PiMode),
         core_index: usize,
         ncores: usize,
         job_index: usize,
@@ -363,12 +447,26 @@ impl Job {
             depth,
         ))
         .map_err(|e| format!("buffers: {e}"))?;
+        let pi = pi.action();
+        let md_len = if pi.is_some() {
+            (ch.md_buf_block_size() * io_blocks) as usize
+        } else {
+            0
+        };
         let mut slots = Vec::with_capacity(depth);
         for i in 0..depth {
             let mut buf = pool.get().ok_or("buffer pool smaller than its count")?;
             fill_pattern(buf.as_mut_slice(), i as u64 * p.io_size as u64, 0);
+            let md = if md_len > 0 {
+                SgList::from_buf(
+                    DmaBuf::alloc(md_len).map_err(|e| format!("metadata buffer: {e}"))?,
+                )
+            } else {
+                SgList::new()
+            };
             slots.push(Slot {
                 bufs: Some(SgList::from_buf(buf)),
+                md: Some(md),
                 submitted: r.now_ns(),
                 unit: i as u64,
                 phase: Phase::Write,
@@ -384,6 +482,7 @@ impl Job {
             workload: p.workload,
             io_blocks,
             io_bytes: p.io_size as u64,
+            pi,
             first_block: first_unit * io_blocks,
             units,
             slots,
@@ -470,13 +569,29 @@ impl JobState {
         };
         let lba = self.first_block + unit * self.io_blocks;
         let t = if is_read { IoType::Read } else { IoType::Write };
-        match self
-            .ch
-            .submit_in_place(t, lba, self.io_blocks, bufs, cb, i as u64)
-        {
+        let r = match self.pi {
+            None => self
+                .ch
+                .submit_in_place(t, lba, self.io_blocks, bufs, cb, i as u64),
+            Some(a) => {
+                let md = self.slots[i].md.take().unwrap_or_default();
+                self.ch.submit_in_place_with_pi(
+                    t,
+                    lba,
+                    self.io_blocks,
+                    bufs,
+                    md,
+                    Some(a),
+                    cb,
+                    i as u64,
+                )
+            }
+        };
+        match r {
             Ok(()) => self.in_flight += 1,
             Err(rej) => {
                 self.slots[i].bufs = Some(rej.bufs);
+                self.slots[i].md = Some(rej.md_bufs);
                 self.parked.push(i);
             }
         }
@@ -593,5 +708,73 @@ impl JobState {
             };
             let _ = run.tx.send(Msg::Done(Box::new(done)));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use pollux_bdev::BdevRegistry;
+
+    use super::*;
+
+    fn pi_run(
+        spec: &str,
+        workload: Workload,
+        io_size: usize,
+        pi: PiMode,
+    ) -> Result<Report, AppError> {
+        let reg = BdevRegistry::new();
+        let b = reg.create(spec).unwrap();
+        let p = PerfParams {
+            queue_depth: 8,
+            io_size,
+            workload,
+            read_pct: 50,
+            duration: Duration::from_millis(150),
+        };
+        run_with_pi(
+            &[b],
+            Cores::parse("0").unwrap(),
+            IdleMode::BusyPoll,
+            &p,
+            pi,
+            None,
+        )
+    }
+
+    #[test]
+    fn pi_both_runs_clean_on_null_and_malloc_dif_and_dix() {
+        for (spec, io) in [
+            ("null:size=1M,block=512,md=8,md_interleave=true,pi=1", 4160),
+            (
+                "malloc:size=1M,block=512,md=8,md_interleave=true,pi=1",
+                4160,
+            ),
+            ("malloc:size=1M,block=4096,md=8,pi=1", 4096),
+            ("null:size=1M,block=4096,md=8,pi=3", 4096),
+        ] {
+            let rep = pi_run(spec, Workload::RandRw, io, PiMode::Both).unwrap();
+            assert!(rep.total.ios > 10, "{spec}");
+            assert_eq!(rep.total.errors, 0, "{spec}: PI errors");
+        }
+    }
+
+    #[test]
+    fn pi_needs_a_pi_bdev_and_no_verify() {
+        assert!(matches!(
+            pi_run("null:size=1M", Workload::RandRead, 4096, PiMode::ReadVerify),
+            Err(AppError::Usage(_))
+        ));
+        assert!(matches!(
+            pi_run(
+                "null:size=1M,md=8,pi=1",
+                Workload::Verify,
+                4096,
+                PiMode::Both
+            ),
+            Err(AppError::Usage(_))
+        ));
+        assert!("sideways".parse::<PiMode>().is_err());
+        assert_eq!("both".parse::<PiMode>().unwrap(), PiMode::Both);
     }
 }

@@ -189,6 +189,14 @@ pub fn check_pattern(buf: &[u8], offset: u64, generation: u64) -> Result<(), usi
     Ok(())
 }
 
+/// The generation-0 pattern of the bytes at `offset..offset + buf.len()`
+/// of a device (`offset` a multiple of 8): what a pure-read `--verify`
+/// expects. Every 8-byte little-endian word holds its own byte offset XOR
+/// `0xA5A5_0000_0000_5A5A`, whatever the I/O size.
+pub fn known_pattern(buf: &mut [u8], offset: u64) {
+    fill_pattern(buf, offset, 0);
+}
+
 #[inline]
 fn pattern_word(offset: u64, index: u64, generation: u64) -> u64 {
     (offset + index * 8) ^ generation.rotate_left(32) ^ 0xA5A5_0000_0000_5A5A
@@ -253,5 +261,17 @@ mod tests {
         assert!(check_pattern(&b, 4096, 5).is_err());
         b[1234] ^= 1;
         assert_eq!(check_pattern(&b, 8192, 5), Err(1234));
+    }
+
+    #[test]
+    fn known_pattern_does_not_depend_on_the_io_size() {
+        let mut big = vec![0u8; 128 * 1024];
+        known_pattern(&mut big, 1 << 20);
+        for (k, chunk) in big.chunks(4096).enumerate() {
+            assert_eq!(check_pattern(chunk, (1 << 20) + k as u64 * 4096, 0), Ok(()));
+        }
+        // Word at byte offset B holds B ^ 0xA5A5_0000_0000_5A5A, little-endian.
+        let w = u64::from_le_bytes(big[8..16].try_into().unwrap());
+        assert_eq!(w, ((1u64 << 20) + 8) ^ 0xA5A5_0000_0000_5A5A);
     }
 }

@@ -155,6 +155,31 @@ fn every_mode_verifies_data() {
     }
 }
 
+/// `--verify` with a pure-read workload reads only and compares with the
+/// generation-0 pattern: a fresh (zeroed) malloc bdev miscompares on every
+/// read, and nothing is written (used by the VM interop against a kernel
+/// target's file namespace filled with that pattern).
+#[test]
+fn read_only_verify_compares_known_data() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let t = target("malloc:size=8M,block=512,name=pro");
+    for w in [Workload::Read, Workload::RandRead] {
+        let r = run(
+            factory(&t, MemMode::Pool, false),
+            Cores::parse("0").unwrap(),
+            IdleMode::BusyPoll,
+            &params(&t, w, true, 0.2),
+        )
+        .unwrap();
+        assert!(r.total.ios > 0, "{w:?}: no I/O");
+        assert_eq!(r.total.errors, 0);
+        assert_eq!(
+            r.total.miscompares, r.total.ios,
+            "{w:?}: every read of zeros miscompares"
+        );
+    }
+}
+
 #[test]
 fn json_has_the_bdevperf_shape() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());

@@ -107,6 +107,8 @@ impl IoSlot {
                     offset_blocks: 0,
                     num_blocks: 0,
                     bufs: crate::io::SgList::new(),
+                    md_bufs: crate::io::SgList::new(),
+                    pi: None,
                 },
                 ctx: 0,
                 status: Ok(()),

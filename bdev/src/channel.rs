@@ -22,6 +22,7 @@ use crate::bdev::{type_bit, Bdev};
 use crate::io::{
     BdevError, BdevIo, InPlaceIo, IoCompletion, IoError, IoStatus, IoTag, IoType, Rejected, SgList,
 };
+use crate::pi::{PiAction, PiFormat};
 
 /// Per-channel counters (successful I/Os by type, bytes, failures).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -115,6 +116,10 @@ pub struct ChannelCore {
     num_blocks: u64,
     block_size: u64,
     buf_block_size: u64,
+    /// Bytes per block in separate metadata buffers (0: the bdev takes none).
+    md_sep_size: u64,
+    /// The PI layout, when the bdev has PI.
+    pi: Option<PiFormat>,
     supported: u8,
     state: RefCell<ChannelState>,
     /// The request table, one cell per slot and outside `state`, so that a
@@ -138,6 +143,12 @@ impl ChannelCore {
             num_blocks: info.num_blocks(),
             block_size: u64::from(info.block_size()),
             buf_block_size: u64::from(info.buf_block_size()),
+            md_sep_size: if info.md_interleave() {
+                0
+            } else {
+                u64::from(info.md_size())
+            },
+            pi: PiFormat::of(info),
             supported: bdev.supported_mask(),
             state: RefCell::new(ChannelState {
                 backend,
@@ -167,14 +178,8 @@ impl ChannelCore {
     }
 
     #[inline]
-    fn check(
-        &self,
-        io_type: IoType,
-        offset_blocks: u64,
-        num_blocks: u64,
-        bufs: &SgList,
-        writable: bool,
-    ) -> IoStatus {
+    fn check(&self, io: &BdevIo, writable: bool) -> IoStatus {
+        let (io_type, offset_blocks, num_blocks) = (io.io_type, io.offset_blocks, io.num_blocks);
         if self.supported & type_bit(io_type) == 0 {
             return Err(IoError::Unsupported(io_type));
         }
@@ -199,14 +204,66 @@ impl ChannelCore {
         if io_type.has_data() {
             // In range, so this cannot overflow (checked when the info was built).
             let expected = num_blocks * self.buf_block_size;
-            let actual = bufs.total_len() as u64;
+            let actual = io.bufs.total_len() as u64;
             if actual != expected {
                 return Err(IoError::BadLength { expected, actual });
             }
-        } else if !bufs.is_empty() {
+        } else if !io.bufs.is_empty() || !io.md_bufs.is_empty() {
             return Err(IoError::UnexpectedBuffers(io_type));
         }
+        if !io.md_bufs.is_empty() || io.pi.is_some() {
+            return self.check_md(io);
+        }
         Ok(())
+    }
+
+    /// The metadata and PI part of [`check`](Self::check) (data I/Os only
+    /// reach it with a PI action; others with metadata buffers were refused).
+    #[cold]
+    fn check_md(&self, io: &BdevIo) -> IoStatus {
+        if !io.md_bufs.is_empty() && self.md_sep_size == 0 {
+            return Err(IoError::UnexpectedMetadata);
+        }
+        let acts = io.io_type.has_data()
+            && io
+                .pi
+                .is_some_and(|a| a.acts_on(io.io_type == IoType::Write));
+        if acts && self.pi.is_none() {
+            return Err(IoError::NoPi);
+        }
+        // Checked against the range above: no overflow.
+        let expected = io.num_blocks * self.md_sep_size;
+        let actual = io.md_bufs.total_len() as u64;
+        if actual != expected && (actual != 0 || acts) {
+            return Err(IoError::BadMdLength { expected, actual });
+        }
+        Ok(())
+    }
+
+    /// A write's PI action, before the backend sees it: generate or verify.
+    #[inline]
+    fn pi_write(&self, io: &mut BdevIo) -> IoStatus {
+        let (Some(fmt), Some(a)) = (self.pi.as_ref(), io.pi.as_ref()) else {
+            return Ok(());
+        };
+        if a.generate {
+            fmt.generate(io.offset_blocks, a, &mut io.bufs, &mut io.md_bufs)
+        } else if a.checks != crate::pi::PiChecks::NONE {
+            fmt.verify(io.offset_blocks, a, &io.bufs, &io.md_bufs)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// A read's PI action, once the backend completed it: verify.
+    #[inline]
+    fn pi_read(&self, io: &BdevIo) -> IoStatus {
+        match (self.pi.as_ref(), io.pi.as_ref()) {
+            (Some(fmt), Some(a)) if a.checks != crate::pi::PiChecks::NONE => {
+                fmt.verify(io.offset_blocks, a, &io.bufs, &io.md_bufs)
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Hand slot `tag` (filled in, state `InFlight`) to the backend, or queue
@@ -214,13 +271,10 @@ impl ChannelCore {
     #[inline]
     fn start(&self, st: &mut ChannelState, tag: u32, slot: &mut IoSlot) {
         let r = &mut slot.req;
-        let check = self.check(
-            r.io.io_type,
-            r.io.offset_blocks,
-            r.io.num_blocks,
-            &r.io.bufs,
-            r.writable,
-        );
+        let mut check = self.check(&r.io, r.writable);
+        if check.is_ok() && r.io.pi.is_some() && r.io.io_type == IoType::Write {
+            check = self.pi_write(&mut r.io);
+        }
         match check {
             Ok(()) => {
                 slot.state = SlotState::InFlight;
@@ -243,6 +297,7 @@ impl ChannelCore {
         offset_blocks: u64,
         num_blocks: u64,
         bufs: SgList,
+        ext: Option<(SgList, Option<PiAction>)>,
         cb: &Rc<dyn IoCompletion>,
         ctx: u64,
         writable: bool,
@@ -260,6 +315,7 @@ impl ChannelCore {
             return Err(Rejected {
                 error: IoError::ChannelFull,
                 bufs,
+                md_bufs: ext.map(|e| e.0).unwrap_or_default(),
             });
         };
         let slot = &mut *slot;
@@ -267,6 +323,14 @@ impl ChannelCore {
         slot.req.io.offset_blocks = offset_blocks;
         slot.req.io.num_blocks = num_blocks;
         slot.req.io.bufs = bufs;
+        // A free slot's metadata list is empty (delivery empties it).
+        match ext {
+            Some((md, pi)) => {
+                slot.req.io.md_bufs = md;
+                slot.req.io.pi = pi;
+            }
+            None => slot.req.io.pi = None,
+        }
         slot.req.ctx = ctx;
         slot.req.status = Ok(());
         slot.req.writable = writable;
@@ -323,6 +387,12 @@ impl ChannelCore {
         let Some(Ok(mut slot)) = self.slots.get(tag as usize).map(RefCell::try_borrow_mut) else {
             return;
         };
+        if slot.req.io.pi.is_some()
+            && slot.req.io.io_type == IoType::Read
+            && slot.req.status.is_ok()
+        {
+            slot.req.status = self.pi_read(&slot.req.io);
+        }
         stats.record(&slot.req.io, &slot.req.status, self.block_size);
         if slot.in_place {
             let IoSlot { req, cb, .. } = &mut *slot;
@@ -338,6 +408,7 @@ impl ChannelCore {
             } else {
                 let cb = slot.cb.take();
                 slot.req.io.bufs.clear();
+                slot.req.io.md_bufs.clear();
                 slot.state = SlotState::Free;
                 drop(slot);
                 self.state.borrow_mut().free.push(tag);
@@ -433,6 +504,7 @@ impl IoChannel {
             offset_blocks,
             num_blocks,
             bufs,
+            None,
             cb,
             ctx,
             self.writable,
@@ -466,6 +538,7 @@ impl IoChannel {
             offset_blocks,
             num_blocks,
             bufs,
+            None,
             cb,
             ctx,
             self.writable,
@@ -473,6 +546,149 @@ impl IoChannel {
         );
         self.pin(r.is_ok());
         r
+    }
+
+    /// [`submit`](Self::submit) with separate metadata buffers (`md_bufs`:
+    /// `md_size` bytes per block, on a bdev whose metadata is not
+    /// interleaved; empty otherwise) and a PI action (see [`crate::pi`]):
+    /// a write generates or verifies before the backend sees it, a read
+    /// verifies once it completes; a failure completes the I/O with
+    /// [`IoError::Pi`]. Both come back in the completion.
+    ///
+    /// # Errors
+    ///
+    /// [`Rejected`] ([`IoError::ChannelFull`]) when the channel is full,
+    /// with both buffer lists.
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    pub fn submit_with_pi(
+        &self,
+        io_type: IoType,
+        offset_blocks: u64,
+        num_blocks: u64,
+        bufs: SgList,
+        md_bufs: SgList,
+        pi: Option<PiAction>,
+        cb: &Rc<dyn IoCompletion>,
+        ctx: u64,
+    ) -> Result<(), Rejected> {
+        let r = self.core.submit(
+            io_type,
+            offset_blocks,
+            num_blocks,
+            bufs,
+            Some((md_bufs, pi)),
+            cb,
+            ctx,
+            self.writable,
+            false,
+        );
+        self.pin(r.is_ok());
+        r
+    }
+
+    /// [`submit_with_pi`](Self::submit_with_pi) delivered in place (see
+    /// [`submit_in_place`](Self::submit_in_place)); a
+    /// [`resubmit`](InPlaceIo::resubmit) keeps the metadata buffers and the
+    /// PI action, so each resubmitted write generates (or verifies) again
+    /// and each read verifies again.
+    ///
+    /// # Errors
+    ///
+    /// [`Rejected`] ([`IoError::ChannelFull`]) when the channel is full.
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    pub fn submit_in_place_with_pi(
+        &self,
+        io_type: IoType,
+        offset_blocks: u64,
+        num_blocks: u64,
+        bufs: SgList,
+        md_bufs: SgList,
+        pi: Option<PiAction>,
+        cb: &Rc<dyn IoCompletion>,
+        ctx: u64,
+    ) -> Result<(), Rejected> {
+        let r = self.core.submit(
+            io_type,
+            offset_blocks,
+            num_blocks,
+            bufs,
+            Some((md_bufs, pi)),
+            cb,
+            ctx,
+            self.writable,
+            true,
+        );
+        self.pin(r.is_ok());
+        r
+    }
+
+    /// Read with separate metadata (`md_bufs`, may be empty on an
+    /// interleaved bdev) and read-verify per `pi` (see
+    /// [`submit_with_pi`](Self::submit_with_pi)).
+    ///
+    /// # Errors
+    ///
+    /// [`Rejected`] when the channel is full.
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    pub fn read_pi(
+        &self,
+        offset_blocks: u64,
+        num_blocks: u64,
+        bufs: SgList,
+        md_bufs: SgList,
+        pi: PiAction,
+        cb: &Rc<dyn IoCompletion>,
+        ctx: u64,
+    ) -> Result<(), Rejected> {
+        self.submit_with_pi(
+            IoType::Read,
+            offset_blocks,
+            num_blocks,
+            bufs,
+            md_bufs,
+            Some(pi),
+            cb,
+            ctx,
+        )
+    }
+
+    /// Write with separate metadata and write-generate or write-verify per
+    /// `pi` (see [`submit_with_pi`](Self::submit_with_pi)). Generation
+    /// writes the tuples into the caller's buffers.
+    ///
+    /// # Errors
+    ///
+    /// [`Rejected`] when the channel is full.
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    pub fn write_pi(
+        &self,
+        offset_blocks: u64,
+        num_blocks: u64,
+        bufs: SgList,
+        md_bufs: SgList,
+        pi: PiAction,
+        cb: &Rc<dyn IoCompletion>,
+        ctx: u64,
+    ) -> Result<(), Rejected> {
+        self.submit_with_pi(
+            IoType::Write,
+            offset_blocks,
+            num_blocks,
+            bufs,
+            md_bufs,
+            Some(pi),
+            cb,
+            ctx,
+        )
+    }
+
+    /// The bdev's PI layout, if it has PI.
+    pub fn pi_format(&self) -> Option<PiFormat> {
+        self.core.pi
     }
 
     #[inline]
@@ -601,6 +817,12 @@ impl IoChannel {
     /// Bytes per block in the data buffers (block size plus interleaved metadata).
     pub fn buf_block_size(&self) -> u64 {
         self.core.buf_block_size
+    }
+
+    /// Bytes per block in separate metadata buffers (`md_bufs`): the bdev's
+    /// metadata size when it is not interleaved, else 0 (it takes none).
+    pub fn md_buf_block_size(&self) -> u64 {
+        self.core.md_sep_size
     }
 
     /// The reactor this channel lives on.

@@ -18,8 +18,9 @@ pub const PI_TUPLE_SIZE: u32 = 8;
 
 /// The T10 protection-information type of a bdev.
 ///
-/// Reserved for the PI issue: backends record it, nothing generates or verifies
-/// protection information yet.
+/// With metadata of at least 8 bytes, each block carries a T10 PI tuple in
+/// the last 8 bytes of its metadata; the generic layer generates and
+/// verifies it per I/O on request (see [`crate::pi`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum PiType {
     /// No protection information.
@@ -118,7 +119,8 @@ impl BdevInfo {
     ///
     /// `interleave` means the metadata follows each data block in the data
     /// buffers (DIF layout, "extended LBA"); otherwise it is kept separately
-    /// (DIX layout; separate metadata buffers are not carried by I/Os yet).
+    /// (DIX layout: I/Os carry it in separate `md_bufs`, see
+    /// [`IoChannel::submit_with_pi`](crate::IoChannel::submit_with_pi)).
     ///
     /// # Errors
     ///
@@ -196,7 +198,7 @@ impl BdevInfo {
         self.md_interleave
     }
 
-    /// The T10 PI type (reserved; not acted on yet).
+    /// The T10 PI type (see [`crate::pi`]).
     pub fn pi_type(&self) -> PiType {
         self.pi_type
     }

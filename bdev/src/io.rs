@@ -15,6 +15,7 @@ pub use pollux_reactor::mem::{DmaBuf, SgList, SG_INLINE};
 use thiserror::Error;
 
 use crate::backend::SlotReq;
+use crate::pi::{PiAction, PiErrorKind};
 
 /// The kind of an I/O.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -117,6 +118,38 @@ pub enum IoError {
         /// Bytes transferred.
         done: u64,
     },
+    /// A protection-information check failed (write-verify before the
+    /// backend, or read-verify after it). `kind` is
+    /// [`Guard`](PiErrorKind::Guard), [`AppTag`](PiErrorKind::AppTag) or
+    /// [`RefTag`](PiErrorKind::RefTag), never `Length`.
+    #[error("PI {kind:?} check failed at LBA {lba}: expected {expected:#x}, found {actual:#x}")]
+    Pi {
+        /// Which field failed.
+        kind: PiErrorKind,
+        /// The failing block.
+        lba: u64,
+        /// The value expected (guard CRC, masked app tag or ref tag).
+        expected: u64,
+        /// The value found in the block's tuple.
+        actual: u64,
+    },
+    /// A [`PiAction`] on a bdev formatted without protection information.
+    #[error("the bdev has no protection information")]
+    NoPi,
+    /// The separate metadata buffers' total length is not
+    /// `num_blocks * md_size` (or they are missing where the PI action
+    /// needs them).
+    #[error("metadata buffers hold {actual} bytes, the I/O needs {expected}")]
+    BadMdLength {
+        /// Bytes the block range needs.
+        expected: u64,
+        /// Bytes the buffers hold.
+        actual: u64,
+    },
+    /// Separate metadata buffers for a bdev whose metadata is interleaved
+    /// or that has none.
+    #[error("the bdev takes no separate metadata buffers")]
+    UnexpectedMetadata,
 }
 
 /// The status of a completed I/O.
@@ -219,6 +252,12 @@ pub struct BdevIo {
     /// The data buffers. A backend may `std::mem::take` them while the kernel
     /// owns them and must put them back before completing the I/O.
     pub bufs: SgList,
+    /// The separate metadata buffers (DIX: `md_size` bytes per block), only
+    /// on a bdev with metadata that is not interleaved; empty otherwise, and
+    /// empty when the submitter passed none (a write then leaves the stored
+    /// metadata as it is, a read does not return it).
+    pub md_bufs: SgList,
+    pub(crate) pi: Option<PiAction>,
 }
 
 impl BdevIo {
@@ -235,6 +274,14 @@ impl BdevIo {
     /// The number of blocks.
     pub fn num_blocks(&self) -> u64 {
         self.num_blocks
+    }
+
+    /// The submitter's PI action, if any. The generic layer has already
+    /// generated or verified a write's tuples and verifies a read's after
+    /// completion; a backend that makes up read data (null) uses it to
+    /// generate tuples the read will verify.
+    pub fn pi_action(&self) -> Option<&PiAction> {
+        self.pi.as_ref()
     }
 }
 
@@ -254,6 +301,8 @@ pub struct CompletedIo {
     /// The buffers given at submit time (read data is in them), empty for
     /// flush, write zeroes and unmap.
     pub bufs: SgList,
+    /// The separate metadata buffers given at submit time (empty if none).
+    pub md_bufs: SgList,
 }
 
 /// The receiver of completions, registered once by a submitter and shared
@@ -339,12 +388,44 @@ impl InPlaceIo<'_> {
         std::mem::take(&mut self.req.io.bufs)
     }
 
+    /// The separate metadata buffers (empty if none).
+    #[inline]
+    pub fn md_bufs(&self) -> &SgList {
+        &self.req.io.md_bufs
+    }
+
+    /// The separate metadata buffers, mutably.
+    #[inline]
+    pub fn md_bufs_mut(&mut self) -> &mut SgList {
+        &mut self.req.io.md_bufs
+    }
+
+    /// Takes the metadata buffers out of the slot.
+    #[inline]
+    pub fn take_md_bufs(&mut self) -> SgList {
+        std::mem::take(&mut self.req.io.md_bufs)
+    }
+
+    /// The I/O's PI action (a [`resubmit`](Self::resubmit) keeps it).
+    #[inline]
+    pub fn pi_action(&self) -> Option<PiAction> {
+        self.req.io.pi
+    }
+
+    /// Sets the PI action for a [`resubmit`](Self::resubmit).
+    #[inline]
+    pub fn set_pi_action(&mut self, pi: Option<PiAction>) {
+        self.req.io.pi = pi;
+    }
+
     /// Resubmits this slot, when the callback returns, as a new I/O of
     /// `io_type` on `offset_blocks..+num_blocks` with the buffers the slot
     /// holds then, the same callback and the given `ctx`. It goes through the
     /// same checks as any submission (a failed check completes it with the
     /// error on a later poll), never completes inside the call, and cannot
     /// be refused for a full channel (it keeps its slot). The last call wins.
+    /// The metadata buffers and the PI action stay as they are (see
+    /// [`set_pi_action`](Self::set_pi_action)).
     #[inline]
     pub fn resubmit(&mut self, io_type: IoType, offset_blocks: u64, num_blocks: u64, ctx: u64) {
         let io = &mut self.req.io;
@@ -366,6 +447,7 @@ impl InPlaceIo<'_> {
             num_blocks: self.req.io.num_blocks,
             status: self.req.status,
             bufs: std::mem::take(&mut self.req.io.bufs),
+            md_bufs: std::mem::take(&mut self.req.io.md_bufs),
         }
     }
 }
@@ -398,6 +480,8 @@ pub struct Rejected {
     pub error: IoError,
     /// The buffers of the refused I/O.
     pub bufs: SgList,
+    /// The separate metadata buffers of the refused I/O (empty if none).
+    pub md_bufs: SgList,
 }
 
 impl fmt::Display for Rejected {

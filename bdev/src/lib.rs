@@ -27,6 +27,14 @@
 //!   table preallocated to the queue depth; a full table returns
 //!   [`Rejected`] with the buffers ([`IoError::ChannelFull`], back-pressure).
 //!
+//! - Protection information ([`pi`]): a bdev made with metadata and a PI
+//!   type (`malloc:size=1M,md=8,md_interleave=true,pi=1`) keeps T10 DIF
+//!   tuples, interleaved or in separate metadata buffers (DIX, `md_bufs`).
+//!   [`IoChannel::write_pi`], [`read_pi`](IoChannel::read_pi) and
+//!   [`submit_with_pi`](IoChannel::submit_with_pi) take a [`PiAction`]:
+//!   write-generate, write-verify, read-verify; a failed check completes
+//!   the I/O with [`IoError::Pi`] (guard, app tag or ref tag, and the LBA).
+//!
 //! # Quick start
 //!
 //! ```
@@ -80,7 +88,7 @@
 //! `info.rs` ([`BdevInfo`], [`PiType`]), `io.rs` (I/O types, requests,
 //! errors), `backend.rs` (the traits), `bdev.rs` ([`Bdev`], [`BdevDesc`]),
 //! `channel.rs` ([`IoChannel`]), `registry.rs` ([`BdevRegistry`],
-//! [`BdevSpec`]), and the backends `null.rs`, `malloc.rs`, `aio.rs`.
+//! [`BdevSpec`]), `pi.rs` ([`PiAction`], [`PiFormat`]), and the backends `null.rs`, `malloc.rs`, `aio.rs`.
 
 #![forbid(unsafe_code)]
 
@@ -92,6 +100,7 @@ mod info;
 mod io;
 mod malloc;
 mod null;
+pub mod pi;
 mod registry;
 
 pub use aio::{AioBackend, AioEngineKind, AioOptions};
@@ -105,6 +114,7 @@ pub use io::{
 };
 pub use malloc::MallocBackend;
 pub use null::{NullBackend, NullOptions};
+pub use pi::{PiAction, PiChecks, PiErrorKind, PiFormat};
 pub use registry::{parse_size, BackendSpec, BdevRegistry, BdevSpec};
 
 #[cfg(test)]

@@ -4,7 +4,18 @@
 //! out, at submit time; the completion follows on the next poll. Write
 //! zeroes and unmap zero the range (so a read after unmap returns zeroes).
 //! Flush has nothing to do. With interleaved metadata, each block stores
-//! `block_size + md_size` bytes, copied as they are (no PI check yet).
+//! `block_size + md_size` bytes, copied as they are. Separate metadata (DIX)
+//! lives in a second arena, `md_size` bytes per block: a write with
+//! `md_bufs` stores them, a write without leaves the stored metadata as it
+//! is, a read with `md_bufs` returns it. PI checks and generation are the
+//! generic layer's ([`crate::pi`]); the backend stores what it is given.
+//!
+//! A new malloc bdev with PI is formatted (as SPDK's is), and write zeroes
+//! and unmap on it leave **valid** PI behind: zeroed data and metadata, then each block's
+//! tuple is guard 0x0000 (the CRC of zeroes), application tag 0 and
+//! reference tag = the low 32 bits of the block's LBA, whatever the PI type.
+//! So a read-verify of a zeroed range passes for Type 1, for Type 2 when its
+//! `ref_tag` is the first LBA, and for Type 3 always.
 //!
 //! The memory is shared by every core and written without locks, like a real
 //! disk: concurrent writes to the same block leave one of them or a mix, and
@@ -18,7 +29,7 @@ use pollux_reactor::mem::{ArenaOptions, DmaArena, HugepageMode};
 use pollux_reactor::{PollStatus, Reactor};
 
 use crate::backend::{BackendChannel, BdevBackend, Completions, DEFAULT_QUEUE_DEPTH};
-use crate::info::BdevInfo;
+use crate::info::{BdevInfo, PiType, PI_TUPLE_SIZE};
 use crate::io::{BdevError, BdevIo, IoStatus, IoTag, IoType};
 
 /// The bdev's memory: one DMA arena (2 MiB hugepages when reserved), copied
@@ -62,6 +73,8 @@ impl Store {
 pub struct MallocBackend {
     info: BdevInfo,
     store: std::sync::Arc<Store>,
+    /// Separate metadata (DIX), `md_size` bytes per block.
+    md_store: Option<std::sync::Arc<Store>>,
     queue_depth: usize,
 }
 
@@ -77,7 +90,8 @@ impl MallocBackend {
     /// The product string of malloc bdevs.
     pub const PRODUCT: &'static str = "Malloc disk";
 
-    /// A zero-filled RAM disk of the given geometry.
+    /// A zero-filled RAM disk of the given geometry (with PI: formatted, each
+    /// block's tuple as after a write zeroes).
     /// Control path: allocates and zeroes all of its memory.
     ///
     /// # Errors
@@ -85,11 +99,37 @@ impl MallocBackend {
     /// [`BdevError::Memory`] when the memory cannot be allocated.
     pub fn new(info: BdevInfo, queue_depth: Option<usize>) -> Result<Self, BdevError> {
         let len = info.num_blocks() * u64::from(info.buf_block_size());
-        Ok(Self {
+        let md_store = if info.md_size() > 0 && !info.md_interleave() {
+            let md_len = info.num_blocks() * u64::from(info.md_size());
+            let name = format!("{}.md", info.name());
+            Some(std::sync::Arc::new(Store::new(&name, md_len)?))
+        } else {
+            None
+        };
+        let me = Self {
             store: std::sync::Arc::new(Store::new(info.name(), len)?),
+            md_store,
             info,
             queue_depth: queue_depth.unwrap_or(DEFAULT_QUEUE_DEPTH),
-        })
+        };
+        if me.info.pi_type() != PiType::None {
+            // The memory is zeroed already: write the reference tags.
+            me.channel().write_ref_tags(0, me.info.num_blocks());
+        }
+        Ok(me)
+    }
+}
+
+impl MallocBackend {
+    fn channel(&self) -> MallocChannel {
+        MallocChannel {
+            store: std::sync::Arc::clone(&self.store),
+            md_store: self.md_store.clone(),
+            block: self.info.buf_block_size() as usize,
+            md: self.info.md_size() as usize,
+            pi: self.info.pi_type() != PiType::None,
+            done: Vec::with_capacity(self.queue_depth),
+        }
     }
 }
 
@@ -107,20 +147,52 @@ impl BdevBackend for MallocBackend {
     }
 
     fn create_channel(&self, _reactor: &Reactor) -> Result<Box<dyn BackendChannel>, BdevError> {
-        Ok(Box::new(MallocChannel {
-            store: std::sync::Arc::clone(&self.store),
-            block: self.info.buf_block_size() as usize,
-            done: Vec::with_capacity(self.queue_depth),
-        }))
+        Ok(Box::new(self.channel()))
     }
 }
 
 struct MallocChannel {
     store: std::sync::Arc<Store>,
+    md_store: Option<std::sync::Arc<Store>>,
     /// Bytes per block in the store and in the buffers.
     block: usize,
+    /// Metadata bytes per block (interleaved in `block`, or in `md_store`).
+    md: usize,
+    /// The bdev has PI (write zeroes and unmap leave valid tuples).
+    pi: bool,
     /// Copied, waiting for the next poll.
     done: Vec<(IoTag, IoStatus)>,
+}
+
+impl MallocChannel {
+    /// Write zeroes / unmap: zero the data and metadata of the range; with
+    /// PI, write each block's tuple (guard 0, app tag 0, ref tag = LBA).
+    fn zero(&self, lba: u64, n: u64) {
+        let (first, n) = (lba as usize, n as usize);
+        self.store.zero(first * self.block, n * self.block);
+        if let Some(md) = self.md_store.as_deref() {
+            md.zero(first * self.md, n * self.md);
+        }
+        if self.pi {
+            self.write_ref_tags(lba, n as u64);
+        }
+    }
+
+    /// Write the reference tag (the LBA's low 32 bits) of each block of a
+    /// zeroed range, which makes its PI valid (guard 0, app tag 0).
+    fn write_ref_tags(&self, lba: u64, n: u64) {
+        let (first, n) = (lba as usize, n as usize);
+        let tuple = PI_TUPLE_SIZE as usize;
+        for b in first..first + n {
+            // The ref tag: the last 4 bytes of the tuple, in the last 8
+            // bytes of the block's metadata.
+            let ref_tag = (b as u32).to_be_bytes();
+            match self.md_store.as_deref() {
+                Some(md) => md.write((b + 1) * self.md - tuple + 4, &ref_tag),
+                None => self.store.write((b + 1) * self.block - tuple + 4, &ref_tag),
+            }
+        }
+    }
 }
 
 impl BackendChannel for MallocChannel {
@@ -129,7 +201,6 @@ impl BackendChannel for MallocChannel {
         // holds `num_blocks * block` bytes, which fits in memory) and, for
         // reads and writes, that the buffers add up to the range exactly.
         let start = io.offset_blocks() as usize * self.block;
-        let len = io.num_blocks() as usize * self.block;
         match io.io_type() {
             IoType::Read => {
                 let mut off = start;
@@ -138,6 +209,14 @@ impl BackendChannel for MallocChannel {
                     self.store.read(off, dst);
                     off += dst.len();
                 }
+                if let Some(md) = self.md_store.as_deref() {
+                    let mut off = io.offset_blocks() as usize * self.md;
+                    for seg in io.md_bufs.iter_mut() {
+                        let dst = seg.as_mut_slice();
+                        md.read(off, dst);
+                        off += dst.len();
+                    }
+                }
             }
             IoType::Write => {
                 let mut off = start;
@@ -145,8 +224,15 @@ impl BackendChannel for MallocChannel {
                     self.store.write(off, seg.as_slice());
                     off += seg.len();
                 }
+                if let Some(md) = self.md_store.as_deref() {
+                    let mut off = io.offset_blocks() as usize * self.md;
+                    for seg in io.md_bufs.iter() {
+                        md.write(off, seg.as_slice());
+                        off += seg.len();
+                    }
+                }
             }
-            IoType::WriteZeroes | IoType::Unmap => self.store.zero(start, len),
+            IoType::WriteZeroes | IoType::Unmap => self.zero(io.offset_blocks(), io.num_blocks()),
             IoType::Flush => {}
         }
         self.done.push((tag, Ok(())));

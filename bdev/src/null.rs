@@ -1,8 +1,18 @@
 //! The null backend: completes every I/O on the next poll and stores nothing.
 //!
 //! For benchmarking the rest of the stack (like SPDK's null bdev): writes,
-//! write zeroes, unmap and flush are discarded, and **reads do not touch the
-//! buffers** (they keep whatever they held). With a `latency`, each I/O is
+//! write zeroes, unmap and flush are discarded (separate metadata buffers
+//! too), and **reads do not touch the data** (the buffers keep whatever they
+//! held).
+//!
+//! With a PI type, a read **generates valid PI** over the data its buffers
+//! hold, as SPDK's null bdev does, so that read-verify passes: each block's
+//! tuple (in the interleaved metadata, or in the read's `md_bufs` when
+//! separate; nothing without them) gets the guard of the buffer's data and
+//! the metadata before the tuple, and the tags of the read's
+//! [`PiAction`](crate::PiAction) (its app tag, its Type 2/3 ref tag), or,
+//! for a read without one, app tag 0 and ref tag = the LBA. This costs one
+//! CRC per block per read. With a `latency`, each I/O is
 //! held in a FIFO until `submit time + latency`, measured with the reactor's
 //! cached loop time; with no latency the data path reads no clock at all.
 //!
@@ -17,6 +27,7 @@ use pollux_reactor::{PollStatus, Reactor};
 use crate::backend::{BackendChannel, BdevBackend, Completions, DEFAULT_QUEUE_DEPTH};
 use crate::info::BdevInfo;
 use crate::io::{BdevError, BdevIo, IoTag, IoType};
+use crate::pi::{PiAction, PiFormat};
 
 /// Options of a null bdev.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -61,6 +72,7 @@ impl BdevBackend for NullBackend {
         let depth = self.queue_depth();
         let latency = self.opts.latency;
         Ok(Box::new(NullChannel {
+            pi: PiFormat::of(&self.info),
             reactor: reactor.clone(),
             latency,
             immediate: latency.is_zero(),
@@ -72,6 +84,8 @@ impl BdevBackend for NullBackend {
 
 /// Per-core state: the I/Os waiting for the next poll (or for their deadline).
 struct NullChannel {
+    /// Generate PI on reads.
+    pi: Option<PiFormat>,
     reactor: Reactor,
     latency: Duration,
     /// `latency` is zero.
@@ -83,7 +97,19 @@ struct NullChannel {
 }
 
 impl BackendChannel for NullChannel {
-    fn submit(&mut self, tag: IoTag, _io: &mut BdevIo) {
+    fn submit(&mut self, tag: IoTag, io: &mut BdevIo) {
+        if let Some(fmt) = self.pi.as_ref() {
+            if io.io_type() == IoType::Read && (fmt.interleave() || !io.md_bufs.is_empty()) {
+                let lba = io.offset_blocks();
+                let a = io
+                    .pi_action()
+                    .copied()
+                    .unwrap_or_else(|| PiAction::write_generate().with_ref_tag(lba as u32));
+                // The generic layer checked the lengths: this cannot fail.
+                let r = fmt.generate(lba, &a, &mut io.bufs, &mut io.md_bufs);
+                debug_assert!(r.is_ok(), "null PI generation: {r:?}");
+            }
+        }
         // Both queues were sized to the channel depth, which the generic layer
         // enforces: these pushes never allocate.
         if self.immediate {

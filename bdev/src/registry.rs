@@ -12,7 +12,7 @@
 //! | `block` | all | block size, 512 or 4096 (default 512; 4096 for aio) |
 //! | `md` | all | metadata bytes per block: 0, 8, 16, 32, 64 or 128 (default 0) |
 //! | `md_interleave` | all | `true`/`false`: metadata interleaved with the data (default false) |
-//! | `pi` | all | PI type 0..3 (reserved; needs `md` >= 8) |
+//! | `pi` | all | T10 PI type 0..3 (needs `md` >= 8; the tuple is the last 8 metadata bytes; null and malloc only, aio takes no metadata). See `pollux_bdev::pi` |
 //! | `depth` | all | I/Os in flight per channel (default 1024) |
 //! | `latency_us` | null | fixed completion latency in microseconds (default 0) |
 //! | `path` | aio | file or block device (required) |
@@ -84,7 +84,7 @@ pub struct BdevSpec {
     pub md_size: u32,
     /// Metadata interleaved with the data.
     pub md_interleave: bool,
-    /// PI type (reserved).
+    /// T10 PI type (see [`crate::pi`]).
     pub pi_type: PiType,
     /// I/Os in flight per channel; `None` means the backend default.
     pub queue_depth: Option<usize>,

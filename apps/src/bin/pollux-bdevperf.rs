@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use pollux_apps::bdevperf::{run, PerfParams};
+use pollux_apps::bdevperf::{run_with_pi, PerfParams, PiMode};
 use pollux_apps::cli::{parse_io_size, ReactorArgs};
 use pollux_apps::config::Config;
 use pollux_apps::workload::Workload;
@@ -52,6 +52,12 @@ struct Args {
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
+    /// Protection information in the bdev layer on every I/O: off,
+    /// write-generate, read-verify or both (the bdevs need PI:
+    /// `md=8,pi=1`, and `md_interleave=true` for DIF; -o counts the
+    /// interleaved metadata, e.g. 4160 for 8 blocks of 520).
+    #[arg(long, default_value = "off", value_name = "MODE")]
+    pi: String,
 }
 
 fn main() -> ExitCode {
@@ -119,11 +125,13 @@ fn real_main(args: &Args) -> Result<ExitCode, AppError> {
         let _ = std::io::stderr().flush();
     };
     let progress: Option<&mut dyn FnMut(f64)> = if tty { Some(&mut show) } else { None };
-    let report = run(
+    let pi: PiMode = args.pi.parse()?;
+    let report = run_with_pi(
         &bdevs,
         reactors.cores()?,
         reactors.idle_mode()?,
         &params,
+        pi,
         progress,
     )?;
     if tty {
@@ -133,12 +141,13 @@ fn real_main(args: &Args) -> Result<ExitCode, AppError> {
         println!("{}", report.to_json());
     } else {
         println!(
-            "pollux-bdevperf: {} bdev(s), -q {} -o {} -w {} -t {}",
+            "pollux-bdevperf: {} bdev(s), -q {} -o {} -w {} -t {} --pi {}",
             bdevs.len(),
             params.queue_depth,
             params.io_size,
             workload,
-            args.seconds
+            args.seconds,
+            args.pi
         );
         print!("{}", report.to_table());
     }

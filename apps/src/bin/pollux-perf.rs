@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use pollux_apps::cli::{parse_io_size, ReactorArgs};
+use pollux_apps::perf::iser;
 use pollux_apps::perf::spawn::{busy_pct, SpawnedTarget};
 use pollux_apps::perf::sweep::{self, SweepMode, SWEEP_SIZES};
 use pollux_apps::perf::{run, PerfParams, TransportFactory};
@@ -106,6 +107,13 @@ struct Args {
     /// Modes of a sweep: `MODE[+inline][+local-inv]`, comma separated.
     #[arg(long = "sweep-modes", default_value = sweep::DEFAULT_MODES)]
     sweep_modes: String,
+    /// T10 PI of an iSER session (`trtype:iser`): off, write-generate,
+    /// read-verify or both.
+    #[arg(long = "pi", default_value = "off")]
+    pi: String,
+    /// The PI columns of an iSER `--sweep`, comma separated.
+    #[arg(long = "sweep-pi", default_value = iser::DEFAULT_SWEEP_PI)]
+    sweep_pi: String,
     #[command(flatten)]
     reactors: ReactorArgs,
     /// Print one JSON object instead of the table.
@@ -210,7 +218,37 @@ fn run_transport(
     }
 }
 
+/// The iSER path (`-r 'trtype:iser …'`): `pollux_apps::perf::iser`.
+fn iser_main(args: &Args, trid: &str) -> Result<ExitCode, AppError> {
+    if args.spawn_target.is_some() {
+        return Err(AppError::Usage(
+            "--spawn-target serves NVMe-oF only; start pollux-tgt with an [iscsi] section".into(),
+        ));
+    }
+    iser::main(&iser::IserCli {
+        trid: trid.to_string(),
+        pi: args.pi.clone(),
+        queue_depth: args.queue_depth,
+        io_size: parse_io_size(&args.io_size)?,
+        workload: args.workload.clone(),
+        read_pct: args.read_pct,
+        duration: secs("-t", args.seconds)?,
+        warmup: secs("-a", args.warmup)?,
+        verify: args.verify,
+        device: args.device.clone(),
+        target_stats: args.target_stats.clone(),
+        sweep: args.sweep,
+        sweep_pi: args.sweep_pi.clone(),
+        json: args.json,
+        cores: args.reactors.cores()?,
+        idle: args.reactors.idle_mode()?,
+    })
+}
+
 fn real_main(args: &Args) -> Result<ExitCode, AppError> {
+    if let Some(t) = args.trid.as_deref().filter(|t| iser::is_iser(t)) {
+        return iser_main(args, t);
+    }
     let mut tgt = match &args.spawn_target {
         Some(spec) => {
             let cores = Cores::parse(&args.target_cores)

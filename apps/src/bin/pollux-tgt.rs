@@ -122,4 +122,7 @@ fn print_plan(plan: &TgtPlan, opts: &ServeOptions) {
     for l in &plan.listeners {
         println!("  listener {}", pollux_nvmf::target::rdma::cm_addr(&l.trid));
     }
+    if let Some(i) = &plan.iscsi {
+        pollux_apps::tgt::iscsi::print_plan(i);
+    }
 }

@@ -33,7 +33,10 @@ pub struct JobParams {
     pub workload: Workload,
     /// Read percentage (rw, randrw).
     pub read_pct: u8,
-    /// Write, read back and compare.
+    /// Write, read back and compare; with a pure-read workload, read only
+    /// and compare with the generation-0 pattern (data laid down before
+    /// the run, e.g. a file filled with
+    /// [`known_pattern`](crate::workload::known_pattern)).
     pub verify: bool,
     /// This job's index and the number of jobs (verification partitions
     /// the units between jobs and slots).
@@ -153,6 +156,11 @@ impl<T: HostTransport> Job<T> {
         std::mem::take(&mut self.qps)
     }
 
+    /// `--verify` with a pure-read workload: read and compare only.
+    fn read_only_verify(&self) -> bool {
+        self.p.verify && self.p.workload.read_pct(self.p.read_pct) == 100
+    }
+
     fn unit_for(&mut self, slot: usize) -> (u64, bool) {
         if self.p.verify {
             let s = &self.slots[slot];
@@ -160,7 +168,7 @@ impl<T: HostTransport> Job<T> {
             let lanes = self.p.jobs * self.p.queue_depth as u64;
             let lane = self.p.index * self.p.queue_depth as u64 + slot as u64;
             let unit = (lane + s.iter * lanes) % self.p.units.max(1);
-            (unit, false)
+            (unit, self.read_only_verify())
         } else {
             (self.gen.next_unit(), self.gen.next_is_read())
         }
@@ -241,6 +249,7 @@ impl<T: HostTransport> Job<T> {
         };
         s.buf = data.pop();
         let measuring = self.measure_ns.is_some();
+        let ro = self.p.verify && self.p.workload.read_pct(self.p.read_pct) == 100;
         match c.result {
             Ok(_) => {
                 if measuring {
@@ -251,8 +260,9 @@ impl<T: HostTransport> Job<T> {
                 if self.p.verify {
                     if s.read {
                         let offset = s.unit * self.p.io_bytes;
+                        let generation = if ro { 0 } else { s.iter };
                         if let Some(b) = &s.buf {
-                            if check_pattern(b.as_slice(), offset, s.iter).is_err() {
+                            if check_pattern(b.as_slice(), offset, generation).is_err() {
                                 self.tally.miscompares += 1;
                             }
                         }

@@ -8,6 +8,7 @@
 //! ([`Report`]), plus `target_busy_pct` when the target answers Pollux's
 //! reactor-load log page.
 
+pub mod iser;
 pub mod job;
 pub mod spawn;
 pub mod sweep;

@@ -89,6 +89,8 @@ pub struct TgtFile {
     /// Listen addresses.
     #[serde(default)]
     pub listener: Vec<Spanned<ListenerSection>>,
+    /// The iSCSI (iSER) target: see [`super::iscsi`].
+    pub iscsi: Option<super::iscsi::IscsiSection>,
 }
 
 /// Which verbs provider carries the RDMA transport.
@@ -332,6 +334,8 @@ pub struct TgtPlan {
     pub listeners: Vec<ListenerPlan>,
     /// Where each `[transport]` key was given, to place option errors.
     pub option_origins: Vec<(&'static str, Origin)>,
+    /// The `[iscsi]` section, checked.
+    pub iscsi: Option<super::iscsi::IscsiPlan>,
 }
 
 /// The listener's address as the soft provider or ibverbs sees it, as a
@@ -525,8 +529,16 @@ fn plan(text: &str, file: TgtFile) -> Result<TgtPlan, AppError> {
         bdevs.push(BdevPlan { spec, name, origin });
     }
 
+    let iscsi = match &file.iscsi {
+        Some(sec) => {
+            let names: Vec<String> = bdevs.iter().map(|b| b.name.clone()).collect();
+            Some(super::iscsi::plan(text, sec, &names, provider)?)
+        }
+        None => None,
+    };
+
     // Subsystems and namespaces.
-    if file.subsystem.is_empty() {
+    if file.subsystem.is_empty() && iscsi.is_none() {
         return Err(AppError::Config(
             "subsystem: no [[subsystem]]: the target would serve nothing".into(),
         ));
@@ -724,7 +736,7 @@ fn plan(text: &str, file: TgtFile) -> Result<TgtPlan, AppError> {
     }
 
     // Listeners.
-    if file.listener.is_empty() {
+    if file.listener.is_empty() && iscsi.is_none() {
         return Err(AppError::Config(
             "listener: no [[listener]]: no host could reach the target (soft provider: traddr = \"@pollux-tgt\")"
                 .into(),
@@ -821,6 +833,7 @@ fn plan(text: &str, file: TgtFile) -> Result<TgtPlan, AppError> {
         subsystems,
         listeners,
         option_origins,
+        iscsi,
     };
     plan.check_options()?;
     Ok(plan)

@@ -27,6 +27,7 @@
 #![forbid(unsafe_code)]
 
 pub mod config;
+pub mod iscsi;
 
 use std::cell::RefCell;
 use std::io::Write;
@@ -58,6 +59,8 @@ pub struct Built<P: Provider> {
     pub target: Arc<Target>,
     /// The RDMA transport (added to the target).
     pub transport: Arc<RdmaTransport<P>>,
+    /// The iSCSI target and its iSER transport (`[iscsi]`).
+    pub iscsi: Option<iscsi::IscsiBuilt<P>>,
 }
 
 impl<P: Provider> std::fmt::Debug for Built<P> {
@@ -107,10 +110,15 @@ pub fn build<P: Provider>(plan: &TgtPlan) -> Result<Built<P>, AppError> {
             .add_listener(l.trid.clone())
             .map_err(|e| l.origin.err(e))?;
     }
+    let iscsi = match &plan.iscsi {
+        Some(p) => Some(iscsi::build::<P>(p, &registry)?),
+        None => None,
+    };
     Ok(Built {
         registry,
         target,
         transport,
+        iscsi,
     })
 }
 
@@ -217,6 +225,7 @@ pub fn serve<P: Provider>(
     let built = build::<P>(plan)?;
     let (tx, rx) = mpsc::channel::<Result<CoreId, String>>();
     let transport = Arc::clone(&built.transport);
+    let iser = built.iscsi.clone();
     let mut lc = LaunchConfig::new(opts.cores.clone());
     lc.idle = opts.idle;
     let set = launch(lc, move |r| {
@@ -228,12 +237,17 @@ pub fn serve<P: Provider>(
             }
             Err(e) => Err(format!("core {}: RDMA poll group: {e}", r.core())),
         };
+        let res = match &iser {
+            Some(i) => res.and_then(|c| iscsi::start_group(i, r).map(|()| c)),
+            None => res,
+        };
         let _ = tx.send(res);
     })
     .map_err(|e| AppError::Reactor(e.to_string()))?;
     let res = run(plan, opts, &built, &set, &rx, stop, out);
     // Whatever happened: drop the groups on their cores, then stop.
     drop_groups(&set);
+    iscsi::drop_groups(&set);
     set.stop_all();
     let joined = set.join().map_err(|e| AppError::Reactor(e.to_string()));
     let summary = res?;
@@ -282,6 +296,9 @@ fn run<P: Provider>(
             "{listening} of {} listener(s) open",
             plan.listeners.len()
         )));
+    }
+    if let (Some(p), Some(i)) = (&plan.iscsi, &built.iscsi) {
+        iscsi::listen(p, i, set)?;
     }
     let first = set.stats().map_err(|e| AppError::Reactor(e.to_string()))?;
     let started = Instant::now();
@@ -333,6 +350,10 @@ fn run<P: Provider>(
             "pollux-tgt: {left_open} queue(s) did not close in {DRAIN_TIMEOUT:?}; stopping anyway"
         );
     }
+    let left_open = match &built.iscsi {
+        Some(i) => left_open + iscsi::shutdown(set, i, out)?,
+        None => left_open,
+    };
     let t = built.transport.stats();
     Ok(ServeSummary {
         accepted: t.accepted,
@@ -432,6 +453,9 @@ fn banner<P: Provider>(
                 config::host_trid(plan.provider, &l.trid, &s.config.nqn)
             )?;
         }
+    }
+    if let (Some(p), Some(i)) = (&plan.iscsi, &built.iscsi) {
+        iscsi::banner(p, plan.provider, i, out)?;
     }
     if let Some(p) = &opts.stats_file {
         writeln!(

@@ -38,14 +38,26 @@ pub enum CqOverflowReport {
 /// libibverbs device may also be soft-RoCE (rxe), whose requester puts every
 /// local error of a WR (bad lkey included) out as `LOC_QP_OP_ERR`, and whose
 /// responder completes an over-long SEND's receive with `LOC_QP_OP_ERR` (6.x
-/// kernels) or `REM_INV_REQ_ERR` (doc §6). The requester side of the
-/// over-long SEND (`REM_INV_REQ_ERR`, the NAK) is the same everywhere.
+/// kernels: it treats the receive WQE as malformed, so the requester gets
+/// the NAK of that class, `REM_OP_ERR`, doc §6 row "responder's receive WR is
+/// malformed") or `REM_INV_REQ_ERR` (doc §6). rxe also accepts more receive
+/// WRs than its create call reports (its ring holds 2^n − 1; the ibverbs
+/// provider asks the QP for the real values). And a receive posted by user
+/// space to an rxe QP already in ERR sits in the RQ until the kernel's
+/// responder runs again (user-space rxe posts receives without a system
+/// call), so its flush completion is not guaranteed to come.
 #[derive(Debug, Clone, Copy)]
 pub struct Expected {
     /// A SEND whose SGE has a bad lkey: the requester's status.
     pub bad_lkey: &'static [WcStatus],
     /// A SEND longer than the receive buffer: the responder's receive status.
     pub recv_too_small: &'static [WcStatus],
+    /// The same SEND: the requester's status.
+    pub recv_too_small_requester: &'static [WcStatus],
+    /// A queue takes exactly `QueuePair::caps` WRs (else at least that many).
+    pub exact_queue_caps: bool,
+    /// A receive posted to a QP in ERR completes (flush) by itself.
+    pub flush_recv_posted_in_err: bool,
     /// How CQ overflow shows.
     pub cq_overflow: CqOverflowReport,
 }
@@ -56,6 +68,9 @@ impl Expected {
     pub const EXACT: Expected = Expected {
         bad_lkey: &[WcStatus::LocProtErr],
         recv_too_small: &[WcStatus::LocLenErr],
+        recv_too_small_requester: &[WcStatus::RemInvReqErr],
+        exact_queue_caps: true,
+        flush_recv_posted_in_err: true,
         cq_overflow: CqOverflowReport::PollErrorAndEvent,
     };
     /// Any libibverbs device: hardware (the precise statuses) or rxe.
@@ -66,6 +81,9 @@ impl Expected {
             WcStatus::LocQpOpErr,
             WcStatus::RemInvReqErr,
         ],
+        recv_too_small_requester: &[WcStatus::RemInvReqErr, WcStatus::RemOpErr],
+        exact_queue_caps: false,
+        flush_recv_posted_in_err: false,
         cq_overflow: CqOverflowReport::PollErrorOrEvent,
     };
 

@@ -251,13 +251,38 @@ impl IbvQp {
         // (checked above); `attr` is a valid init struct.
         let qp = unsafe { ibv_create_qp(pd.pd.as_ptr(), &mut attr) };
         let qp = NonNull::new(qp).ok_or_else(|| VerbsError::sys("ibv_create_qp", last_err()))?;
-        let real = QpCaps {
+        let mut real = QpCaps {
             max_send_wr: attr.cap.max_send_wr,
             max_recv_wr: attr.cap.max_recv_wr,
             max_send_sge: attr.cap.max_send_sge,
             max_recv_sge: attr.cap.max_recv_sge,
             max_inline_data: attr.cap.max_inline_data,
         };
+        // Some providers hand back the requested capacities from create but
+        // round the queues up (rxe: a 64-deep RQ holds 127); the QP's own
+        // query reports what it really holds.
+        let mut q = MaybeUninit::<ibv_qp_attr>::zeroed();
+        let mut qi = MaybeUninit::<ibv_qp_init_attr>::zeroed();
+        // SAFETY: live QP; writable attribute structs.
+        let rc = unsafe {
+            ibv_query_qp(
+                qp.as_ptr(),
+                q.as_mut_ptr(),
+                ibv_qp_attr_mask::IBV_QP_CAP.0 as i32,
+                qi.as_mut_ptr(),
+            )
+        };
+        if rc == 0 {
+            // SAFETY: zero-initialised and filled by the call.
+            let c = unsafe { q.assume_init_ref().cap };
+            real.max_send_wr = real.max_send_wr.max(c.max_send_wr);
+            real.max_send_sge = real.max_send_sge.max(c.max_send_sge);
+            real.max_inline_data = real.max_inline_data.max(c.max_inline_data);
+            if init.srq.is_none() {
+                real.max_recv_wr = real.max_recv_wr.max(c.max_recv_wr);
+                real.max_recv_sge = real.max_recv_sge.max(c.max_recv_sge);
+            }
+        }
         let send_depth = real.max_send_wr.max(1) as usize;
         let send_sge = real.max_send_sge.max(1) as usize;
         Ok(IbvQp {

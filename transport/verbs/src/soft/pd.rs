@@ -13,7 +13,7 @@ use super::mr::{
     MR_TABLE_ENTRIES,
 };
 use super::qp::SoftQp;
-use super::shm::{arena_span, Shm, SpanList};
+use super::shm::{arena_span, Shm, Span, SpanList};
 use super::srq::SoftSrq;
 use super::Soft;
 use crate::error::VerbsError;
@@ -45,6 +45,38 @@ struct FastMr {
     len: u64,
     slot: u64,
     off: u64,
+}
+
+/// A regular MR's key resolved for one batch ([`PdInner::resolve_local_cached`]).
+#[derive(Clone, Copy)]
+pub(crate) struct LocalKey {
+    key: u32,
+    access: Access,
+    /// The first address (0 for zero-based MRs).
+    lo: u64,
+    len: u64,
+    /// Where byte 0 of the MR is mapped (checked inside its arena).
+    base: *mut u8,
+}
+
+impl LocalKey {
+    /// The memory of `sge` if it is inside the MR and `need` is granted.
+    #[inline(always)]
+    fn span(&self, sge: &Sge, need: Access) -> Option<Span> {
+        let len = u64::from(sge.length);
+        let start = sge.addr.checked_sub(self.lo)?;
+        if !self.access.contains(need) || start.checked_add(len)? > self.len {
+            return None;
+        }
+        // SAFETY: `start + len <= self.len` and `[base, base + self.len)` is
+        // inside the MR's arena mapping (checked by `arena_span` when the key
+        // was resolved, and the mapping outlives the batch).
+        let ptr = unsafe { self.base.add(start as usize) };
+        Some(Span {
+            ptr,
+            len: len as usize,
+        })
+    }
 }
 
 pub(crate) struct PdInner {
@@ -151,6 +183,73 @@ impl PdInner {
             .filter_map(std::rc::Weak::upgrade)
             .filter_map(|c| c.link())
             .find_map(|l| l.take_sig_error(idx))
+    }
+
+    /// [`PdInner::resolve_local`] for a batch of WRs: a regular MR's key
+    /// that the batch already resolved is checked against `cache` (bounds
+    /// and rights; no table, no `RefCell`). Keys the fast path does not know
+    /// (fast-reg and integrity MRs, unknown keys) take the full path, so
+    /// failures and their statuses are unchanged.
+    ///
+    /// `cache` must not outlive the batch (one `execute`/`consume` call):
+    /// no MR can be deregistered while it runs, so the cached span base
+    /// stays mapped.
+    #[inline(always)]
+    pub(crate) fn resolve_local_cached(
+        &self,
+        sge: &Sge,
+        need: Access,
+        out: &mut SpanList,
+        cache: &mut Option<LocalKey>,
+    ) -> bool {
+        if let Some(c) = cache {
+            if c.key == sge.lkey {
+                if let Some(span) = c.span(sge, need) {
+                    return out.push(span);
+                }
+            }
+        }
+        self.resolve_local_miss(sge, need, out, cache)
+    }
+
+    /// [`PdInner::resolve_local_cached`] without a usable cached key.
+    #[inline(never)]
+    fn resolve_local_miss(
+        &self,
+        sge: &Sge,
+        need: Access,
+        out: &mut SpanList,
+        cache: &mut Option<LocalKey>,
+    ) -> bool {
+        if let Some(c) = self.local_key(sge.lkey) {
+            *cache = Some(c);
+            if let Some(span) = c.span(sge, need) {
+                return out.push(span);
+            }
+        }
+        self.resolve_local(sge, need, out)
+    }
+
+    /// A regular MR's key, resolved once for [`PdInner::resolve_local_cached`].
+    fn local_key(&self, key: u32) -> Option<LocalKey> {
+        let slots = self.dev.0.slots.borrow();
+        let fast = self.fast.borrow();
+        let f = fast
+            .get(super::mr::key_index(key) as usize)
+            .filter(|f| f.key == key)?;
+        let arena = slots.get(usize::try_from(f.slot).ok()?)?.as_ref()?;
+        let whole = arena_span(arena, f.off, f.len)?;
+        Some(LocalKey {
+            key,
+            access: f.access,
+            lo: if f.access.contains(Access::ZERO_BASED) {
+                0
+            } else {
+                f.iova
+            },
+            len: f.len,
+            base: whole.ptr,
+        })
     }
 
     /// Check a local SGE and append its memory to `out` (data path).

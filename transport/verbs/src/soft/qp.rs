@@ -28,7 +28,7 @@ use super::cq::{CqInner, SoftCq};
 use super::integrity::{self, Layout, Side};
 use super::link::{Link, FATAL_ACCESS, FATAL_ERR};
 use super::mr::{resolve, resolve_sig, KeyErr, SigSide};
-use super::pd::SoftPd;
+use super::pd::{LocalKey, SoftPd};
 use super::ring::{
     load_tail, peek, produce, publish, rec_len, release, RecHdr, CTL_HEAD, CTL_NAK, CTL_RNR_RETRY,
     CTL_TAIL, REC_PAD, REC_SEND, REC_WRITE_IMM, RF_IMM, RF_INV,
@@ -59,11 +59,13 @@ enum OpCopy {
     WriteImm(RemoteAddr, u32),
     Read(RemoteAddr),
     LocalInv(u32),
+    /// REG_MR (`integrity`: REG_MR_INTEGRITY, its attributes in the send
+    /// queue's `sigs`, out of the slot to keep slots small).
     RegMr {
         key: u32,
         iova: u64,
         access: Access,
-        sig: Option<SigAttrs>,
+        integrity: bool,
         /// Trailing SGEs that are the PI list (integrity only).
         nprot: u32,
     },
@@ -76,8 +78,12 @@ impl OpCopy {
             OpCopy::Write(_) | OpCopy::WriteImm(..) => WcOpcode::RdmaWrite,
             OpCopy::Read(_) => WcOpcode::RdmaRead,
             OpCopy::LocalInv(_) => WcOpcode::LocalInv,
-            OpCopy::RegMr { sig: None, .. } => WcOpcode::RegMr,
-            OpCopy::RegMr { sig: Some(_), .. } => WcOpcode::RegMrIntegrity,
+            OpCopy::RegMr {
+                integrity: false, ..
+            } => WcOpcode::RegMr,
+            OpCopy::RegMr {
+                integrity: true, ..
+            } => WcOpcode::RegMrIntegrity,
         }
     }
 }
@@ -105,6 +111,8 @@ struct SqSlot {
 /// once. Counters are free-running: `head ≤ exec ≤ tail`.
 struct SendQueue {
     slots: Vec<SqSlot>,
+    /// REG_MR_INTEGRITY attributes, by slot.
+    sigs: Vec<Option<SigAttrs>>,
     sges: Vec<Sge>,
     inl: Vec<u8>,
     max_sge: usize,
@@ -194,6 +202,7 @@ impl SoftQp {
                 };
                 ring as usize
             ],
+            sigs: vec![None; ring as usize],
             sges: vec![Sge::default(); (ring * c.max_send_sge.max(1)) as usize],
             inl: vec![0; (ring * c.max_inline_data) as usize],
             max_sge: c.max_send_sge.max(1) as usize,
@@ -351,6 +360,8 @@ impl QpInner {
                 return;
             }
             let mut tail = link.as_ref().map_or(0, |l| l.out_tail.get());
+            // Local keys checked once per batch (see `resolve_local_cached`).
+            let mut keys = None;
             while sq.exec < sq.tail {
                 let i = sq.idx(sq.exec);
                 let slot = sq.slots[i];
@@ -358,7 +369,8 @@ impl QpInner {
                 let sges = &sq.sges[s0..s0 + slot.nsge as usize];
                 let i0 = i * sq.max_inline;
                 let inl = &sq.inl[i0..i0 + slot.inline_len as usize];
-                let r = self.run(&slot, sges, inl, link.as_deref(), &mut tail);
+                let sig = sq.sigs[i];
+                let r = self.run(&slot, sig, sges, inl, link.as_deref(), &mut tail, &mut keys);
                 match r {
                     Run::Done => sq.slots[i].st = SlotState::Done(WcStatus::Success),
                     Run::Ack(start, end) => sq.slots[i].st = SlotState::Ack { start, end },
@@ -393,7 +405,14 @@ impl QpInner {
     }
 
     /// Gather the payload of a send-type WR.
-    fn gather(&self, slot: &SqSlot, sges: &[Sge], inl: &[u8], out: &mut SpanList) -> bool {
+    fn gather(
+        &self,
+        slot: &SqSlot,
+        sges: &[Sge],
+        inl: &[u8],
+        out: &mut SpanList,
+        keys: &mut Option<LocalKey>,
+    ) -> bool {
         if slot.inline {
             return out.push(Span {
                 ptr: inl.as_ptr().cast_mut(),
@@ -401,7 +420,7 @@ impl QpInner {
             });
         }
         sges.iter()
-            .all(|s| self.pd.0.resolve_local(s, Access::NONE, out))
+            .all(|s| self.pd.0.resolve_local_cached(s, Access::NONE, out, keys))
     }
 
     /// Resolve a remote range against the peer's table, mapping newly
@@ -431,13 +450,16 @@ impl QpInner {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn run(
         &self,
         slot: &SqSlot,
+        sig: Option<SigAttrs>,
         sges: &[Sge],
         inl: &[u8],
         link: Option<&Link>,
         tail: &mut u64,
+        keys: &mut Option<LocalKey>,
     ) -> Run {
         let pd = &self.pd.0;
         let needs_link = !matches!(slot.op, OpCopy::LocalInv(_) | OpCopy::RegMr { .. });
@@ -445,6 +467,10 @@ impl QpInner {
             (true, None) => return Run::Fail(WcStatus::RetryExcErr, FATAL_ERR),
             (_, l) => l,
         };
+        if matches!(slot.op, OpCopy::LocalInv(_) | OpCopy::RegMr { .. }) {
+            // Keys change here: forget the batch's resolved ones.
+            *keys = None;
+        }
         match slot.op {
             OpCopy::LocalInv(key) => match pd.invalidate(key) {
                 Ok(()) => Run::Done,
@@ -454,8 +480,8 @@ impl QpInner {
                 key,
                 iova,
                 access,
-                sig,
                 nprot,
+                ..
             } => match pd.fast_reg(key, iova, access, sges, sig, nprot as usize) {
                 Ok(()) => Run::Done,
                 Err(_) => Run::Fail(WcStatus::LocQpOpErr, FATAL_ERR),
@@ -463,7 +489,7 @@ impl QpInner {
             OpCopy::Send | OpCopy::SendImm(_) | OpCopy::SendInv(_) => {
                 let Some(l) = l else { return Run::Blocked };
                 let mut src = SpanList::new();
-                if !self.gather(slot, sges, inl, &mut src) {
+                if !self.gather(slot, sges, inl, &mut src, keys) {
                     return self
                         .run_sig(slot, sges, l, tail)
                         .unwrap_or(Run::Fail(WcStatus::LocProtErr, FATAL_ERR));
@@ -491,7 +517,7 @@ impl QpInner {
                     }
                 }
                 let mut src = SpanList::new();
-                if !self.gather(slot, sges, inl, &mut src) {
+                if !self.gather(slot, sges, inl, &mut src, keys) {
                     return self
                         .run_sig(slot, sges, l, tail)
                         .unwrap_or(Run::Fail(WcStatus::LocProtErr, FATAL_ERR));
@@ -522,7 +548,7 @@ impl QpInner {
                 let mut dst = SpanList::new();
                 if !sges
                     .iter()
-                    .all(|s| pd.resolve_local(s, Access::LOCAL_WRITE, &mut dst))
+                    .all(|s| pd.resolve_local_cached(s, Access::LOCAL_WRITE, &mut dst, keys))
                 {
                     return self
                         .run_sig(slot, sges, l, tail)
@@ -839,13 +865,17 @@ impl QpInner {
     /// Take the next receive (SRQ or RQ): its id, whether its SGEs check,
     /// and, when they do not and there is one, the SGE (it may name an
     /// integrity MR: the slow path resolves it).
-    fn take_recv(&self, dst: &mut SpanList) -> Option<(WrId, bool, Option<Sge>)> {
+    fn take_recv(
+        &self,
+        dst: &mut SpanList,
+        keys: &mut Option<LocalKey>,
+    ) -> Option<(WrId, bool, Option<Sge>)> {
         let pd = &self.pd.0;
         let mut take = |q: &mut RecvQueue| {
             let (id, sges) = q.front()?;
             let ok = sges
                 .iter()
-                .all(|s| pd.resolve_local(s, Access::LOCAL_WRITE, dst));
+                .all(|s| pd.resolve_local_cached(s, Access::LOCAL_WRITE, dst, keys));
             let one = match (ok, sges) {
                 (false, [one]) => Some(*one),
                 _ => None,
@@ -909,6 +939,8 @@ impl QpInner {
         let start_head = l.in_head.get();
         let mut head = start_head;
         let tail = load_tail(&l.shm, l.in_d);
+        // Local keys checked once per batch (see `resolve_local_cached`).
+        let mut keys = None;
         for _ in 0..RECV_BATCH {
             let p = match peek(&l.shm, l.in_d, head, tail) {
                 Ok(Some(p)) => p,
@@ -923,7 +955,7 @@ impl QpInner {
                 continue;
             }
             let mut dst = SpanList::new();
-            let Some((wr_id, ok, one)) = self.take_recv(&mut dst) else {
+            let Some((wr_id, ok, one)) = self.take_recv(&mut dst, &mut keys) else {
                 if self.rnr_expired(l) {
                     self.nak(l, WcStatus::RnrRetryExcErr, head);
                     head += p.rec_len;
@@ -942,6 +974,10 @@ impl QpInner {
                 qp_num: self.num,
                 vendor_err: 0,
             };
+            if p.hdr.flags & RF_INV != 0 {
+                // This record invalidates a key: forget the batch's ones.
+                keys = None;
+            }
             let fail = if p.hdr.kind == REC_WRITE_IMM {
                 wc.opcode = WcOpcode::RecvRdmaWithImm;
                 wc.flags = WcFlags::WITH_IMM;
@@ -1077,6 +1113,7 @@ impl QueuePair for SoftQp {
                     res = Err(PostError { index, kind });
                     break;
                 }
+                let mut sig_attrs = None;
                 let (op, extra) = match wr.op {
                     SendOp::Send => (OpCopy::Send, &[][..]),
                     SendOp::SendWithImm { imm } => (OpCopy::SendImm(imm), &[][..]),
@@ -1092,7 +1129,7 @@ impl QueuePair for SoftQp {
                             key,
                             iova,
                             access,
-                            sig: None,
+                            integrity: false,
                             nprot: 0,
                         },
                         &[][..],
@@ -1103,16 +1140,19 @@ impl QueuePair for SoftQp {
                         access,
                         sig,
                         prot,
-                    } => (
-                        OpCopy::RegMr {
-                            key,
-                            iova,
-                            access,
-                            sig: Some(sig),
-                            nprot: prot.len() as u32,
-                        },
-                        prot,
-                    ),
+                    } => {
+                        sig_attrs = Some(sig);
+                        (
+                            OpCopy::RegMr {
+                                key,
+                                iova,
+                                access,
+                                integrity: true,
+                                nprot: prot.len() as u32,
+                            },
+                            prot,
+                        )
+                    }
                 };
                 let inline = wr.flags.contains(SendFlags::INLINE);
                 let c = sq.tail;
@@ -1124,6 +1164,9 @@ impl QueuePair for SoftQp {
                 let il = if inline { wr.inline.len() } else { 0 };
                 let i0 = i * sq.max_inline;
                 sq.inl[i0..i0 + il].copy_from_slice(&wr.inline[..il]);
+                if sig_attrs.is_some() || matches!(op, OpCopy::RegMr { .. }) {
+                    sq.sigs[i] = sig_attrs;
+                }
                 let st = if q.state.get() == QpState::Err {
                     SlotState::Done(WcStatus::WrFlushErr)
                 } else {

@@ -214,6 +214,12 @@ impl SpanList {
 pub(crate) fn copy_spans(dst: &SpanList, src: &SpanList, limit: usize) -> usize {
     let want = dst.total.min(src.total).min(limit);
     let (ds, ss) = (dst.as_slice(), src.as_slice());
+    if let ([d], [s]) = (ds, ss) {
+        // One span a side (a one-SGE SEND into a one-SGE receive): no walk.
+        // SAFETY: as below; `want` is at most either span's length.
+        unsafe { std::ptr::copy(s.ptr, d.ptr, want) };
+        return want;
+    }
     let (mut di, mut doff, mut si, mut soff, mut done) = (0, 0, 0, 0, 0);
     while done < want {
         let (d, s) = (ds[di], ss[si]);

@@ -1,0 +1,990 @@
+//! `pollux-perf -r 'trtype:iser …'`: the iSER job engine. Our iSER
+//! initiator (`pollux_iser::initiator`) against any iSCSI/iSER target,
+//! with the workloads, `--verify`, the report and the JSON of the NVMe-oF
+//! path, and the T10-PI policy of the session (`--pi`).
+//!
+//! ```text
+//! pollux-perf -r 'trtype:iser traddr:@pollux-iser target:iqn.2016-06.io.pollux:disk0 lun:0' \
+//!             --pi off|write-generate|read-verify|both -q 32 -o 4096 -w randread -t 5 --cores 1
+//! pollux-perf -r 'trtype:iser traddr:10.99.0.1 trsvcid:3260 target:iqn…' …   # ibverbs build
+//! pollux-perf -r 'trtype:iser …' --sweep [--sweep-pi off,write-generate,read-verify,both]
+//! ```
+//!
+//! Every core logs in its own session (one connection; the ISID differs
+//! per core and per run), reads the LU's geometry with READ CAPACITY(16),
+//! takes `queue_depth` buffers of `io_size` bytes from a pool once, and
+//! keeps them in flight: per I/O nothing is allocated (the buffer travels
+//! with the task and comes back in its result). At the end it logs out.
+//!
+//! `--sweep` runs block sizes 512 B … 64 KiB (rows) × PI policies
+//! (columns) and prints `IOPS/host CPU%` cells, then the cost of PI per
+//! I/O relative to the `off` column (`IOPS(off) / IOPS(policy)`; both
+//! sides busy-poll, so time per I/O is the inverse of IOPS).
+
+use std::cell::{Cell, RefCell};
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use pollux_iser::initiator::scsi::{parse_read_capacity16, read_capacity16_cdb};
+use pollux_iser::initiator::{
+    DataDir, InitiatorOptions, IserInitiator, PiPolicy, SessionState, SubmitError, TaskResult,
+};
+use pollux_reactor::mem::{BufPool, BufPoolOptions, DmaBuf, SgList};
+use pollux_reactor::{launch, CoreId, Cores, IdleMode, LaunchConfig, PollStatus, Reactor};
+use pollux_verbs::Provider;
+
+use super::spawn::busy_pct;
+use super::sweep::SWEEP_SIZES;
+use crate::report::{Report, Tally};
+use crate::workload::{check_pattern, fill_pattern, OffsetGen, Workload};
+use crate::AppError;
+
+/// The initiator name when the transport ID gives none.
+pub const DEFAULT_INITIATOR: &str = "iqn.2016-06.io.pollux:perf-host";
+/// The PI columns of a sweep.
+pub const DEFAULT_SWEEP_PI: &str = "off,write-generate,read-verify,both";
+/// How long login and the LU discovery may take.
+const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the logout may take.
+const LOGOUT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Whether a transport ID is an iSER one (`trtype:iser`).
+pub fn is_iser(trid: &str) -> bool {
+    trid.split_whitespace()
+        .any(|kv| kv.eq_ignore_ascii_case("trtype:iser"))
+}
+
+/// A parsed `trtype:iser` transport ID.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IserTrid {
+    /// `@name` / `/path` (soft provider) or an IP address (ibverbs).
+    pub traddr: String,
+    /// Port (ibverbs; 3260 when absent).
+    pub trsvcid: Option<u16>,
+    /// TargetName.
+    pub target: String,
+    /// LUN.
+    pub lun: u16,
+    /// InitiatorName.
+    pub initiator: String,
+}
+
+impl IserTrid {
+    /// Parses `trtype:iser traddr:A [trsvcid:P] target:IQN [lun:N]
+    /// [initiator:IQN]`.
+    ///
+    /// # Errors
+    /// A message naming the bad or missing key.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let (mut traddr, mut svc, mut target, mut lun, mut ini) = (None, None, None, 0u16, None);
+        for kv in s.split_whitespace() {
+            let (k, v) = kv
+                .split_once(':')
+                .ok_or_else(|| format!("'{kv}': expected key:value"))?;
+            match k.to_ascii_lowercase().as_str() {
+                "trtype" if v.eq_ignore_ascii_case("iser") => {}
+                "trtype" => return Err(format!("trtype '{v}': expected iser")),
+                "traddr" => traddr = Some(v.to_string()),
+                "trsvcid" => {
+                    svc = Some(
+                        v.parse::<u16>()
+                            .ok()
+                            .filter(|p| *p != 0)
+                            .ok_or_else(|| format!("trsvcid '{v}' is not a port"))?,
+                    );
+                }
+                "target" | "subnqn" => target = Some(v.to_string()),
+                "lun" => {
+                    lun = v
+                        .parse::<u16>()
+                        .ok()
+                        .filter(|l| *l <= 16383)
+                        .ok_or_else(|| format!("lun '{v}' is not in 0..=16383"))?;
+                }
+                "initiator" | "hostnqn" => ini = Some(v.to_string()),
+                "adrfam" => {}
+                _ => {
+                    return Err(format!(
+                        "unknown key '{k}' (traddr, trsvcid, target, lun, initiator)"
+                    ))
+                }
+            }
+        }
+        let traddr = traddr.ok_or("traddr: missing (traddr:@pollux-iser)")?;
+        let target = target.ok_or("target: missing (target:iqn.2016-06.io.pollux:disk0)")?;
+        Ok(IserTrid {
+            traddr,
+            trsvcid: svc,
+            target,
+            lun,
+            initiator: ini.unwrap_or_else(|| DEFAULT_INITIATOR.to_string()),
+        })
+    }
+
+    /// Whether the soft provider carries it (`@name` or a path).
+    pub fn is_soft(&self) -> bool {
+        self.traddr.starts_with('@') || self.traddr.starts_with('/')
+    }
+
+    /// The verbs CM address.
+    pub fn cm_addr(&self) -> String {
+        if self.is_soft() {
+            self.traddr.clone()
+        } else if self.traddr.contains(':') {
+            format!("[{}]:{}", self.traddr, self.trsvcid.unwrap_or(3260))
+        } else {
+            format!("{}:{}", self.traddr, self.trsvcid.unwrap_or(3260))
+        }
+    }
+}
+
+impl std::fmt::Display for IserTrid {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} lun {} at {}", self.target, self.lun, self.cm_addr())
+    }
+}
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct IserPerfParams {
+    /// Where to log in.
+    pub trid: IserTrid,
+    /// Verbs device (ibverbs).
+    pub device: Option<String>,
+    /// PI policy of the sessions.
+    pub pi: PiPolicy,
+    /// I/Os in flight per core.
+    pub queue_depth: usize,
+    /// Bytes per I/O.
+    pub io_size: usize,
+    /// Access pattern.
+    pub workload: Workload,
+    /// Read percentage (rw, randrw).
+    pub read_pct: u8,
+    /// Measured time.
+    pub duration: Duration,
+    /// Warm-up.
+    pub warmup: Duration,
+    /// Write, read back, compare.
+    pub verify: bool,
+}
+
+enum Msg {
+    Done {
+        core: CoreId,
+        tally: Box<Tally>,
+        busy_pct: f64,
+        seconds: f64,
+    },
+    Failed {
+        core: CoreId,
+        error: String,
+    },
+    Note(String),
+}
+
+/// Distinguishes the sessions of one process (ISID bytes 3..6).
+static SESSION: AtomicU32 = AtomicU32::new(0);
+
+/// Run the benchmark over provider `P` and return the report.
+///
+/// # Errors
+/// [`AppError::Usage`] for parameters that do not fit the LU,
+/// [`AppError::Setup`] when the login fails or the target goes away,
+/// [`AppError::Reactor`].
+pub fn run<P: Provider>(
+    cores: Cores,
+    idle: IdleMode,
+    p: &IserPerfParams,
+) -> Result<Report, AppError> {
+    if p.queue_depth == 0 || p.queue_depth > 4096 || p.duration.is_zero() || p.io_size == 0 {
+        return Err(AppError::Usage(
+            "queue depth (1..=4096), I/O size and run time must be positive".into(),
+        ));
+    }
+    let core_ids: Vec<CoreId> = cores.iter().collect();
+    let ncores = core_ids.len();
+    let mut cfg = LaunchConfig::new(cores);
+    cfg.idle = idle;
+    let set = launch(cfg, |_| {}).map_err(|e| AppError::Reactor(e.to_string()))?;
+    let (tx, rx) = mpsc::channel::<Msg>();
+    for (index, &core) in core_ids.iter().enumerate() {
+        let (tx, p) = (tx.clone(), p.clone());
+        let sent = set.messenger().send(core, move |r| {
+            if let Err(error) = start_core::<P>(r, p, index, ncores, tx.clone()) {
+                let _ = tx.send(Msg::Failed { core, error });
+            }
+        });
+        if let Err(e) = sent {
+            set.stop_all();
+            let _ = set.join();
+            return Err(AppError::Reactor(e.to_string()));
+        }
+    }
+    drop(tx);
+    let mut done = Vec::with_capacity(ncores);
+    let mut failure = None;
+    let wait = SETUP_TIMEOUT + p.warmup + p.duration + LOGOUT_TIMEOUT + Duration::from_secs(30);
+    while done.len() < ncores && failure.is_none() {
+        match rx.recv_timeout(wait) {
+            Ok(Msg::Done {
+                core,
+                tally,
+                busy_pct,
+                seconds,
+            }) => done.push((core, *tally, busy_pct, seconds)),
+            Ok(Msg::Failed { core, error }) => {
+                failure = Some(AppError::Setup(format!("core {core}: {error}")));
+            }
+            Ok(Msg::Note(n)) => eprintln!("pollux-perf: {n}"),
+            Err(_) => {
+                failure = Some(AppError::Setup(
+                    "the run did not finish (target unresponsive?)".into(),
+                ));
+            }
+        }
+    }
+    set.stop_all();
+    let joined = set.join();
+    if let Some(f) = failure {
+        return Err(f);
+    }
+    joined.map_err(|e| AppError::Reactor(e.to_string()))?;
+    done.sort_by_key(|d| d.0);
+    let seconds = done.iter().map(|d| d.3).fold(0.0, f64::max);
+    let per_core: Vec<(u32, Tally, f64)> = done.into_iter().map(|d| (d.0, d.1, d.2)).collect();
+    Ok(Report::new(seconds, &per_core))
+}
+
+/// Poll `ini` until `done` says so or `timeout` passes.
+fn drive<P: Provider>(
+    ini: &mut IserInitiator<P>,
+    timeout: Duration,
+    mut done: impl FnMut(&IserInitiator<P>, &mut Vec<TaskResult>) -> Result<bool, String>,
+) -> Result<(), String> {
+    let deadline = Instant::now() + timeout;
+    let mut out = Vec::new();
+    loop {
+        ini.poll(&mut |r| out.push(r));
+        if let SessionState::Failed(e) = ini.state() {
+            return Err(e.to_string());
+        }
+        if done(ini, &mut out)? {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(format!("timed out in state {:?}", ini.state()));
+        }
+        std::thread::yield_now();
+    }
+}
+
+fn start_core<P: Provider>(
+    r: &Reactor,
+    p: IserPerfParams,
+    index: usize,
+    jobs: usize,
+    tx: mpsc::Sender<Msg>,
+) -> Result<(), String> {
+    let core = r.core();
+    // Control path: log in and read the geometry right here (the reactor
+    // has nothing else to do yet).
+    let mut o = InitiatorOptions::new(&p.trid.cm_addr(), &p.trid.initiator, &p.trid.target);
+    o.device = p.device.clone();
+    o.queue_depth = u16::try_from(p.queue_depth).unwrap_or(u16::MAX);
+    o.max_io_bytes = u32::try_from(p.io_size.max(4096)).map_err(|_| "I/O size too large")?;
+    o.max_segments = 1;
+    o.pi = p.pi;
+    let n = SESSION.fetch_add(1, Ordering::Relaxed);
+    let pid = std::process::id();
+    o.isid = [
+        0x80,
+        (pid >> 8) as u8,
+        pid as u8,
+        (n >> 8) as u8,
+        n as u8,
+        index as u8,
+    ];
+    let mut ini = IserInitiator::<P>::connect(o).map_err(|e| format!("connect: {e}"))?;
+    drive(&mut ini, SETUP_TIMEOUT, |i, _| Ok(i.is_ready())).map_err(|e| format!("login: {e}"))?;
+    let cap = SgList::from_buf(DmaBuf::alloc(32).map_err(|e| e.to_string())?);
+    ini.submit(
+        p.trid.lun,
+        &read_capacity16_cdb(),
+        DataDir::Read,
+        Some(cap),
+        32,
+        0,
+    )
+    .map_err(|e| format!("READ CAPACITY(16): {e}"))?;
+    let mut geo = None;
+    drive(&mut ini, SETUP_TIMEOUT, |_, out| {
+        let Some(res) = out.pop() else {
+            return Ok(false);
+        };
+        if !res.is_good() {
+            return Err(format!(
+                "READ CAPACITY(16) of LUN {}: status {:#x} sense {:?}",
+                p.trid.lun,
+                res.status,
+                res.sense_code()
+            ));
+        }
+        let b = res.bufs.and_then(|mut b| b.pop()).ok_or("no data")?;
+        geo = parse_read_capacity16(b.as_slice());
+        Ok(true)
+    })?;
+    let g = geo.ok_or("READ CAPACITY(16): short data")?;
+    let bs = g.block_size as usize;
+    if bs == 0 || p.io_size % bs != 0 || (p.io_size / bs) as u64 > g.blocks {
+        return Err(format!(
+            "io size {} does not fit LUN {} ({} blocks of {bs} bytes)",
+            p.io_size, p.trid.lun, g.blocks
+        ));
+    }
+    if index == 0 && p.pi != PiPolicy::Off && !g.prot_en {
+        let _ = tx.send(Msg::Note(format!(
+            "LUN {} is not formatted with PI: --pi {:?} puts no PI on the wire",
+            p.trid.lun, p.pi
+        )));
+    }
+    ini.set_geometry(p.trid.lun, g);
+    let io_blocks = (p.io_size / bs) as u32;
+    let units = g.blocks / u64::from(io_blocks);
+    if p.verify && units < (jobs * p.queue_depth) as u64 {
+        return Err("verify needs at least queue depth × cores I/O units in the LU".into());
+    }
+    let pool = BufPool::new(BufPoolOptions::new(
+        format!("perf-iser-{index}"),
+        p.io_size,
+        p.queue_depth,
+    ))
+    .map_err(|e| format!("buffers: {e}"))?;
+    let mut slots = Vec::with_capacity(p.queue_depth);
+    for _ in 0..p.queue_depth {
+        slots.push(Slot {
+            buf: Some(pool.get().ok_or("buffer pool empty")?),
+            submitted: 0,
+            unit: 0,
+            read: false,
+            iter: 0,
+        });
+    }
+    let seed = 0x9E37_79B9_7F4A_7C15u64 ^ (index as u64 + 1);
+    let job = IserJob {
+        ini,
+        lun: p.trid.lun,
+        io_blocks,
+        io_bytes: p.io_size as u64,
+        units,
+        verify: p.verify,
+        lane0: index as u64 * p.queue_depth as u64,
+        lanes: (jobs * p.queue_depth) as u64,
+        warmup: p.warmup,
+        duration: p.duration,
+        gen: OffsetGen::new(p.workload, p.workload.read_pct(p.read_pct), units, seed),
+        free: (0..slots.len()).rev().collect(),
+        slots,
+        results: Vec::with_capacity(p.queue_depth + 8),
+        tally: Tally::default(),
+        start_ns: r.now_ns(),
+        measure_ns: None,
+        busy0: (0, 0),
+        measured: (0, 0, 0.0),
+        stopping: false,
+        in_flight: 0,
+        failed: None,
+        logout_deadline: None,
+    };
+    let job = Rc::new(RefCell::new(job));
+    if p.warmup.is_zero() {
+        job.borrow_mut().begin_measuring(r);
+    }
+    let rr = r.clone();
+    let pid = Rc::new(Cell::new(None));
+    let pid2 = Rc::clone(&pid);
+    let id = r.add_poller("perf-iser-job", move || {
+        let _keep = &pool;
+        let mut j = job.borrow_mut();
+        let st = j.poll(&rr);
+        if let Some(end) = j.finished() {
+            let msg = match end {
+                Ok(()) => {
+                    let (busy_pct, seconds) = j.measured();
+                    Msg::Done {
+                        core,
+                        tally: Box::new(std::mem::take(&mut j.tally)),
+                        busy_pct,
+                        seconds,
+                    }
+                }
+                Err(error) => Msg::Failed { core, error },
+            };
+            let _ = tx.send(msg);
+            if let Some(i) = pid2.get() {
+                rr.remove_poller(i);
+            }
+        }
+        st
+    });
+    pid.set(Some(id));
+    Ok(())
+}
+
+struct Slot {
+    buf: Option<DmaBuf>,
+    submitted: u64,
+    unit: u64,
+    read: bool,
+    iter: u64,
+}
+
+struct IserJob<P: Provider> {
+    ini: IserInitiator<P>,
+    lun: u16,
+    io_blocks: u32,
+    io_bytes: u64,
+    units: u64,
+    verify: bool,
+    lane0: u64,
+    lanes: u64,
+    warmup: Duration,
+    duration: Duration,
+    gen: OffsetGen,
+    slots: Vec<Slot>,
+    free: Vec<usize>,
+    results: Vec<TaskResult>,
+    tally: Tally,
+    start_ns: u64,
+    measure_ns: Option<u64>,
+    busy0: (u64, u64),
+    measured: (u64, u64, f64),
+    stopping: bool,
+    in_flight: usize,
+    failed: Option<String>,
+    logout_deadline: Option<Instant>,
+}
+
+impl<P: Provider> IserJob<P> {
+    fn begin_measuring(&mut self, r: &Reactor) {
+        self.tally = Tally::default();
+        self.measure_ns = Some(r.now_ns());
+        let s = r.stats();
+        self.busy0 = (s.busy_ns, s.idle_ns);
+    }
+
+    fn measured(&self) -> (f64, f64) {
+        let (b, i, secs) = self.measured;
+        let pct = if b + i == 0 {
+            0.0
+        } else {
+            b as f64 * 100.0 / (b + i) as f64
+        };
+        (pct, secs)
+    }
+
+    fn fail(&mut self, why: String) {
+        if self.failed.is_none() {
+            self.failed = Some(why);
+        }
+        self.stopping = true;
+    }
+
+    /// `Some` once the I/O is drained and the session logged out (or lost).
+    fn finished(&mut self) -> Option<Result<(), String>> {
+        if !self.stopping || self.in_flight > 0 {
+            return None;
+        }
+        let closed = matches!(
+            self.ini.state(),
+            SessionState::Closed | SessionState::Failed(_)
+        );
+        let late = self.logout_deadline.is_some_and(|d| Instant::now() >= d);
+        if !closed && !late {
+            return None;
+        }
+        Some(match self.failed.take() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        })
+    }
+
+    fn unit_for(&mut self, slot: usize) -> (u64, bool) {
+        if self.verify {
+            let lane = self.lane0 + slot as u64;
+            let unit = (lane + self.slots[slot].iter * self.lanes) % self.units.max(1);
+            (unit, false)
+        } else {
+            (self.gen.next_unit(), self.gen.next_is_read())
+        }
+    }
+
+    /// Submits `slot`; `false` when the session refused it for now (the
+    /// buffer stays in the slot).
+    fn submit(&mut self, slot: usize, now: u64, unit: u64, read: bool) -> bool {
+        let Some(mut buf) = self.slots[slot].buf.take() else {
+            return false;
+        };
+        let offset = unit * self.io_bytes;
+        if self.verify {
+            if read {
+                buf.as_mut_slice().fill(0xA5);
+            } else {
+                fill_pattern(buf.as_mut_slice(), offset, self.slots[slot].iter);
+            }
+        }
+        let lba = unit * u64::from(self.io_blocks);
+        let data = SgList::from_buf(buf);
+        let res = if read {
+            self.ini
+                .read(self.lun, lba, self.io_blocks, data, slot as u64)
+        } else {
+            self.ini
+                .write(self.lun, lba, self.io_blocks, data, slot as u64)
+        };
+        match res {
+            Ok(()) => {
+                let s = &mut self.slots[slot];
+                s.submitted = now;
+                s.unit = unit;
+                s.read = read;
+                self.in_flight += 1;
+                true
+            }
+            Err(e) => {
+                let fatal = match &e {
+                    SubmitError::Busy(_) => None,
+                    other => Some(other.to_string()),
+                };
+                self.slots[slot].buf = e.into_bufs().and_then(|mut b| b.pop());
+                if let Some(why) = fatal {
+                    self.fail(why);
+                }
+                false
+            }
+        }
+    }
+
+    fn complete(&mut self, mut r: TaskResult, now: u64) -> Option<usize> {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        let slot = r.ctx as usize;
+        let good = r.is_good();
+        let s = self.slots.get_mut(slot)?;
+        s.buf = r.bufs.take().and_then(|mut b| b.pop());
+        if good {
+            if self.measure_ns.is_some() {
+                self.tally.ios += 1;
+                self.tally.bytes += self.io_bytes;
+                self.tally.latency.record(now.saturating_sub(s.submitted));
+            }
+            if self.verify {
+                if s.read {
+                    let offset = s.unit * self.io_bytes;
+                    if let Some(b) = &s.buf {
+                        if check_pattern(b.as_slice(), offset, s.iter).is_err() {
+                            self.tally.miscompares += 1;
+                        }
+                    }
+                    s.iter += 1;
+                } else {
+                    // Read it back at once.
+                    return Some(slot);
+                }
+            }
+        } else {
+            self.tally.errors += 1;
+            if r.transport_error {
+                self.fail("connection lost".into());
+            } else if self.tally.errors == 1 {
+                log::warn!(
+                    "pollux-perf: iSER task failed: status {:#x} sense {:?} PI {:?}",
+                    r.status,
+                    r.sense_code(),
+                    r.pi_error
+                );
+            }
+        }
+        self.free.push(slot);
+        None
+    }
+
+    fn poll(&mut self, r: &Reactor) -> PollStatus {
+        let now = r.now_ns();
+        if self.measure_ns.is_none()
+            && !self.stopping
+            && now.saturating_sub(self.start_ns) >= self.warmup.as_nanos() as u64
+        {
+            self.begin_measuring(r);
+        }
+        if let Some(m) = self.measure_ns {
+            if !self.stopping && now.saturating_sub(m) >= self.duration.as_nanos() as u64 {
+                self.stopping = true;
+                let s = r.stats();
+                self.measured = (
+                    s.busy_ns.saturating_sub(self.busy0.0),
+                    s.idle_ns.saturating_sub(self.busy0.1),
+                    now.saturating_sub(m) as f64 / 1e9,
+                );
+            }
+        }
+        let mut results = std::mem::take(&mut self.results);
+        let mut st = self.ini.poll(&mut |t| results.push(t));
+        if let SessionState::Failed(e) = self.ini.state() {
+            if self.logout_deadline.is_none() {
+                let why = format!("lost the target: {e}");
+                self.fail(why);
+                // No completion will come for tasks in flight.
+                self.in_flight = 0;
+            }
+        }
+        for t in results.drain(..) {
+            if let Some(slot) = self.complete(t, now) {
+                let unit = self.slots[slot].unit;
+                if self.stopping || !self.submit(slot, now, unit, true) {
+                    self.free.push(slot);
+                }
+            }
+        }
+        self.results = results;
+        if !self.stopping {
+            while self.ini.can_submit() {
+                let Some(slot) = self.free.pop() else { break };
+                let (unit, read) = self.unit_for(slot);
+                if !self.submit(slot, now, unit, read) {
+                    self.free.push(slot);
+                    break;
+                }
+                st = PollStatus::Busy;
+            }
+        } else if self.in_flight == 0 && self.logout_deadline.is_none() {
+            self.logout_deadline = Some(Instant::now() + LOGOUT_TIMEOUT);
+            if self.ini.is_ready() {
+                let _ = self.ini.logout();
+            }
+        }
+        st
+    }
+}
+
+/// The command line of the iSER path, as `pollux-perf` parsed it.
+#[derive(Debug, Clone)]
+pub struct IserCli {
+    /// The `-r` text.
+    pub trid: String,
+    /// `--pi`.
+    pub pi: String,
+    /// `-q`.
+    pub queue_depth: usize,
+    /// `-o`, in bytes.
+    pub io_size: usize,
+    /// `-w`.
+    pub workload: String,
+    /// `-M`.
+    pub read_pct: u8,
+    /// `-t`.
+    pub duration: Duration,
+    /// `-a`.
+    pub warmup: Duration,
+    /// `--verify`.
+    pub verify: bool,
+    /// `--device`.
+    pub device: Option<String>,
+    /// `--target-stats`.
+    pub target_stats: Option<PathBuf>,
+    /// `--sweep`.
+    pub sweep: bool,
+    /// `--sweep-pi`.
+    pub sweep_pi: String,
+    /// `--json`.
+    pub json: bool,
+    /// Host cores.
+    pub cores: Cores,
+    /// Idle policy.
+    pub idle: IdleMode,
+}
+
+/// Parses a comma-separated list of PI policies.
+///
+/// # Errors
+/// The first unknown name; an empty list.
+pub fn parse_pi_list(s: &str) -> Result<Vec<(String, PiPolicy)>, String> {
+    let v: Vec<(String, PiPolicy)> = s
+        .split(',')
+        .map(str::trim)
+        .filter(|x| !x.is_empty())
+        .map(|x| {
+            x.parse::<PiPolicy>()
+                .map(|p| (x.to_string(), p))
+                .map_err(|e| e.to_string())
+        })
+        .collect::<Result<_, _>>()?;
+    if v.is_empty() {
+        return Err("no PI policy given".into());
+    }
+    Ok(v)
+}
+
+fn run_provider(cli: &IserCli, p: &IserPerfParams) -> Result<Report, AppError> {
+    let before = cli.target_stats.as_deref().and_then(stats_file_load);
+    let mut r = if p.trid.is_soft() {
+        run::<pollux_verbs::soft::Soft>(cli.cores.clone(), cli.idle, p)?
+    } else {
+        #[cfg(feature = "ibverbs")]
+        {
+            run::<pollux_verbs::ibv::Ibverbs>(cli.cores.clone(), cli.idle, p)?
+        }
+        #[cfg(not(feature = "ibverbs"))]
+        {
+            return Err(AppError::Usage(format!(
+                "traddr:{} needs the ibverbs feature (cargo build --features ibverbs); the soft provider takes traddr:@name",
+                p.trid.traddr
+            )));
+        }
+    };
+    if let Some(path) = &cli.target_stats {
+        // The stats file is rewritten every second: let it catch up.
+        std::thread::sleep(Duration::from_millis(1100));
+        if let (Some(a), Some(b)) = (before, stats_file_load(path)) {
+            r.target_busy_pct = busy_pct(a, b);
+        }
+    }
+    Ok(r)
+}
+
+/// `(busy_ns, idle_ns)` summed over the cores of a `pollux-tgt` stats file.
+fn stats_file_load(path: &std::path::Path) -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+    let sum =
+        |k: &str| -> Option<u64> { v[k].as_array()?.iter().map(serde_json::Value::as_u64).sum() };
+    Some((sum("busy_ns")?, sum("idle_ns")?))
+}
+
+/// One sweep cell: IOPS and host CPU % (`None`: the run failed).
+pub type PiCell = Option<(f64, f64)>;
+
+/// The sweep tables: `IOPS/CPU%` per block size (rows) and PI policy
+/// (columns), then, when an `off` column exists, the cost of PI per I/O
+/// relative to it (`IOPS(off) / IOPS(policy)`).
+pub fn pi_table(cols: &[String], rows: &[(usize, Vec<PiCell>)]) -> String {
+    let w = cols.iter().map(String::len).max().unwrap_or(0).max(14);
+    let mut s = String::new();
+    let header = |s: &mut String| {
+        let _ = write!(s, "{:>8}", "bs");
+        for c in cols {
+            let _ = write!(s, "  {c:>w$}");
+        }
+        s.push('\n');
+    };
+    header(&mut s);
+    for (bs, cells) in rows {
+        let _ = write!(s, "{:>8}", size_label(*bs));
+        for c in cells {
+            let txt = match c {
+                Some((iops, cpu)) => format!("{iops:.0}/{cpu:.0}%"),
+                None => "failed".to_string(),
+            };
+            let _ = write!(s, "  {txt:>w$}");
+        }
+        s.push('\n');
+    }
+    if let Some(off) = cols.iter().position(|c| c == "off" || c == "none") {
+        s.push_str("cost of PI per I/O, relative to off (IOPS(off) / IOPS(policy)):\n");
+        header(&mut s);
+        for (bs, cells) in rows {
+            let _ = write!(s, "{:>8}", size_label(*bs));
+            let base = cells.get(off).copied().flatten().map(|c| c.0);
+            for c in cells {
+                let txt = match (base, c) {
+                    (Some(b), Some((iops, _))) if *iops > 0.0 => format!("{:.2}", b / iops),
+                    _ => "-".to_string(),
+                };
+                let _ = write!(s, "  {txt:>w$}");
+            }
+            s.push('\n');
+        }
+    }
+    s
+}
+
+fn size_label(bs: usize) -> String {
+    if bs >= 1024 && bs % 1024 == 0 {
+        format!("{}K", bs / 1024)
+    } else {
+        bs.to_string()
+    }
+}
+
+/// `pollux-perf`'s iSER path: one run or a sweep, printed as a table or
+/// JSON. Exit status 1 when an I/O failed or miscompared.
+///
+/// # Errors
+/// [`AppError::Usage`] for a bad transport ID, workload or PI policy;
+/// the run's errors.
+pub fn main(cli: &IserCli) -> Result<ExitCode, AppError> {
+    let trid = IserTrid::parse(&cli.trid).map_err(|e| AppError::Usage(format!("-r: {e}")))?;
+    let workload: Workload = cli
+        .workload
+        .parse()
+        .map_err(|e| AppError::Usage(format!("{e}")))?;
+    if workload == Workload::Verify {
+        return Err(AppError::Usage(
+            "use --verify with a write or rw workload".into(),
+        ));
+    }
+    let pi: PiPolicy = cli
+        .pi
+        .parse()
+        .map_err(|e| AppError::Usage(format!("--pi: {e}")))?;
+    let mut p = IserPerfParams {
+        trid: trid.clone(),
+        device: cli.device.clone(),
+        pi,
+        queue_depth: cli.queue_depth,
+        io_size: cli.io_size,
+        workload,
+        read_pct: cli.read_pct,
+        duration: cli.duration,
+        warmup: cli.warmup,
+        verify: cli.verify,
+    };
+    if cli.sweep {
+        let cols = parse_pi_list(&cli.sweep_pi)
+            .map_err(|e| AppError::Usage(format!("--sweep-pi: {e}")))?;
+        let mut rows = Vec::new();
+        let mut failed = false;
+        for bs in SWEEP_SIZES {
+            let mut cells = Vec::new();
+            for (name, pol) in &cols {
+                p.io_size = bs;
+                p.pi = *pol;
+                match run_provider(cli, &p) {
+                    Ok(r) => {
+                        let cpu = if r.cores.is_empty() {
+                            0.0
+                        } else {
+                            r.cores.iter().map(|c| c.busy_pct).sum::<f64>() / r.cores.len() as f64
+                        };
+                        failed |= r.total.errors + r.total.miscompares > 0;
+                        cells.push(Some((r.total.iops, cpu)));
+                    }
+                    Err(e) => {
+                        eprintln!("pollux-perf: {bs} B, pi {name}: {e}");
+                        failed = true;
+                        cells.push(None);
+                    }
+                }
+            }
+            rows.push((bs, cells));
+        }
+        let names: Vec<String> = cols.iter().map(|c| c.0.clone()).collect();
+        if cli.json {
+            let v: Vec<serde_json::Value> = rows
+                .iter()
+                .map(|(bs, cells)| {
+                    let mut o = serde_json::Map::new();
+                    o.insert("bs".into(), (*bs).into());
+                    for (n, c) in names.iter().zip(cells) {
+                        o.insert(
+                            n.clone(),
+                            c.map_or(
+                                serde_json::Value::Null,
+                                |(iops, cpu)| serde_json::json!({"iops": iops, "cpu_pct": cpu}),
+                            ),
+                        );
+                    }
+                    serde_json::Value::Object(o)
+                })
+                .collect();
+            println!("{}", serde_json::Value::Array(v));
+        } else {
+            println!(
+                "IOPS/host CPU% per block size and PI policy (iser to {trid}, -q {} -w {}, {} s each)",
+                cli.queue_depth,
+                cli.workload,
+                cli.duration.as_secs_f64()
+            );
+            print!("{}", pi_table(&names, &rows));
+        }
+        return Ok(if failed {
+            ExitCode::from(1)
+        } else {
+            ExitCode::SUCCESS
+        });
+    }
+    let report = run_provider(cli, &p)?;
+    if cli.json {
+        println!("{}", report.to_json());
+    } else {
+        println!(
+            "iser {trid}: -q {} -o {} -w {} pi {}",
+            p.queue_depth, p.io_size, cli.workload, cli.pi
+        );
+        print!("{}", report.to_table());
+    }
+    Ok(if report.total.errors + report.total.miscompares > 0 {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trids_parse() {
+        let t = "trtype:iser traddr:@pollux-iser target:iqn.2016-06.io.pollux:disk0 lun:1";
+        assert!(is_iser(t));
+        assert!(!is_iser("trtype:soft traddr:@x subnqn:nqn.x"));
+        let p = IserTrid::parse(t).unwrap();
+        assert_eq!(
+            (p.cm_addr().as_str(), p.lun, p.target.as_str()),
+            ("@pollux-iser", 1, "iqn.2016-06.io.pollux:disk0")
+        );
+        assert_eq!(p.initiator, DEFAULT_INITIATOR);
+        let p = IserTrid::parse("trtype:iser traddr:10.99.0.1 target:iqn.x").unwrap();
+        assert_eq!((p.cm_addr().as_str(), p.lun), ("10.99.0.1:3260", 0));
+        assert!(IserTrid::parse("trtype:iser target:iqn.x")
+            .unwrap_err()
+            .contains("traddr"));
+        assert!(IserTrid::parse("trtype:iser traddr:@x")
+            .unwrap_err()
+            .contains("target"));
+        assert!(IserTrid::parse("trtype:iser traddr:@x target:iqn.x lun:99999").is_err());
+        assert!(IserTrid::parse("trtype:iser traddr:@x target:iqn.x bogus:1").is_err());
+    }
+
+    #[test]
+    fn pi_lists_and_table() {
+        let v = parse_pi_list(DEFAULT_SWEEP_PI).unwrap();
+        assert_eq!(v.len(), 4);
+        assert_eq!(v[3].1, PiPolicy::Both);
+        assert!(parse_pi_list("off,fast").is_err());
+        assert!(parse_pi_list(",").is_err());
+        let cols: Vec<String> = v.iter().map(|c| c.0.clone()).collect();
+        let t = pi_table(
+            &cols,
+            &[(
+                4096,
+                vec![
+                    Some((1000.0, 100.0)),
+                    Some((500.0, 100.0)),
+                    None,
+                    Some((800.0, 99.0)),
+                ],
+            )],
+        );
+        assert!(t.contains("1000/100%") && t.contains("failed"), "{t}");
+        assert!(
+            t.contains("2.00") && t.contains("1.25") && t.contains("cost of PI"),
+            "{t}"
+        );
+    }
+}

@@ -1,0 +1,436 @@
+//! `pollux-tgt`'s `[iscsi]` section and `pollux-perf`'s iSER path: the
+//! configuration errors name the line and the field; the binary serves a
+//! PI LUN and a plain one over iSER (soft provider) to our initiator
+//! (login, READ CAPACITY(16), write + read back + compare, with and
+//! without PI), to `pollux-perf --verify --pi both`, and exits 0 on
+//! SIGTERM after disconnecting the initiators.
+
+#![allow(clippy::unwrap_used)] // test helpers: a failed unwrap is a failed test
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use pollux_apps::tgt::TgtPlan;
+use pollux_iser::initiator::scsi::{parse_read_capacity16, read_capacity16_cdb};
+use pollux_iser::initiator::{
+    DataDir, InitiatorOptions, IserInitiator, PiPolicy, SessionState, TaskResult,
+};
+use pollux_reactor::mem::{DmaBuf, SgList};
+use pollux_verbs::soft::Soft;
+use rustix::process::{kill_process, Pid, Signal};
+
+const IQN: &str = "iqn.2016-06.io.pollux:iser-tgt-test";
+const INI: &str = "iqn.2016-06.io.pollux:iser-tgt-host";
+/// Bound on every wait.
+const WAIT: Duration = Duration::from_secs(20);
+
+fn config(addr: &str) -> String {
+    format!(
+        r#"cores = "0"
+provider = "soft"
+
+[[bdev]]
+spec = "malloc:name=Pi0,size=2M,block=512,md=8,md_interleave=true,pi=1"
+
+[[bdev]]
+spec = "malloc:name=Plain0,size=2M,block=512"
+
+[[iscsi.portal_group]]
+tag = 1
+listen = ["{addr}"]
+
+[[iscsi.target]]
+name = "{IQN}"
+luns = [{{ lun = 0, bdev = "Pi0" }}, {{ lun = 1, bdev = "Plain0" }}]
+allowed_initiators = []
+portal_groups = [1]
+
+[iscsi.options]
+queue_depth = 16
+max_io_bytes = "64k"
+task_buffers = 64
+max_srq_depth = 128
+num_cqe = 4096
+hugepages = "never"
+"#
+    )
+}
+
+/// `text` with `from` replaced by `to` must fail naming `want` (every
+/// fragment).
+fn bad(from: &str, to: &str, want: &[&str]) {
+    let base = config("@x");
+    assert!(base.contains(from), "{from}");
+    let text = base.replacen(from, to, 1);
+    let e = TgtPlan::parse(&text).unwrap_err().to_string();
+    for w in want {
+        assert!(e.contains(w), "{e:?} lacks {w:?}");
+    }
+}
+
+#[test]
+fn iscsi_config_errors_name_the_line_and_field() {
+    let plan = TgtPlan::parse(&config("@x")).unwrap();
+    let i = plan.iscsi.as_ref().unwrap();
+    assert_eq!(i.portal_groups[0].group.addrs, vec!["@x".to_string()]);
+    assert_eq!(i.nodes[0].luns.len(), 2);
+    assert_eq!(i.target.limits.queue_depth, 16);
+    assert_eq!(i.target.max_io_bytes, 65536);
+    assert!(plan.subsystems.is_empty() && plan.listeners.is_empty());
+
+    bad(
+        "bdev = \"Plain0\"",
+        "bdev = \"Plian0\"",
+        &[
+            "line 16",
+            "iscsi.target[0].luns[1].bdev",
+            "no bdev named 'Plian0'",
+            "Pi0, Plain0",
+        ],
+    );
+    bad(
+        "{ lun = 1,",
+        "{ lun = 0,",
+        &["line 16", "iscsi.target[0].luns[1].lun", "duplicate LUN 0"],
+    );
+    bad("lun = 1,", "lun = 20000,", &["luns[1].lun", "0..=16383"]);
+    bad(
+        "portal_groups = [1]",
+        "portal_groups = [2]",
+        &[
+            "line 18",
+            "iscsi.target[0].portal_groups[0]",
+            "no portal group with tag 2",
+        ],
+    );
+    bad(
+        &format!("name = \"{IQN}\""),
+        "name = \"disk0\"",
+        &["line 15", "iscsi.target[0].name", "not an iSCSI name"],
+    );
+    bad(
+        "tag = 1",
+        "tag = 0",
+        &["line 11", "iscsi.portal_group[0].tag"],
+    );
+    bad(
+        "listen = [\"@x\"]",
+        "listen = [\"10.0.0.1:3260\"]",
+        &[
+            "line 12",
+            "iscsi.portal_group[0].listen[0]",
+            "soft provider",
+        ],
+    );
+    bad(
+        "queue_depth = 16",
+        "queue_depth = 0",
+        &["line 21", "iscsi.options.queue_depth"],
+    );
+    bad(
+        "max_io_bytes = \"64k\"",
+        "max_io_bytes = 1000",
+        &["iscsi.options.max_io_bytes"],
+    );
+    bad(
+        "queue_depth = 16",
+        "recv_dsl = 65536",
+        &["iscsi.options.recv_dsl", "512..=8192"],
+    );
+    bad(
+        "queue_depth = 16",
+        "first_burst = \"2M\"",
+        &["iscsi.options.first_burst", "max_burst"],
+    );
+    bad("queue_depth = 16", "bogus = 1", &["bogus"]);
+    bad(
+        "allowed_initiators = []",
+        "allowed_initiators = [\"bob\"]",
+        &["allowed_initiators[0]"],
+    );
+    // Nothing to serve at all.
+    let e = TgtPlan::parse("cores = \"0\"\n").unwrap_err().to_string();
+    assert!(e.contains("subsystem"), "{e}");
+    // A section without targets.
+    let e = TgtPlan::parse("[[iscsi.portal_group]]\ntag = 1\nlisten = [\"@y\"]\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("line 1") && e.contains("iscsi.target"), "{e}");
+}
+
+fn tmp(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()))
+}
+
+struct Tgt {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Tgt {
+    fn start(config: &PathBuf) -> Tgt {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_pollux-tgt"))
+            .arg("-c")
+            .arg(config)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start pollux-tgt");
+        let (tx, lines) = mpsc::channel();
+        let out = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for l in BufReader::new(out).lines() {
+                let Ok(l) = l else { break };
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        Tgt {
+            child,
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    fn wait_line(&mut self, what: &str) -> String {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => {
+                    self.seen.push(l.clone());
+                    if l.contains(what) {
+                        return l;
+                    }
+                }
+                Err(_) => {
+                    let _ = self.child.kill();
+                    let mut err = String::new();
+                    if let Some(mut e) = self.child.stderr.take() {
+                        let _ = std::io::Read::read_to_string(&mut e, &mut err);
+                    }
+                    panic!(
+                        "no line with {what:?}; stdout so far:\n{}\nstderr:\n{err}",
+                        self.seen.join("\n")
+                    );
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Tgt {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Poll until `done` or the deadline.
+fn drive(
+    ini: &mut IserInitiator<Soft>,
+    mut done: impl FnMut(&mut IserInitiator<Soft>, &mut Vec<TaskResult>) -> bool,
+) {
+    let deadline = Instant::now() + WAIT;
+    let mut out = Vec::new();
+    while Instant::now() < deadline {
+        ini.poll(&mut |r| out.push(r));
+        if let SessionState::Failed(e) = ini.state() {
+            panic!("session failed: {e}");
+        }
+        if done(ini, &mut out) {
+            return;
+        }
+        std::thread::yield_now();
+    }
+    panic!("timed out in state {:?}", ini.state());
+}
+
+fn one(ini: &mut IserInitiator<Soft>) -> TaskResult {
+    let mut got = None;
+    drive(ini, |_, out| {
+        got = out.pop();
+        got.is_some()
+    });
+    got.unwrap()
+}
+
+fn login(addr: &str, pi: PiPolicy, isid: u8) -> IserInitiator<Soft> {
+    let mut o = InitiatorOptions::new(addr, INI, IQN);
+    o.queue_depth = 8;
+    o.max_io_bytes = 65536;
+    o.pi = pi;
+    o.isid[5] = isid;
+    let mut ini = IserInitiator::<Soft>::connect(o).unwrap();
+    drive(&mut ini, |i, _| i.is_ready());
+    for lun in [0u16, 1] {
+        let b = SgList::from_buf(DmaBuf::alloc(32).unwrap());
+        ini.submit(lun, &read_capacity16_cdb(), DataDir::Read, Some(b), 32, 9)
+            .unwrap();
+        let r = one(&mut ini);
+        assert!(r.is_good(), "READ CAPACITY(16): {:?}", r.sense);
+        let g = parse_read_capacity16(r.bufs.unwrap().pop().unwrap().as_slice()).unwrap();
+        assert_eq!((g.block_size, g.blocks), (512, 4096));
+        assert_eq!(g.prot_en, lun == 0);
+        ini.set_geometry(lun, g);
+    }
+    ini
+}
+
+fn write_read_compare(ini: &mut IserInitiator<Soft>, lun: u16, lba: u64, len: usize, seed: u8) {
+    let data: Vec<u8> = (0..len)
+        .map(|i| (i as u8).wrapping_mul(13) ^ seed)
+        .collect();
+    let mut b = DmaBuf::alloc(len).unwrap();
+    b.as_mut_slice().copy_from_slice(&data);
+    let blocks = (len / 512) as u32;
+    ini.write(lun, lba, blocks, SgList::from_buf(b), 1).unwrap();
+    let w = one(ini);
+    assert!(
+        w.is_good(),
+        "write lun {lun}: {:?} {:?}",
+        w.sense,
+        w.pi_error
+    );
+    let mut b = DmaBuf::alloc(len).unwrap();
+    b.as_mut_slice().fill(0xA5);
+    ini.read(lun, lba, blocks, SgList::from_buf(b), 2).unwrap();
+    let r = one(ini);
+    assert!(
+        r.is_good(),
+        "read lun {lun}: {:?} {:?}",
+        r.sense,
+        r.pi_error
+    );
+    assert_eq!(
+        r.bufs.unwrap().pop().unwrap().as_slice(),
+        &data[..],
+        "lun {lun} data"
+    );
+}
+
+fn logout(mut ini: IserInitiator<Soft>) {
+    ini.logout().unwrap();
+    drive(&mut ini, |i, _| *i.state() == SessionState::Closed);
+}
+
+#[test]
+fn tgt_serves_iser_to_our_initiator_and_perf_then_stops_on_sigterm() {
+    let addr = format!("@pollux-iser-tgt-test-{}", std::process::id());
+    let cfg = tmp("iser-tgt.toml");
+    std::fs::write(&cfg, config(&addr)).unwrap();
+    let mut tgt = Tgt::start(&cfg);
+    tgt.wait_line(&format!("iscsi portal group 1: {addr}"));
+    tgt.wait_line("lun 0: bdev Pi0");
+    tgt.wait_line("initiator: -r 'trtype:iser");
+    tgt.wait_line("pollux-tgt: ready");
+
+    // Our initiator: plain and PI LUNs, PI off (the target generates and
+    // strips) and both (the initiator generates and verifies).
+    let mut ini = login(&addr, PiPolicy::Off, 1);
+    write_read_compare(&mut ini, 1, 0, 4096, 1);
+    write_read_compare(&mut ini, 0, 8, 65536, 2);
+    logout(ini);
+    let mut ini = login(&addr, PiPolicy::Both, 2);
+    write_read_compare(&mut ini, 0, 512, 8192, 3);
+    write_read_compare(&mut ini, 0, 8, 512, 4);
+
+    // pollux-perf --verify with PI while a session is still open, on
+    // another core than the target's when there is one.
+    let two = std::thread::available_parallelism().map_or(1, |n| n.get()) > 1;
+    let perf_core = if two { "1" } else { "0" };
+    let out = Command::new(env!("CARGO_BIN_EXE_pollux-perf"))
+        .args([
+            "-r",
+            &format!("trtype:iser traddr:{addr} target:{IQN} lun:0"),
+            "--pi",
+            "both",
+            "-q",
+            "8",
+            "-o",
+            "4096",
+            "-w",
+            "write",
+            "--verify",
+            "-t",
+            "0.5",
+            "--cores",
+            perf_core,
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "pollux-perf: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert!(v["ios"].as_u64().unwrap() > 0, "{v}");
+    assert_eq!(
+        (v["errors"].as_u64(), v["miscompares"].as_u64()),
+        (Some(0), Some(0))
+    );
+    assert!(v["cores"][0]["busy_pct"].is_number() && v["lat_p99_us"].is_number());
+
+    // SIGTERM with our session open: disconnected, clean exit.
+    kill_process(Pid::from_child(&tgt.child), Signal::TERM).unwrap();
+    tgt.wait_line("shutting down iSCSI: disconnecting 1 connection(s)");
+    tgt.wait_line("iSCSI stopped");
+    let deadline = Instant::now() + WAIT;
+    while ini.is_ready() {
+        assert!(
+            Instant::now() < deadline,
+            "the initiator did not see the disconnect"
+        );
+        ini.poll(&mut |_| {});
+        std::thread::yield_now();
+    }
+    let deadline = Instant::now() + WAIT;
+    let status = loop {
+        if let Some(s) = tgt.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "pollux-tgt did not exit");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "exit status {status:?}");
+    drop(ini);
+    let _ = std::fs::remove_file(cfg);
+}
+
+#[test]
+fn perf_iser_usage_errors() {
+    let run = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_pollux-perf"))
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let o = run(&[
+        "-r",
+        "trtype:iser traddr:@nowhere target:iqn.2016-06.io.pollux:x",
+        "--pi",
+        "sometimes",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--pi"));
+    let o = run(&["-r", "trtype:iser traddr:@nowhere"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("target"));
+    let o = run(&[
+        "-r",
+        "trtype:iser traddr:@nowhere target:iqn.x",
+        "--sweep",
+        "--sweep-pi",
+        "off,maybe",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--sweep-pi"));
+}

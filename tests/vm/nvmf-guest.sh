@@ -1,0 +1,255 @@
+#!/usr/bin/env bash
+# Runs inside the lab guest (tests/vm/lab run tests/vm/nvmf-guest.sh TGT_BIN):
+# pollux-tgt (ibverbs provider, rxe_tgt, $LAB_TARGET_ADDR:4420, malloc bdev)
+# against the Linux kernel NVMe-oF RDMA host (nvme-cli + nvme_rdma, rxe_host,
+# $LAB_HOST_ADDR). Three target runs in one boot:
+#   base     discover, connect, id-ctrl/id-ns, fio crc32c verify at 512 B,
+#            4 KiB, 16 KiB, 128 KiB (randwrite+verify, then a randread verify
+#            pass over the same blocks), QD 32; disconnect, reconnect, disconnect
+#   inline16 in_capsule_data_size = 16384: IOCCSZ, 16 KiB writes in-capsule
+#   nosrq    no_srq = true: short fio
+# Prints one PASS/FAIL line per check and a summary; exits 1 on any failure
+# (with the tails of the target log and of dmesg).
+# Knobs (env, via --env or LAB_USER_*): LAB_USER_NVMF_SCALE (size multiplier
+# for fio, default 1), LAB_USER_NVMF_IDLE (pollux-tgt --idle, default busy).
+set -u
+[ "${LAB_IN_GUEST:-}" = 1 ] || { echo "run inside tests/vm/lab" >&2; exit 2; }
+TGT=${1:?usage: nvmf-guest.sh PATH/TO/pollux-tgt}
+[ -x "$TGT" ] || { echo "FAIL: $TGT is not executable"; exit 1; }
+T=$LAB_TARGET_ADDR H=$LAB_HOST_ADDR PORT=4420
+NQN=nqn.2016-06.io.pollux:interop0
+SCALE=${LAB_USER_NVMF_SCALE:-1}
+IDLE=${LAB_USER_NVMF_IDLE:-busy}
+W=$(mktemp -d /tmp/pollux-nvmf.XXXXXX)
+OUTDIR=${LAB_OUT:-$W}
+T_ALL=$SECONDS
+RESULTS=() FAILED=0 TPID="" RUN=""
+
+say()  { echo "[$(date +%T)] $*"; }
+pass() { RESULTS+=("PASS  $RUN/$1 ($2 s)"); say "PASS $RUN/$1 ($2 s)"; }
+fail() { RESULTS+=("FAIL  $RUN/$1${3:+: $3}"); FAILED=1; say "FAIL $RUN/$1 ($2 s)${3:+: $3}"; }
+# check NAME LIMIT CMD...: runs CMD (a function, in this shell) with output to
+# $W/RUN-NAME.log; every external command in it runs under `to`, bounded by LIMIT.
+LIM=60
+to() { timeout -k 5 "$LIM" "$@"; }
+check() {
+  local name=$1 t0=$SECONDS rc; LIM=$2; shift 2
+  "$@" >"$W/$RUN-$name.log" 2>&1; rc=$?
+  if [ $rc = 0 ]; then pass "$name" $((SECONDS - t0)); return 0; fi
+  fail "$name" $((SECONDS - t0)) "rc=$rc"
+  tail -n 25 "$W/$RUN-$name.log" | sed 's/^/    | /'
+  return 1
+}
+
+# ------------------------------------------------------------------ target ---
+start_tgt() {  # start_tgt RUN IN_CAPSULE NO_SRQ
+  RUN=$1
+  cat >"$W/$RUN.toml" <<EOF
+cores = "0"
+provider = "ibverbs"
+
+[transport]
+max_queue_depth = 128
+max_io_size = "128k"
+io_unit_size = "32k"
+in_capsule_data_size = $2
+num_shared_buffers = 1024
+max_srq_depth = 1024
+no_srq = $3
+device = "$LAB_TARGET_DEV"
+
+[[bdev]]
+spec = "malloc:name=Malloc0,size=64M,block=512"
+
+[[subsystem]]
+nqn = "$NQN"
+serial = "POLLUXINTEROP0"
+model = "Pollux interop"
+allow_any_host = true
+namespaces = [{ bdev = "Malloc0", nsid = 1 }]
+
+[[listener]]
+traddr = "$T"
+trsvcid = "$PORT"
+EOF
+  local t0=$SECONDS
+  "$TGT" -c "$W/$RUN.toml" --cores 0 --idle "$IDLE" --stats-file "$W/$RUN.stats.json" \
+    >"$W/$RUN.tgt.log" 2>&1 </dev/null &
+  TPID=$!
+  for _ in $(seq 300); do
+    grep -q 'pollux-tgt: ready' "$W/$RUN.tgt.log" && { pass tgt-ready $((SECONDS - t0)); return 0; }
+    kill -0 "$TPID" 2>/dev/null || break
+    sleep 0.2
+  done
+  fail tgt-ready $((SECONDS - t0)) "no 'ready' in 60 s"; sed 's/^/    | /' "$W/$RUN.tgt.log"
+  stop_tgt quiet; return 1
+}
+stop_tgt() {
+  [ -n "$TPID" ] || return 0
+  local t0=$SECONDS rc
+  kill -INT "$TPID" 2>/dev/null
+  for _ in $(seq 100); do kill -0 "$TPID" 2>/dev/null || break; sleep 0.2; done
+  if kill -0 "$TPID" 2>/dev/null; then
+    kill -KILL "$TPID"; wait "$TPID" 2>/dev/null
+    [ "${1:-}" = quiet ] || fail tgt-stop $((SECONDS - t0)) "did not exit in 20 s after SIGINT"
+  else
+    wait "$TPID"; rc=$?
+    if [ "${1:-}" != quiet ]; then
+      if [ $rc = 0 ]; then pass tgt-stop $((SECONDS - t0)); else fail tgt-stop $((SECONDS - t0)) "exit $rc"; fi
+    fi
+  fi
+  cp "$W/$RUN.tgt.log" "$W/$RUN.stats.json" "$OUTDIR/" 2>/dev/null
+  TPID=""
+}
+
+# -------------------------------------------------------------------- host ---
+CTRL="" NS=""
+discover() {
+  to nvme discover -t rdma -a "$T" -s "$PORT" -w "$H" || return 1
+  local log; log=$(to nvme discover -t rdma -a "$T" -s "$PORT" -w "$H" -o json) || return 1
+  echo "$log"
+  grep -q "\"subnqn\" *: *\"$NQN\"" <<<"$log" || { echo "discovery log lacks $NQN"; return 1; }
+  grep -q '"trtype" *: *"rdma"' <<<"$log" || { echo "discovery log: trtype not rdma"; return 1; }
+  grep -q "\"traddr\" *: *\"$T\"" <<<"$log" || { echo "discovery log: traddr not $T"; return 1; }
+  grep -q "\"trsvcid\" *: *\"$PORT\"" <<<"$log" || { echo "discovery log: trsvcid not $PORT"; return 1; }
+}
+find_dev() {  # sets CTRL (nvmeX) and NS (block device name)
+  local c s
+  CTRL="" NS=""
+  for c in /sys/class/nvme/nvme*; do
+    [ "$(cat "$c/subsysnqn" 2>/dev/null)" = "$NQN" ] && [ "$(cat "$c/state" 2>/dev/null)" = live ] && CTRL=${c##*/}
+  done
+  [ -n "$CTRL" ] || return 1
+  for s in /sys/class/nvme-subsystem/nvme-subsys* /sys/class/nvme/"$CTRL"; do
+    [ "$(cat "$s/subsysnqn" 2>/dev/null)" = "$NQN" ] || continue
+    NS=$(ls "$s" | grep -E '^nvme[0-9]+n[0-9]+$' | head -1)
+    [ -n "$NS" ] && [ -b "/dev/$NS" ] && return 0
+  done
+  return 1
+}
+connect() {  # connect [nvme connect options]
+  to nvme connect -t rdma -n "$NQN" -a "$T" -s "$PORT" -w "$H" "$@" || return 1
+  for _ in $(seq 150); do find_dev && break; sleep 0.2; done
+  [ -n "$NS" ] || { echo "no live controller/namespace for $NQN"; ls /sys/class/nvme /sys/block; return 1; }
+  echo "controller /dev/$CTRL ($(cat /sys/class/nvme/$CTRL/transport) $(cat /sys/class/nvme/$CTRL/address)), namespace /dev/$NS, $(blockdev --getsize64 /dev/$NS) bytes"
+}
+disconnect() {
+  to nvme disconnect -n "$NQN" || return 1
+  for _ in $(seq 100); do
+    grep -qx "$NQN" /sys/class/nvme/nvme*/subsysnqn 2>/dev/null || return 0
+    sleep 0.2
+  done
+  echo "controller still present after disconnect"; return 1
+}
+id_ctrl() {
+  to nvme id-ctrl "/dev/$CTRL" >"$W/id-ctrl.txt" || return 1
+  cat "$W/id-ctrl.txt"
+  local sn cntlid ioccsz iorcsz
+  sn=$(awk -F: '$1 ~ /^sn /{gsub(/ /,"",$2); print $2}' "$W/id-ctrl.txt")
+  [ "$sn" = POLLUXINTEROP0 ] || { echo "id-ctrl sn '$sn'"; return 1; }
+  grep -qE '^subnqn +: '"$NQN"'$' "$W/id-ctrl.txt" || { echo "id-ctrl subnqn"; return 1; }
+  cntlid=$(cat /sys/class/nvme/$CTRL/cntlid)
+  ioccsz=$(awk -F: '$1 ~ /^ioccsz /{print $2+0}' "$W/id-ctrl.txt")
+  iorcsz=$(awk -F: '$1 ~ /^iorcsz /{print $2+0}' "$W/id-ctrl.txt")
+  echo "cntlid=$cntlid ioccsz=$ioccsz iorcsz=$iorcsz"
+  [ "$iorcsz" = 1 ] || { echo "IORCSZ $iorcsz != 1"; return 1; }
+  [ -z "${WANT_IOCCSZ:-}" ] || [ "$ioccsz" = "$WANT_IOCCSZ" ] || { echo "IOCCSZ $ioccsz != $WANT_IOCCSZ"; return 1; }
+}
+id_ns() {
+  to nvme id-ns "/dev/$NS" >"$W/id-ns.txt" || return 1
+  cat "$W/id-ns.txt"
+  local nsze; nsze=$(awk -F: '$1 ~ /^nsze /{print $2}' "$W/id-ns.txt" | tr -d ' ')
+  [ $((nsze)) = $((64 * 2048)) ] || { echo "nsze $nsze != 131072 (64 MiB of 512 B)"; return 1; }
+  grep -qE '^lbaf +0 +: ms:0 +lbads:9 .*in use' "$W/id-ns.txt" || { echo "lbaf 0 not 512 B in use"; return 1; }
+}
+# fio_verify BS SIZE [extra fio args]: random writes with crc32c headers,
+# read back and checked (do_verify), then a read-only verify pass over the
+# same random block sequence (verify_only), QD 32 both.
+fio_verify() {
+  local bs=$1 size=$2; shift 2
+  local common=(--filename="/dev/$NS" --ioengine=libaio --direct=1 --rw=randwrite --bs="$bs"
+                --iodepth=32 --size="$size" --verify=crc32c --randrepeat=1 --randseed=4242
+                --verify_fatal=1 --group_reporting "$@")
+  to fio --name="w$bs" "${common[@]}" --do_verify=1 || return 1
+  to fio --name="r$bs" "${common[@]}" --verify_only=1 || return 1
+}
+# fio_timed BS SECS: randread, QD 32, no verify (throughput only)
+fio_timed() {
+  to fio --name="rr$1" --filename="/dev/$NS" --ioengine=libaio --direct=1 --rw=randread --bs="$1" \
+      --iodepth=32 --time_based --runtime="$2" --size=64M
+}
+no_nvme_errors() {  # dmesg since $1 (line count) has no nvme error/reset line
+  local new; new=$(dmesg | tail -n +"$(( $1 + 1 ))" | grep -iE 'nvme.*(error|reset|reconnect|timeout|failed|abort)|rdma.*err' )
+  [ -z "$new" ] || { echo "$new"; return 1; }
+}
+mib() { echo $(( $1 * SCALE ))M; }
+
+finish() {
+  stop_tgt quiet
+  nvme disconnect -n "$NQN" >/dev/null 2>&1
+  echo
+  echo "=================== pollux-tgt NVMe-oF/RDMA interop summary ==================="
+  printf '%s\n' "${RESULTS[@]}"
+  local np nf
+  np=$(printf '%s\n' "${RESULTS[@]}" | grep -c '^PASS')
+  nf=$(printf '%s\n' "${RESULTS[@]}" | grep -c '^FAIL')
+  echo "total: $np passed, $nf failed, $((SECONDS - T_ALL)) s (kernel $(uname -r), $LAB_ACCEL)"
+  if [ "$FAILED" != 0 ]; then
+    echo "--- pollux-tgt logs (tail)"; for f in "$W"/*.tgt.log; do echo "# $f"; tail -n 30 "$f"; done
+    echo "--- dmesg (tail)"; dmesg | tail -n 60
+    echo "nvmf-interop: FAILED"; exit 1
+  fi
+  echo "nvmf-interop: ALL PASSED"; exit 0
+}
+
+# ------------------------------------------------------------------ checks ---
+mkdir -p /etc/nvme && { [ -s /etc/nvme/hostnqn ] || nvme gen-hostnqn >/etc/nvme/hostnqn; }
+say "pollux-tgt $TGT, kernel $(uname -r), modules failed: '${LAB_MODULES_FAILED:-}', work dir $W"
+D0=$(dmesg | wc -l)
+
+# 1. base run: default in-capsule size (4 KiB), SRQ
+if start_tgt base 4096 false; then
+  check discover 60 discover
+  if check connect 60 connect; then
+    WANT_IOCCSZ=$(( (64 + 4096) / 16 )) check id-ctrl 30 id_ctrl
+    check id-ns 30 id_ns
+    check fio-512 240 fio_verify 512 "$(mib 1)"
+    check fio-4k 240 fio_verify 4k "$(mib 4)"
+    check fio-16k 240 fio_verify 16k "$(mib 8)"
+    check fio-128k 240 fio_verify 128k "$(mib 16)"
+    check fio-randread-4k-3s 60 fio_timed 4k 3
+    check disconnect 60 disconnect
+    if check reconnect 60 connect; then
+      check fio-4k-after-reconnect 240 fio_verify 4k "$(mib 2)"
+      check disconnect-2 60 disconnect
+    fi
+  fi
+  check no-nvme-errors 10 no_nvme_errors "$D0"
+  stop_tgt
+fi
+
+# 2. 16 KiB in-capsule data
+D0=$(dmesg | wc -l)
+if start_tgt inline16 16384 false; then
+  if check connect 60 connect; then
+    WANT_IOCCSZ=$(( (64 + 16384) / 16 )) check id-ctrl 30 id_ctrl
+    check fio-16k 240 fio_verify 16k "$(mib 4)"
+    check fio-8k 240 fio_verify 8k "$(mib 2)"
+    check disconnect 60 disconnect
+  fi
+  check no-nvme-errors 10 no_nvme_errors "$D0"
+  stop_tgt
+fi
+
+# 3. SRQ off
+D0=$(dmesg | wc -l)
+if start_tgt nosrq 4096 true; then
+  if check connect 60 connect; then
+    check fio-4k 240 fio_verify 4k "$(mib 2)"
+    check fio-128k 240 fio_verify 128k "$(mib 4)"
+    check disconnect 60 disconnect
+  fi
+  check no-nvme-errors 10 no_nvme_errors "$D0"
+  stop_tgt
+fi
+finish
