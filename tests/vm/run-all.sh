@@ -16,4 +16,5 @@ run() {
 }
 tests/vm/lab --setup-only || exit $?
 run tests/vm/run-verbs-conformance.sh
+run tests/vm/run-host-interop.sh
 exit $status

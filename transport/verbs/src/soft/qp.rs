@@ -1109,7 +1109,8 @@ impl QueuePair for SoftQp {
         {
             let mut sq = q.sq.borrow_mut();
             for (index, wr) in wrs.iter().enumerate() {
-                if let Err(kind) = q.check_send(&sq, wr) {
+                let payload_len = wr.payload_len();
+                if let Err(kind) = q.check_send(&sq, wr, payload_len) {
                     res = Err(PostError { index, kind });
                     break;
                 }
@@ -1159,11 +1160,19 @@ impl QueuePair for SoftQp {
                 let i = sq.idx(c);
                 let s0 = i * sq.max_sge;
                 let n = if inline { 0 } else { wr.sg_list.len() };
-                sq.sges[s0..s0 + n].copy_from_slice(&wr.sg_list[..n]);
-                sq.sges[s0 + n..s0 + n + extra.len()].copy_from_slice(extra);
+                if let [one] = &wr.sg_list[..n] {
+                    sq.sges[s0] = *one;
+                } else {
+                    sq.sges[s0..s0 + n].copy_from_slice(&wr.sg_list[..n]);
+                }
+                if !extra.is_empty() {
+                    sq.sges[s0 + n..s0 + n + extra.len()].copy_from_slice(extra);
+                }
                 let il = if inline { wr.inline.len() } else { 0 };
-                let i0 = i * sq.max_inline;
-                sq.inl[i0..i0 + il].copy_from_slice(&wr.inline[..il]);
+                if il > 0 {
+                    let i0 = i * sq.max_inline;
+                    sq.inl[i0..i0 + il].copy_from_slice(&wr.inline[..il]);
+                }
                 if sig_attrs.is_some() || matches!(op, OpCopy::RegMr { .. }) {
                     sq.sigs[i] = sig_attrs;
                 }
@@ -1179,7 +1188,7 @@ impl QueuePair for SoftQp {
                     inline,
                     nsge: (n + extra.len()) as u32,
                     inline_len: il as u32,
-                    byte_len: u32::try_from(wr.payload_len()).unwrap_or(u32::MAX),
+                    byte_len: u32::try_from(payload_len).unwrap_or(u32::MAX),
                     st,
                 };
                 sq.tail += 1;
@@ -1223,7 +1232,12 @@ impl QueuePair for SoftQp {
 }
 
 impl QpInner {
-    fn check_send(&self, sq: &SendQueue, wr: &SendWr<'_>) -> Result<(), PostErrorKind> {
+    fn check_send(
+        &self,
+        sq: &SendQueue,
+        wr: &SendWr<'_>,
+        payload_len: u64,
+    ) -> Result<(), PostErrorKind> {
         let st = self.state.get();
         if !send_allowed(st) {
             return Err(PostErrorKind::WrongState(st));
@@ -1256,7 +1270,7 @@ impl QpInner {
         {
             return Err(PostErrorKind::TooManySge);
         }
-        if wr.payload_len() > u64::from(self.pd.0.dev.0.caps.max_msg_size)
+        if payload_len > u64::from(self.pd.0.dev.0.caps.max_msg_size)
             && matches!(
                 wr.op,
                 SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. }
@@ -1264,7 +1278,7 @@ impl QpInner {
         {
             return Err(PostErrorKind::MessageTooLong);
         }
-        if wr.payload_len() > u64::from(u32::MAX) {
+        if payload_len > u64::from(u32::MAX) {
             return Err(PostErrorKind::MessageTooLong);
         }
         Ok(())
