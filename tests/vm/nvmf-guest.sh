@@ -11,7 +11,8 @@
 # Prints one PASS/FAIL line per check and a summary; exits 1 on any failure
 # (with the tails of the target log and of dmesg).
 # Knobs (env, via --env or LAB_USER_*): LAB_USER_NVMF_SCALE (size multiplier
-# for fio, default 1), LAB_USER_NVMF_IDLE (pollux-tgt --idle, default busy).
+# for fio, default 1), LAB_USER_NVMF_IDLE (pollux-tgt --idle, default busy),
+# LAB_USER_NVMF_RUNS (subset of "base inline16 nosrq").
 set -u
 [ "${LAB_IN_GUEST:-}" = 1 ] || { echo "run inside tests/vm/lab" >&2; exit 2; }
 TGT=${1:?usage: nvmf-guest.sh PATH/TO/pollux-tgt}
@@ -20,6 +21,7 @@ T=$LAB_TARGET_ADDR H=$LAB_HOST_ADDR PORT=4420
 NQN=nqn.2016-06.io.pollux:interop0
 SCALE=${LAB_USER_NVMF_SCALE:-1}
 IDLE=${LAB_USER_NVMF_IDLE:-busy}
+RUNS=${LAB_USER_NVMF_RUNS:-base inline16 nosrq}
 W=$(mktemp -d /tmp/pollux-nvmf.XXXXXX)
 OUTDIR=${LAB_OUT:-$W}
 T_ALL=$SECONDS
@@ -32,9 +34,24 @@ fail() { RESULTS+=("FAIL  $RUN/$1${3:+: $3}"); FAILED=1; say "FAIL $RUN/$1 ($2 s
 # $W/RUN-NAME.log; every external command in it runs under `to`, bounded by LIMIT.
 LIM=60
 to() { timeout -k 5 "$LIM" "$@"; }
+# rxe error/retry counters of both ports and the kernel's packet drops, as
+# NAME=VALUE words (only the non-zero ones)
+counters() {
+  local d
+  for d in "$LAB_TARGET_DEV" "$LAB_HOST_DEV"; do
+    rdma statistic show link "$d/1" 2>/dev/null | tr ' ' '\n' | paste -d= - - |
+      grep -E '^(duplicate_request|out_of_seq_request|rcvd_rnr_err|send_rnr_err|rcvd_seq_err|retry_exceeded_err|retry_rnr_exceeded_err|completer_retry_err|send_err|link_downed)=' |
+      grep -v '=0$' | sed "s/^/${d#rxe_}./"
+  done
+  awk '{d += strtonum("0x" $2)} END {if (d) print "softnet_dropped=" d}' /proc/net/softnet_stat
+}
 check() {
-  local name=$1 t0=$SECONDS rc; LIM=$2; shift 2
+  local name=$1 t0=$SECONDS rc c0 c1; LIM=$2; shift 2
+  c0=$(counters | tr '\n' ' ')
   "$@" >"$W/$RUN-$name.log" 2>&1; rc=$?
+  c1=$(counters | tr '\n' ' ')
+  [ "$c0" = "$c1" ] || say "  counters: $c1 (before: ${c0:-none})"
+  grep -hE '^ +(write|read): IOPS=|^ +(clat|lat) \((u|m)sec\): min' "$W/$RUN-$name.log" | sed 's/^ */  fio: /'
   if [ $rc = 0 ]; then pass "$name" $((SECONDS - t0)); return 0; fi
   fail "$name" $((SECONDS - t0)) "rc=$rc"
   tail -n 25 "$W/$RUN-$name.log" | sed 's/^/    | /'
@@ -180,12 +197,14 @@ fio_timed() {
 }
 no_nvme_errors() {  # dmesg since $1 (line count) has no nvme error/reset line
   local new; new=$(dmesg | tail -n +"$(( $1 + 1 ))" | grep -iE 'nvme.*(error|reset|reconnect|timeout|failed|abort)|rdma.*err' )
-  [ -z "$new" ] || { echo "$new"; return 1; }
+  [ -z "$new" ] || { echo "$new" | head -n 40; return 1; }
 }
-mib() { echo $(( $1 * SCALE ))M; }
+kib() { echo $(( $1 * SCALE ))k; }
+want() { [[ " $RUNS " == *" $1 "* ]]; }
 
 finish() {
   stop_tgt quiet
+  dmesg >"$OUTDIR/dmesg.log" 2>/dev/null
   nvme disconnect -n "$NQN" >/dev/null 2>&1
   echo
   echo "=================== pollux-tgt NVMe-oF/RDMA interop summary ==================="
@@ -196,7 +215,8 @@ finish() {
   echo "total: $np passed, $nf failed, $((SECONDS - T_ALL)) s (kernel $(uname -r), $LAB_ACCEL)"
   if [ "$FAILED" != 0 ]; then
     echo "--- pollux-tgt logs (tail)"; for f in "$W"/*.tgt.log; do echo "# $f"; tail -n 30 "$f"; done
-    echo "--- dmesg (tail)"; dmesg | tail -n 60
+    echo "--- dmesg (nvme/rdma lines, tail; all of it in \$LAB_OUT/dmesg.log)"
+    dmesg | grep -iE 'nvme|rdma|rxe|infiniband' | tail -n 60
     echo "nvmf-interop: FAILED"; exit 1
   fi
   echo "nvmf-interop: ALL PASSED"; exit 0
@@ -208,19 +228,19 @@ say "pollux-tgt $TGT, kernel $(uname -r), modules failed: '${LAB_MODULES_FAILED:
 D0=$(dmesg | wc -l)
 
 # 1. base run: default in-capsule size (4 KiB), SRQ
-if start_tgt base 4096 false; then
+if want base && start_tgt base 4096 false; then
   check discover 60 discover
   if check connect 60 connect; then
     WANT_IOCCSZ=$(( (64 + 4096) / 16 )) check id-ctrl 30 id_ctrl
     check id-ns 30 id_ns
-    check fio-512 240 fio_verify 512 "$(mib 1)"
-    check fio-4k 240 fio_verify 4k "$(mib 4)"
-    check fio-16k 240 fio_verify 16k "$(mib 8)"
-    check fio-128k 240 fio_verify 128k "$(mib 16)"
+    check fio-512 240 fio_verify 512 "$(kib 512)"
+    check fio-4k 240 fio_verify 4k "$(kib 2048)"
+    check fio-16k 240 fio_verify 16k "$(kib 4096)"
+    check fio-128k 240 fio_verify 128k "$(kib 8192)"
     check fio-randread-4k-3s 60 fio_timed 4k 3
     check disconnect 60 disconnect
     if check reconnect 60 connect; then
-      check fio-4k-after-reconnect 240 fio_verify 4k "$(mib 2)"
+      check fio-4k-after-reconnect 240 fio_verify 4k "$(kib 1024)"
       check disconnect-2 60 disconnect
     fi
   fi
@@ -230,11 +250,11 @@ fi
 
 # 2. 16 KiB in-capsule data
 D0=$(dmesg | wc -l)
-if start_tgt inline16 16384 false; then
+if want inline16 && start_tgt inline16 16384 false; then
   if check connect 60 connect; then
     WANT_IOCCSZ=$(( (64 + 16384) / 16 )) check id-ctrl 30 id_ctrl
-    check fio-16k 240 fio_verify 16k "$(mib 4)"
-    check fio-8k 240 fio_verify 8k "$(mib 2)"
+    check fio-16k 240 fio_verify 16k "$(kib 4096)"
+    check fio-8k 240 fio_verify 8k "$(kib 1024)"
     check disconnect 60 disconnect
   fi
   check no-nvme-errors 10 no_nvme_errors "$D0"
@@ -243,10 +263,10 @@ fi
 
 # 3. SRQ off
 D0=$(dmesg | wc -l)
-if start_tgt nosrq 4096 true; then
+if want nosrq && start_tgt nosrq 4096 true; then
   if check connect 60 connect; then
-    check fio-4k 240 fio_verify 4k "$(mib 2)"
-    check fio-128k 240 fio_verify 128k "$(mib 4)"
+    check fio-4k 240 fio_verify 4k "$(kib 1024)"
+    check fio-128k 240 fio_verify 128k "$(kib 4096)"
     check disconnect 60 disconnect
   fi
   check no-nvme-errors 10 no_nvme_errors "$D0"
