@@ -16,5 +16,6 @@ run() {
 }
 tests/vm/lab --setup-only || exit $?
 run tests/vm/run-verbs-conformance.sh
+run tests/vm/run-nvmf-interop.sh
 run tests/vm/run-host-interop.sh
 exit $status

@@ -854,3 +854,30 @@ impl<P: Provider> Clone for IscsiBuilt<P> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn portal_addresses_per_provider() {
+        let soft = ProviderKind::Soft;
+        assert_eq!(portal_addr(soft, "@pollux-iser").unwrap(), "@pollux-iser");
+        assert_eq!(portal_addr(soft, "/run/x.sock").unwrap(), "/run/x.sock");
+        assert!(portal_addr(soft, "10.99.0.1:3260").is_err());
+        let ib = ProviderKind::Ibverbs;
+        assert_eq!(portal_addr(ib, "10.99.0.1:3260").unwrap(), "10.99.0.1:3260");
+        assert_eq!(portal_addr(ib, "10.99.0.1").unwrap(), "10.99.0.1:3260");
+        assert_eq!(portal_addr(ib, "fe80::1").unwrap(), "[fe80::1]:3260");
+        assert!(portal_addr(ib, "10.99.0.1:0").is_err());
+        assert!(portal_addr(ib, "@pollux-iser").is_err());
+        assert_eq!(
+            perf_addr(ib, "10.99.0.1:3260"),
+            ("10.99.0.1".to_string(), " trsvcid:3260".to_string())
+        );
+        assert!(valid_iscsi_name("iqn.2016-06.io.pollux:disk0"));
+        assert!(!valid_iscsi_name("iqn."));
+        assert!(!valid_iscsi_name("disk0"));
+        assert!(!valid_iscsi_name("iqn.2016-06.io.pollux:a b"));
+    }
+}
