@@ -151,6 +151,17 @@ fn iscsi_config_errors_name_the_line_and_field() {
         "allowed_initiators = [\"bob\"]",
         &["allowed_initiators[0]"],
     );
+    // The shipped example: a PI LU and a plain one, iSCSI only.
+    let ex = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config/tgt-iser.toml"))
+        .unwrap();
+    let p = TgtPlan::parse(&ex).unwrap();
+    let i = p.iscsi.as_ref().unwrap();
+    assert_eq!(
+        i.portal_groups[0].group.addrs,
+        vec!["@pollux-iser".to_string()]
+    );
+    assert_eq!(i.nodes[0].name, "iqn.2016-06.io.pollux:disk0");
+    assert_eq!(i.nodes[0].luns.len(), 2);
     // Nothing to serve at all.
     let e = TgtPlan::parse("cores = \"0\"\n").unwrap_err().to_string();
     assert!(e.contains("subsystem"), "{e}");
