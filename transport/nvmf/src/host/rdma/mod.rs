@@ -1,5 +1,5 @@
 //! The NVMe-oF RDMA host transport, generic over a verbs
-//! [`Provider`](pollux_verbs::Provider) (`soft` by default, `ibverbs` with
+//! [`Provider`] (`soft` by default, `ibverbs` with
 //! that feature of `pollux-verbs`).
 //!
 //! - [`RdmaHost`]: one per reactor: the device, one PD, the memory
