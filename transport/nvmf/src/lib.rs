@@ -87,9 +87,9 @@
 //!   admin-queue errors; SMART counters other than errors are zero.
 #![forbid(unsafe_code)]
 
-pub mod host;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzz;
+pub mod host;
 pub mod loopback_host;
 pub mod spec;
 pub mod target;

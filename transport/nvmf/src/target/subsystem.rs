@@ -51,10 +51,7 @@ impl SubsystemConfig {
     /// A subsystem open to any host, serial and model derived from the NQN.
     pub fn new(nqn: impl Into<String>) -> Self {
         let nqn = nqn.into();
-        let serial = format!(
-            "PLX{:017X}",
-            fnv1a(nqn.as_bytes(), 0)
-        );
+        let serial = format!("PLX{:017X}", fnv1a(nqn.as_bytes(), 0));
         SubsystemConfig {
             serial: serial.chars().take(20).collect(),
             model: "Pollux NVMe-oF target".into(),
