@@ -188,7 +188,7 @@ fio_verify() {
   local bs=$1 size=$2; shift 2
   local common=(--filename="/dev/$NS" --ioengine=libaio --direct=1 --rw=randwrite --bs="$bs"
                 --iodepth=32 --size="$size" --verify=crc32c --randrepeat=1 --randseed=4242
-                --verify_fatal=1 --group_reporting "$@")
+                --verify_fatal=1 --verify_state_save=0 --group_reporting "$@")
   to fio --name="w$bs" "${common[@]}" --do_verify=1 || return 1
   to fio --name="r$bs" "${common[@]}" --verify_only=1 || return 1
 }
