@@ -326,13 +326,9 @@ fn real_run(args: &Args, text: &str, tgt: Option<&SpawnedTarget>) -> Result<Exit
                 };
                 match run_once(args, &trid, &cores, idle, &p, opts, tgt) {
                     Ok(r) => {
-                        let cpu = if r.cores.is_empty() {
-                            0.0
-                        } else {
-                            r.cores.iter().map(|c| c.busy_pct).sum::<f64>() / r.cores.len() as f64
-                        };
-                        failed |= r.total.errors + r.total.miscompares > 0;
-                        cells.push(Some((r.total.iops, cpu)));
+                        let (cell, bad) = sweep::cell_of(&r);
+                        failed |= bad;
+                        cells.push(cell);
                     }
                     Err(e) => {
                         eprintln!("pollux-perf: {bs} B, {}: {e}", m.name);
@@ -344,24 +340,8 @@ fn real_run(args: &Args, text: &str, tgt: Option<&SpawnedTarget>) -> Result<Exit
             rows.push((bs, cells));
         }
         if args.json {
-            let v: Vec<serde_json::Value> = rows
-                .iter()
-                .map(|(bs, cells)| {
-                    let mut o = serde_json::Map::new();
-                    o.insert("bs".into(), (*bs).into());
-                    for (m, c) in modes.iter().zip(cells) {
-                        o.insert(
-                            m.name.clone(),
-                            c.map_or(
-                                serde_json::Value::Null,
-                                |(iops, cpu)| serde_json::json!({"iops": iops, "cpu_pct": cpu}),
-                            ),
-                        );
-                    }
-                    serde_json::Value::Object(o)
-                })
-                .collect();
-            println!("{}", serde_json::Value::Array(v));
+            let cols: Vec<&str> = modes.iter().map(|m| m.name.as_str()).collect();
+            println!("{}", sweep::to_json(&cols, &rows));
         } else {
             println!(
                 "IOPS/host CPU% per block size and mode ({} to {}, -q {} -w {}, {} s each)",

@@ -22,7 +22,6 @@
 //! sides busy-poll, so time per I/O is the inverse of IOPS).
 
 use std::cell::{Cell, RefCell};
-use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::rc::Rc;
@@ -39,7 +38,7 @@ use pollux_reactor::{launch, CoreId, Cores, IdleMode, LaunchConfig, PollStatus, 
 use pollux_verbs::Provider;
 
 use super::spawn::busy_pct;
-use super::sweep::SWEEP_SIZES;
+use super::sweep::{cell_of, grid, to_json, SWEEP_SIZES};
 use crate::report::{Report, Tally};
 use crate::workload::{check_pattern, fill_pattern, OffsetGen, Workload};
 use crate::AppError;
@@ -766,58 +765,41 @@ fn stats_file_load(path: &std::path::Path) -> Option<(u64, u64)> {
 }
 
 /// One sweep cell: IOPS and host CPU % (`None`: the run failed).
-pub type PiCell = Option<(f64, f64)>;
+pub type PiCell = super::sweep::Cell;
 
 /// The sweep tables: `IOPS/CPU%` per block size (rows) and PI policy
 /// (columns), then, when an `off` column exists, the cost of PI per I/O
 /// relative to it (`IOPS(off) / IOPS(policy)`).
 pub fn pi_table(cols: &[String], rows: &[(usize, Vec<PiCell>)]) -> String {
-    let w = cols.iter().map(String::len).max().unwrap_or(0).max(14);
+    let names: Vec<&str> = cols.iter().map(String::as_str).collect();
     let mut s = String::new();
-    let header = |s: &mut String| {
-        let _ = write!(s, "{:>8}", "bs");
-        for c in cols {
-            let _ = write!(s, "  {c:>w$}");
-        }
-        s.push('\n');
-    };
-    header(&mut s);
-    for (bs, cells) in rows {
-        let _ = write!(s, "{:>8}", size_label(*bs));
-        for c in cells {
-            let txt = match c {
-                Some((iops, cpu)) => format!("{iops:.0}/{cpu:.0}%"),
-                None => "failed".to_string(),
-            };
-            let _ = write!(s, "  {txt:>w$}");
-        }
-        s.push('\n');
-    }
+    grid(&mut s, &names, 14, rows, |c| match c {
+        Some((iops, cpu)) => format!("{iops:.0}/{cpu:.0}%"),
+        None => "failed".to_string(),
+    });
     if let Some(off) = cols.iter().position(|c| c == "off" || c == "none") {
         s.push_str("cost of PI per I/O, relative to off (IOPS(off) / IOPS(policy)):\n");
-        header(&mut s);
-        for (bs, cells) in rows {
-            let _ = write!(s, "{:>8}", size_label(*bs));
-            let base = cells.get(off).copied().flatten().map(|c| c.0);
-            for c in cells {
-                let txt = match (base, c) {
-                    (Some(b), Some((iops, _))) if *iops > 0.0 => format!("{:.2}", b / iops),
-                    _ => "-".to_string(),
-                };
-                let _ = write!(s, "  {txt:>w$}");
-            }
-            s.push('\n');
-        }
+        // Each cell divided by its row's `off` cell.
+        let ratios: Vec<(usize, Vec<PiCell>)> = rows
+            .iter()
+            .map(|(bs, cells)| {
+                let base = cells.get(off).copied().flatten().map(|c| c.0);
+                let r = cells
+                    .iter()
+                    .map(|c| match (base, c) {
+                        (Some(b), Some((iops, _))) if *iops > 0.0 => Some((b / iops, 0.0)),
+                        _ => None,
+                    })
+                    .collect();
+                (*bs, r)
+            })
+            .collect();
+        grid(&mut s, &names, 14, &ratios, |c| match c {
+            Some((ratio, _)) => format!("{ratio:.2}"),
+            None => "-".to_string(),
+        });
     }
     s
-}
-
-fn size_label(bs: usize) -> String {
-    if bs >= 1024 && bs % 1024 == 0 {
-        format!("{}K", bs / 1024)
-    } else {
-        bs.to_string()
-    }
 }
 
 /// `pollux-perf`'s iSER path: one run or a sweep, printed as a table or
@@ -865,13 +847,9 @@ pub fn main(cli: &IserCli) -> Result<ExitCode, AppError> {
                 p.pi = *pol;
                 match run_provider(cli, &p) {
                     Ok(r) => {
-                        let cpu = if r.cores.is_empty() {
-                            0.0
-                        } else {
-                            r.cores.iter().map(|c| c.busy_pct).sum::<f64>() / r.cores.len() as f64
-                        };
-                        failed |= r.total.errors + r.total.miscompares > 0;
-                        cells.push(Some((r.total.iops, cpu)));
+                        let (cell, bad) = cell_of(&r);
+                        failed |= bad;
+                        cells.push(cell);
                     }
                     Err(e) => {
                         eprintln!("pollux-perf: {bs} B, pi {name}: {e}");
@@ -884,24 +862,8 @@ pub fn main(cli: &IserCli) -> Result<ExitCode, AppError> {
         }
         let names: Vec<String> = cols.iter().map(|c| c.0.clone()).collect();
         if cli.json {
-            let v: Vec<serde_json::Value> = rows
-                .iter()
-                .map(|(bs, cells)| {
-                    let mut o = serde_json::Map::new();
-                    o.insert("bs".into(), (*bs).into());
-                    for (n, c) in names.iter().zip(cells) {
-                        o.insert(
-                            n.clone(),
-                            c.map_or(
-                                serde_json::Value::Null,
-                                |(iops, cpu)| serde_json::json!({"iops": iops, "cpu_pct": cpu}),
-                            ),
-                        );
-                    }
-                    serde_json::Value::Object(o)
-                })
-                .collect();
-            println!("{}", serde_json::Value::Array(v));
+            let cols: Vec<&str> = names.iter().map(String::as_str).collect();
+            println!("{}", to_json(&cols, &rows));
         } else {
             println!(
                 "IOPS/host CPU% per block size and PI policy (iser to {trid}, -q {} -w {}, {} s each)",

@@ -5,6 +5,8 @@ use std::fmt::Write as _;
 
 use pollux_nvmf::host::rdma::MemMode;
 
+use crate::report::Report;
+
 /// Block sizes of a sweep: 512 B … 64 KiB.
 pub const SWEEP_SIZES: [usize; 8] = [512, 1024, 2048, 4096, 8192, 16384, 32768, 65536];
 
@@ -80,30 +82,80 @@ pub type Cell = Option<(f64, f64)>;
 /// The sweep table: a header of mode names, a row per block size with
 /// `IOPS/CPU%` cells (`failed` for a run that failed).
 pub fn table(modes: &[SweepMode], rows: &[(usize, Vec<Cell>)]) -> String {
-    let w = modes
+    let names: Vec<&str> = modes.iter().map(|m| m.name.as_str()).collect();
+    let mut s = String::new();
+    grid(&mut s, &names, 16, rows, |c| match c {
+        Some((iops, cpu)) => format!("{iops:.0}/{cpu:.0}%"),
+        None => "failed".to_string(),
+    });
+    s
+}
+
+/// Appends a table to `s`: a `bs` header with one column per name (at
+/// least `min_width` wide), then a row per block size whose cells are
+/// `text(cell)`. Shared by every sweep (host modes, PI policies).
+pub fn grid(
+    s: &mut String,
+    cols: &[&str],
+    min_width: usize,
+    rows: &[(usize, Vec<Cell>)],
+    mut text: impl FnMut(&Cell) -> String,
+) {
+    let w = cols
         .iter()
-        .map(|m| m.name.len())
+        .map(|c| c.len())
         .max()
         .unwrap_or(0)
-        .max(16);
-    let mut s = String::new();
+        .max(min_width);
     let _ = write!(s, "{:>8}", "bs");
-    for m in modes {
-        let _ = write!(s, "  {:>w$}", m.name);
+    for c in cols {
+        let _ = write!(s, "  {c:>w$}");
     }
     s.push('\n');
     for (bs, cells) in rows {
         let _ = write!(s, "{:>8}", size_label(*bs));
         for c in cells {
-            let txt = match c {
-                Some((iops, cpu)) => format!("{iops:.0}/{cpu:.0}%"),
-                None => "failed".to_string(),
-            };
-            let _ = write!(s, "  {txt:>w$}");
+            let _ = write!(s, "  {:>w$}", text(c));
         }
         s.push('\n');
     }
-    s
+}
+
+/// One run's cell: IOPS and the mean host busy % over its cores; and
+/// whether any I/O failed or miscompared.
+pub fn cell_of(r: &Report) -> (Cell, bool) {
+    let cpu = if r.cores.is_empty() {
+        0.0
+    } else {
+        r.cores.iter().map(|c| c.busy_pct).sum::<f64>() / r.cores.len() as f64
+    };
+    (
+        Some((r.total.iops, cpu)),
+        r.total.errors + r.total.miscompares > 0,
+    )
+}
+
+/// A sweep as JSON: an array with one object per block size, `{"bs": N,
+/// COLUMN: {"iops", "cpu_pct"} or null}`.
+pub fn to_json(cols: &[&str], rows: &[(usize, Vec<Cell>)]) -> String {
+    let v: Vec<serde_json::Value> = rows
+        .iter()
+        .map(|(bs, cells)| {
+            let mut o = serde_json::Map::new();
+            o.insert("bs".into(), (*bs).into());
+            for (n, c) in cols.iter().zip(cells) {
+                o.insert(
+                    (*n).to_string(),
+                    c.map_or(
+                        serde_json::Value::Null,
+                        |(iops, cpu)| serde_json::json!({"iops": iops, "cpu_pct": cpu}),
+                    ),
+                );
+            }
+            serde_json::Value::Object(o)
+        })
+        .collect();
+    serde_json::Value::Array(v).to_string()
 }
 
 fn size_label(bs: usize) -> String {
