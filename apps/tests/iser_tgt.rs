@@ -7,11 +7,12 @@
 
 #![allow(clippy::unwrap_used)] // test helpers: a failed unwrap is a failed test
 
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+mod common;
+
+use common::{tmp, Tgt, WAIT};
+
+use std::process::Command;
+use std::time::Instant;
 
 use pollux_apps::tgt::TgtPlan;
 use pollux_iser::initiator::scsi::{parse_read_capacity16, read_capacity16_cdb};
@@ -20,13 +21,10 @@ use pollux_iser::initiator::{
 };
 use pollux_reactor::mem::{DmaBuf, SgList};
 use pollux_verbs::soft::Soft;
-use rustix::process::{kill_process, Pid, Signal};
+use rustix::process::Signal;
 
 const IQN: &str = "iqn.2016-06.io.pollux:iser-tgt-test";
 const INI: &str = "iqn.2016-06.io.pollux:iser-tgt-host";
-/// Bound on every wait.
-const WAIT: Duration = Duration::from_secs(20);
-
 fn config(addr: &str) -> String {
     format!(
         r#"cores = "0"
@@ -172,76 +170,6 @@ fn iscsi_config_errors_name_the_line_and_field() {
     assert!(e.contains("line 1") && e.contains("iscsi.target"), "{e}");
 }
 
-fn tmp(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()))
-}
-
-struct Tgt {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-    seen: Vec<String>,
-}
-
-impl Tgt {
-    fn start(config: &PathBuf) -> Tgt {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_pollux-tgt"))
-            .arg("-c")
-            .arg(config)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start pollux-tgt");
-        let (tx, lines) = mpsc::channel();
-        let out = child.stdout.take().unwrap();
-        std::thread::spawn(move || {
-            for l in BufReader::new(out).lines() {
-                let Ok(l) = l else { break };
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
-        Tgt {
-            child,
-            lines,
-            seen: Vec::new(),
-        }
-    }
-
-    fn wait_line(&mut self, what: &str) -> String {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(l) => {
-                    self.seen.push(l.clone());
-                    if l.contains(what) {
-                        return l;
-                    }
-                }
-                Err(_) => {
-                    let _ = self.child.kill();
-                    let mut err = String::new();
-                    if let Some(mut e) = self.child.stderr.take() {
-                        let _ = std::io::Read::read_to_string(&mut e, &mut err);
-                    }
-                    panic!(
-                        "no line with {what:?}; stdout so far:\n{}\nstderr:\n{err}",
-                        self.seen.join("\n")
-                    );
-                }
-            }
-        }
-    }
-}
-
-impl Drop for Tgt {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// Poll until `done` or the deadline.
 fn drive(
     ini: &mut IserInitiator<Soft>,
@@ -335,7 +263,7 @@ fn tgt_serves_iser_to_our_initiator_and_perf_then_stops_on_sigterm() {
     let addr = format!("@pollux-iser-tgt-test-{}", std::process::id());
     let cfg = tmp("iser-tgt.toml");
     std::fs::write(&cfg, config(&addr)).unwrap();
-    let mut tgt = Tgt::start(&cfg);
+    let mut tgt = Tgt::start(&cfg, &[]);
     tgt.wait_line(&format!("iscsi portal group 1: {addr}"));
     tgt.wait_line("lun 0: bdev Pi0");
     tgt.wait_line("initiator: -r 'trtype:iser");
@@ -391,7 +319,7 @@ fn tgt_serves_iser_to_our_initiator_and_perf_then_stops_on_sigterm() {
     assert!(v["cores"][0]["busy_pct"].is_number() && v["lat_p99_us"].is_number());
 
     // SIGTERM with our session open: disconnected, clean exit.
-    kill_process(Pid::from_child(&tgt.child), Signal::TERM).unwrap();
+    tgt.signal(Signal::TERM);
     tgt.wait_line("shutting down iSCSI: disconnecting 1 connection(s)");
     tgt.wait_line("iSCSI stopped");
     let deadline = Instant::now() + WAIT;
@@ -403,14 +331,7 @@ fn tgt_serves_iser_to_our_initiator_and_perf_then_stops_on_sigterm() {
         ini.poll(&mut |_| {});
         std::thread::yield_now();
     }
-    let deadline = Instant::now() + WAIT;
-    let status = loop {
-        if let Some(s) = tgt.child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "pollux-tgt did not exit");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = tgt.wait_exit();
     assert!(status.success(), "exit status {status:?}");
     drop(ini);
     let _ = std::fs::remove_file(cfg);

@@ -5,10 +5,12 @@
 
 #![allow(clippy::unwrap_used)] // test helpers: a failed unwrap is a failed test
 
-use std::io::{BufRead, BufReader};
+mod common;
+
+use common::{tmp, Tgt, WAIT};
+
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use pollux_nvmf::host::rdma::{RdmaHost, RdmaHostOptions};
@@ -16,12 +18,9 @@ use pollux_nvmf::host::{Controller, CtrlOptions, HostError, HostIdentity, DEFAUL
 use pollux_reactor::mem::{BufPool, BufPoolOptions, SgList};
 use pollux_verbs::soft::Soft;
 use pollux_verbs::CmAddr;
-use rustix::process::{kill_process, Pid, Signal};
+use rustix::process::Signal;
 
 const NQN: &str = "nqn.2016-06.io.pollux:tgt-run-test";
-/// Bound on every wait: startup, shutdown, a host noticing the disconnect.
-const WAIT: Duration = Duration::from_secs(20);
-
 fn config(addr: &str) -> String {
     format!(
         r#"cores = "0"
@@ -48,101 +47,6 @@ namespaces = [{{ bdev = "Malloc0", nsid = 1 }}]
 traddr = "{addr}"
 "#
     )
-}
-
-fn tmp(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()))
-}
-
-/// A running `pollux-tgt`: its stdout lines arrive on `lines`; killed on drop.
-struct Tgt {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-    seen: Vec<String>,
-}
-
-impl Tgt {
-    fn start(config: &PathBuf, extra: &[&str]) -> Tgt {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_pollux-tgt"))
-            .arg("-c")
-            .arg(config)
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start pollux-tgt");
-        let (tx, lines) = mpsc::channel();
-        let out = child.stdout.take().unwrap();
-        std::thread::spawn(move || {
-            for l in BufReader::new(out).lines() {
-                let Ok(l) = l else { break };
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
-        Tgt {
-            child,
-            lines,
-            seen: Vec::new(),
-        }
-    }
-
-    /// Read stdout until a line contains `what`; every line is kept.
-    fn wait_line(&mut self, what: &str) -> String {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(l) => {
-                    self.seen.push(l.clone());
-                    if l.contains(what) {
-                        return l;
-                    }
-                }
-                Err(_) => {
-                    let _ = self.child.kill();
-                    let mut err = String::new();
-                    if let Some(mut e) = self.child.stderr.take() {
-                        let _ = std::io::Read::read_to_string(&mut e, &mut err);
-                    }
-                    panic!(
-                        "no line with {what:?}; stdout so far:\n{}\nstderr:\n{err}",
-                        self.seen.join("\n")
-                    );
-                }
-            }
-        }
-    }
-
-    fn signal(&self, sig: Signal) {
-        kill_process(Pid::from_child(&self.child), sig).unwrap();
-    }
-
-    /// Wait (bounded) for the exit status.
-    fn wait_exit(&mut self) -> std::process::ExitStatus {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            if let Some(s) = self.child.try_wait().unwrap() {
-                return s;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "pollux-tgt did not exit; stdout:\n{}",
-                self.seen.join("\n")
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-}
-
-impl Drop for Tgt {
-    fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
 }
 
 fn read_stats(path: &PathBuf) -> serde_json::Value {

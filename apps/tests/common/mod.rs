@@ -1,0 +1,115 @@
+//! Test helpers shared by the `pollux-tgt` end-to-end tests: a running
+//! target whose stdout is read line by line, killed on drop.
+
+#![allow(clippy::unwrap_used, dead_code)] // each test file uses a subset
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use rustix::process::{kill_process, Pid, Signal};
+
+/// How long any wait on the target may take before the test fails.
+pub const WAIT: Duration = Duration::from_secs(20);
+
+/// A per-process path under cargo's test temp dir.
+pub fn tmp(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()))
+}
+
+/// A running `pollux-tgt`: its stdout lines arrive on `lines`; killed on drop.
+pub struct Tgt {
+    /// The target process.
+    pub child: Child,
+    lines: mpsc::Receiver<String>,
+    /// Every stdout line read so far.
+    pub seen: Vec<String>,
+}
+
+impl Tgt {
+    /// Starts `pollux-tgt -c config EXTRA...`.
+    pub fn start(config: &PathBuf, extra: &[&str]) -> Tgt {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_pollux-tgt"))
+            .arg("-c")
+            .arg(config)
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start pollux-tgt");
+        let (tx, lines) = mpsc::channel();
+        let out = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for l in BufReader::new(out).lines() {
+                let Ok(l) = l else { break };
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        Tgt {
+            child,
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Read stdout until a line contains `what`; every line is kept.
+    pub fn wait_line(&mut self, what: &str) -> String {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => {
+                    self.seen.push(l.clone());
+                    if l.contains(what) {
+                        return l;
+                    }
+                }
+                Err(_) => {
+                    let _ = self.child.kill();
+                    let mut err = String::new();
+                    if let Some(mut e) = self.child.stderr.take() {
+                        let _ = std::io::Read::read_to_string(&mut e, &mut err);
+                    }
+                    panic!(
+                        "no line with {what:?}; stdout so far:\n{}\nstderr:\n{err}",
+                        self.seen.join("\n")
+                    );
+                }
+            }
+        }
+    }
+
+    /// Sends `sig` to the target.
+    pub fn signal(&self, sig: Signal) {
+        kill_process(Pid::from_child(&self.child), sig).unwrap();
+    }
+
+    /// Wait (bounded) for the exit status.
+    pub fn wait_exit(&mut self) -> std::process::ExitStatus {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "pollux-tgt did not exit; stdout:\n{}",
+                self.seen.join("\n")
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Tgt {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
