@@ -6,6 +6,8 @@
 #   bash scripts/main-job.sh            # sweep, SECS=1 per cell
 #   SECS=3 MODES=pool,register-always+inline bash scripts/main-job.sh
 #   bash scripts/main-job.sh --single   # one 5 s randread 4 KiB run, JSON
+#   BS=512 MEM=pool bash scripts/main-job.sh --single   # the issue-5 goals
+#   WORKLOAD=randread bash scripts/main-job.sh          # read-only sweep
 #
 # It needs nothing but cargo. The target is `pollux-tgt` (the example
 # config apps/config/tgt-null.toml with 512-byte blocks, core 0, its stats
@@ -31,7 +33,12 @@ cargo build --release --bin pollux-perf >&2
 PERF=target/release/pollux-perf
 
 if [ "${1:-}" = "--single" ]; then
-    RUN=(-q "$QD" -o 4096 -w randread -t 5 --cores "$HOST_CORE" --json)
+    # BS, MEM (pool | register-always) and SECS_SINGLE pick the run.
+    RUN=(-q "$QD" -o "${BS:-4096}" -w "${SINGLE_WORKLOAD:-randread}" -t "${SECS_SINGLE:-5}"
+        --cores "$HOST_CORE" --json)
+    if [ -n "${MEM:-}" ]; then
+        RUN+=(--mem "$MEM")
+    fi
 else
     RUN=(--sweep --sweep-modes "$MODES" -q "$QD" -w "$WORKLOAD" -t "$SECS" --cores "$HOST_CORE")
 fi

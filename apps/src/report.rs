@@ -111,6 +111,9 @@ pub struct Report {
     /// The target's reactor busy percentage, when the target is ours.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub target_busy_pct: Option<f64>,
+    /// Times the host reconnected to a lost controller (NVMe-oF runs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reconnects: Option<u64>,
 }
 
 impl Report {
@@ -131,6 +134,7 @@ impl Report {
             total: Figures::from_tally(&total, seconds),
             cores,
             target_busy_pct: None,
+            reconnects: None,
         }
     }
 
@@ -181,6 +185,9 @@ impl Report {
         row(&mut s, "total", &self.total, None);
         if let Some(t) = self.target_busy_pct {
             let _ = writeln!(s, "target reactor busy: {t:.1}%");
+        }
+        if let Some(n) = self.reconnects {
+            let _ = writeln!(s, "reconnects: {n}, failed I/Os: {}", self.total.errors);
         }
         s
     }

@@ -160,6 +160,23 @@ fn iscsi_config_errors_name_the_line_and_field() {
     );
     assert_eq!(i.nodes[0].name, "iqn.2016-06.io.pollux:disk0");
     assert_eq!(i.nodes[0].luns.len(), 2);
+    // The ibverbs example (the VM interop's shape): parses with the
+    // feature, and without it names the provider line.
+    let ib = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/config/tgt-iser-ibverbs.toml"
+    ))
+    .unwrap();
+    let parsed = TgtPlan::parse(&ib);
+    if cfg!(feature = "ibverbs") {
+        let p = parsed.unwrap();
+        let i = p.iscsi.as_ref().unwrap();
+        assert_eq!(i.nodes[0].luns.len(), 2);
+        assert_eq!(i.target.limits.queue_depth, 64);
+    } else {
+        let e = parsed.unwrap_err().to_string();
+        assert!(e.contains("provider"), "{e}");
+    }
     // Nothing to serve at all.
     let e = TgtPlan::parse("cores = \"0\"\n").unwrap_err().to_string();
     assert!(e.contains("subsystem"), "{e}");

@@ -43,6 +43,16 @@ impl Drop for Tgt {
 
 fn target(bdev: &str) -> Tgt {
     static N: AtomicUsize = AtomicUsize::new(0);
+    let addr = format!(
+        "@pollux-perf-test-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    );
+    target_at(bdev, addr)
+}
+
+/// A target listening at `addr` (a restarted target reuses its address).
+fn target_at(bdev: &str, addr: String) -> Tgt {
     let target = Target::new(TargetOptions {
         in_capsule_data_size: 4096,
         ..TargetOptions::for_tests()
@@ -56,11 +66,6 @@ fn target(bdev: &str) -> Tgt {
         .unwrap();
     let transport = RdmaTransport::<Soft>::new(&target, RdmaOptions::for_tests()).unwrap();
     target.add_transport(transport.clone()).unwrap();
-    let addr = format!(
-        "@pollux-perf-test-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    );
     target
         .add_listener(TransportId {
             trtype: TrType::Rdma,
@@ -108,6 +113,8 @@ fn params(t: &Tgt, w: Workload, verify: bool, secs: f64) -> PerfParams {
         inline_cap: None,
         kato: Duration::from_secs(10),
         io_timeout: Duration::from_secs(10),
+        reconnect_delay: Duration::from_secs(2),
+        ctrl_loss_tmo: Duration::ZERO,
     }
 }
 
@@ -241,4 +248,80 @@ fn target_death_mid_run_is_a_clear_error() {
         msg.contains("lost the target") || msg.contains("connect"),
         "{msg}"
     );
+}
+
+/// Stop `t` after `after`, and start a new target on the same address
+/// `back` later (`None`: never); the thread returns the new target.
+fn kill_and_restart(
+    mut t: Tgt,
+    bdev: &'static str,
+    after: Duration,
+    back: Option<Duration>,
+) -> std::thread::JoinHandle<Option<Tgt>> {
+    std::thread::spawn(move || {
+        std::thread::sleep(after);
+        let addr = t.addr.clone();
+        drop(t.set.take());
+        drop(t);
+        let back = back?;
+        std::thread::sleep(back);
+        Some(target_at(bdev, addr))
+    })
+}
+
+/// The target dies mid-run and comes back on the same address: the host
+/// reconnects, the paused job resumes, and verification (write, read back,
+/// compare) passes on the new target.
+#[test]
+fn target_restart_mid_run_reconnects_and_verifies() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    const BDEV: &str = "malloc:size=8M,block=512,name=prr";
+    let t = target(BDEV);
+    let mut p = params(&t, Workload::Write, true, 4.0);
+    p.reconnect_delay = Duration::from_millis(200);
+    p.ctrl_loss_tmo = Duration::from_secs(30);
+    let f = factory(&t, MemMode::Pool, false);
+    let restarter = kill_and_restart(
+        t,
+        BDEV,
+        Duration::from_millis(700),
+        Some(Duration::from_millis(600)),
+    );
+    let r = run(f, Cores::parse("0").unwrap(), IdleMode::BusyPoll, &p)
+        .unwrap_or_else(|e| panic!("the run did not survive the restart: {e}"));
+    let _t2 = restarter.join().unwrap();
+    assert!(
+        r.reconnects.is_some_and(|n| n >= 1),
+        "no reconnect: {:?}",
+        r.reconnects
+    );
+    assert!(r.total.ios > 0, "no I/O");
+    assert_eq!(r.total.miscompares, 0, "miscompares after the reconnect");
+    let table = r.to_table();
+    assert!(table.contains("reconnects: "), "{table}");
+}
+
+/// The target dies and never comes back: the run fails once
+/// `ctrl_loss_tmo` passed, with an error that says so.
+#[test]
+fn target_gone_for_good_fails_after_ctrl_loss_tmo() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    const BDEV: &str = "null:size=64M,block=512,name=pgone";
+    let t = target(BDEV);
+    let mut p = params(&t, Workload::RandRead, false, 30.0);
+    p.reconnect_delay = Duration::from_millis(200);
+    p.ctrl_loss_tmo = Duration::from_secs(1);
+    let f = factory(&t, MemMode::RegisterAlways, true);
+    let killer = kill_and_restart(t, BDEV, Duration::from_millis(300), None);
+    let start = std::time::Instant::now();
+    let e = run(f, Cores::parse("0").unwrap(), IdleMode::BusyPoll, &p).unwrap_err();
+    assert!(killer.join().unwrap().is_none());
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_millis(1300),
+        "gave up after {took:?}"
+    );
+    assert!(took < Duration::from_secs(20), "took {took:?}");
+    let msg = e.to_string();
+    assert!(msg.contains("ctrl_loss_tmo"), "{msg}");
 }

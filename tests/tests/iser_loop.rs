@@ -1,15 +1,17 @@
 //! Our iSER initiator against our iSER target over the soft verbs
 //! provider, in process on a one-reactor `TestCluster`: login, discovery,
 //! LUN discovery, reads and writes with data verification, T10 PI (with
-//! corruption detected by the target and by the initiator), remote and
-//! local invalidation, and an initiator dying mid-I/O.
+//! corruption detected by the target and by the initiator, and corrupted
+//! stored metadata caught by the bdev layer under the target), remote and
+//! local invalidation, pre-registered task memory (providers without fast
+//! registration), and an initiator dying mid-I/O.
 #![allow(clippy::unwrap_used)]
 
 use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use pollux_bdev::BdevRegistry;
+use pollux_bdev::{Bdev, BdevRegistry, CompletedIo, IoCompletion, IoStatus};
 use pollux_iser::initiator::scsi::{
     inquiry_cdb, parse_inquiry, parse_read_capacity16, parse_report_luns, read_capacity16_cdb,
     report_luns_cdb, rw16_cdb,
@@ -35,6 +37,7 @@ struct Fx {
     transport: Arc<IserTransport<Soft>>,
     pg: Rc<IserPollGroup<Soft>>,
     addr: String,
+    pi_bdev: Arc<Bdev>,
 }
 
 fn fixture() -> Fx {
@@ -69,7 +72,7 @@ fn fixture() -> Fx {
         .add_node(TargetNode {
             name: TGT.into(),
             alias: None,
-            luns: vec![(0, plain), (1, pi)],
+            luns: vec![(0, plain), (1, pi.clone())],
             allowed_initiators: vec![],
             portal_groups: vec![1],
         })
@@ -83,6 +86,7 @@ fn fixture() -> Fx {
         transport,
         pg,
         addr,
+        pi_bdev: pi,
     };
     assert!(fx.spin(|| (fx.pg.listeners() == 1).then_some(())).is_some());
     fx
@@ -434,4 +438,137 @@ fn bad_iser_cm_header_is_rejected() {
     let ev = fx.spin(|| id.get_event().ok().flatten()).unwrap();
     assert!(matches!(ev, CmEvent::Rejected { .. }), "{ev:?}");
     assert_eq!(fx.transport.stats().rejected, 1);
+}
+
+/// 512-byte blocks with valid Type 1 tuples (ref tag = LBA) for `lba..`.
+fn pi_blocks(lba: u64, n: u64, seed: u8) -> Vec<u8> {
+    let mut wire = Vec::new();
+    for b in 0..n {
+        let blk = pattern(seed.wrapping_add(b as u8), 512);
+        wire.extend_from_slice(&blk);
+        wire.extend_from_slice(&pollux_pi::crc16_t10dif(0, &blk).to_be_bytes());
+        wire.extend_from_slice(&0u16.to_be_bytes());
+        wire.extend_from_slice(&((lba + b) as u32).to_be_bytes());
+    }
+    wire
+}
+
+#[test]
+fn corrupted_stored_pi_is_caught_by_the_bdev_layer_with_the_right_sense() {
+    let fx = fixture();
+    let mut o = fx.opts();
+    o.pi = PiPolicy::Both; // RDPROTECT/WRPROTECT 001b: the target checks
+    let mut ini = fx.connect(o);
+    fx.discover_luns(&mut ini);
+    let lba = 300u64;
+    let data = pattern(3, 4 * 512);
+    assert!(fx.write(&mut ini, 1, lba, &data).is_good());
+    // Corrupt the stored metadata behind the target, straight through the
+    // bdev (an I/O without a PI action passes metadata untouched): block 1
+    // gets a bad guard, block 3 a bad reference tag; the data stay intact.
+    let mut raw = pi_blocks(lba, 4, 0);
+    for b in 0..4 {
+        raw[b * 520..b * 520 + 512].copy_from_slice(&data[b * 512..(b + 1) * 512]);
+        let g = pollux_pi::crc16_t10dif(0, &data[b * 512..(b + 1) * 512]);
+        raw[b * 520 + 512..b * 520 + 514].copy_from_slice(&g.to_be_bytes());
+    }
+    raw[520 + 512] ^= 0x80; // guard of LBA 301
+    raw[3 * 520 + 519] ^= 0x01; // ref tag of LBA 303
+    let done: Rc<std::cell::RefCell<Option<IoStatus>>> = Rc::default();
+    let d2 = done.clone();
+    let keep = fx.cl.on(0, |r| {
+        let ch = fx.pi_bdev.open(true).unwrap().channel(r).unwrap();
+        let mut b = DmaBuf::alloc(raw.len()).unwrap();
+        b.as_mut_slice().copy_from_slice(&raw);
+        let cb: Rc<dyn IoCompletion> =
+            Rc::new(move |io: CompletedIo| *d2.borrow_mut() = Some(io.status));
+        ch.write(lba, 4, SgList::from_buf(b), &cb, 0).unwrap();
+        ch
+    });
+    assert!(fx.spin(|| done.borrow().is_some().then_some(())).is_some());
+    assert_eq!(*done.borrow(), Some(Ok(())));
+    drop(keep);
+    // READ with RDPROTECT 001b: the bdev's read-verify fails the I/O and
+    // the target answers ABORTED COMMAND 10/01 with the first bad LBA.
+    let r = fx.read(&mut ini, 1, lba, 4 * 512);
+    assert_eq!(r.sense_code(), Some((0xB, 0x10, 0x01)), "{:?}", r.sense);
+    assert_eq!(r.sense.unwrap().info, Some(lba + 1));
+    assert!(
+        r.pi_error.is_none(),
+        "found by the target, not the initiator"
+    );
+    let r = fx.read(&mut ini, 1, lba + 2, 2 * 512);
+    assert_eq!(r.sense_code(), Some((0xB, 0x10, 0x03)), "{:?}", r.sense);
+    assert_eq!(r.sense.unwrap().info, Some(lba + 3));
+    // The intact blocks still read back.
+    let r = fx.read(&mut ini, 1, lba + 2, 512);
+    assert!(r.is_good(), "{:?}", r.sense);
+    assert_eq!(
+        r.bufs.unwrap().pop().unwrap().as_slice(),
+        &data[2 * 512..3 * 512]
+    );
+    // WRITE with WRPROTECT 001b and a bad guard from the wire: the bdev's
+    // write-verify refuses it before the medium (10/01 at that LBA) and
+    // the old data stay.
+    let mut wire = pi_blocks(lba + 2, 1, 9);
+    wire[512] ^= 0x01;
+    let mut b = DmaBuf::alloc(wire.len()).unwrap();
+    b.as_mut_slice().copy_from_slice(&wire);
+    ini.submit(
+        1,
+        &rw16_cdb(true, lba + 2, 1, 1),
+        DataDir::Write,
+        Some(SgList::from_buf(b)),
+        wire.len(),
+        5,
+    )
+    .unwrap();
+    let w = fx.wait(&mut ini, 1).pop().unwrap();
+    assert_eq!(w.sense_code(), Some((0xB, 0x10, 0x01)), "{:?}", w.sense);
+    assert_eq!(w.sense.unwrap().info, Some(lba + 2));
+    let r = fx.read(&mut ini, 1, lba + 2, 512);
+    assert!(r.is_good());
+    assert_eq!(
+        r.bufs.unwrap().pop().unwrap().as_slice(),
+        &data[2 * 512..3 * 512]
+    );
+    logout(&fx, ini);
+}
+
+#[test]
+fn pre_registered_task_memory_moves_data_without_invalidation() {
+    let fx = fixture();
+    let mut o = fx.opts();
+    o.pre_registered = true;
+    let mut ini = fx.connect(o);
+    assert!(ini.pre_registered());
+    // The target is told not to invalidate (arena MRs must survive).
+    assert!(!ini.remote_invalidation());
+    fx.discover_luns(&mut ini);
+    for (i, len) in [512usize, 4096, 65536].into_iter().enumerate() {
+        let data = pattern(90 + i as u8, len);
+        let lba = 2000 + 256 * i as u64;
+        let w = fx.write(&mut ini, 0, lba, &data);
+        assert!(w.is_good(), "write {len}: {:?}", w.sense);
+        let r = fx.read(&mut ini, 0, lba, len);
+        assert!(r.is_good(), "read {len}: {:?}", r.sense);
+        assert_eq!(r.invalidation, Invalidation::None);
+        assert_eq!(r.bufs.unwrap().pop().unwrap().as_slice(), &data[..]);
+    }
+    // Software PI through the (pre-registered) bounce slots.
+    logout(&fx, ini);
+    let mut o = fx.opts();
+    o.pre_registered = true;
+    o.pi = PiPolicy::Both;
+    o.pi_engine = pollux_iser::initiator::PiEngine::Software;
+    let mut ini = fx.connect(o);
+    fx.discover_luns(&mut ini);
+    let data = pattern(7, 8192);
+    assert!(fx.write(&mut ini, 1, 64, &data).is_good());
+    let r = fx.read(&mut ini, 1, 64, 8192);
+    assert!(r.is_good(), "{:?} {:?}", r.sense, r.pi_error);
+    assert_eq!(r.bufs.unwrap().pop().unwrap().as_slice(), &data[..]);
+    let st = ini.stats();
+    assert_eq!((st.remote_invalidations, st.local_invalidations), (0, 0));
+    logout(&fx, ini);
 }

@@ -120,6 +120,8 @@ fn killing_the_target_process_fails_the_run_clearly() {
         inline_cap: None,
         kato: Duration::from_secs(10),
         io_timeout: Duration::from_secs(10),
+        reconnect_delay: Duration::from_secs(2),
+        ctrl_loss_tmo: Duration::ZERO,
     };
     let a2 = addr.clone();
     let factory = Arc::new(move || {

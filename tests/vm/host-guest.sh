@@ -13,9 +13,9 @@
 #      invalidation and pool; a plain randread/randwrite on null_blk; the
 #      target saw the I/O (null_blk's block stats, rxe_tgt's packet counters);
 #   2. our own pollux-tgt (ibverbs, malloc bdev) with --verify.
-# Prints PASS/FAIL (SKIP: register-always where the provider lacks fast
-# registration) per check and a summary; exits 1 on any failure (with the
-# tails of the logs and of dmesg).
+# register-always runs fast-register each I/O through type-2 memory windows
+# (the ibverbs provider's RegMr). Prints PASS/FAIL per check and a summary;
+# exits 1 on any failure (with the tails of the logs and of dmesg).
 # Knobs: LAB_USER_HOST_SECS (seconds per pollux-perf run, default 2).
 set -u
 [ "${LAB_IN_GUEST:-}" = 1 ] || { echo "run inside tests/vm/lab" >&2; exit 2; }
@@ -47,12 +47,6 @@ check() {
   local last  # pollux-perf's table: total IOPS MiB/s avg min p50 p99 p99.9 max busy errors
   last=$(awk '$1 == "total" {printf "IOPS %s, %s MiB/s, avg %.0f us, errors+miscompares %s", $2, $3, $4, $11}' "$W/$name.log")
   if [ $rc = 0 ]; then pass "$name" $((SECONDS - t0)) "${last:+| $last}"; return 0; fi
-  if grep -q 'has no fast registration' "$W/$name.log"; then
-    # Known gap, reported as such: user-space verbs have no REG_MR, and the
-    # ibverbs provider has no memory-window path yet (tests/vm/README.md).
-    RESULTS+=("SKIP  $name: ibverbs provider has no fast registration (register-always)")
-    say "SKIP $name (no fast registration in the ibverbs provider)"; return 0
-  fi
   fail "$name" $((SECONDS - t0)) "rc=$rc"
   tail -n 20 "$W/$name.log" | sed 's/^/    | /'
   return 1
@@ -168,11 +162,10 @@ finish() {
   echo
   echo "================ pollux-perf NVMe-oF/RDMA host interop summary ================"
   printf '%s\n' "${RESULTS[@]}"
-  local np nf ns
+  local np nf
   np=$(printf '%s\n' "${RESULTS[@]}" | grep -c '^PASS')
   nf=$(printf '%s\n' "${RESULTS[@]}" | grep -c '^FAIL')
-  ns=$(printf '%s\n' "${RESULTS[@]}" | grep -c '^SKIP')
-  echo "total: $np passed, $nf failed, $ns skipped, $((SECONDS - T_ALL)) s (kernel $(uname -r))"
+  echo "total: $np passed, $nf failed, $((SECONDS - T_ALL)) s (kernel $(uname -r))"
   if [ "$FAILED" != 0 ] || [ "$nf" != 0 ]; then
     echo "--- dmesg since the start (tail)"; dmesg | tail -n +"$((DMESG0 + 1))" | tail -n 60
     echo "host-interop: FAILED"; exit 1

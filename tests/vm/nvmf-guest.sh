@@ -8,6 +8,13 @@
 #            pass over the same blocks), QD 32; disconnect, reconnect, disconnect
 #   inline16 in_capsule_data_size = 16384: IOCCSZ, 16 KiB writes in-capsule
 #   nosrq    no_srq = true: short fio
+#   kaaer    keep-alive and asynchronous events: connect with
+#            --keep-alive-tmo=5, Keep Alives counted in the stats file over
+#            > 2 periods; a namespace added to the config + SIGHUP reaches the
+#            connected host as an AEN (the new namespace shows up without a
+#            reconnect); the host silent > KATO (netem loss 100%): the target
+#            tears the controller down (keep_alive_timeouts), the host
+#            reconnects once its traffic flows again and a fio verify passes
 # Prints one PASS/FAIL line per check and a summary; exits 1 on any failure
 # (with the tails of the target log and of dmesg).
 # Knobs (env, via --env or LAB_USER_*): LAB_USER_NVMF_SCALE (size multiplier
@@ -21,11 +28,12 @@ T=$LAB_TARGET_ADDR H=$LAB_HOST_ADDR PORT=4420
 NQN=nqn.2016-06.io.pollux:interop0
 SCALE=${LAB_USER_NVMF_SCALE:-1}
 IDLE=${LAB_USER_NVMF_IDLE:-busy}
-RUNS=${LAB_USER_NVMF_RUNS:-base inline16 nosrq}
+RUNS=${LAB_USER_NVMF_RUNS:-base inline16 nosrq kaaer}
 W=$(mktemp -d /tmp/pollux-nvmf.XXXXXX)
 OUTDIR=${LAB_OUT:-$W}
 T_ALL=$SECONDS
 RESULTS=() FAILED=0 TPID="" RUN=""
+NS1='{ bdev = "Malloc0", nsid = 1 }' NSLIST=""
 
 say()  { echo "[$(date +%T)] $*"; }
 pass() { RESULTS+=("PASS  $RUN/$1 ($2 s)"); say "PASS $RUN/$1 ($2 s)"; }
@@ -80,12 +88,15 @@ device = "$LAB_TARGET_DEV"
 [[bdev]]
 spec = "malloc:name=Malloc0,size=64M,block=512"
 
+[[bdev]]
+spec = "malloc:name=Malloc1,size=16M,block=512"
+
 [[subsystem]]
 nqn = "$NQN"
 serial = "POLLUXINTEROP0"
 model = "Pollux interop"
 allow_any_host = true
-namespaces = [{ bdev = "Malloc0", nsid = 1 }]
+namespaces = [${NSLIST:-$NS1}]
 
 [[listener]]
 traddr = "$T"
@@ -230,6 +241,54 @@ no_nvme_errors() {
   fi
   return 1
 }
+# tstat NAME: a counter of the running target's stats file
+# (sed, not python: an interpreter start costs seconds under TCG)
+tstat() { local v; v=$(sed -nE 's/.*"'"$1"'":([0-9]+).*/\1/p' "$W/$RUN.stats.json"); echo "${v:--1}"; }
+# keep_alives: Keep Alive commands reach the target every KATO/2 or faster
+keep_alives() {
+  local a b; a=$(tstat keep_alives); sleep 11; b=$(tstat keep_alives)
+  echo "keep_alives: $a -> $b in 11 s (kato 5 s)"
+  [ "$a" -ge 0 ] && [ $((b - a)) -ge 2 ]
+}
+# ns_event: add namespace 2 to the config, SIGHUP; the host sees it through
+# an asynchronous event (no reconnect: same controller, same cntlid)
+ns_event() {
+  local cntlid ev0 n
+  cntlid=$(cat /sys/class/nvme/$CTRL/cntlid); ev0=$(tstat async_events)
+  NSLIST='{ bdev = "Malloc0", nsid = 1 }, { bdev = "Malloc1", nsid = 2 }'
+  sed -i "s/^namespaces = .*/namespaces = [$NSLIST]/" "$W/$RUN.toml"
+  grep '^namespaces' "$W/$RUN.toml"
+  kill -HUP "$TPID" || return 1
+  for _ in $(seq 100); do grep -q 'pollux-tgt: reloaded' "$W/$RUN.tgt.log" && break; sleep 0.2; done
+  grep 'pollux-tgt: reload' "$W/$RUN.tgt.log" || { echo "no reload line"; return 1; }
+  for _ in $(seq 100); do
+    n=$(ls /sys/class/nvme/$CTRL /sys/class/nvme-subsystem/*/ 2>/dev/null | grep -cE '^nvme[0-9]+(c[0-9]+)?n2$')
+    [ "$n" -gt 0 ] && break; sleep 0.2
+  done
+  to nvme list-ns "/dev/$CTRL"
+  echo "namespace 2 nodes: $n; async_events: $ev0 -> $(tstat async_events); cntlid $cntlid -> $(cat /sys/class/nvme/$CTRL/cntlid), state $(cat /sys/class/nvme/$CTRL/state)"
+  [ "$n" -gt 0 ] || { echo "namespace 2 did not appear"; return 1; }
+  [ "$(tstat async_events)" -gt "$ev0" ] || { echo "no event counted"; return 1; }
+  [ "$(cat /sys/class/nvme/$CTRL/cntlid)" = "$cntlid" ] || { echo "the host reconnected"; return 1; }
+  dmesg | grep -iE 'nvme.*(rescan|namespace|changed)' | tail -n 5
+}
+# kato_expiry: the host goes silent for 9 s (> KATO 5 s: netem drops all it
+# sends; an administrative link down would also flush the lab's policy
+# routes and disturb the rxe ports): the target tears the controller down;
+# the host reconnects once its traffic flows again
+kato_expiry() {
+  local t0 c0; t0=$(tstat keep_alive_timeouts); c0=$(cat /sys/class/nvme/$CTRL/cntlid)
+  modprobe sch_netem 2>/dev/null
+  tc qdisc add dev "$LAB_HOST_IF" root netem loss 100% || return 1
+  sleep 9
+  echo "keep_alive_timeouts while the host was silent: $t0 -> $(tstat keep_alive_timeouts), host state $(cat /sys/class/nvme/$CTRL/state)"
+  tc qdisc del dev "$LAB_HOST_IF" root || return 1
+  [ "$(tstat keep_alive_timeouts)" -gt "$t0" ] || { echo "the target did not time the controller out"; return 1; }
+  for _ in $(seq 300); do [ "$(cat /sys/class/nvme/$CTRL/state 2>/dev/null)" = live ] && break; sleep 0.2; done
+  echo "host state $(cat /sys/class/nvme/$CTRL/state), cntlid $c0 -> $(cat /sys/class/nvme/$CTRL/cntlid)"
+  dmesg | grep -iE 'nvme.*(keep-alive|reconnect|reset)' | tail -n 6
+  [ "$(cat /sys/class/nvme/$CTRL/state)" = live ]
+}
 kib() { echo $(( $1 * SCALE ))k; }
 want() { [[ " $RUNS " == *" $1 "* ]]; }
 
@@ -317,6 +376,18 @@ if want nosrq && start_tgt nosrq 4096 true; then
     check disconnect 60 disconnect
   fi
   check no-nvme-errors 10 no_nvme_errors "$D0" "$C0"
+  stop_tgt
+fi
+# 4. keep-alive and asynchronous events (reconnects on purpose: no
+#    no-nvme-errors check here)
+if want kaaer && start_tgt kaaer 4096 false; then
+  if check connect 60 connect --keep-alive-tmo=5 --reconnect-delay=2 --ctrl-loss-tmo=60; then
+    check keep-alives 30 keep_alives
+    check ns-added-aen 40 ns_event
+    check kato-expiry 60 kato_expiry && find_dev
+    check fio-4k-after-kato 120 fio_verify 4k "$(kib 512)"
+    check disconnect 60 disconnect
+  fi
   stop_tgt
 fi
 finish

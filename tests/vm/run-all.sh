@@ -18,4 +18,5 @@ tests/vm/lab --setup-only || exit $?
 run tests/vm/run-verbs-conformance.sh
 run tests/vm/run-nvmf-interop.sh
 run tests/vm/run-host-interop.sh
+run tests/vm/run-iser-interop.sh
 exit $status

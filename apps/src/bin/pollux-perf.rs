@@ -97,6 +97,14 @@ struct Args {
     /// I/O timeout in seconds (the queue is torn down after it).
     #[arg(long = "io-timeout", default_value_t = 30.0)]
     io_timeout: f64,
+    /// After losing the controller (target gone, keep-alive or I/O
+    /// timeout), try to reconnect every SEC seconds; I/O pauses meanwhile.
+    #[arg(long = "reconnect-delay", value_name = "SEC", default_value_t = 2.0)]
+    reconnect_delay: f64,
+    /// Give up after the controller stayed lost SEC seconds (the run fails);
+    /// 0 (default): no reconnect, the first lost queue fails the run.
+    #[arg(long = "ctrl-loss-tmo", value_name = "SEC", default_value_t = 0.0)]
+    ctrl_loss_tmo: f64,
     /// RDMA device (ibverbs; default: the first).
     #[arg(long)]
     device: Option<String>,
@@ -309,6 +317,8 @@ fn real_run(args: &Args, text: &str, tgt: Option<&SpawnedTarget>) -> Result<Exit
         inline_cap: args.inline_size,
         kato: secs("--kato", args.kato)?,
         io_timeout: secs("--io-timeout", args.io_timeout)?,
+        reconnect_delay: secs("--reconnect-delay", args.reconnect_delay)?,
+        ctrl_loss_tmo: secs("--ctrl-loss-tmo", args.ctrl_loss_tmo)?,
     };
     if args.sweep {
         let modes = SweepMode::parse_list(&args.sweep_modes).map_err(AppError::Usage)?;

@@ -9,6 +9,11 @@
 //! subsystems, namespaces, listeners) and `pollux-tgt: ready` once hosts
 //! can connect; SIGINT or SIGTERM disconnects the hosts cleanly, stops the
 //! reactors and exits 0 (a second signal exits at once with status 1).
+//! SIGHUP re-reads the configuration file and applies its namespace
+//! changes (new bdevs, namespaces added, removed or replaced in running
+//! subsystems) without disconnecting hosts, which get a Namespace Attribute
+//! Changed event; it prints `pollux-tgt: reloaded FILE: ...` (or why the
+//! file was refused). Other changes need a restart.
 //! Exit status 2: a bad command line or configuration (the message names
 //! the line and the field); 1: the target failed at run time.
 
@@ -22,12 +27,18 @@ use std::time::Duration;
 
 use clap::Parser;
 use pollux_apps::cli::ReactorArgs;
-use pollux_apps::tgt::{self, ProviderKind, ServeOptions, TgtPlan};
+use pollux_apps::tgt::{self, ProviderKind, ReloadOn, ServeOptions, TgtPlan};
 use pollux_apps::AppError;
 use pollux_reactor::Cores;
 
 /// NVMe-oF RDMA target: serves the bdevs of a TOML configuration as
 /// namespaces of NVMe subsystems over the soft RDMA provider (or ibverbs).
+///
+/// Signals: SIGINT/SIGTERM stop it cleanly. SIGHUP reloads the
+/// configuration file: new bdevs are created and namespaces are added,
+/// removed or replaced in the running subsystems without disconnecting
+/// hosts (they get a Namespace Attribute Changed event); other changes
+/// (subsystems, hosts, listeners, transport) need a restart.
 #[derive(Parser, Debug)]
 #[command(name = "pollux-tgt", version)]
 struct Args {
@@ -69,6 +80,9 @@ fn real_main(args: &Args) -> Result<(), AppError> {
             .and_then(|_| signal_hook::flag::register(sig, Arc::clone(&stop)))
             .map_err(|e| AppError::Setup(format!("signal handler: {e}")))?;
     }
+    let reload = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGHUP, Arc::clone(&reload))
+        .map_err(|e| AppError::Setup(format!("signal handler: {e}")))?;
     let plan = TgtPlan::load(&args.config)?;
     let cores = if args.reactors.cores.is_some() || args.reactors.mask.is_some() {
         args.reactors.cores()?
@@ -80,6 +94,10 @@ fn real_main(args: &Args) -> Result<(), AppError> {
         idle: args.reactors.idle_mode()?,
         stats_file: args.stats_file.clone(),
         stats_period: Duration::from_secs(1),
+        reload: Some(ReloadOn {
+            path: args.config.clone(),
+            flag: reload,
+        }),
     };
     if args.check {
         print_plan(&plan, &opts);

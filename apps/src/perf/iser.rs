@@ -352,6 +352,25 @@ fn start_core<P: Provider>(
             p.trid.lun, p.pi
         )));
     }
+    // Say so when the session runs outside the fast path (software PI or
+    // pre-registered memory: the ibverbs provider on rxe); a sweep on the
+    // soft provider stays quiet.
+    let pi_sw = p.pi != PiPolicy::Off && g.prot_en && !ini.pi_offload();
+    if index == 0 && (pi_sw || ini.pre_registered()) {
+        let _ = tx.send(Msg::Note(format!(
+            "iSER session: PI {}, task memory {}",
+            match (p.pi == PiPolicy::Off || !g.prot_en, ini.pi_offload()) {
+                (true, _) => "off",
+                (false, true) => "on (signature offload)",
+                (false, false) => "on (software)",
+            },
+            if ini.pre_registered() {
+                "pre-registered (no fast registration on this device)"
+            } else {
+                "registered per task"
+            }
+        )));
+    }
     ini.set_geometry(p.trid.lun, g);
     let io_blocks = (p.io_size / bs) as u32;
     let units = g.blocks / u64::from(io_blocks);

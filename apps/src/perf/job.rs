@@ -47,6 +47,9 @@ pub struct JobParams {
     pub warmup: Duration,
     /// Measured time.
     pub duration: Duration,
+    /// A dead queue pauses the job instead of ending it (the controller
+    /// is reconnecting; see [`Job::is_paused`]).
+    pub ride_through: bool,
 }
 
 #[derive(Debug)]
@@ -84,6 +87,7 @@ pub struct Job<T: HostTransport> {
     end: Option<JobEnd>,
     busy0: (u64, u64),
     measured: (u64, u64, f64),
+    paused: bool,
 }
 
 impl<T: HostTransport> Job<T> {
@@ -117,6 +121,7 @@ impl<T: HostTransport> Job<T> {
             end: None,
             busy0: (0, 0),
             measured: (0, 0, 0.0),
+            paused: false,
         }
     }
 
@@ -154,6 +159,29 @@ impl<T: HostTransport> Job<T> {
     /// The queue pairs (for teardown).
     pub fn take_qpairs(&mut self) -> Vec<Qpair<T::Queue>> {
         std::mem::take(&mut self.qps)
+    }
+
+    /// Whether a queue died and the job waits for
+    /// [`resume`](Self::resume) (only with `ride_through`).
+    pub fn is_paused(&self) -> bool {
+        self.paused
+    }
+
+    /// The queue pairs, to replace dead ones while paused.
+    pub fn qpairs_mut(&mut self) -> &mut [Qpair<T::Queue>] {
+        &mut self.qps
+    }
+
+    /// Submit again after the dead queues were replaced.
+    pub fn resume(&mut self) {
+        self.paused = false;
+    }
+
+    /// End the job: the controller is lost for good.
+    pub fn give_up(&mut self, why: String) {
+        self.p.ride_through = false;
+        self.paused = false;
+        self.fail(why);
     }
 
     /// `--verify` with a pure-read workload: read and compare only.
@@ -231,6 +259,11 @@ impl<T: HostTransport> Job<T> {
     }
 
     fn fail(&mut self, why: String) {
+        if self.p.ride_through && self.end.is_none() {
+            // Wait for the controller to come back; no new I/O until then.
+            self.paused = true;
+            return;
+        }
         if self.end.is_none() {
             self.end = Some(JobEnd::Failed(why));
         }
@@ -331,7 +364,7 @@ impl<T: HostTransport> Job<T> {
             }
         }
         resubmit.clear();
-        if !self.stopping {
+        if !self.stopping && !self.paused {
             while let Some(slot) = self.free.pop() {
                 let (unit, read) = self.unit_for(slot);
                 if !self.submit_slot(slot, now, unit, read) {

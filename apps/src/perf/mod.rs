@@ -20,8 +20,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pollux_nvmf::host::{
-    connect_io_qpair, Controller, CtrlInfo, CtrlOptions, HostError, HostIdentity, HostTransport,
-    HostTrid, ReactorLoad,
+    connect_io_qpair, Controller, CtrlInfo, CtrlLink, CtrlOptions, CtrlState, HostError,
+    HostIdentity, HostTransport, HostTrid, ReactorLoad,
 };
 use pollux_reactor::mem::{BufPool, BufPoolOptions};
 use pollux_reactor::{launch, CoreId, Cores, IdleMode, LaunchConfig, PollStatus, Reactor};
@@ -59,13 +59,18 @@ pub struct PerfParams {
     pub kato: Duration,
     /// I/O timeout.
     pub io_timeout: Duration,
+    /// After losing the controller, try to reconnect this often.
+    pub reconnect_delay: Duration,
+    /// Give up (the run fails) when the controller stayed lost this long;
+    /// zero: no reconnect, the first lost queue fails the run.
+    pub ctrl_loss_tmo: Duration,
 }
 
 /// A transport per core: made on the core that uses it.
 pub type TransportFactory<T> = Arc<dyn Fn() -> Result<T, HostError> + Send + Sync>;
 
 enum Msg {
-    Ctrl(Box<Result<CtrlInfo, String>>),
+    Ctrl(Box<Result<(CtrlInfo, CtrlLink), String>>),
     Ready,
     Done(Box<CoreDone>),
     Failed { core: CoreId, error: String },
@@ -127,6 +132,8 @@ pub fn run<T: HostTransport + 'static>(
         timeout: Duration::from_secs(10),
         io_timeout: p.io_timeout,
         hostid: who.hostid,
+        reconnect_delay: p.reconnect_delay,
+        ctrl_loss_tmo: p.ctrl_loss_tmo,
     };
     {
         let (f, tx) = (Arc::clone(&factory), tx.clone());
@@ -139,18 +146,22 @@ pub fn run<T: HostTransport + 'static>(
             match res {
                 Ok((t, c)) => {
                     let info = c.info().clone();
+                    let link = c.link().clone();
                     let ctrl = Rc::new(RefCell::new((t, c)));
                     let c2 = Rc::clone(&ctrl);
                     r.add_timed_poller("perf-admin", Duration::from_millis(50), move || {
                         if let Ok(mut g) = c2.try_borrow_mut() {
-                            if let Err(e) = g.1.poll() {
-                                log::debug!("pollux-perf: admin queue: {e}");
+                            let (t, c) = &mut *g;
+                            // Keep-alive, and the reconnect state machine
+                            // when the controller is lost.
+                            if c.poll_recover(t) != CtrlState::Live {
+                                return PollStatus::Busy;
                             }
                         }
                         PollStatus::Idle
                     });
                     CTRL.with(|s| *s.borrow_mut() = Some(Box::new(ctrl)));
-                    let _ = tx.send(Msg::Ctrl(Box::new(Ok(info))));
+                    let _ = tx.send(Msg::Ctrl(Box::new(Ok((info, link)))));
                 }
                 Err(e) => {
                     let _ = tx.send(Msg::Ctrl(Box::new(Err(e.to_string()))));
@@ -161,7 +172,7 @@ pub fn run<T: HostTransport + 'static>(
             return fail(set, AppError::Reactor(e.to_string()));
         }
     }
-    let info = match rx.recv() {
+    let (info, link) = match rx.recv() {
         Ok(Msg::Ctrl(r)) => match *r {
             Ok(i) => i,
             Err(e) => {
@@ -225,6 +236,7 @@ pub fn run<T: HostTransport + 'static>(
         jobs: ncores as u64,
         warmup: p.warmup,
         duration: p.duration,
+        ride_through: !p.ctrl_loss_tmo.is_zero(),
     };
     if p.verify && jp.units < jp.jobs * p.queue_depth as u64 {
         return fail(
@@ -236,13 +248,18 @@ pub fn run<T: HostTransport + 'static>(
     }
     for (index, &core) in core_ids.iter().enumerate() {
         let (f, tx, info) = (Arc::clone(&factory), tx.clone(), info.clone());
+        let link = link.clone();
         let mut jp = jp.clone();
         jp.index = index as u64;
         let (qd, inline_cap) = (p.queue_depth, p.inline_cap);
         let sent = set.messenger().send(core, move |r| {
-            if let Err(error) =
-                start_core::<T>(r, &f, &info, jp, qpn, qd, inline_cap, index, tx.clone())
-            {
+            let q = QueueSetup {
+                qpn,
+                qd,
+                inline_cap,
+                index,
+            };
+            if let Err(error) = start_core::<T>(r, &f, &info, link, jp, q, tx.clone()) {
                 let _ = tx.send(Msg::Failed { core, error });
             }
         });
@@ -302,6 +319,7 @@ pub fn run<T: HostTransport + 'static>(
         .map(|d| (d.core, d.tally, d.busy_pct))
         .collect();
     let mut report = Report::new(seconds, &per_core);
+    report.reconnects = Some(link.reconnects());
     if let (Some(Some(a)), Some(b)) = (load0, load_end) {
         report.target_busy_pct = b.busy_pct_since(&a);
     }
@@ -319,18 +337,34 @@ fn with_ctrl<T: HostTransport + 'static, R>(f: impl FnOnce(&mut Controller<T>) -
     })
 }
 
-#[allow(clippy::too_many_arguments)]
+/// How one core sets up its queue pairs.
+#[derive(Debug, Clone, Copy)]
+struct QueueSetup {
+    /// Queue pairs per namespace.
+    qpn: u16,
+    /// I/Os in flight (spread over the queue pairs).
+    qd: usize,
+    /// In-capsule write cap.
+    inline_cap: Option<u32>,
+    /// The core's index (its queue ids follow from it).
+    index: usize,
+}
+
 fn start_core<T: HostTransport + 'static>(
     r: &Reactor,
     factory: &TransportFactory<T>,
     info: &CtrlInfo,
+    link: CtrlLink,
     jp: JobParams,
-    qpn: u16,
-    qd: usize,
-    inline_cap: Option<u32>,
-    index: usize,
+    q: QueueSetup,
     tx: mpsc::Sender<Msg>,
 ) -> Result<(), String> {
+    let QueueSetup {
+        qpn,
+        qd,
+        inline_cap,
+        index,
+    } = q;
     let t = factory().map_err(|e| e.to_string())?;
     let per_qp = qd.div_ceil(usize::from(qpn)).max(1);
     let entries = u16::try_from(per_qp).unwrap_or(u16::MAX);
@@ -382,10 +416,20 @@ fn start_core<T: HostTransport + 'static>(
     let pid = Rc::new(std::cell::Cell::new(None));
     let pid2 = Rc::clone(&pid);
     let keep = (t, pool);
+    let mut recovery = Recovery {
+        link,
+        seen: Vec::new(),
+        entries,
+        inline_cap,
+        next_check_ns: 0,
+    };
     let id = r.add_poller("perf-job", move || {
-        let _keep = &keep;
+        let keep = &keep;
         let mut j = job.borrow_mut();
         let st = j.poll(&rr, &mut scratch, &mut resubmit);
+        if j.is_paused() {
+            recovery.step(&rr, &keep.0, &mut j);
+        }
         if let Some(end) = j.end() {
             if end_ready(&j) {
                 let msg = match end {
@@ -418,4 +462,61 @@ fn start_core<T: HostTransport + 'static>(
 
 fn end_ready<T: HostTransport>(j: &Job<T>) -> bool {
     j.end().is_some()
+}
+
+/// A paused job's way back: reconnect its dead queue pairs once the
+/// controller is live again (control path; checked every 10 ms while the
+/// job is paused, never on the I/O path).
+struct Recovery {
+    link: CtrlLink,
+    /// Controller generation each queue pair was connected under.
+    seen: Vec<u64>,
+    entries: u16,
+    inline_cap: Option<u32>,
+    next_check_ns: u64,
+}
+
+impl Recovery {
+    fn step<T: HostTransport>(&mut self, r: &Reactor, t: &T, j: &mut Job<T>) {
+        let now = r.now_ns();
+        if now < self.next_check_ns {
+            return;
+        }
+        self.next_check_ns = now + 10_000_000;
+        if self.link.state() == CtrlState::Failed {
+            j.give_up(self.link.lost_error().to_string());
+            return;
+        }
+        let qps = j.qpairs_mut();
+        if self.seen.len() < qps.len() {
+            self.seen.resize(qps.len(), 0);
+        }
+        let mut all_alive = true;
+        for (i, qp) in qps.iter_mut().enumerate() {
+            if qp.is_alive() {
+                continue;
+            }
+            // Commands still outstanding on the dead queue complete (as
+            // errors) at the job's next poll; reconnect after that.
+            if qp.outstanding() > 0 {
+                all_alive = false;
+                continue;
+            }
+            let qid = qp.qid();
+            match self
+                .link
+                .reconnect_io(t, &mut self.seen[i], qid, self.entries, self.inline_cap)
+            {
+                Ok(Some(new)) => *qp = new,
+                Ok(None) => all_alive = false,
+                Err(e) => {
+                    j.give_up(e.to_string());
+                    return;
+                }
+            }
+        }
+        if all_alive {
+            j.resume();
+        }
+    }
 }

@@ -18,6 +18,7 @@
 //! send_with_invalidate = true  # [true]
 //! max_read_depth = 16          # RDMA READs in flight per queue [16]
 //! acceptor_backlog = 100       # [100]
+//! pin_queues_to_listener_core = false  # no spreading over cores (debug) [false]
 //! device = "mlx5_0"            # verbs device [the provider's first]
 //! hugepages = "auto"           # auto | require | never [auto]
 //!
@@ -58,7 +59,7 @@ use std::path::Path;
 use pollux_bdev::BdevSpec;
 use pollux_nvmf::spec::connect::is_valid_nqn;
 use pollux_nvmf::spec::transport_id::{AdrFam, TrType, TransportId};
-use pollux_nvmf::target::rdma::RdmaOptions;
+use pollux_nvmf::target::rdma::{QueuePlacement, RdmaOptions};
 use pollux_nvmf::target::{
     SubsystemConfig, Target, TargetOptions, DEFAULT_MAX_NAMESPACES, DISCOVERY_NQN,
 };
@@ -195,6 +196,8 @@ pub struct TransportSection {
     pub max_read_depth: Option<Spanned<u8>>,
     /// Listen backlog.
     pub acceptor_backlog: Option<Spanned<u32>>,
+    /// Keep every queue on its listener's core (no placement over cores).
+    pub pin_queues_to_listener_core: Option<Spanned<bool>>,
     /// Verbs device name.
     pub device: Option<Spanned<String>>,
     /// Hugepage policy.
@@ -489,6 +492,14 @@ fn plan(text: &str, file: TgtFile) -> Result<TgtPlan, AppError> {
         if let Some(v) = &t.acceptor_backlog {
             rdma.acceptor_backlog = *v.get_ref();
             seen("acceptor_backlog", v.span());
+        }
+        if let Some(v) = &t.pin_queues_to_listener_core {
+            rdma.placement = if *v.get_ref() {
+                QueuePlacement::ListenerCore
+            } else {
+                QueuePlacement::LeastConnections
+            };
+            seen("pin_queues_to_listener_core", v.span());
         }
         if let Some(v) = &t.device {
             rdma.device = Some(v.get_ref().clone());

@@ -7,6 +7,11 @@
 //! serves, writes the stats file every second if asked, and
 //! on the stop flag (SIGINT/SIGTERM in the binary) shuts the poll groups
 //! down (hosts see a clean disconnect), stops and joins the reactors.
+//! On the reload flag (SIGHUP in the binary) it re-reads the configuration
+//! file and adds, removes or replaces namespaces of the running
+//! subsystems, creating new bdevs; connected hosts get a Namespace
+//! Attribute Changed event and keep their connections ([`reload`] says
+//! what a reload applies and what needs a restart).
 //!
 //! # The stats file (reactor busy %)
 //!
@@ -16,18 +21,28 @@
 //!
 //! ```json
 //! { "uptime_s": 12.0, "cores": [0], "busy_pct": [97.1], "busy_pct_total": [88.0],
-//!   "busy_ns": [..], "idle_ns": [..], "connections": 2, "accepted": 2,
-//!   "rejected": 0, "destroyed": 0, "recv_memory_bytes": 16908288 }
+//!   "busy_ns": [..], "idle_ns": [..], "connections": 2, "connections_per_core": [2],
+//!   "accepted": 2, "rejected": 0, "destroyed": 0, "recv_memory_bytes": 16908288,
+//!   "controllers": 1, "controllers_created": 1, "keep_alives": 4,
+//!   "keep_alive_timeouts": 0, "async_events": 1 }
 //! ```
 //!
+//! `connections_per_core` is each core's poll group's live queues (new
+//! queues go to the group with the fewest), in the order of `cores`.
 //! `busy_pct` is per core over the last period, `busy_pct_total` since
 //! start; `busy_ns`/`idle_ns` are the reactors' cumulative counters, so a
 //! reader can take two samples and compute busy % over its own window.
+//! `controllers` is the live NVMe controllers (discovery included);
+//! `controllers_created`, `keep_alives` (Keep Alive commands answered),
+//! `keep_alive_timeouts` (controllers torn down because no Keep Alive came
+//! within KATO) and `async_events` (AERs completed with an event) count
+//! since start, summed over the subsystems.
 
 #![forbid(unsafe_code)]
 
 pub mod config;
 pub mod iscsi;
+pub mod reload;
 
 use std::cell::RefCell;
 use std::io::Write;
@@ -39,7 +54,7 @@ use std::time::{Duration, Instant};
 
 use pollux_bdev::BdevRegistry;
 use pollux_nvmf::target::rdma::{cm_addr, PollGroupStats, RdmaPollGroup, RdmaTransport};
-use pollux_nvmf::target::{NamespaceConfig, Target};
+use pollux_nvmf::target::{CtrlCounterSnapshot, NamespaceConfig, Target};
 use pollux_reactor::{launch, CoreId, Cores, IdleMode, LaunchConfig, ReactorSet, ReactorStats};
 use pollux_verbs::Provider;
 
@@ -133,6 +148,18 @@ pub struct ServeOptions {
     pub stats_file: Option<PathBuf>,
     /// How often to write it (and check the reactors are alive).
     pub stats_period: Duration,
+    /// Reload the configuration file when asked (SIGHUP in the binary).
+    pub reload: Option<ReloadOn>,
+}
+
+/// When and what to reload (see [`reload`]): the serve loop re-reads
+/// `path` each time `flag` turns true, and clears it.
+#[derive(Debug, Clone)]
+pub struct ReloadOn {
+    /// The configuration file.
+    pub path: PathBuf,
+    /// Set (by a signal handler) to ask for a reload.
+    pub flag: Arc<AtomicBool>,
 }
 
 /// What a finished run did.
@@ -310,6 +337,19 @@ fn run<P: Provider>(
     banner(plan, opts, built, out).map_err(|e| AppError::Setup(format!("stdout: {e}")))?;
     let mut next = Instant::now() + opts.stats_period;
     while !stop.load(Ordering::SeqCst) {
+        if let Some(r) = &opts.reload {
+            if r.flag.swap(false, Ordering::SeqCst) {
+                let _ = match reload::reload(&r.path, built) {
+                    Ok(rep) => writeln!(out, "pollux-tgt: reloaded {}: {rep}", r.path.display()),
+                    Err(e) => writeln!(
+                        out,
+                        "pollux-tgt: reload of {} failed (the rest is unchanged): {e}",
+                        r.path.display()
+                    ),
+                };
+                let _ = out.flush();
+            }
+        }
         let now = Instant::now();
         if now >= next {
             let cur = set.stats().map_err(|e| AppError::Reactor(e.to_string()))?;
@@ -511,10 +551,16 @@ fn write_stats<P: Provider>(
             )
         })
         .collect();
-    let conns: usize = ask_all(set, |g| g.map_or(0, |g| g.stats().connections))?
-        .into_iter()
-        .sum();
+    let per_core: Vec<usize> = ask_all(set, |g| g.map_or(0, |g| g.stats().connections))?;
+    let conns: usize = per_core.iter().sum();
     let t = built.transport.stats();
+    let mut ctl = CtrlCounterSnapshot::default();
+    let mut live = 0usize;
+    let disc = Arc::clone(built.target.discovery_subsystem());
+    for sub in built.target.subsystems().into_iter().chain([disc]) {
+        ctl.add(&sub.counters().snapshot());
+        live += sub.controller_count();
+    }
     let v = serde_json::json!({
         "uptime_s": (started.elapsed().as_secs_f64() * 10.0).round() / 10.0,
         "cores": cur.iter().map(|s| s.core).collect::<Vec<_>>(),
@@ -523,10 +569,16 @@ fn write_stats<P: Provider>(
         "busy_ns": cur.iter().map(|s| s.busy_ns).collect::<Vec<_>>(),
         "idle_ns": cur.iter().map(|s| s.idle_ns).collect::<Vec<_>>(),
         "connections": conns,
+        "connections_per_core": per_core,
         "accepted": t.accepted,
         "rejected": t.rejected,
         "destroyed": t.destroyed,
         "recv_memory_bytes": t.recv_memory_bytes,
+        "controllers": live,
+        "controllers_created": ctl.controllers_created,
+        "keep_alives": ctl.keep_alives,
+        "keep_alive_timeouts": ctl.keep_alive_timeouts,
+        "async_events": ctl.events,
     });
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");

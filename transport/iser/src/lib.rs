@@ -7,7 +7,8 @@
 //!   key (iSER keys included), the target login state machine
 //!   ([`session::TargetLogin`]) and the CmdSN window.
 //! - [`scsi`]: CDB decoding, fixed-format sense, the SBC/SPC subset a Linux
-//!   initiator needs ([`scsi::Disk`]) and T10 PI (via `pollux-pi`).
+//!   initiator needs ([`scsi::Disk`]) and T10 PI (the PROTECT field as a bdev
+//!   `PiAction`; the bdev layer generates and checks).
 //! - [`target`]: the shared configuration ([`target::IscsiTarget`]: nodes,
 //!   LUNs, ACLs, portal groups) and the transport-independent connection
 //!   core ([`target::Connection`]) that a transport drives through

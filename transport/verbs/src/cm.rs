@@ -147,3 +147,33 @@ impl std::fmt::Display for CmAddr {
         f.write_str(&self.0)
     }
 }
+
+/// Why [`CmId::detach`](crate::provider::CmId::detach) refused: the id
+/// comes back unchanged (accept or reject it where it is), with the reason.
+pub struct DetachError<T> {
+    /// The id, still usable on this core.
+    pub id: T,
+    /// Why it cannot be detached ([`VerbsError::CmState`]: not a pending
+    /// connect request, already answered, or still shared).
+    pub error: VerbsError,
+}
+
+impl<T> std::fmt::Debug for DetachError<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DetachError")
+            .field("error", &self.error)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T> std::fmt::Display for DetachError<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "cannot detach the connect request: {}", self.error)
+    }
+}
+
+impl<T> std::error::Error for DetachError<T> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}

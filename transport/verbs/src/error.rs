@@ -99,6 +99,11 @@ pub enum PostErrorKind {
     /// Receives must go to the SRQ, not the QP.
     #[error("QP uses an SRQ")]
     UsesSrq,
+    /// The provider cannot carry out this WR as asked (for example a
+    /// fast registration that a memory window cannot express); the text
+    /// says why.
+    #[error("refused: {0}")]
+    Refused(&'static str),
 }
 
 /// A post failed at WR `index` of the list; WRs before it stay posted

@@ -3,7 +3,12 @@
 //! them.
 //!
 //! Objects are handles that keep their parents alive (`Rc`/`Arc` inside), so
-//! drop order is right by construction. Data-path methods (`post_send`,
+//! drop order is right by construction. They are `!Send` and belong to the
+//! reactor that made them, with one exception by design: a received, not
+//! yet answered connect request can be detached ([`CmId::detach`]) into a
+//! `Send` [`PendingConn`], passed to another core by message and attached
+//! there ([`PendingConn::attach`]), which then answers and drives it with
+//! its own device, PD, CQs and QP. Data-path methods (`post_send`,
 //! `post_recv`, `poll`) take `&self`, allocate nothing and post whole
 //! caller-owned slices (one doorbell per call).
 
@@ -12,7 +17,7 @@ use std::sync::Arc;
 
 use pollux_reactor::mem::DmaArena;
 
-use crate::cm::{CmAddr, CmEvent, ConnParam, ConnRequestInfo};
+use crate::cm::{CmAddr, CmEvent, ConnParam, ConnRequestInfo, DetachError};
 use crate::error::{CqError, PostError, VerbsError};
 use crate::sig::SigError;
 use crate::types::{Access, AsyncEvent, DeviceCaps, QpAttr, QpCaps, QpState, Wc};
@@ -38,6 +43,10 @@ pub trait Provider: Sized + 'static {
     type CmListener: CmListener<Self>;
     /// One connection (active, or passive from a connect request).
     type CmId: CmId<Self>;
+    /// A received, unanswered connect request detached from the core that
+    /// received it ([`CmId::detach`]): `Send`, so a reactor can hand it to
+    /// another core by message, which re-attaches it ([`PendingConn::attach`]).
+    type PendingConn: PendingConn<Self>;
 
     /// The devices this provider can open.
     ///
@@ -293,4 +302,38 @@ pub trait CmId<P: Provider> {
     /// # Errors
     /// [`VerbsError::Protocol`] on a malformed peer message, [`VerbsError::Sys`].
     fn get_event(&self) -> Result<Option<CmEvent>, VerbsError>;
+    /// Detach a received, not yet accepted or rejected connect request
+    /// from this core into a `Send` value, to be answered on another core
+    /// (control path). Nothing of this core's objects goes with it: the
+    /// core that [attaches](PendingConn::attach) it creates its QP with its
+    /// own device, PD, CQs and SRQ, and drives the connection from then on.
+    ///
+    /// # Errors
+    /// [`DetachError`] (the id comes back) if this is not a pending connect
+    /// request, or (soft provider) if the id is still shared by clones.
+    fn detach(self) -> Result<P::PendingConn, DetachError<Self>>
+    where
+        Self: Sized;
+}
+
+/// A connect request detached from the core that received it
+/// ([`CmId::detach`]). It is `Send`: it owns the provider's handles of the
+/// request (a socket and the request's data; an `rdma_cm_id` and its event
+/// channel) and nothing else, and no thread touches them while it travels.
+///
+/// Dropping one that was never attached rejects the request (consumer
+/// reject, no private data), so the peer always hears an answer and
+/// nothing leaks.
+pub trait PendingConn<P: Provider>: Send + Sized + std::fmt::Debug {
+    /// The connect request (as [`CmId::request`] reported it).
+    fn request(&self) -> &ConnRequestInfo;
+    /// Re-attach the request on this core: the returned id is answered
+    /// (accept with a QP of `dev`, or reject) and driven ([`CmId::get_event`],
+    /// [`CmId::disconnect`]) here. `dev` must be the device (by name) the
+    /// request arrived on.
+    ///
+    /// # Errors
+    /// [`VerbsError::InvalidArgument`] for another device; the request is
+    /// rejected then (as on drop).
+    fn attach(self, dev: &P::Device) -> Result<P::CmId, VerbsError>;
 }

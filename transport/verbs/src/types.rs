@@ -311,6 +311,31 @@ pub struct DeviceCaps {
     pub mem_mgt_extensions: bool,
     /// T10-PI signature offload (REG_MR_INTEGRITY).
     pub integrity: bool,
+    /// How `RegMr` work requests are carried out (what they can express).
+    pub fast_reg: FastRegMode,
+}
+
+/// How a device carries out fast registration ([`SendOp::RegMr`]).
+///
+/// [`SendOp::RegMr`]: crate::SendOp::RegMr
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FastRegMode {
+    /// No fast registration (`alloc_fast_reg_mr` fails, `RegMr` is refused).
+    None,
+    /// Page-list registration (kernel FRMR; the soft provider): any gather
+    /// list of up to `max_fast_reg_pages` segments of registered memory,
+    /// under any `iova`, zero-based or not.
+    PageList,
+    /// Type-2 memory windows (user-space verbs): a fast-reg MR is a window,
+    /// and a `RegMr` binds it over one virtually contiguous range of one
+    /// registered MR of the same PD, with `iova` = the range's start address
+    /// (no zero-based windows). The window must be free (new, or
+    /// invalidated by LOCAL_INV or a peer's SEND_WITH_INV) before it is
+    /// bound again. Anything else is refused at post time.
+    MemoryWindow {
+        /// Windows the device can allocate.
+        max_windows: u32,
+    },
 }
 
 /// QP capacities asked for at creation (and the real values reported back).

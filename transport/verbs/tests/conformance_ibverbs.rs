@@ -20,9 +20,10 @@ use pollux_reactor::mem::DmaBuf;
 use pollux_verbs::conformance::{self as c, Fixture};
 use pollux_verbs::ibv::{IbvCmId, IbvCq, IbvDevice, IbvMr, IbvPd, IbvQp, Ibverbs};
 use pollux_verbs::{
-    Access, CmAddr, CmEvent, CmId, CmListener, CompletionQueue, ConnParam, Device, MemoryRegion,
-    PostErrorKind, ProtectionDomain, Provider, QpAttr, QpCaps, QpInit, QpState, QueuePair, RecvWr,
-    RemoteAddr, SendOp, SendWr, Sge, Wc, WcFlags, WcOpcode, WcStatus, WrId,
+    types::FastRegMode, Access, CmAddr, CmEvent, CmId, CmListener, CompletionQueue, ConnParam,
+    Device, MemoryRegion, PostErrorKind, ProtectionDomain, Provider, QpAttr, QpCaps, QpInit,
+    QpState, QueuePair, RecvWr, RemoteAddr, SendOp, SendWr, Sge, Wc, WcFlags, WcOpcode, WcStatus,
+    WrId,
 };
 
 /// A failure bound, not a timing assumption: every step normally finishes in
@@ -150,6 +151,13 @@ suite!(
     disconnect_during_traffic,
     cq_arm_event_fd,
     integrity_t10_pi,
+    fast_reg_window_read_write,
+    fast_reg_access_beyond_window_fails,
+    fast_reg_send_with_inv_invalidates,
+    fast_reg_local_inv_invalidates,
+    fast_reg_rebind_new_key,
+    accept_on_another_thread,
+    dropped_detached_request_is_rejected,
 );
 
 /// Poll `f` until it yields a value; panic after [`STEP_LIMIT`].
@@ -191,7 +199,11 @@ impl Side {
         let dev = Ibverbs::open_device(dev_name).expect("open device");
         let caps = dev.caps().clone();
         assert!(!caps.integrity, "rxe has no signature offload");
-        assert!(!caps.mem_mgt_extensions, "no REG_MR in user space");
+        assert_eq!(
+            caps.mem_mgt_extensions,
+            matches!(caps.fast_reg, FastRegMode::MemoryWindow { .. }),
+            "fast registration in user space is by type-2 memory window"
+        );
         let pd = dev.alloc_pd().expect("alloc_pd");
         let cq = dev.create_cq(256).expect("create_cq");
         let qp = pd
@@ -422,8 +434,65 @@ fn send_write_read_and_disconnect() {
         .post_send(&[SendWr::new(WrId(9), SendOp::Send, &too_many)])
         .unwrap_err();
     assert_eq!((e.index, e.kind), (0, PostErrorKind::TooManySge));
-    assert!(host.pd.alloc_fast_reg_mr(4).is_err());
     assert!(host.pd.alloc_integrity_mr(4).is_err());
+    // Fast registration by memory window: what a window cannot express
+    // (two lkeys, a gap, another iova, zero-based) is refused at post time.
+    if matches!(host.dev.caps().fast_reg, FastRegMode::MemoryWindow { .. }) {
+        let fr = host.pd.alloc_fast_reg_mr(4).expect("fast-reg MR (window)");
+        let key = (fr.lkey() & !0xff) | (fr.lkey().wrapping_add(1) & 0xff);
+        let rw = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
+        let other = host
+            .pd
+            .reg_mr(
+                host.buf.arena(),
+                host.buf.arena_offset(),
+                4096,
+                Access::LOCAL_WRITE,
+            )
+            .expect("second MR");
+        let lists: [(&str, Vec<Sge>, u64, Access); 4] = [
+            (
+                "two lkeys",
+                vec![
+                    host.sge(0, 4096),
+                    Sge {
+                        lkey: other.lkey(),
+                        ..host.sge(4096, 4096)
+                    },
+                ],
+                host.sge(0, 1).addr,
+                rw,
+            ),
+            (
+                "a gap",
+                vec![host.sge(0, 4096), host.sge(8192, 4096)],
+                host.sge(0, 1).addr,
+                rw,
+            ),
+            ("another iova", vec![host.sge(0, 4096)], 0x10_0000, rw),
+            (
+                "zero-based",
+                vec![host.sge(0, 4096)],
+                host.sge(0, 1).addr,
+                rw | Access::ZERO_BASED,
+            ),
+        ];
+        for (what, list, iova, access) in &lists {
+            let op = SendOp::RegMr {
+                key,
+                iova: *iova,
+                access: *access,
+            };
+            let e = host
+                .qp
+                .post_send(&[SendWr::new(WrId(10), op, list)])
+                .expect_err(what);
+            assert!(matches!(e.kind, PostErrorKind::Refused(_)), "{what}: {e:?}");
+        }
+        assert_eq!(fr.len(), 0, "nothing was registered");
+    } else {
+        assert!(host.pd.alloc_fast_reg_mr(4).is_err());
+    }
 
     // Disconnect: the host QP goes to ERR, the target hears about it and its
     // remaining receives flush.

@@ -54,4 +54,11 @@ cases!(
     disconnect_during_traffic,
     cq_arm_event_fd,
     integrity_t10_pi,
+    fast_reg_window_read_write,
+    fast_reg_access_beyond_window_fails,
+    fast_reg_send_with_inv_invalidates,
+    fast_reg_local_inv_invalidates,
+    fast_reg_rebind_new_key,
+    accept_on_another_thread,
+    dropped_detached_request_is_rejected,
 );

@@ -18,9 +18,14 @@
 //!   SEND; the STag and real VA go into the iSER header), and the
 //!   registration is undone by the target's SEND_WITH_INV (the completion's
 //!   with-invalidate flag and rkey are checked) or by a LOCAL_INV before the
-//!   task completes. Writes send up to FirstBurstLength (8 KiB at most) as
-//!   immediate data; the rest is RDMA-READ by the target. The CmdSN window
-//!   is honoured (`SubmitError::Busy`).
+//!   task completes. A provider without fast registration (user-space
+//!   verbs on a device without memory windows, e.g. rxe) gets
+//!   pre-registered memory instead ([`InitiatorOptions::pre_registered`]):
+//!   each arena is registered once with remote access, the STag is its
+//!   rkey, a task's data must be one contiguous buffer, and the CM header
+//!   asks the target not to invalidate. Writes send up to FirstBurstLength
+//!   (8 KiB at most) as immediate data; the rest is RDMA-READ by the
+//!   target. The CmdSN window is honoured (`SubmitError::Busy`).
 //! - T10 PI ([`PiPolicy`]): with signature offload one integrity MR per
 //!   task (memory domain none, wire T10 DIF Type 1: the provider generates
 //!   on write and checks + strips on read; the signature status is read

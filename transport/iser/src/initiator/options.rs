@@ -109,6 +109,12 @@ pub struct InitiatorOptions {
     pub target_checks: bool,
     /// ISID (6 bytes; byte 0 bits 6-7 = type).
     pub isid: [u8; 6],
+    /// Advertise task buffers through arena-wide MRs registered once with
+    /// remote access instead of a fast registration per task (no
+    /// invalidation; one contiguous buffer per task). Chosen by itself
+    /// when the provider has no fast registration (user-space verbs
+    /// without memory windows); `true` forces it.
+    pub pre_registered: bool,
 }
 
 impl InitiatorOptions {
@@ -129,6 +135,7 @@ impl InitiatorOptions {
             pi_engine: PiEngine::Auto,
             target_checks: true,
             isid: [0x80, 0x50, 0x4f, 0x4c, 0x00, 0x01],
+            pre_registered: false,
         }
     }
 

@@ -13,7 +13,7 @@ use pollux_reactor::PollStatus;
 use pollux_verbs::{
     Access, CmAddr, CmEvent, CmId, CompletionQueue, ConnParam, Device, MemoryRegion,
     ProtectionDomain, Provider, QpAttr, QpCaps, QpInit, QpState, QueuePair, RecvWr, SendOp, SendWr,
-    Sge, Wc, WcFlags, WcOpcode, WcStatus, WrId,
+    Sge, VerbsError, Wc, WcFlags, WcOpcode, WcStatus, WrId,
 };
 
 use super::error::{InitiatorError, SubmitError};
@@ -110,6 +110,8 @@ pub struct IserInitiator<P: Provider> {
     opts: InitiatorOptions,
     state: SessionState,
     remote_inv: bool,
+    /// No fast registration: task STags are the rkeys of arena MRs.
+    pre_registered: bool,
     offload: bool,
     // Session.
     params: SessionParams,
@@ -209,13 +211,29 @@ impl<P: Provider> IserInitiator<P> {
             .map_err(|e| verbs("qp init", e))?;
         let ctrl_len = nrecv * RECV_SLOT + depth * HDR_SLOT + CTRL_SLOTS * CTRL_SLOT;
         let ctrl = DmaBuf::alloc(ctrl_len).map_err(|e| verbs("buffers", e))?;
-        let offload = caps.integrity && opts.pi_engine == PiEngine::Auto;
+        // Integrity MRs are fast registrations too: none in forced
+        // pre-registered mode.
+        let offload = caps.integrity && opts.pi_engine == PiEngine::Auto && !opts.pre_registered;
         let segs = opts.max_segments.clamp(1, MAX_SGES as u32);
         let mut tasks = Vec::with_capacity(depth);
+        // Without fast registration (user-space verbs on a device with no
+        // memory windows) the tasks advertise their buffers through
+        // arena-wide MRs registered once with remote access.
+        let mut pre_registered = opts.pre_registered;
         for _ in 0..depth {
-            let mr = pd
-                .alloc_fast_reg_mr(segs)
-                .map_err(|e| verbs("task MR", e))?;
+            let mr = if pre_registered {
+                None
+            } else {
+                match pd.alloc_fast_reg_mr(segs) {
+                    Ok(m) => Some(m),
+                    Err(VerbsError::Unsupported(why)) if tasks.is_empty() && !offload => {
+                        log::info!("iSER initiator: {why}; using pre-registered buffers");
+                        pre_registered = true;
+                        None
+                    }
+                    Err(e) => return Err(verbs("task MR", e)),
+                }
+            };
             let imr = if offload {
                 let m = pd
                     .alloc_integrity_mr(segs)
@@ -225,7 +243,7 @@ impl<P: Provider> IserInitiator<P> {
             } else {
                 None
             };
-            let k = mr.lkey();
+            let k = mr.as_ref().map_or(0, |m| m.lkey());
             tasks.push(Task::new(mr, k, imr));
         }
         let blocks = (opts.max_io_bytes as usize).div_ceil(512);
@@ -237,6 +255,7 @@ impl<P: Provider> IserInitiator<P> {
         };
         let mut s = IserInitiator {
             remote_inv: false,
+            pre_registered,
             offload,
             params: SessionParams::default(),
             login_text: Vec::with_capacity(8192),
@@ -272,15 +291,18 @@ impl<P: Provider> IserInitiator<P> {
             dev,
         };
         let ctrl_buf = s.ctrl.arena().clone();
-        s.ctrl_lkey = s.lkey_of(&ctrl_buf).map_err(|e| verbs("register", e))?;
+        s.ctrl_lkey = s
+            .lkey_of(&ctrl_buf, false)
+            .map_err(|e| verbs("register", e))?;
         if let Some(b) = s.bounce.as_ref().map(|b| b.arena().clone()) {
-            s.lkey_of(&b).map_err(|e| verbs("register", e))?;
+            s.lkey_of(&b, true).map_err(|e| verbs("register", e))?;
         }
         s.reposts.extend(0..nrecv);
         s.post_recvs().map_err(|e| verbs("post receives", e))?;
         let hdr = IserCmHdr {
             zbva_not_sup: true,
-            send_w_inv_not_sup: !s.opts.remote_invalidate,
+            // An arena MR must never be invalidated by the target.
+            send_w_inv_not_sup: !s.opts.remote_invalidate || s.pre_registered,
         }
         .encode();
         let mut p = ConnParam::with_data(&hdr);
@@ -312,6 +334,13 @@ impl<P: Provider> IserInitiator<P> {
     /// The target agreed to invalidate task STags remotely.
     pub fn remote_invalidation(&self) -> bool {
         self.remote_inv
+    }
+
+    /// Task buffers go out as pre-registered arena memory (the provider
+    /// has no fast registration): one contiguous buffer per task, no
+    /// invalidation.
+    pub fn pre_registered(&self) -> bool {
+        self.pre_registered
     }
 
     /// PI goes through integrity MRs (signature offload).
@@ -354,21 +383,37 @@ impl<P: Provider> IserInitiator<P> {
             .map(|(_, g)| *g)
     }
 
-    /// The local lkey of an arena (registered once, control path).
+    /// The local lkey of an arena (registered once, control path). In
+    /// pre-registered mode a `data` arena is registered for remote access
+    /// too (its rkey is the task STag).
     fn lkey_of(
         &mut self,
         arena: &std::sync::Arc<pollux_reactor::mem::DmaArena>,
+        data: bool,
     ) -> Result<u32, String> {
         if let Some((_, m)) = self.arena_mrs.iter().find(|(a, _)| *a == arena.id()) {
             return Ok(m.lkey());
         }
+        let access = if self.pre_registered && data {
+            Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE
+        } else {
+            Access::LOCAL_WRITE
+        };
         let mr = self
             .pd
-            .reg_mr(arena, 0, arena.len(), Access::LOCAL_WRITE)
+            .reg_mr(arena, 0, arena.len(), access)
             .map_err(|e| e.to_string())?;
         let k = mr.lkey();
         self.arena_mrs.push((arena.id(), mr));
         Ok(k)
+    }
+
+    /// The rkey of an arena already registered by [`Self::lkey_of`].
+    fn rkey_of(&self, arena: pollux_reactor::mem::ArenaId) -> Option<u32> {
+        self.arena_mrs
+            .iter()
+            .find(|(a, _)| *a == arena)
+            .map(|(_, m)| m.rkey())
     }
 
     fn ctrl_addr(&self, off: usize) -> u64 {
@@ -728,13 +773,14 @@ impl<P: Provider> IserInitiator<P> {
         // Page list: the caller's buffers, or the bounce slot.
         let mut pages = [Sge::default(); MAX_SGES];
         let mut npages = 0;
+        let mut first_arena: Option<ArenaId> = None;
         if pi == PiPath::Software {
             let Some(b) = self.bounce.as_ref() else {
                 self.free.push(idx);
                 return Err(SubmitError::Invalid("no bounce buffers", bufs));
             };
             let (addr, arena) = (b.addr() + i * self.bounce_slot, b.arena().clone());
-            let lkey = match self.lkey_of(&arena) {
+            let lkey = match self.lkey_of(&arena, true) {
                 Ok(k) => k,
                 Err(e) => {
                     self.free.push(idx);
@@ -747,6 +793,7 @@ impl<P: Provider> IserInitiator<P> {
                 lkey,
             };
             npages = 1;
+            first_arena = Some(arena.id());
         } else if let Some(sg) = bufs.as_ref() {
             let mut left = len;
             for b in sg.iter() {
@@ -754,7 +801,7 @@ impl<P: Provider> IserInitiator<P> {
                     break;
                 }
                 let arena = b.arena().clone();
-                let lkey = match self.lkey_of(&arena) {
+                let lkey = match self.lkey_of(&arena, true) {
                     Ok(k) => k,
                     Err(e) => {
                         self.free.push(idx);
@@ -762,6 +809,7 @@ impl<P: Provider> IserInitiator<P> {
                     }
                 };
                 let take = b.len().min(left);
+                first_arena.get_or_insert(arena.id());
                 pages[npages] = Sge {
                     addr: b.addr() as u64,
                     length: take as u32,
@@ -784,6 +832,26 @@ impl<P: Provider> IserInitiator<P> {
             0
         };
         let remote = dir == DataDir::Read || (dir == DataDir::Write && imm < len);
+        // Pre-registered memory: the arena MR's rkey covers the transfer
+        // when it is one contiguous run in one arena.
+        let pre_key = if self.pre_registered && remote && len > 0 {
+            let contiguous = (1..npages).all(|k| {
+                pages[k].lkey == pages[0].lkey
+                    && pages[k].addr == pages[k - 1].addr + u64::from(pages[k - 1].length)
+            });
+            match first_arena.and_then(|a| self.rkey_of(a)) {
+                Some(r) if contiguous => Some(r),
+                _ => {
+                    self.free.push(idx);
+                    return Err(SubmitError::Invalid(
+                        "pre-registered memory: one contiguous buffer per task",
+                        bufs,
+                    ));
+                }
+            }
+        } else {
+            None
+        };
         let t = &mut self.tasks[i];
         t.gen = t.gen.wrapping_add(1) & 0x7FFF;
         t.itt = u32::from(t.gen) << 16 | u32::from(idx);
@@ -806,7 +874,14 @@ impl<P: Provider> IserInitiator<P> {
         let mut n = 0;
         let iova = pages[0].addr;
         let mut stag = None;
-        if remote && len > 0 {
+        if let Some(rkey) = pre_key {
+            t.key = rkey;
+            t.registered = false;
+            stag = Some(Stag {
+                stag: rkey,
+                va: iova,
+            });
+        } else if remote && len > 0 {
             t.key = match (pi, t.imr.as_mut()) {
                 (PiPath::Offload, Some((_, k))) => {
                     *k = next_key(*k);
@@ -981,7 +1056,9 @@ impl<P: Provider> IserInitiator<P> {
             CmEvent::Established { private_data } => {
                 match IserCmHdr::parse(private_data.as_bytes()) {
                     Ok(h) => {
-                        self.remote_inv = self.opts.remote_invalidate && !h.send_w_inv_not_sup;
+                        self.remote_inv = self.opts.remote_invalidate
+                            && !self.pre_registered
+                            && !h.send_w_inv_not_sup;
                         self.state = SessionState::Login;
                         self.send_login(Stage::Security, Stage::Operational);
                     }

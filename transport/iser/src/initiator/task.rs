@@ -90,8 +90,10 @@ pub(crate) struct Task<Mr> {
     pub(crate) gen: u16,
     pub(crate) itt: u32,
     pub(crate) ctx: u64,
-    /// Fast-registration MR (plain transfers, software PI).
-    pub(crate) _mr: Mr,
+    /// Fast-registration MR (plain transfers, software PI); `None` when
+    /// the provider has no fast registration and the session advertises
+    /// pre-registered arena memory instead.
+    pub(crate) _mr: Option<Mr>,
     pub(crate) fr_key: u32,
     /// Integrity MR (signature offload), if the device has it.
     pub(crate) imr: Option<(Mr, u32)>,
@@ -116,7 +118,7 @@ pub(crate) struct Task<Mr> {
 }
 
 impl<Mr> Task<Mr> {
-    pub(crate) fn new(mr: Mr, key: u32, imr: Option<(Mr, u32)>) -> Self {
+    pub(crate) fn new(mr: Option<Mr>, key: u32, imr: Option<(Mr, u32)>) -> Self {
         Task {
             active: false,
             gen: 0,

@@ -57,7 +57,9 @@ impl LoginFlags {
         if csg == Stage::FullFeature {
             return Err(PduError::InvalidField("login CSG 3"));
         }
-        // NSG is only meaningful with T; without T it must still not be 2.
+        // NSG is only meaningful with T (RFC 7143 11.12.3); without T the
+        // bits are ignored and the next stage reads as the current one, as
+        // `encode` writes it (a lossless round trip).
         let nsg = if transit {
             let n = Stage::from_bits(f)?;
             if n <= csg {
@@ -65,7 +67,7 @@ impl LoginFlags {
             }
             n
         } else {
-            Stage::from_bits(f).unwrap_or(csg)
+            csg
         };
         Ok(LoginFlags {
             transit,

@@ -1,96 +1,106 @@
-//! T10 PI on the target: check tuples per the command's PROTECT field,
-//! generate them for plain writes and strip them for plain reads, in place
-//! in a task buffer, with the sense codes of `t10-pi.md` §9.
+//! T10 PI on the target, through the bdev layer: the [`PiAction`] a READ
+//! or WRITE's PROTECT field asks the bdev for (`t10-pi.md` §4.1, §6), the
+//! sense of the bdev's [`IoError::Pi`] (§9), and the in-place layout moves
+//! between plain wire blocks and the bdev's interleaved blocks. The target
+//! computes no tuple itself: the bdev generates (write-generate), verifies
+//! (write-verify before the medium, read-verify after it) and reports the
+//! failing field and LBA.
 
-use pollux_pi::{Checks, PiErrorKind, PiParams, PiType, TUPLE_SIZE};
+use pollux_bdev::pi::{PiAction, PiChecks, PiErrorKind};
+use pollux_bdev::IoError;
+use pollux_pi::TUPLE_SIZE;
 
 use super::disk::PiMode;
 use super::sense::Sense;
 
-fn params(pi_type: u8, block: usize, lba: u64, checks: Checks) -> PiParams {
-    let ty = if pi_type == 3 {
-        PiType::Type3
-    } else {
-        PiType::Type1
-    };
-    let mut p = PiParams::for_type(ty, block, lba as u32, 0);
-    p.checks = checks;
-    p
-}
-
-fn sense_of(e: pollux_pi::PiError, lba: u64) -> Sense {
-    let s = match e.kind {
-        PiErrorKind::Guard => Sense::PI_GUARD,
-        PiErrorKind::AppTag => Sense::PI_APP_TAG,
-        PiErrorKind::RefTag => Sense::PI_REF_TAG,
-        PiErrorKind::Length => return Sense::INTERNAL_FAILURE,
-    };
-    s.with_info(lba + e.block)
-}
-
 /// The checks a mode asks for (Strip: everything the type allows, the app
 /// tag excepted since ATO=0).
-pub fn checks(mode: PiMode, pi_type: u8) -> Checks {
+pub fn checks(mode: PiMode, pi_type: u8) -> PiChecks {
     match mode {
-        PiMode::None => Checks::NONE,
+        PiMode::None => PiChecks::NONE,
         PiMode::Strip => {
             if pi_type == 3 {
-                Checks::GUARD
+                PiChecks::GUARD
             } else {
-                Checks::GUARD.with(Checks::REF)
+                PiChecks::GUARD.with(PiChecks::REF)
             }
         }
         PiMode::Pass { guard, app, reftag } => {
-            let mut c = Checks::NONE;
+            let mut c = PiChecks::NONE;
             if guard {
-                c = c.with(Checks::GUARD);
+                c = c.with(PiChecks::GUARD);
             }
             if app {
-                c = c.with(Checks::APP);
+                c = c.with(PiChecks::APP);
             }
             if reftag && pi_type != 3 {
-                c = c.with(Checks::REF);
+                c = c.with(PiChecks::REF);
             }
             c
         }
     }
 }
 
-/// Verify interleaved blocks (`block` data bytes + 8 each) starting at
-/// `lba`.
+/// What the bdev does about PI for a READ (`write == false`) or WRITE at
+/// `lba` under `mode`, or `None` when the LU has no PI.
 ///
-/// # Errors
-/// ABORTED COMMAND 10/01, 10/02 or 10/03 with the failing LBA.
-pub fn verify(buf: &[u8], block: usize, lba: u64, pi_type: u8, mode: PiMode) -> Result<(), Sense> {
-    let c = checks(mode, pi_type);
-    if c == Checks::NONE {
-        return Ok(());
+/// - WRITE, PROTECT 000b ([`PiMode::Strip`]): the wire carries plain
+///   blocks; the bdev generates each tuple (app tag 0; ref tag = LBA on
+///   Type 1, 0 on Type 3) into the spread-out buffer ([`spread`]).
+/// - WRITE, PROTECT 001b-101b: the bdev verifies the initiator's tuples per
+///   the PROTECT field before the medium sees them.
+/// - READ: the bdev verifies per the PROTECT field (000b: guard and ref
+///   tag) after the medium; with 000b the target then [`strip`]s the tuples.
+pub fn action(mode: PiMode, pi_type: u8, lba: u64, write: bool) -> Option<PiAction> {
+    if mode == PiMode::None || pi_type == 0 {
+        return None;
     }
-    let p = params(pi_type, block, lba, c);
-    pollux_pi::verify(pollux_pi::Buffers::Dif(buf), &p).map_err(|e| sense_of(e, lba))
+    // Type 1 derives the ref tag from the LBA itself; Type 3 writes this
+    // opaque value and never checks it.
+    let ref_tag = if pi_type == 3 { 0 } else { lba as u32 };
+    let a = if write && mode == PiMode::Strip {
+        PiAction::write_generate()
+    } else {
+        PiAction::verify(checks(mode, pi_type))
+    };
+    Some(a.with_ref_tag(ref_tag))
 }
 
-/// `buf[..n*block]` holds plain blocks; spread them to `block + 8`
-/// strides and generate their tuples (app tag 0, ref tag = LBA), in place.
-/// `buf` must hold `n * (block + 8)` bytes.
-pub fn insert(buf: &mut [u8], block: usize, n: usize, lba: u64, pi_type: u8) {
+/// The sense of a bdev PI failure: ABORTED COMMAND 10/01 (guard), 10/02
+/// (application tag) or 10/03 (reference tag) with the failing LBA in the
+/// information field; `None` for any other error.
+pub fn sense_of(e: &IoError) -> Option<Sense> {
+    let IoError::Pi { kind, lba, .. } = *e else {
+        return None;
+    };
+    Some(match kind {
+        PiErrorKind::Guard => Sense::PI_GUARD.with_info(lba),
+        PiErrorKind::AppTag => Sense::PI_APP_TAG.with_info(lba),
+        PiErrorKind::RefTag => Sense::PI_REF_TAG.with_info(lba),
+        PiErrorKind::Length => Sense::INTERNAL_FAILURE,
+    })
+}
+
+/// `buf[..n*block]` holds plain blocks: move them to `block + 8` strides
+/// (the tuple slots are left for the bdev to generate), in place. `buf`
+/// must hold `n * (block + 8)` bytes; a shorter one is left untouched.
+pub fn spread(buf: &mut [u8], block: usize, n: usize) {
     let stride = block + TUPLE_SIZE;
-    let p = params(pi_type, block, lba, Checks::ALL);
-    for i in (0..n).rev() {
+    if buf.len() < n * stride {
+        return;
+    }
+    for i in (1..n).rev() {
         buf.copy_within(i * block..(i + 1) * block, i * stride);
-        let (data, rest) = buf[i * stride..(i + 1) * stride].split_at_mut(block);
-        let mut t = p.tuple_for(i as u64, data);
-        if pi_type == 3 {
-            t.ref_tag = 0;
-        }
-        rest.copy_from_slice(&t.encode());
     }
 }
 
 /// Drop the tuples of `n` interleaved blocks, packing the data to the
-/// front of `buf`, in place.
+/// front of `buf`, in place (the inverse of [`spread`]).
 pub fn strip(buf: &mut [u8], block: usize, n: usize) {
     let stride = block + TUPLE_SIZE;
+    if buf.len() < n * stride {
+        return;
+    }
     for i in 1..n {
         buf.copy_within(i * stride..i * stride + block, i * block);
     }
@@ -101,58 +111,72 @@ mod tests {
     use super::*;
 
     #[test]
-    fn insert_verify_strip_round_trip() {
+    fn spread_then_strip_round_trip() {
         let n = 4;
         let mut buf = vec![0u8; n * 520];
         for (i, b) in buf[..n * 512].iter_mut().enumerate() {
             *b = (i % 251) as u8;
         }
         let orig = buf[..n * 512].to_vec();
-        insert(&mut buf, 512, n, 100, 1);
-        assert_eq!(&buf[520 + 516..520 + 520], &101u32.to_be_bytes());
-        verify(&buf, 512, 100, 1, PiMode::Strip).unwrap();
-        assert_eq!(
-            verify(&buf, 512, 99, 1, PiMode::Strip).unwrap_err().code(),
-            (0xB, 0x10, 0x03)
-        );
-        // No ref check with PROTECT 011b.
-        verify(
-            &buf,
-            512,
-            99,
-            1,
-            PiMode::Pass {
-                guard: false,
-                app: false,
-                reftag: false,
-            },
-        )
-        .unwrap();
-        let mut bad = buf.clone();
-        bad[2 * 520 + 7] ^= 1;
-        let e = verify(&bad, 512, 100, 1, PiMode::Strip).unwrap_err();
-        assert_eq!((e.code(), e.info), ((0xB, 0x10, 0x01), Some(102)));
+        spread(&mut buf, 512, n);
+        for i in 0..n {
+            assert_eq!(&buf[i * 520..i * 520 + 512], &orig[i * 512..(i + 1) * 512]);
+        }
         strip(&mut buf, 512, n);
         assert_eq!(&buf[..n * 512], &orig[..]);
+        // Too short: untouched.
+        let mut short = vec![1u8; 1000];
+        spread(&mut short, 512, 2);
+        assert!(short.iter().all(|&b| b == 1));
     }
 
     #[test]
-    fn app_tag_errors_map_to_10_02() {
-        let mut buf = vec![7u8; 520];
-        insert(&mut buf, 512, 1, 0, 1);
-        buf[515] = 5;
-        let m = PiMode::Pass {
+    fn protect_field_to_bdev_action() {
+        let strip = PiMode::Strip;
+        assert_eq!(action(PiMode::None, 1, 5, true), None);
+        assert_eq!(action(strip, 0, 5, true), None);
+        // WRPROTECT 000b: generate; ref tag = LBA (Type 1), 0 (Type 3).
+        let w = action(strip, 1, 77, true).unwrap();
+        assert!(w.generate && w.ref_tag == 77 && w.app_tag == 0);
+        assert_eq!(action(strip, 3, 77, true).unwrap().ref_tag, 0);
+        // RDPROTECT 000b: guard + ref (Type 1), guard only (Type 3).
+        let r = action(strip, 1, 9, false).unwrap();
+        assert!(!r.generate);
+        assert_eq!(r.checks, PiChecks::GUARD.with(PiChecks::REF));
+        assert_eq!(action(strip, 3, 9, false).unwrap().checks, PiChecks::GUARD);
+        // PROTECT 011b: nothing checked, nothing generated.
+        let none = PiMode::Pass {
+            guard: false,
+            app: false,
+            reftag: false,
+        };
+        let p = action(none, 1, 9, true).unwrap();
+        assert!(!p.generate && !p.acts_on(true) && !p.acts_on(false));
+        let g = PiMode::Pass {
             guard: true,
             app: true,
             reftag: true,
         };
-        assert_eq!(
-            verify(&buf, 512, 0, 1, m).unwrap_err().code(),
-            (0xB, 0x10, 0x02)
-        );
-        // Type 3 never checks the ref tag.
-        let mut t3 = vec![7u8; 520];
-        insert(&mut t3, 512, 1, 0, 3);
-        verify(&t3, 512, 12345, 3, PiMode::Strip).unwrap();
+        assert_eq!(checks(g, 1), PiChecks::ALL);
+        assert_eq!(checks(g, 3), PiChecks::GUARD.with(PiChecks::APP));
+    }
+
+    #[test]
+    fn bdev_pi_errors_map_to_10_0x_with_the_lba() {
+        let e = |kind| IoError::Pi {
+            kind,
+            lba: 4242,
+            expected: 1,
+            actual: 2,
+        };
+        for (kind, ascq) in [
+            (PiErrorKind::Guard, 1),
+            (PiErrorKind::AppTag, 2),
+            (PiErrorKind::RefTag, 3),
+        ] {
+            let s = sense_of(&e(kind)).unwrap();
+            assert_eq!((s.code(), s.info), ((0xB, 0x10, ascq), Some(4242)));
+        }
+        assert_eq!(sense_of(&IoError::NoPi), None, "not a PI check failure");
     }
 }

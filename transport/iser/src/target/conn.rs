@@ -1,6 +1,7 @@
 //! One iSCSI connection (= one session: MaxConnections is 1) in the target
 //! core: login, full feature phase, the CmdSN window, SCSI tasks on bdev
-//! channels, T10 PI, NOP, Text (SendTargets), TMF and Logout. `!Send`,
+//! channels, T10 PI (generated, verified and reported by the bdev layer),
+//! NOP, Text (SendTargets), TMF and Logout. `!Send`,
 //! lives on one reactor; no allocation per command (task slots, buffers
 //! and queues are preallocated at login).
 
@@ -43,6 +44,9 @@ enum TaskState {
     AwaitDataOut,
     /// RDMA READ of solicited data in flight.
     Reading,
+    /// RDMA WRITE of Data-In in flight: the task buffer is the source
+    /// until it completes, so the response (and the task's reuse) waits.
+    Writing,
     /// At the bdev.
     Bdev,
     /// Data and response to send (retried on back-pressure).
@@ -66,6 +70,8 @@ struct Task {
     param: bool,
     /// Data-in bytes ready in `buf`.
     data_in: usize,
+    /// Data-in bytes written to the initiator.
+    sent: usize,
     result: Result<(), Sense>,
     /// The command holds a CmdSN window slot.
     slot: bool,
@@ -87,6 +93,7 @@ impl Task {
             got: 0,
             param: false,
             data_in: 0,
+            sent: 0,
             result: Ok(()),
             slot: false,
         }
@@ -521,6 +528,7 @@ impl Connection {
         t.got = 0;
         t.param = false;
         t.data_in = 0;
+        t.sent = 0;
         t.result = Ok(());
         t.slot = true;
         let Some(buf) = t.buf.as_mut() else {
@@ -660,11 +668,20 @@ impl Connection {
         self.data_ready(idx, ops);
     }
 
-    /// The transport finished the RDMA READ of task `idx` (`ok` = success).
+    /// The transport finished the RDMA READ (Data-Out) or the RDMA WRITE
+    /// (Data-In) of task `idx` (`ok` = success).
     pub fn data_done(&mut self, idx: u16, ok: bool, ops: &mut dyn ConnOps) {
         let Some(t) = self.tasks.get_mut(usize::from(idx)) else {
             return;
         };
+        if t.state == TaskState::Writing {
+            // The buffer is free again; now the response may go out.
+            t.state = TaskState::Respond;
+            if !ok {
+                t.result = Err(Sense::TRANSFER_FAILED);
+            }
+            return self.respond(idx, ops);
+        }
         if t.state != TaskState::Reading {
             return;
         }
@@ -709,32 +726,21 @@ impl Connection {
         let bbs = info.buf_block_size as usize;
         let bs = info.block_size as usize;
         let n = io.blocks as usize;
+        let write = io.op == BlockOp::Write;
+        // PI is the bdev's work: it generates, verifies and reports; the
+        // target only moves plain wire blocks to and from the bdev's
+        // interleaved layout.
+        let pi = match io.op {
+            BlockOp::Read | BlockOp::Write => pi::action(io.pi, info.pi_type, io.lba, write),
+            _ => None,
+        };
         let bufs = match io.op {
             BlockOp::Read | BlockOp::Write => {
                 let Some(mut buf) = t.buf.take() else {
                     return;
                 };
-                if io.op == BlockOp::Write {
-                    match io.pi {
-                        PiMode::Strip => {
-                            pi::insert(buf.as_mut_slice(), bs, n, io.lba, info.pi_type)
-                        }
-                        PiMode::Pass { .. } => {
-                            if let Err(s) = pi::verify(
-                                &buf.as_slice()[..n * bbs],
-                                bs,
-                                io.lba,
-                                info.pi_type,
-                                io.pi,
-                            ) {
-                                self.stats.pi_errors += 1;
-                                t.buf = Some(buf);
-                                t.result = Err(s);
-                                return self.respond(idx, ops);
-                            }
-                        }
-                        PiMode::None => {}
-                    }
+                if write && io.pi == PiMode::Strip {
+                    pi::spread(buf.as_mut_slice(), bs, n);
                 }
                 let _ = buf.set_len(n * bbs);
                 SgList::from_buf(buf)
@@ -749,10 +755,21 @@ impl Connection {
             BlockOp::WriteZeroes => pollux_bdev::IoType::WriteZeroes,
         };
         t.state = TaskState::Bdev;
-        if let Err(mut rej) = lun
-            .ch
-            .submit(ty, io.lba, io.blocks, bufs, &self.cb, u64::from(idx))
-        {
+        let ctx = u64::from(idx);
+        let submitted = match pi {
+            Some(a) => lun.ch.submit_with_pi(
+                ty,
+                io.lba,
+                io.blocks,
+                bufs,
+                SgList::new(),
+                Some(a),
+                &self.cb,
+                ctx,
+            ),
+            None => lun.ch.submit(ty, io.lba, io.blocks, bufs, &self.cb, ctx),
+        };
+        if let Err(mut rej) = submitted {
             t.buf = rej.bufs.pop();
             t.result = Err(Sense::INTERNAL_FAILURE);
             self.respond(idx, ops);
@@ -778,36 +795,35 @@ impl Connection {
         let io = t.io;
         if let Err(e) = status {
             let read = io.is_some_and(|i| i.op == BlockOp::Read);
-            t.result = Err(match e {
-                pollux_bdev::IoError::OutOfRange { lba, .. } => {
-                    Sense::LBA_OUT_OF_RANGE.with_info(lba)
+            t.result = Err(if let Some(s) = pi::sense_of(&e) {
+                // Found by the bdev's write-verify or read-verify.
+                self.stats.pi_errors += 1;
+                s
+            } else {
+                match e {
+                    pollux_bdev::IoError::OutOfRange { lba, .. } => {
+                        Sense::LBA_OUT_OF_RANGE.with_info(lba)
+                    }
+                    _ if read => Sense::READ_ERROR,
+                    _ => Sense::WRITE_ERROR,
                 }
-                _ if read => Sense::READ_ERROR,
-                _ => Sense::WRITE_ERROR,
             });
             return self.respond(idx, ops);
         }
         if let (Some(io), Some(l)) = (io, t.lun) {
             if io.op == BlockOp::Read {
                 let info = &self.luns[l].disk.info;
-                let (bs, bbs, n) = (
-                    info.block_size as usize,
-                    info.buf_block_size as usize,
-                    io.blocks as usize,
-                );
                 if let Some(buf) = t.buf.as_mut() {
                     let cap = buf.capacity();
                     let _ = buf.set_len(cap);
-                    let b = buf.as_mut_slice();
-                    if io.pi != PiMode::None {
-                        if let Err(s) = pi::verify(&b[..n * bbs], bs, io.lba, info.pi_type, io.pi) {
-                            self.stats.pi_errors += 1;
-                            t.result = Err(s);
-                            return self.respond(idx, ops);
-                        }
-                    }
+                    // The bdev verified the tuples (read-verify); PROTECT
+                    // 000b sends the data without them.
                     if io.pi == PiMode::Strip {
-                        pi::strip(b, bs, n);
+                        pi::strip(
+                            buf.as_mut_slice(),
+                            info.block_size as usize,
+                            io.blocks as usize,
+                        );
                     }
                 }
                 t.data_in = io.wire_len(info) as usize;
@@ -826,21 +842,29 @@ impl Connection {
         let mut sense_len = 0;
         let status = match t.result {
             Ok(()) => {
-                let sent = t.data_in.min(t.edtl as usize);
-                if sent > 0 {
+                let ready = t.data_in.min(t.edtl as usize);
+                if ready > 0 {
                     let (Some(to), Some(buf)) = (t.read, t.buf.as_ref()) else {
                         t.result = Err(Sense::INVALID_FIELD_IN_CDB);
                         return self.respond(idx, ops);
                     };
-                    match ops.write_data(idx, to, buf, sent) {
+                    match ops.write_data(idx, to, buf, ready) {
                         Transfer::Busy => {
                             self.retry.push_back(idx);
                             return;
                         }
-                        Transfer::Done | Transfer::Pending => {}
+                        Transfer::Pending => {
+                            t.data_in = 0;
+                            t.sent = ready;
+                            t.state = TaskState::Writing;
+                            return;
+                        }
+                        Transfer::Done => {}
                     }
                     t.data_in = 0;
+                    t.sent = ready;
                 }
+                let sent = t.sent;
                 let expected = t.edtl as usize;
                 let moved = if t.io.is_some_and(|i| i.op == BlockOp::Write) || t.need > 0 {
                     t.need

@@ -9,9 +9,12 @@
 //! - [`ConnOps::read_data`]: RDMA READ `len` bytes from the initiator's
 //!   buffer into a task buffer; `Pending` means call
 //!   [`Connection::data_done`](super::Connection::data_done) later.
-//! - [`ConnOps::write_data`]: RDMA WRITE a task buffer to the initiator;
-//!   posted before the response SEND on the same QP (RC ordering makes the
-//!   data visible first), so no completion is needed.
+//! - [`ConnOps::write_data`]: RDMA WRITE a task buffer to the initiator.
+//!   `Pending` (the iSER transport): the buffer is the WRITE's source
+//!   until the device has read it, so the core keeps the task and sends
+//!   the response only at
+//!   [`Connection::data_done`](super::Connection::data_done); `Done`: the
+//!   bytes are already out and the response may follow at once.
 //! - [`ConnOps::close`]: tear the connection down once queued sends are out.
 //!
 //! `Busy` is back-pressure: the core parks the task and retries at its

@@ -13,6 +13,7 @@ use pollux_reactor::mem::{DmaBuf, SgList};
 
 use super::fabrics::{self, HostIdentity};
 use super::qpair::Qpair;
+use super::reconnect::{CtrlLink, CtrlState};
 use super::transport::{DataDir, HostTransport, QueueParams};
 use super::trid::DISCOVERY_NQN;
 use super::HostError;
@@ -52,7 +53,19 @@ pub struct CtrlOptions {
     pub io_timeout: Duration,
     /// Host identifier.
     pub hostid: [u8; 16],
+    /// After the controller is lost, try to connect again this often
+    /// (nvme-cli `--reconnect-delay`, default 10 s).
+    pub reconnect_delay: Duration,
+    /// Give up reconnecting after the controller was lost this long, then
+    /// fail every new command (nvme-cli `--ctrl-loss-tmo`, default 600 s;
+    /// zero: no reconnect, fail at once).
+    pub ctrl_loss_tmo: Duration,
 }
+
+/// Default [`CtrlOptions::reconnect_delay`] (nvme-cli's).
+pub const DEFAULT_RECONNECT_DELAY: Duration = Duration::from_secs(10);
+/// Default [`CtrlOptions::ctrl_loss_tmo`] (nvme-cli's).
+pub const DEFAULT_CTRL_LOSS_TMO: Duration = Duration::from_secs(600);
 
 impl Default for CtrlOptions {
     fn default() -> Self {
@@ -62,6 +75,8 @@ impl Default for CtrlOptions {
             timeout: Duration::from_secs(10),
             io_timeout: Duration::from_secs(30),
             hostid: *b"pollux-host-0001",
+            reconnect_delay: DEFAULT_RECONNECT_DELAY,
+            ctrl_loss_tmo: DEFAULT_CTRL_LOSS_TMO,
         }
     }
 }
@@ -176,6 +191,16 @@ pub struct Controller<T: HostTransport> {
     info: CtrlInfo,
     last_keep_alive: Instant,
     keep_alive_out: bool,
+    link: CtrlLink,
+    lost: Option<Lost>,
+}
+
+/// A lost controller being reconnected.
+#[derive(Debug)]
+struct Lost {
+    since: Instant,
+    next_try: Instant,
+    attempts: u32,
 }
 
 impl<T: HostTransport> std::fmt::Debug for Controller<T> {
@@ -198,6 +223,24 @@ impl<T: HostTransport> Controller<T> {
     /// [`HostError`]: the transport could not connect, the target refused
     /// (Connect status), a step timed out, or an answer was malformed.
     pub fn connect(t: &T, who: HostIdentity, opts: CtrlOptions) -> Result<Self, HostError> {
+        let (admin, info) = Self::establish(t, who, opts)?;
+        let link = CtrlLink::new(info.clone());
+        Ok(Controller {
+            admin,
+            info,
+            last_keep_alive: Instant::now(),
+            keep_alive_out: false,
+            link,
+            lost: None,
+        })
+    }
+
+    /// Connect, enable and identify: a new admin queue and what it told.
+    fn establish(
+        t: &T,
+        who: HostIdentity,
+        opts: CtrlOptions,
+    ) -> Result<(Qpair<T::Queue>, CtrlInfo), HostError> {
         let q = t.open_queue(&QueueParams {
             qid: 0,
             entries: ADMIN_QUEUE_ENTRIES,
@@ -306,12 +349,7 @@ impl<T: HostTransport> Controller<T> {
                 });
             }
         }
-        Ok(Controller {
-            admin,
-            info,
-            last_keep_alive: Instant::now(),
-            keep_alive_out: false,
-        })
+        Ok((admin, info))
     }
 
     /// What the host learned.
@@ -327,6 +365,109 @@ impl<T: HostTransport> Controller<T> {
     /// Whether the admin queue is alive.
     pub fn is_alive(&self) -> bool {
         self.admin.is_alive()
+    }
+
+    /// The controller's state as every reactor sees it: hand a clone to
+    /// the reactors that own its I/O queue pairs.
+    pub fn link(&self) -> &CtrlLink {
+        &self.link
+    }
+
+    /// The controller's state.
+    pub fn state(&self) -> CtrlState {
+        self.link.state()
+    }
+
+    /// [`poll`](Self::poll) with loss handling: when the admin queue dies,
+    /// the keep-alive times out or an I/O queue [reported a
+    /// failure](CtrlLink::report_failure), the controller goes
+    /// [`Reconnecting`](CtrlState::Reconnecting) and every
+    /// [`CtrlOptions::reconnect_delay`] this connects, enables and
+    /// identifies it again through `t` (blocking, bounded by
+    /// [`CtrlOptions::timeout`] per command); once
+    /// [`CtrlOptions::ctrl_loss_tmo`] passed without success (at once
+    /// when it is zero) it is [`Failed`](CtrlState::Failed). Call it from
+    /// a poller, e.g. every 50-100 ms.
+    pub fn poll_recover(&mut self, t: &T) -> CtrlState {
+        let state = self.link.state();
+        if state == CtrlState::Failed {
+            return state;
+        }
+        if self.lost.is_none() {
+            let res = if self.link.take_reset_request() {
+                Err(HostError::Disconnected("an I/O queue failed".into()))
+            } else {
+                self.poll()
+            };
+            let Err(e) = res else {
+                return CtrlState::Live;
+            };
+            self.admin.disconnect();
+            if self.info.opts.ctrl_loss_tmo.is_zero() {
+                log::warn!("nvmf host: controller lost ({e}); reconnects are off");
+                self.link.set_failed(e);
+                return CtrlState::Failed;
+            }
+            log::warn!(
+                "nvmf host: controller {} of {} lost ({e}); reconnecting every {:?} for up to {:?}",
+                self.info.cntlid,
+                self.info.who.subnqn,
+                self.info.opts.reconnect_delay,
+                self.info.opts.ctrl_loss_tmo
+            );
+            let now = Instant::now();
+            self.lost = Some(Lost {
+                since: now,
+                next_try: now + self.info.opts.reconnect_delay,
+                attempts: 0,
+            });
+            self.link.set_reconnecting(e);
+        }
+        let Some(lost) = self.lost.as_mut() else {
+            return self.link.state();
+        };
+        let now = Instant::now();
+        let (delay, tmo) = (self.info.opts.reconnect_delay, self.info.opts.ctrl_loss_tmo);
+        if now >= lost.next_try && now.saturating_duration_since(lost.since) < tmo {
+            lost.attempts += 1;
+            match Self::establish(t, self.info.who.clone(), self.info.opts.clone()) {
+                Ok((admin, info)) => {
+                    log::info!(
+                        "nvmf host: reconnected to {} as controller {} (attempt {})",
+                        info.who.subnqn,
+                        info.cntlid,
+                        lost.attempts
+                    );
+                    self.admin = admin;
+                    self.info = info.clone();
+                    self.last_keep_alive = Instant::now();
+                    self.keep_alive_out = false;
+                    self.lost = None;
+                    self.link.set_live(info);
+                    return CtrlState::Live;
+                }
+                Err(e) => {
+                    log::debug!("nvmf host: reconnect attempt {}: {e}", lost.attempts);
+                    lost.next_try = Instant::now() + delay;
+                    self.link.set_reconnecting(e);
+                }
+            }
+        }
+        if Instant::now().saturating_duration_since(lost.since) >= tmo {
+            let why = self
+                .link
+                .lost_because()
+                .unwrap_or_else(|| HostError::Disconnected("the controller was lost".into()));
+            log::warn!(
+                "nvmf host: giving up on {} after {:?} ({} attempts): {why}",
+                self.info.who.subnqn,
+                tmo,
+                lost.attempts
+            );
+            self.link.set_failed(why);
+            return CtrlState::Failed;
+        }
+        CtrlState::Reconnecting
     }
 
     /// Poll the admin queue and send a Keep Alive every KATO/2 (call it

@@ -7,7 +7,7 @@ use pollux_reactor::mem::{DmaBuf, SgList};
 
 use super::qpair::Qpair;
 use super::transport::{DataDir, HostQueue};
-use super::HostError;
+use super::{HostError, InvalidParam};
 use crate::spec::connect::{ConnectCmd, ConnectData, CNTLID_DYNAMIC, CONNECT_DATA_SIZE};
 use crate::spec::property::{PropertyCmd, PropertySize};
 
@@ -67,7 +67,11 @@ pub fn connect<Q: HostQueue>(
         timeout,
     ) {
         Ok((cpl, _)) => Ok(cpl.dw0 as u16),
-        Err(HostError::Nvme { status, .. }) => Err(HostError::ConnectRefused { qid, status }),
+        Err(HostError::Nvme { status, .. }) => Err(HostError::ConnectRefused {
+            qid,
+            status,
+            param: InvalidParam::from_completion(status, qp.last_error_dw0()),
+        }),
         Err(e) => Err(e),
     }
 }

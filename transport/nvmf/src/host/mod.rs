@@ -8,6 +8,8 @@
 //!                         │ info(): CtrlInfo (Send)
 //!                         └──> connect_io_qpair(&transport_of_core_n, &info, qid, ..) -> Qpair<T::Queue>
 //! Qpair: read / write / flush / write_zeroes / deallocate -> poll(|Completion| ..)
+//! Controller::poll_recover(&transport): Live -> Reconnecting -> Live | Failed
+//!   (CtrlLink, shared: report_failure / reconnect_io on the I/O reactors)
 //! ```
 //!
 //! The core ([`Qpair`], [`Controller`]) is transport-independent; a
@@ -22,16 +24,19 @@ pub mod fabrics;
 pub mod loopback;
 mod qpair;
 pub mod rdma;
+mod reconnect;
 pub mod transport;
 pub mod trid;
 
 pub use ctrlr::{
     connect_io_qpair, discover, Controller, CtrlInfo, CtrlOptions, NsInfo, ReactorLoad,
-    ADMIN_QUEUE_ENTRIES, LID_POLLUX_REACTORS, POLLUX_REACTORS_LOG_SIZE,
+    ADMIN_QUEUE_ENTRIES, DEFAULT_CTRL_LOSS_TMO, DEFAULT_RECONNECT_DELAY, LID_POLLUX_REACTORS,
+    POLLUX_REACTORS_LOG_SIZE,
 };
-pub use error::{HostError, IoError};
+pub use error::{HostError, InvalidParam, IoError};
 pub use fabrics::HostIdentity;
 pub use qpair::{Completion, Qpair, SubmitError, SubmitErrorKind, MAX_QUEUE_ENTRIES};
+pub use reconnect::{CtrlLink, CtrlState};
 pub use transport::{DataDir, HostQueue, HostTransport, QueueParams, Queued};
 pub use trid::{HostTrType, HostTrid, DEFAULT_HOSTNQN, DISCOVERY_NQN};
 

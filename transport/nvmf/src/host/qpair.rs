@@ -90,6 +90,9 @@ pub struct Qpair<Q: HostQueue> {
     now: Instant,
     polls: u32,
     staged: bool,
+    /// DW0 of the last completion with an error status (Connect Invalid
+    /// Parameters carries IPO/IATTR there).
+    last_error_dw0: u32,
 }
 
 impl<Q: HostQueue> std::fmt::Debug for Qpair<Q> {
@@ -134,7 +137,14 @@ impl<Q: HostQueue> Qpair<Q> {
             now,
             polls: 0,
             staged: false,
+            last_error_dw0: 0,
         }
+    }
+
+    /// DW0 of the last completion that carried an error status (control
+    /// path: a refused Connect's IPO/IATTR).
+    pub fn last_error_dw0(&self) -> u32 {
+        self.last_error_dw0
     }
 
     /// The queue id.
@@ -457,6 +467,7 @@ impl<Q: HostQueue> Qpair<Q> {
             let result = if cpl.status.is_success() {
                 Ok(cpl)
             } else {
+                self.last_error_dw0 = cpl.dw0;
                 Err(IoError::Nvme(cpl.status))
             };
             n += 1;

@@ -393,6 +393,9 @@ impl QueuePair {
             return NvmeStatus::KEEP_ALIVE_INVALID;
         }
         self.touch_keep_alive();
+        if let Some(c) = &self.ctrlr {
+            c.subsystem().counters().keep_alive();
+        }
         NvmeStatus::SUCCESS
     }
 

@@ -219,6 +219,12 @@ impl Controller {
         self.destroy();
     }
 
+    /// No Keep Alive came within KATO: count it, then [`fatal`](Self::fatal).
+    pub(crate) fn keep_alive_expired(&self) {
+        self.subsys.counters().keep_alive_timeout();
+        self.fatal();
+    }
+
     /// Tear down: mark dead, leave the subsystem's table. Idempotent.
     pub(crate) fn destroy(&self) {
         self.ready.store(false, Ordering::Release);
@@ -289,6 +295,10 @@ impl Controller {
         let ev = st.events.pop_front();
         if st.events.is_empty() {
             self.events_pending.store(false, Ordering::Release);
+        }
+        drop(st);
+        if ev.is_some() {
+            self.subsys.counters().event();
         }
         ev
     }

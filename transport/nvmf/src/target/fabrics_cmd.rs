@@ -209,7 +209,7 @@ impl QueuePair {
                         ctrl.subsystem().nqn(),
                         kato.as_millis()
                     );
-                    ctrl.fatal();
+                    ctrl.keep_alive_expired();
                     return PollStatus::Busy;
                 }
                 PollStatus::Idle

@@ -22,6 +22,7 @@
 mod admin_cmd;
 mod core_ctx;
 mod ctrlr;
+mod ctrlr_stats;
 mod discovery;
 mod error;
 mod exec;
@@ -38,6 +39,7 @@ pub mod transport;
 
 pub use core_ctx::CoreCtx;
 pub use ctrlr::{Controller, ERROR_LOG_ENTRIES};
+pub use ctrlr_stats::{CtrlCounterSnapshot, CtrlCounters};
 pub use error::{CapsuleError, TargetError};
 pub use loopback::{LoopbackEndpoint, LoopbackPollGroup, LoopbackQueueOptions, LoopbackTransport};
 pub use qpair::{QpairStats, QueuePair};

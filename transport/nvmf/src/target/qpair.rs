@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use pollux_bdev::{CompletedIo, IoChannel, IoCompletion, IoStatus, SgList};
-use pollux_reactor::mem::{BufPool, BufPoolOptions};
+use pollux_reactor::mem::{BufPool, BufPoolOptions, DmaBuf};
 use pollux_reactor::{PollStatus, PollerId, Reactor};
 
 use super::core_ctx::CoreCtx;
@@ -27,7 +27,7 @@ use crate::spec::cpl::{NvmeCompletion, NvmeStatus, SQHD_DISABLED};
 use crate::spec::log_page::ErrorLogEntry;
 use crate::spec::sgl::{SglDescriptor, SglError};
 
-/// Smallest per-request buffer: holds Identify data, Connect data, DSM
+/// Each request's own buffer: holds Identify data, Connect data, DSM
 /// ranges and small I/O without touching the shared pool.
 const SLOT_BUF_MIN: usize = 4096;
 /// Most AERs outstanding per controller (Identify AERL + 1).
@@ -63,6 +63,29 @@ pub struct QpairStats {
     pub errors: u64,
     /// Times a request parked (no buffer, transport busy, bdev full).
     pub parked: u64,
+    /// In-capsule data used in place: the transport's receive buffer was
+    /// lent to the request ([`QueuePair::submit_capsule_lent`]).
+    pub icd_lent: u64,
+    /// In-capsule data copied into a request buffer (a transport without
+    /// lending, or an SGL offset that cannot be lent).
+    pub icd_copies: u64,
+}
+
+/// Where a capsule's in-capsule data is.
+enum Icd<'a> {
+    /// Bytes to copy (the caller reuses its buffer at once).
+    Bytes(&'a [u8]),
+    /// `len` bytes at the start of a buffer the request may take.
+    Lend(&'a mut Option<DmaBuf>, usize),
+}
+
+impl Icd<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Icd::Bytes(b) => b.len(),
+            Icd::Lend(b, len) => b.as_ref().map_or(0, |b| b.len().min(*len)),
+        }
+    }
 }
 
 /// The core side of one NVMe queue. See the [`transport`](super::transport)
@@ -128,7 +151,10 @@ impl QueuePair {
         let opts = target.options();
         let depth = params.depth.clamp(1, opts.max_queue_depth);
         let icd_size = params.in_capsule_data_size.min(opts.in_capsule_data_size);
-        let slot_size = (icd_size as usize).max(SLOT_BUF_MIN);
+        // In-capsule data does not need the slot: the RDMA transport lends
+        // its receive buffer, and a copy larger than a slot takes pool
+        // buffers.
+        let slot_size = SLOT_BUF_MIN;
         let mut po = BufPoolOptions::new("nvmf-qp-slots", slot_size, usize::from(depth));
         po.hugepages = opts.hugepages;
         po.cache_size = 1;
@@ -252,14 +278,45 @@ impl QueuePair {
         capsule: &[u8],
         ops: &mut dyn QpairOps,
     ) -> Result<(), CapsuleError> {
+        let icd = capsule.get(SQE_SIZE..).unwrap_or(&[]);
+        self.submit_parts(capsule, Icd::Bytes(icd), ops)
+    }
+
+    /// A received command whose SQE (`sqe`, 64 bytes) and in-capsule data
+    /// (the first `icd_len` bytes of `icd`) arrived in separate buffers.
+    /// When the command's data is in the capsule at offset 0 the request
+    /// takes `icd` (it is left `None`) and the bdev uses it in place; it is
+    /// dropped (back to its pool) when the request's response is handed to
+    /// the transport, so the transport can post a receive with it before
+    /// the host sees the response. Otherwise `icd` stays with the caller,
+    /// which may reuse it at once.
+    ///
+    /// # Errors
+    ///
+    /// As [`submit_capsule`](Self::submit_capsule).
+    pub fn submit_capsule_lent(
+        &mut self,
+        sqe: &[u8],
+        icd: &mut Option<DmaBuf>,
+        icd_len: usize,
+        ops: &mut dyn QpairOps,
+    ) -> Result<(), CapsuleError> {
+        self.submit_parts(sqe, Icd::Lend(icd, icd_len), ops)
+    }
+
+    fn submit_parts(
+        &mut self,
+        sqe: &[u8],
+        icd: Icd<'_>,
+        ops: &mut dyn QpairOps,
+    ) -> Result<(), CapsuleError> {
         if self.disconnect_sent {
             return Err(CapsuleError::Disconnecting);
         }
-        let cmd = NvmeCmd::parse(capsule).map_err(|_| CapsuleError::Malformed(capsule.len()))?;
+        let cmd = NvmeCmd::parse(sqe)
+            .map_err(|_| CapsuleError::Malformed(sqe.len().min(SQE_SIZE) + icd.len()))?;
         let slot = self.free.pop().ok_or(CapsuleError::QueueFull)?;
         self.stats.commands += 1;
-        let icd = capsule.get(SQE_SIZE..).unwrap_or(&[]);
-        let icd = &icd[..icd.len().min(self.icd_size as usize)];
         let si = usize::from(slot);
         self.reqs[si].start(cmd);
         match self.prepare(slot, icd) {
@@ -272,7 +329,7 @@ impl QueuePair {
 
     /// Decide the plan and map the SGL; on success the request is in
     /// `NeedBuffer`, `ReadyToExecute` (no data or in-capsule data copied).
-    fn prepare(&mut self, slot: u16, icd: &[u8]) -> Result<(), NvmeStatus> {
+    fn prepare(&mut self, slot: u16, icd: Icd<'_>) -> Result<(), NvmeStatus> {
         let si = usize::from(slot);
         let cmd = self.reqs[si].cmd;
         if cmd.fuse() != 0 || cmd.psdt() != 1 {
@@ -306,20 +363,57 @@ impl QueuePair {
                 if plan.dir != Dir::ToCtrl || self.icd_size == 0 {
                     return Err(NvmeStatus::INVALID_FIELD);
                 }
+                let avail = icd.len().min(self.icd_size as usize);
                 let end = offset.checked_add(u64::from(len));
-                if end.map_or(true, |e| e > icd.len() as u64) {
+                if end.map_or(true, |e| e > avail as u64) {
                     return Err(NvmeStatus::SGL_OFFSET_INVALID);
                 }
                 if len != plan.len {
                     return Err(NvmeStatus::DATA_SGL_LENGTH_INVALID);
                 }
-                if !req.take_slot_buf(len as usize) {
-                    return Err(NvmeStatus::INTERNAL_ERROR);
-                }
                 let start = offset as usize;
-                req.bufs.copy_from_slice(&icd[start..start + len as usize]);
+                let n = len as usize;
+                let lent = match icd {
+                    Icd::Lend(buf, _) if start == 0 && n > 0 => {
+                        // In place: the receive buffer becomes the data.
+                        let Some(mut b) = buf.take() else {
+                            return Err(NvmeStatus::INTERNAL_ERROR);
+                        };
+                        if b.set_len(n).is_err() {
+                            *buf = Some(b);
+                            return Err(NvmeStatus::INTERNAL_ERROR);
+                        }
+                        req.bufs.push(b);
+                        req.lent_icd = true;
+                        true
+                    }
+                    Icd::Lend(buf, _) => {
+                        let Some(b) = buf.as_ref() else {
+                            return Err(NvmeStatus::INTERNAL_ERROR);
+                        };
+                        if !(req.take_slot_buf(n) || self.core.get_buffers(n, &mut req.bufs)) {
+                            return Err(NvmeStatus::INTERNAL_ERROR);
+                        }
+                        req.bufs.copy_from_slice(&b.as_slice()[start..start + n]);
+                        false
+                    }
+                    Icd::Bytes(bytes) => {
+                        // The slot buffer, or pool buffers for data larger
+                        // than a slot.
+                        if !(req.take_slot_buf(n) || self.core.get_buffers(n, &mut req.bufs)) {
+                            return Err(NvmeStatus::INTERNAL_ERROR);
+                        }
+                        req.bufs.copy_from_slice(&bytes[start..start + n]);
+                        false
+                    }
+                };
                 req.in_capsule = true;
                 req.state = ReqState::ReadyToExecute;
+                if lent {
+                    self.stats.icd_lent += 1;
+                } else {
+                    self.stats.icd_copies += 1;
+                }
                 return Ok(());
             }
             _ => return Err(NvmeStatus::SGL_DESCRIPTOR_TYPE_INVALID),
@@ -445,6 +539,11 @@ impl QueuePair {
     /// Build the completion (once) and hand the response to the transport.
     fn respond(&mut self, slot: u16, ops: &mut dyn QpairOps) {
         let si = usize::from(slot);
+        if self.reqs[si].lent_icd {
+            // The data is on the bdev: give the transport its receive
+            // buffer back before the host can see the response.
+            self.reqs[si].release_bufs();
+        }
         if self.reqs[si].cpl.is_none() {
             let cpl = self.build_cpl(slot);
             self.reqs[si].cpl = Some(cpl);
@@ -572,10 +671,16 @@ impl QueuePair {
             busy = true;
             self.io_done(ReqTag::from_u64(ctx), status, bufs, ops);
         }
-        busy |= self.retry(ParkQ::Buffer, ops);
-        busy |= self.retry(ParkQ::Transfer, ops);
-        busy |= self.retry(ParkQ::Exec, ops);
-        busy |= self.retry(ParkQ::Response, ops);
+        let parked = !(self.park_buf.is_empty()
+            && self.park_xfer.is_empty()
+            && self.park_exec.is_empty()
+            && self.park_rsp.is_empty());
+        if parked {
+            busy |= self.retry(ParkQ::Buffer, ops);
+            busy |= self.retry(ParkQ::Transfer, ops);
+            busy |= self.retry(ParkQ::Exec, ops);
+            busy |= self.retry(ParkQ::Response, ops);
+        }
         if let Some(c) = &self.ctrlr {
             if c.is_dead() {
                 if !self.disconnect_sent {

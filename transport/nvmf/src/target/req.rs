@@ -120,6 +120,9 @@ pub(crate) struct Request {
     pub(crate) remote: Option<RemoteBuf>,
     /// The data came in the capsule (already in `bufs`).
     pub(crate) in_capsule: bool,
+    /// `bufs` is the transport's receive buffer, lent (in-capsule data used
+    /// in place); released when the response is sent.
+    pub(crate) lent_icd: bool,
     /// The data buffers.
     pub(crate) bufs: SgList,
     /// This slot's own small buffer (in-capsule data, admin data, small
@@ -154,6 +157,7 @@ impl Request {
             plan: Plan::no_data(Exec::Flush),
             remote: None,
             in_capsule: false,
+            lent_icd: false,
             bufs: SgList::new(),
             slot_buf,
             uses_slot_buf: false,
@@ -177,6 +181,7 @@ impl Request {
         self.plan = Plan::no_data(Exec::Flush);
         self.remote = None;
         self.in_capsule = false;
+        self.lent_icd = false;
         self.status = NvmeStatus::SUCCESS;
         self.dw0 = 0;
         self.dw1 = 0;
@@ -215,6 +220,7 @@ impl Request {
             }
             self.uses_slot_buf = false;
         }
+        self.lent_icd = false;
         self.bufs.clear();
     }
 

@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use pollux_bdev::{Bdev, BdevDesc, IoType};
 
 use super::ctrlr::Controller;
+use super::ctrlr_stats::CtrlCounters;
 use super::error::TargetError;
 use crate::spec::connect::is_valid_nqn;
 use crate::spec::features::{AsyncEvent, AEN_DISCOVERY_CHANGE};
@@ -223,6 +224,7 @@ pub struct Subsystem {
     ns_gen: AtomicU64,
     state: Mutex<SubsysState>,
     disc: Arc<DiscoveryGen>,
+    counters: CtrlCounters,
 }
 
 impl Subsystem {
@@ -277,7 +279,13 @@ impl Subsystem {
                 next_cntlid: lo,
             }),
             disc,
+            counters: CtrlCounters::default(),
         }))
+    }
+
+    /// Its controllers' Keep Alive, keep-alive timeout and event counters.
+    pub fn counters(&self) -> &CtrlCounters {
+        &self.counters
     }
 
     fn lock(&self) -> MutexGuard<'_, SubsysState> {
@@ -488,6 +496,7 @@ impl Subsystem {
         let id = free?;
         let c = make(id);
         st.ctrlrs.insert(id, Arc::clone(&c));
+        self.counters.controller_created();
         st.next_cntlid = if id == hi { lo } else { id + 1 };
         Some(c)
     }

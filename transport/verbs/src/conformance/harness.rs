@@ -60,6 +60,11 @@ pub struct Expected {
     pub flush_recv_posted_in_err: bool,
     /// How CQ overflow shows.
     pub cq_overflow: CqOverflowReport,
+    /// A remote access through a fast-registered key that leaves the
+    /// registered range but stays inside the MR under it: the requester's
+    /// status. rxe checks a memory-window access against the window's MR
+    /// only (Linux `rxe_resp.c`, `check_rkey`), so there it succeeds.
+    pub beyond_window: &'static [WcStatus],
 }
 
 impl Expected {
@@ -72,6 +77,7 @@ impl Expected {
         exact_queue_caps: true,
         flush_recv_posted_in_err: true,
         cq_overflow: CqOverflowReport::PollErrorAndEvent,
+        beyond_window: &[WcStatus::RemAccessErr],
     };
     /// Any libibverbs device: hardware (the precise statuses) or rxe.
     pub const IBVERBS: Expected = Expected {
@@ -85,6 +91,7 @@ impl Expected {
         exact_queue_caps: false,
         flush_recv_posted_in_err: false,
         cq_overflow: CqOverflowReport::PollErrorOrEvent,
+        beyond_window: &[WcStatus::RemAccessErr, WcStatus::Success],
     };
 
     /// The set for a provider, by [`Provider::NAME`].

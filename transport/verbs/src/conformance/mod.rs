@@ -12,16 +12,20 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod cases;
+mod fast_reg;
+mod handoff;
 mod harness;
 
 pub use cases::*;
+pub use fast_reg::*;
+pub use handoff::{accept_on_another_thread, dropped_detached_request_is_rejected};
 pub use harness::{
     for_a_while, spin, CqOverflowReport, Endpoint, Expected, Fixture, Pair, WAIT_LIMIT,
 };
 
 /// Run every case against the fixture's provider.
 pub fn run_all<F: Fixture>(f: &F) {
-    for (name, case) in cases::all::<F>() {
+    for (name, case) in cases::all::<F>().into_iter().chain(handoff::all::<F>()) {
         eprintln!("conformance: {name}");
         case(f);
     }

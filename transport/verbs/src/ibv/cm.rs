@@ -10,10 +10,11 @@ use std::rc::Rc;
 use rdma_sys::*;
 
 use super::device::{ctx_device_name, Ctx};
+use super::pending::IbvPendingConn;
 use super::qp::{IbvQp, QpInner};
 use super::{last_err, set_nonblocking, Ibverbs};
 use crate::cm::{
-    CmAddr, CmEvent, ConnParam, ConnRequestInfo, PrivateData, ACCEPT_PRIVATE_DATA_MAX,
+    CmAddr, CmEvent, ConnParam, ConnRequestInfo, DetachError, PrivateData, ACCEPT_PRIVATE_DATA_MAX,
     CONNECT_PRIVATE_DATA_MAX, REJECT_PRIVATE_DATA_MAX,
 };
 use crate::error::VerbsError;
@@ -53,9 +54,9 @@ impl Drop for Channel {
 }
 
 /// An `rdma_cm_id` with its own channel.
-struct RawId {
+pub(super) struct RawId {
     // INVARIANT: created on (or migrated to) `ch`; destroyed in drop only.
-    id: NonNull<rdma_cm_id>,
+    pub(super) id: NonNull<rdma_cm_id>,
     ch: Channel,
 }
 
@@ -209,7 +210,7 @@ fn new_id(ch: Channel) -> Result<RawId, VerbsError> {
 }
 
 /// Whether `id` is bound to the device `ctx` (or not yet to any).
-fn on_device(id: &RawId, ctx: &Ctx) -> bool {
+pub(super) fn on_device(id: &RawId, ctx: &Ctx) -> bool {
     // SAFETY: live id; `verbs` is NULL or an open context of librdmacm.
     let verbs = unsafe { id.id.as_ref().verbs };
     // SAFETY: a non-NULL `verbs` is an open context.
@@ -355,15 +356,11 @@ impl CmListener<Ibverbs> for IbvListener {
                 rnr_retry_count: ev.rnr_retry_count,
                 qp_num: ev.qp_num,
             };
-            return Ok(Some(IbvCmId {
-                raw: RawId { id, ch },
-                ctx: self.ctx.clone(),
-                request: Some(request),
-                state: Cell::new(ConnState::Requested),
-                qp: RefCell::new(None),
-                pending: RefCell::new(None),
-                outcome: Cell::new(None),
-            }));
+            return Ok(Some(IbvCmId::passive(
+                RawId { id, ch },
+                self.ctx.clone(),
+                request,
+            )));
         }
         Ok(None)
     }
@@ -408,6 +405,20 @@ impl std::fmt::Debug for IbvCmId {
 }
 
 impl IbvCmId {
+    /// A passive id for a connect request (`raw` on its own channel), on
+    /// the device `ctx`.
+    pub(super) fn passive(raw: RawId, ctx: Rc<Ctx>, request: ConnRequestInfo) -> IbvCmId {
+        IbvCmId {
+            raw,
+            ctx,
+            request: Some(request),
+            state: Cell::new(ConnState::Requested),
+            qp: RefCell::new(None),
+            pending: RefCell::new(None),
+            outcome: Cell::new(None),
+        }
+    }
+
     /// The event channel's descriptor (non-blocking; readable when an event
     /// is pending).
     pub fn fd(&self) -> BorrowedFd<'_> {
@@ -658,6 +669,21 @@ impl CmId<Ibverbs> for IbvCmId {
         self.qp_state(QpState::Err);
         self.state.set(ConnState::Closed);
         Ok(())
+    }
+
+    fn detach(self) -> Result<IbvPendingConn, DetachError<Self>> {
+        let pending = self.state.get() == ConnState::Requested
+            && self.qp.borrow().is_none()
+            && self.outcome.get().is_none();
+        let Some(request) = self.request.filter(|_| pending) else {
+            return Err(DetachError {
+                id: self,
+                error: VerbsError::CmState("not an unanswered connect request"),
+            });
+        };
+        // The id and its channel leave; this core's context handle (`ctx`)
+        // is dropped here, on its own core.
+        Ok(IbvPendingConn::new(self.raw, request))
     }
 
     fn get_event(&self) -> Result<Option<CmEvent>, VerbsError> {

@@ -92,12 +92,14 @@ impl IbvCq {
     }
 }
 
-fn convert(wc: &ibv_wc) -> Wc {
+fn convert(wc: &ibv_wc, ctx: &Ctx) -> Wc {
     let status = u8::try_from(wc.status).map_or(WcStatus::GeneralErr, WcStatus::from_u8);
     let opcode = match wc.opcode {
         ibv_wc_opcode::IBV_WC_RDMA_WRITE => WcOpcode::RdmaWrite,
         ibv_wc_opcode::IBV_WC_RDMA_READ => WcOpcode::RdmaRead,
         ibv_wc_opcode::IBV_WC_LOCAL_INV => WcOpcode::LocalInv,
+        // A `RegMr` carried out as a memory-window bind.
+        ibv_wc_opcode::IBV_WC_BIND_MW => WcOpcode::RegMr,
         ibv_wc_opcode::IBV_WC_RECV => WcOpcode::Recv,
         ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM => WcOpcode::RecvRdmaWithImm,
         // SEND, and garbage in error completions (only wr_id/status/qp_num
@@ -112,9 +114,11 @@ fn convert(wc: &ibv_wc) -> Wc {
         if wc.wc_flags & ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0 {
             flags |= WcFlags::WITH_IMM;
             imm = u32::from_be(raw);
-        } else if wc.wc_flags & ibv_wc_flags::IBV_WC_WITH_INV.0 != 0 {
+        } else if wc.opcode == ibv_wc_opcode::IBV_WC_RECV && wc.wc_flags & ctx.with_inv_bits != 0 {
             flags |= WcFlags::WITH_INV;
             imm = raw;
+            // The peer freed one of our windows (fast-reg MRs).
+            ctx.keys.remote_invalidated(raw);
         }
     }
     Wc {
@@ -156,7 +160,7 @@ impl CompletionQueue for IbvCq {
             }
             let n = n as usize;
             for (dst, src) in out[done..done + n].iter_mut().zip(wcs.iter()) {
-                *dst = convert(src);
+                *dst = convert(src, &self.inner.ctx);
             }
             done += n;
             if n < want {

@@ -13,12 +13,13 @@ use rdma_sys::*;
 use super::cm::{self, IbvCmId, IbvListener};
 use super::cq::IbvCq;
 use super::mr::IbvMr;
+use super::mw::{KeyTables, MW_MAX_SEGMENTS};
 use super::qp::{IbvQp, IbvSrq};
 use super::{last_err, rc_err, set_nonblocking, Ibverbs};
 use crate::cm::{CmAddr, ConnParam};
 use crate::error::VerbsError;
 use crate::provider::{Device, DeviceInfo, ProtectionDomain, QpInit};
-use crate::types::{Access, AsyncEvent, DeviceCaps};
+use crate::types::{Access, AsyncEvent, DeviceCaps, FastRegMode};
 
 /// The port every object uses (soft-RoCE and most NICs have one per device).
 pub(super) const PORT: u8 = 1;
@@ -32,6 +33,28 @@ pub(super) struct Ctx {
     /// The IPv4 address of the port's first IPv4-mapped GID (RoCE v2), used
     /// as the source address of outgoing connections.
     pub(super) ipv4: Option<Ipv4Addr>,
+    /// MRs and memory windows by key (fast registration by window).
+    pub(super) keys: KeyTables,
+    /// The `wc_flags` bits that mean "invalidated an rkey" in this device's
+    /// receive completions (see [`with_inv_bits`]).
+    pub(super) with_inv_bits: u32,
+}
+
+/// The vendor id of the kernel's soft-RoCE driver (rxe).
+const RXE_VENDOR_ID: u32 = 0x00ff_ffff;
+
+/// The `wc_flags` bits that mean "invalidated an rkey" for a device of
+/// `vendor_id`. rxe writes the kernel's `IB_WC_WITH_INVALIDATE` (bit 2)
+/// into user-space completions, where bit 2 is `IBV_WC_IP_CSUM_OK` and
+/// `IBV_WC_WITH_INV` is bit 3 (Linux `rxe_resp.c`, `do_complete`); rxe sets
+/// no checksum flag for user space, so on rxe both bits mean invalidation.
+pub(super) fn with_inv_bits(vendor_id: u32) -> u32 {
+    let user = ibv_wc_flags::IBV_WC_WITH_INV.0;
+    if vendor_id == RXE_VENDOR_ID {
+        user | ibv_wc_flags::IBV_WC_IP_CSUM_OK.0
+    } else {
+        user
+    }
 }
 
 impl Drop for Ctx {
@@ -132,8 +155,12 @@ impl IbvDevice {
             name: name.to_string(),
             caps: empty_caps(),
             ipv4: None,
+            keys: KeyTables::default(),
+            with_inv_bits: ibv_wc_flags::IBV_WC_WITH_INV.0,
         };
-        dev.caps = query_caps(ctx)?;
+        let (caps, vendor_id) = query_caps(ctx)?;
+        dev.caps = caps;
+        dev.with_inv_bits = with_inv_bits(vendor_id);
         dev.ipv4 = find_ipv4(ctx);
         // SAFETY: the context is open; async_fd is its async event fd.
         let async_fd = unsafe { (*ctx.as_ptr()).async_fd };
@@ -163,6 +190,7 @@ fn empty_caps() -> DeviceCaps {
         max_fast_reg_pages: 0,
         mem_mgt_extensions: false,
         integrity: false,
+        fast_reg: FastRegMode::None,
     }
 }
 
@@ -170,7 +198,8 @@ fn to_u32(v: i32) -> u32 {
     u32::try_from(v).unwrap_or(0)
 }
 
-fn query_caps(ctx: NonNull<ibv_context>) -> Result<DeviceCaps, VerbsError> {
+/// The device's capabilities and its vendor id.
+fn query_caps(ctx: NonNull<ibv_context>) -> Result<(DeviceCaps, u32), VerbsError> {
     let mut attr = MaybeUninit::<ibv_device_attr>::zeroed();
     // SAFETY: open context, `attr` is a writable ibv_device_attr.
     let rc = unsafe { ibv_query_device(ctx.as_ptr(), attr.as_mut_ptr()) };
@@ -187,7 +216,15 @@ fn query_caps(ctx: NonNull<ibv_context>) -> Result<DeviceCaps, VerbsError> {
     }
     // SAFETY: zero-initialised and filled by the call.
     let port = unsafe { port.assume_init() };
-    Ok(DeviceCaps {
+    let windows = probe_type2_window(ctx);
+    let fast_reg = if windows {
+        FastRegMode::MemoryWindow {
+            max_windows: to_u32(attr.max_mw),
+        }
+    } else {
+        FastRegMode::None
+    };
+    let caps = DeviceCaps {
         max_qp: to_u32(attr.max_qp),
         max_qp_wr: to_u32(attr.max_qp_wr),
         max_sge: to_u32(attr.max_sge),
@@ -199,12 +236,39 @@ fn query_caps(ctx: NonNull<ibv_context>) -> Result<DeviceCaps, VerbsError> {
         max_msg_size: port.max_msg_sz,
         max_qp_rd_atom: to_u32(attr.max_qp_rd_atom),
         max_qp_init_rd_atom: to_u32(attr.max_qp_init_rd_atom),
-        // User-space verbs have no REG_MR work request and no signature
-        // offload: the upper layers must use their software paths.
-        max_fast_reg_pages: 0,
-        mem_mgt_extensions: false,
+        // User-space verbs have no REG_MR work request: fast registration
+        // binds type-2 memory windows where the device has them. No
+        // signature offload: the upper layers use their software PI path.
+        max_fast_reg_pages: if windows { MW_MAX_SEGMENTS } else { 0 },
+        mem_mgt_extensions: windows,
         integrity: false,
-    })
+        fast_reg,
+    };
+    Ok((caps, attr.vendor_id))
+}
+
+/// Whether the device allocates type-2 memory windows (allocate and free
+/// one on a throw-away PD, once): the capability flags alone are not
+/// reported alike by every kernel and provider.
+fn probe_type2_window(ctx: NonNull<ibv_context>) -> bool {
+    // SAFETY: open context.
+    let pd = unsafe { ibv_alloc_pd(ctx.as_ptr()) };
+    if pd.is_null() {
+        return false;
+    }
+    // SAFETY: live PD of the context.
+    let mw = unsafe { ibv_alloc_mw(pd, ibv_mw_type::IBV_MW_TYPE_2) };
+    let ok = match mw {
+        Some(mw) if !mw.is_null() => {
+            // SAFETY: just allocated, never bound, not used again.
+            unsafe { ibv_dealloc_mw(mw) };
+            true
+        }
+        _ => false,
+    };
+    // SAFETY: its only child (the window) is gone.
+    unsafe { ibv_dealloc_pd(pd) };
+    ok
 }
 
 /// `ibv_query_device` does not report the inline limit: find the largest
@@ -384,10 +448,20 @@ impl ProtectionDomain<Ibverbs> for IbvPd {
         IbvMr::register(&self.inner, arena, offset, len, access)
     }
 
-    fn alloc_fast_reg_mr(&self, _max_segments: u32) -> Result<IbvMr, VerbsError> {
-        Err(VerbsError::Unsupported(
-            "fast registration (REG_MR) is not available through user-space verbs",
-        ))
+    fn alloc_fast_reg_mr(&self, max_segments: u32) -> Result<IbvMr, VerbsError> {
+        match self.inner.ctx.caps.fast_reg {
+            FastRegMode::MemoryWindow { .. } => {
+                if max_segments == 0 || max_segments > MW_MAX_SEGMENTS {
+                    return Err(VerbsError::InvalidArgument(
+                        "fast-reg segments 0 or above max_fast_reg_pages",
+                    ));
+                }
+                IbvMr::alloc_window(&self.inner)
+            }
+            _ => Err(VerbsError::Unsupported(
+                "fast registration: the device has no type-2 memory windows",
+            )),
+        }
     }
 
     fn alloc_integrity_mr(&self, _max_segments: u32) -> Result<IbvMr, VerbsError> {

@@ -35,12 +35,40 @@
 //!   small receive with `LocQpOpErr`, and reports CQ overflow only as
 //!   [`AsyncEvent::CqErr`] from [`Device::poll_async_event`], never from
 //!   [`CompletionQueue::poll`].
-//! - **Capabilities.** User-space verbs offer no fast registration (REG_MR)
-//!   and no signature (T10-PI integrity) offload, so [`DeviceCaps`] reports
-//!   `mem_mgt_extensions: false` and `integrity: false` (soft-RoCE has
-//!   neither anyway); upper layers then pick their software PI path and
-//!   pre-registered memory. `RegMr`/`RegMrIntegrity` WRs are refused with
-//!   [`PostErrorKind::InvalidOpcode`](crate::PostErrorKind::InvalidOpcode).
+//! - **Capabilities.** User-space verbs offer no signature (T10-PI
+//!   integrity) offload, so [`DeviceCaps`] reports `integrity: false` and
+//!   `RegMrIntegrity` WRs are refused with
+//!   [`PostErrorKind::InvalidOpcode`](crate::PostErrorKind::InvalidOpcode);
+//!   upper layers pick their software PI path.
+//! - **Fast registration by type-2 memory window.** User space has no
+//!   REG_MR work request either; its analogue is the type-2 memory window,
+//!   which the provider uses behind the same API. On a device that
+//!   allocates type-2 windows (probed once at open; soft-RoCE does),
+//!   [`DeviceCaps`] reports `mem_mgt_extensions: true` and
+//!   `fast_reg: FastRegMode::MemoryWindow { max_windows }`.
+//!   [`ProtectionDomain::alloc_fast_reg_mr`] allocates a window
+//!   (`ibv_alloc_mw`, `IBV_MW_TYPE_2`); its `lkey`/`rkey` is the key of its
+//!   last bind. A `RegMr { key, iova, access }` WR becomes `IBV_WR_BIND_MW`
+//!   with the new key `key` (same index, new consumer byte, as
+//!   `ibv_inc_rkey`) when its scatter list lies in one MR of the QP's PD
+//!   and is virtually contiguous, `iova` is its first address and `access`
+//!   is not zero-based; the window gets the remote rights of `access`.
+//!   Anything else is refused at post time with
+//!   [`PostErrorKind::Refused`](crate::PostErrorKind::Refused), saying why.
+//!   Every MR registered on such a device (except zero-based ones) gets
+//!   `IBV_ACCESS_MW_BIND`, so memory registered for local access only (the
+//!   NVMe-oF host's `register-always` pool, the iSER initiator's buffers)
+//!   can be exposed per I/O; the right lets only windows of the same PD,
+//!   bound by its owner's WRs, reach the memory. A window is freed by
+//!   `LocalInv` or by the peer's SEND_WITH_INV (the receive completion
+//!   carries `WITH_INV` and the key, and the provider notes the window
+//!   free when it polls it); a bound window is not bound again, and a
+//!   `LocalInv` of a window that is not bound under that key never reaches
+//!   the device (rxe mishandles both; see the `mw` module). The bind
+//!   completes as [`WcOpcode::RegMr`](crate::WcOpcode::RegMr). Type-2B
+//!   windows (rxe) are reached only through the QP that bound them. rxe
+//!   checks a window access against the MR under it, not the window's own
+//!   range.
 //! - **QP states.** Without the CM, a QP can go to INIT, SQD, ERR and RESET
 //!   by [`QueuePair::modify`]; RTR needs a path (GIDs), which only the CM
 //!   provides here, so `modify` to RTR is [`VerbsError::Unsupported`].
@@ -48,6 +76,7 @@
 //! [`CmListener::get_request`]: crate::CmListener::get_request
 //! [`CmId::get_event`]: crate::CmId::get_event
 //! [`ProtectionDomain::create_qp`]: crate::ProtectionDomain::create_qp
+//! [`ProtectionDomain::alloc_fast_reg_mr`]: crate::ProtectionDomain::alloc_fast_reg_mr
 //! [`QueuePair::modify`]: crate::QueuePair::modify
 //! [`DeviceCaps`]: crate::DeviceCaps
 //! [`VerbsError::Unsupported`]: crate::VerbsError::Unsupported
@@ -60,6 +89,8 @@ mod cm;
 mod cq;
 mod device;
 mod mr;
+mod mw;
+mod pending;
 mod qp;
 
 use std::io;
@@ -69,6 +100,7 @@ pub use cm::{IbvCmId, IbvListener};
 pub use cq::IbvCq;
 pub use device::{IbvDevice, IbvPd};
 pub use mr::IbvMr;
+pub use pending::IbvPendingConn;
 pub use qp::{IbvQp, IbvSrq};
 
 use crate::error::VerbsError;
@@ -88,6 +120,7 @@ impl Provider for Ibverbs {
     type Qp = IbvQp;
     type CmListener = IbvListener;
     type CmId = IbvCmId;
+    type PendingConn = IbvPendingConn;
 
     fn list_devices() -> Result<Vec<DeviceInfo>, VerbsError> {
         device::list_devices()

@@ -9,10 +9,11 @@ use rdma_sys::*;
 
 use super::cq::CqInner;
 use super::device::{PdInner, PORT};
+use super::mw::{Window, MW_MAX_SEGMENTS};
 use super::{last_err, rc_err, zeroed_slice};
 use crate::error::{PostError, PostErrorKind, VerbsError};
 use crate::provider::{QpInit, QueuePair, SharedRecvQueue};
-use crate::types::{Access, QpAttr, QpCaps, QpState, SendFlags, Sge};
+use crate::types::{Access, FastRegMode, QpAttr, QpCaps, QpState, SendFlags, Sge};
 use crate::wr::{RecvWr, SendOp, SendWr};
 
 use super::Ibverbs;
@@ -176,6 +177,56 @@ struct SendScratch {
     wrs: Box<[ibv_send_wr]>,
     sges: Box<[ibv_sge]>,
     max_sge: usize,
+    /// Window state changes of the WRs being posted (capacity: the depth,
+    /// so pushing never allocates).
+    pending: Vec<KeyChange>,
+}
+
+/// A window's state before a bind or LOCAL_INV of the post changed it:
+/// kept if the WR is posted (and a bind's key published then), restored if
+/// it is not.
+struct KeyChange {
+    slot: usize,
+    window: Rc<Window>,
+    key: u32,
+    bound: bool,
+    addr: u64,
+    len: u64,
+    /// The key a bind gives the window once it is posted.
+    publish: Option<u32>,
+}
+
+impl KeyChange {
+    fn before(slot: usize, window: &Rc<Window>, publish: Option<u32>) -> KeyChange {
+        KeyChange {
+            slot,
+            window: window.clone(),
+            key: window.key.get(),
+            bound: window.bound.get(),
+            addr: window.addr.get(),
+            len: window.len.get(),
+            publish,
+        }
+    }
+
+    /// Settle the change: `posted` WRs of the list reached the device.
+    fn settle(self, posted: usize) {
+        if self.slot < posted {
+            if let Some(k) = self.publish {
+                self.window.publish_key(k);
+            }
+        } else {
+            let w = &self.window;
+            w.key.set(self.key);
+            w.bound.set(self.bound);
+            w.addr.set(self.addr);
+            w.len.set(self.len);
+        }
+    }
+}
+
+fn refused(why: &'static str) -> PostErrorKind {
+    PostErrorKind::Refused(why)
 }
 
 /// An RC queue pair (`ibv_qp`).
@@ -297,6 +348,7 @@ impl IbvQp {
                     // SAFETY: as above.
                     sges: unsafe { zeroed_slice(send_depth * send_sge) },
                     max_sge: send_sge,
+                    pending: Vec::with_capacity(send_depth),
                 }),
                 recv: RefCell::new(RecvScratch::new(real.max_recv_wr, real.max_recv_sge)),
                 has_srq: init.srq.is_some(),
@@ -308,6 +360,119 @@ impl IbvQp {
         })
     }
 
+    /// Write a `RegMr` as a type-2 window bind into slot `i`: the scatter
+    /// list must be one virtually contiguous range of one MR of this QP's
+    /// PD, starting at `iova`, and the window named by `key` must be free.
+    fn fill_bind(
+        &self,
+        s: &mut SendScratch,
+        i: usize,
+        wr: &SendWr<'_>,
+        key: u32,
+        iova: u64,
+        access: Access,
+    ) -> Result<(), PostErrorKind> {
+        let pd = &self.inner.pd;
+        if !matches!(pd.ctx.caps.fast_reg, FastRegMode::MemoryWindow { .. }) {
+            return Err(PostErrorKind::InvalidOpcode);
+        }
+        if wr.flags.contains(SendFlags::INLINE) {
+            return Err(refused("a registration carries no inline data"));
+        }
+        let Some(first) = wr.sg_list.first() else {
+            return Err(refused("a registration needs a non-empty page list"));
+        };
+        if wr.sg_list.len() > MW_MAX_SEGMENTS as usize {
+            return Err(refused("more segments than max_fast_reg_pages"));
+        }
+        let mut end = first.addr;
+        for sge in wr.sg_list {
+            if sge.lkey != first.lkey {
+                return Err(refused("a memory window covers one MR: one lkey"));
+            }
+            if sge.addr != end {
+                return Err(refused(
+                    "a memory window covers one virtually contiguous range",
+                ));
+            }
+            end = end
+                .checked_add(u64::from(sge.length))
+                .ok_or(refused("page list wraps the address space"))?;
+        }
+        let len = end - first.addr;
+        if len == 0 {
+            return Err(refused("a registration of 0 bytes"));
+        }
+        if iova != first.addr {
+            return Err(refused(
+                "a memory window keeps the range's own address: iova must be the first segment's address",
+            ));
+        }
+        if access.contains(Access::ZERO_BASED) {
+            return Err(refused("no zero-based memory windows"));
+        }
+        let mr = pd
+            .ctx
+            .keys
+            .mr(first.lkey)
+            .ok_or(refused("the page list's lkey is no MR of this device"))?;
+        if mr.pd != pd.pd {
+            return Err(refused("the page list's MR belongs to another PD"));
+        }
+        if mr.access.contains(Access::ZERO_BASED) {
+            return Err(refused("a zero-based MR cannot carry a memory window"));
+        }
+        if first.addr < mr.start || end > mr.start.saturating_add(mr.len) {
+            return Err(refused("the page list leaves its MR"));
+        }
+        let remote = access & (Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC);
+        if remote.intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC)
+            && !mr.access.contains(Access::LOCAL_WRITE)
+        {
+            return Err(refused("a writable window needs an MR with LOCAL_WRITE"));
+        }
+        let window = pd
+            .ctx
+            .keys
+            .window(key)
+            .ok_or(refused("the key names no fast-reg MR of this device"))?;
+        if window.pd != pd.pd {
+            return Err(refused("the fast-reg MR belongs to another PD"));
+        }
+        if window.bound.get() {
+            return Err(refused(
+                "the fast-reg MR is still registered: invalidate it first",
+            ));
+        }
+        let w = &mut s.wrs[i];
+        w.wr_id = wr.wr_id.0;
+        w.sg_list = ptr::null_mut();
+        w.num_sge = 0;
+        w.send_flags = wr.flags.bits();
+        w.imm_data_invalidated_rkey_union.imm_data = 0;
+        w.wr.rdma = rdma_t {
+            remote_addr: 0,
+            rkey: 0,
+        };
+        w.opcode = ibv_wr_opcode::IBV_WR_BIND_MW;
+        w.bind_mw_tso_union.bind_mw = bind_mw_t {
+            mw: window.mw.as_ptr(),
+            rkey: key,
+            bind_info: ibv_mw_bind_info {
+                mr: mr.mr.as_ptr(),
+                addr: first.addr,
+                length: len,
+                mw_access_flags: remote.bits(),
+            },
+        };
+        s.pending.push(KeyChange::before(i, &window, Some(key)));
+        window.key.set(key);
+        window.bound.set(true);
+        window.addr.set(first.addr);
+        window.len.set(len);
+        Ok(())
+    }
+
     /// Check one send WR and write it into slot `i` of the scratch arrays.
     fn fill_send(
         &self,
@@ -315,6 +480,9 @@ impl IbvQp {
         i: usize,
         wr: &SendWr<'_>,
     ) -> Result<(), PostErrorKind> {
+        if let SendOp::RegMr { key, iova, access } = wr.op {
+            return self.fill_bind(s, i, wr, key, iova, access);
+        }
         let inline = wr.flags.contains(SendFlags::INLINE);
         let sge_base = i * s.max_sge;
         let num_sge = if inline {
@@ -387,11 +555,25 @@ impl IbvQp {
                 w.imm_data_invalidated_rkey_union.invalidated_rkey = key;
                 IBV_WR_LOCAL_INV
             }
-            // No REG_MR / signature work requests in user-space verbs.
+            // REG_MR became a bind above; no signature work requests in
+            // user-space verbs.
             SendOp::RegMr { .. } | SendOp::RegMrIntegrity { .. } => {
                 return Err(PostErrorKind::InvalidOpcode)
             }
         };
+        if let SendOp::LocalInv { key } = wr.op {
+            // Invalidating a window that is not bound under `key` must not
+            // reach the kernel (see `mw`).
+            if let Some(window) = self.inner.pd.ctx.keys.window(key) {
+                if !window.bound.get() || window.key.get() != key {
+                    return Err(refused(
+                        "LOCAL_INV of a fast-reg MR that is not registered under this key",
+                    ));
+                }
+                s.pending.push(KeyChange::before(i, &window, None));
+                window.bound.set(false);
+            }
+        }
         Ok(())
     }
 }
@@ -488,6 +670,7 @@ impl QueuePair for IbvQp {
             });
         }
         let mut s = self.inner.send.borrow_mut();
+        s.pending.clear();
         let mut n = 0;
         let mut err = None;
         for (i, wr) in wrs.iter().enumerate() {
@@ -510,9 +693,13 @@ impl QueuePair for IbvQp {
             // SAFETY: live QP; the chain of `n` WRs and their SGE arrays live
             // in `s` for the call; inline data is copied by the call.
             let rc = unsafe { ibv_post_send(self.inner.qp.as_ptr(), s.wrs.as_mut_ptr(), &mut bad) };
+            let posted = if rc == 0 { n } else { index_in(&s.wrs, bad) };
+            for change in s.pending.drain(..) {
+                change.settle(posted);
+            }
             if rc != 0 {
                 return Err(PostError {
-                    index: index_in(&s.wrs, bad),
+                    index: posted,
                     kind: post_kind(rc, state),
                 });
             }

@@ -27,13 +27,14 @@ use rustix::net::{
 use super::device::SoftDevice;
 use super::link::{Link, PeerArenas};
 use super::mr::{MR_ENTRY_SIZE, MR_TABLE_ENTRIES};
+use super::pending::SoftPendingConn;
 use super::qp::SoftQp;
 use super::ring::LINK_LEN;
 use super::shm::Shm;
 use super::wire::{Hello, Msg, MSG_MAX};
 use super::Soft;
 use crate::cm::{
-    CmAddr, CmEvent, ConnParam, ConnRequestInfo, PrivateData, ACCEPT_PRIVATE_DATA_MAX,
+    CmAddr, CmEvent, ConnParam, ConnRequestInfo, DetachError, PrivateData, ACCEPT_PRIVATE_DATA_MAX,
     CONNECT_PRIVATE_DATA_MAX, REJECT_PRIVATE_DATA_MAX, REJECT_REASON_CONSUMER,
     REJECT_REASON_INVALID_SERVICE_ID,
 };
@@ -100,7 +101,19 @@ fn recv_msg(sock: &OwnedFd) -> Rx {
     }
 }
 
-fn send_msg(sock: &OwnedFd, msg: &Msg, fds: &[BorrowedFd<'_>]) -> Result<(), VerbsError> {
+/// Read and drop whatever the peer queued on `sock` (its arena
+/// announcements, with their fds). Closing a Unix socket with unread data
+/// resets the peer's end (`ECONNRESET` before it reads our last message),
+/// so a socket is drained before it is closed after a final answer.
+pub(super) fn drain(sock: &OwnedFd) {
+    while let Rx::Msg(..) = recv_msg(sock) {}
+}
+
+pub(super) fn send_msg(
+    sock: &OwnedFd,
+    msg: &Msg,
+    fds: &[BorrowedFd<'_>],
+) -> Result<(), VerbsError> {
     let mut b = [0u8; MSG_MAX];
     let n = msg.encode(&mut b);
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(8))];
@@ -195,6 +208,20 @@ enum St {
     Disconnected,
 }
 
+/// A pending passive request taken apart for the trip to another core
+/// (all `Send`: fds, plain data, shared arenas).
+pub(super) struct RequestParts {
+    /// The CM socket; messages the peer sent after its REQ (arenas) are
+    /// still queued on it and are read on the new core.
+    pub(super) sock: OwnedFd,
+    /// The REQ.
+    pub(super) hello: Hello,
+    /// The REQ's fds (link memfd, MR table, CQ eventfds).
+    pub(super) fds: Vec<OwnedFd>,
+    /// Peer arenas already mapped (if the id was polled before it left).
+    pub(super) peer_arenas: Vec<Option<Arc<DmaArena>>>,
+}
+
 /// One connection (both sides).
 pub(crate) struct Conn {
     dev: SoftDevice,
@@ -240,10 +267,40 @@ impl Conn {
         }
     }
 
-    fn passive(dev: &SoftDevice, sock: OwnedFd, h: Hello, fds: Vec<OwnedFd>) -> Rc<Conn> {
+    pub(super) fn passive(
+        dev: &SoftDevice,
+        sock: OwnedFd,
+        h: Hello,
+        fds: Vec<OwnedFd>,
+    ) -> Rc<Conn> {
         let c = Conn::new(dev, sock, St::ReqReceived, Some(h));
         *c.req_fds.borrow_mut() = fds;
         Rc::new(c)
+    }
+
+    /// Take a pending request apart into what may travel to another core:
+    /// its socket (with the messages still queued on it), the request, its
+    /// fds and the peer arenas mapped so far. `None` (and the connection
+    /// back) unless it is an unanswered passive request.
+    pub(super) fn into_parts(this: Rc<Conn>) -> Result<RequestParts, Rc<Conn>> {
+        let Some(hello) = this.hello.filter(|_| this.state.get() == St::ReqReceived) else {
+            return Err(this);
+        };
+        let c = Rc::try_unwrap(this)?;
+        let peer_arenas = std::mem::take(&mut *c.peer_arenas.borrow_mut());
+        Ok(RequestParts {
+            sock: c.sock,
+            hello,
+            fds: c.req_fds.into_inner(),
+            peer_arenas,
+        })
+    }
+
+    /// Put a travelled request back together on `dev`'s core.
+    pub(super) fn from_parts(dev: &SoftDevice, p: RequestParts) -> Rc<Conn> {
+        let c = Conn::passive(dev, p.sock, p.hello, p.fds);
+        *c.peer_arenas.borrow_mut() = p.peer_arenas;
+        c
     }
 
     /// The QP's link, once connected.
@@ -265,11 +322,19 @@ impl Conn {
         }
     }
 
+    /// Ship the exposed arenas of the QP's device (the device its MR keys
+    /// and arena slots belong to; a request attached on another core has
+    /// that core's device) and register for the ones exposed later.
     fn ship_exposed(self: &Rc<Self>) {
-        for (slot, a) in self.dev.0.exposed_slots() {
+        let dev = self
+            .qp
+            .borrow()
+            .as_ref()
+            .map_or_else(|| self.dev.clone(), |q| q.0.pd.0.dev.clone());
+        for (slot, a) in dev.0.exposed_slots() {
             self.send_arena(slot, &a);
         }
-        self.dev.0.conns.borrow_mut().push(Rc::downgrade(self));
+        dev.0.conns.borrow_mut().push(Rc::downgrade(self));
     }
 
     fn install_arena(&self, slot: u64, len: u64, mut fds: Vec<OwnedFd>) {
@@ -616,6 +681,23 @@ impl CmId<Soft> for SoftCmId {
         let _ = send_msg(&c.sock, &Msg::Dreq, &[]);
         c.go_disconnected();
         Ok(())
+    }
+
+    fn detach(self) -> Result<SoftPendingConn, DetachError<Self>> {
+        match Conn::into_parts(self.0) {
+            Ok(parts) => Ok(SoftPendingConn::new(parts)),
+            Err(c) => {
+                let error = if c.state.get() == St::ReqReceived && c.hello.is_some() {
+                    VerbsError::CmState("the connect request is shared by clones of its id")
+                } else {
+                    VerbsError::CmState("not an unanswered connect request")
+                };
+                Err(DetachError {
+                    id: SoftCmId(c),
+                    error,
+                })
+            }
+        }
     }
 
     fn get_event(&self) -> Result<Option<CmEvent>, VerbsError> {

@@ -63,6 +63,7 @@ impl SoftDevice {
                 max_qp_init_rd_atom: 128,
                 max_fast_reg_pages: super::mr::MR_MAX_SEGS as u32,
                 mem_mgt_extensions: true,
+                fast_reg: crate::types::FastRegMode::PageList,
                 integrity: true,
             },
             next_num: Cell::new(1),

@@ -11,7 +11,9 @@ use std::sync::Arc;
 use pollux_reactor::mem::DmaArena;
 
 use super::cm::Conn;
-use super::ring::{ctl_off, CTL_CONSUMER_ARMED, CTL_FATAL, CTL_PRODUCER_ARMED, CTL_SIGERR};
+use super::ring::{
+    ctl_off, publish, CTL_CONSUMER_ARMED, CTL_FATAL, CTL_PRODUCER_ARMED, CTL_SIGERR,
+};
 use super::shm::Shm;
 use crate::sig::{SigErrKind, SigError};
 
@@ -71,6 +73,18 @@ impl Link {
         self.shm
             .u32_at(self.in_ctl(CTL_FATAL))
             .load(Ordering::Acquire)
+    }
+
+    /// Publish the local producer tail if it moved (one shared-index store
+    /// for everything produced since the last call) and wake the peer's
+    /// receive CQ if it is armed.
+    pub(crate) fn publish_out(&self) {
+        let t = self.out_tail.get();
+        if t != self.published.get() {
+            self.published.set(t);
+            publish(&self.shm, self.out_d, t);
+            self.wake_peer_recv();
+        }
     }
 
     /// After publishing records: wake the peer's receive CQ if it is armed.

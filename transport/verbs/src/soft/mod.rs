@@ -15,8 +15,10 @@
 //!   to ERR and tells the responder through the link's state word (the
 //!   responder's QP goes to ERR with `QpAccessErr`).
 //! - **SEND/RECV**: a per-direction SPSC ring in a link memfd ([`ring`]);
-//!   the receiver's CQ poll consumes records into posted receives (QP RQ or
-//!   SRQ) and advances the ring head, which is the acknowledgement. Responder
+//!   `post_send` writes a SEND straight into its ring slot, the receiver
+//!   finds it by the slot's stamp (no tail fetch), its CQ poll consumes
+//!   records into posted receives (QP RQ or SRQ) and advances the ring
+//!   head, which is the acknowledgement. Responder
 //!   errors (short buffer, bad receive lkey, bad SEND_WITH_INV key, RNR
 //!   exhaustion) come back as a NAK word naming the record.
 //! - **Liveness**: the CM Unix socket. A hang-up moves the QP to ERR and
@@ -71,6 +73,7 @@ mod integrity;
 mod link;
 pub mod mr;
 mod pd;
+mod pending;
 mod qp;
 pub mod ring;
 mod shm;
@@ -83,6 +86,7 @@ pub use cq::SoftCq;
 pub use device::{SoftDevice, SOFT_DEVICE_NAME, SOFT_MAX_MSG};
 pub use mr::SoftMr;
 pub use pd::SoftPd;
+pub use pending::SoftPendingConn;
 pub use qp::SoftQp;
 pub use srq::SoftSrq;
 
@@ -103,6 +107,7 @@ impl Provider for Soft {
     type Qp = SoftQp;
     type CmListener = SoftListener;
     type CmId = SoftCmId;
+    type PendingConn = SoftPendingConn;
 
     fn list_devices() -> Result<Vec<DeviceInfo>, VerbsError> {
         Ok(vec![DeviceInfo {

@@ -1,6 +1,6 @@
 //! Protection domains: own the MR table and create MRs, SRQs and QPs.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -47,10 +47,14 @@ struct FastMr {
     off: u64,
 }
 
-/// A regular MR's key resolved for one batch ([`PdInner::resolve_local_cached`]).
+/// A regular MR's key resolved once and kept by a QP across batches
+/// ([`PdInner::resolve_local_cached`]): valid while its PD's key generation
+/// (bumped whenever a regular MR is registered or freed) is unchanged.
 #[derive(Clone, Copy)]
 pub(crate) struct LocalKey {
     key: u32,
+    /// The PD's key generation when it was resolved.
+    gen: u64,
     access: Access,
     /// The first address (0 for zero-based MRs).
     lo: u64,
@@ -70,7 +74,9 @@ impl LocalKey {
         }
         // SAFETY: `start + len <= self.len` and `[base, base + self.len)` is
         // inside the MR's arena mapping (checked by `arena_span` when the key
-        // was resolved, and the mapping outlives the batch).
+        // was resolved). Callers use a `LocalKey` only while the PD's key
+        // generation is the one it was resolved at, i.e. the MR was not
+        // freed, and a live MR holds its arena (the mapping) alive.
         let ptr = unsafe { self.base.add(start as usize) };
         Some(Span {
             ptr,
@@ -87,6 +93,9 @@ pub(crate) struct PdInner {
     local: RefCell<Vec<LocalEntry>>,
     fast: RefCell<Vec<FastMr>>,
     free: RefCell<Vec<u32>>,
+    /// Bumped whenever `fast` changes (a regular MR registered or freed):
+    /// a cached [`LocalKey`] of an older generation is never used.
+    key_gen: Cell<u64>,
 }
 
 impl SoftPd {
@@ -109,6 +118,7 @@ impl SoftPd {
             local: RefCell::new(vec![blank; MR_TABLE_ENTRIES as usize]),
             fast: RefCell::new(vec![FastMr::default(); MR_TABLE_ENTRIES as usize]),
             free: RefCell::new((1..MR_TABLE_ENTRIES).rev().collect()),
+            key_gen: Cell::new(0),
         })))
     }
 
@@ -157,6 +167,7 @@ impl PdInner {
         if let Some(f) = self.fast.borrow_mut().get_mut(idx as usize) {
             f.key = 0;
         }
+        self.key_gen.set(self.key_gen.get().wrapping_add(1));
         if let Some(e) = self.local.borrow_mut().get_mut(idx as usize) {
             e.in_use = false;
             // Bump the consumer byte so a stale key never matches again.
@@ -185,15 +196,15 @@ impl PdInner {
             .find_map(|l| l.take_sig_error(idx))
     }
 
-    /// [`PdInner::resolve_local`] for a batch of WRs: a regular MR's key
-    /// that the batch already resolved is checked against `cache` (bounds
-    /// and rights; no table, no `RefCell`). Keys the fast path does not know
-    /// (fast-reg and integrity MRs, unknown keys) take the full path, so
-    /// failures and their statuses are unchanged.
+    /// [`PdInner::resolve_local`] through a key cache: a regular MR's key
+    /// resolved before (by this batch or an earlier one, as long as no
+    /// regular MR of the PD was registered or freed since) is checked
+    /// against `cache` (bounds and rights; no table, no `RefCell`). Keys the
+    /// fast path does not know (fast-reg and integrity MRs, unknown keys)
+    /// take the full path, so failures and their statuses are unchanged.
     ///
-    /// `cache` must not outlive the batch (one `execute`/`consume` call):
-    /// no MR can be deregistered while it runs, so the cached span base
-    /// stays mapped.
+    /// The cached span base stays mapped: the MR holds its arena until it
+    /// is freed, and freeing it bumps the key generation.
     #[inline(always)]
     pub(crate) fn resolve_local_cached(
         &self,
@@ -202,32 +213,37 @@ impl PdInner {
         out: &mut SpanList,
         cache: &mut Option<LocalKey>,
     ) -> bool {
-        if let Some(c) = cache {
-            if c.key == sge.lkey {
-                if let Some(span) = c.span(sge, need) {
-                    return out.push(span);
-                }
-            }
+        match self.span_cached(sge, need, cache) {
+            Some(span) => out.push(span),
+            None => self.resolve_local(sge, need, out),
         }
-        self.resolve_local_miss(sge, need, out, cache)
     }
 
-    /// [`PdInner::resolve_local_cached`] without a usable cached key.
-    #[inline(never)]
-    fn resolve_local_miss(
+    /// The memory of `sge` if its key is a regular MR of this PD, in
+    /// bounds and granting `need` (through `cache`, see
+    /// [`PdInner::resolve_local_cached`]); `None` otherwise (the caller
+    /// takes the full path, which reports the precise error).
+    #[inline(always)]
+    pub(crate) fn span_cached(
         &self,
         sge: &Sge,
         need: Access,
-        out: &mut SpanList,
         cache: &mut Option<LocalKey>,
-    ) -> bool {
-        if let Some(c) = self.local_key(sge.lkey) {
-            *cache = Some(c);
-            if let Some(span) = c.span(sge, need) {
-                return out.push(span);
+    ) -> Option<Span> {
+        if let Some(c) = cache {
+            if c.key == sge.lkey && c.gen == self.key_gen.get() {
+                return c.span(sge, need);
             }
         }
-        self.resolve_local(sge, need, out)
+        self.key_miss(sge, need, cache)
+    }
+
+    /// [`PdInner::span_cached`] without a usable cached key.
+    #[inline(never)]
+    fn key_miss(&self, sge: &Sge, need: Access, cache: &mut Option<LocalKey>) -> Option<Span> {
+        let c = self.local_key(sge.lkey)?;
+        *cache = Some(c);
+        c.span(sge, need)
     }
 
     /// A regular MR's key, resolved once for [`PdInner::resolve_local_cached`].
@@ -241,6 +257,7 @@ impl PdInner {
         let whole = arena_span(arena, f.off, f.len)?;
         Some(LocalKey {
             key,
+            gen: self.key_gen.get(),
             access: f.access,
             lo: if f.access.contains(Access::ZERO_BASED) {
                 0
@@ -478,6 +495,7 @@ impl ProtectionDomain<Soft> for SoftPd {
             slot,
             off: offset as u64,
         };
+        self.0.key_gen.set(self.0.key_gen.get().wrapping_add(1));
         Ok(SoftMr {
             pd: self.clone(),
             idx,

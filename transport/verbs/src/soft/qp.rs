@@ -8,10 +8,19 @@
 //!   the WR executes; a SEND is published to the ring after everything
 //!   posted before it has executed, so "WRITE then SEND" data is in the
 //!   responder's memory before the SEND can be consumed (release/acquire
-//!   on the ring tail).
+//!   on the record's stamp, see [`super::ring`]).
+//! - Fast path: a SEND posted with nothing queued before it (RTS, payload
+//!   inline or one SGE of a regular MR, key checked through a per-QP cache)
+//!   is copied by `post_send` straight from the user's memory into the ring
+//!   slot; the tail is published once per `post_send`. On the responder, a
+//!   SEND into a one-SGE receive of a regular MR is copied straight from the
+//!   ring into it. Everything else (and every error) takes the general path.
 //! - A SEND (or WRITE_WITH_IMM) completes when the responder has consumed it
 //!   into a receive (the ring head passed it): RC ack semantics. Send
-//!   completions come out in posting order.
+//!   completions come out in posting order. The requester reads the shared
+//!   head only while a signaled WR is unretired or the SQ is half full
+//!   (unsignaled WRs are retired in bulk then), so the responder's head
+//!   store usually hits its own cache.
 //! - FENCE is implied: a WR never starts before earlier WRs executed, and
 //!   READs execute synchronously.
 //! - RNR: a SEND with no receive posted stays at the ring head (blocking
@@ -30,8 +39,8 @@ use super::link::{Link, FATAL_ACCESS, FATAL_ERR};
 use super::mr::{resolve, resolve_sig, KeyErr, SigSide};
 use super::pd::{LocalKey, SoftPd};
 use super::ring::{
-    load_tail, peek, produce, publish, rec_len, release, RecHdr, CTL_HEAD, CTL_NAK, CTL_RNR_RETRY,
-    CTL_TAIL, REC_PAD, REC_SEND, REC_WRITE_IMM, RF_IMM, RF_INV,
+    check_tail, has_record, peek, produce, rec_len, release, RecHdr, CTL_HEAD, CTL_NAK,
+    CTL_RNR_RETRY, CTL_TAIL, REC_PAD, REC_SEND, REC_WRITE_IMM, RF_IMM, RF_INV,
 };
 use super::shm::{copy_spans, Span, SpanList};
 use super::srq::{RecvQueue, SoftSrq};
@@ -117,15 +126,35 @@ struct SendQueue {
     inl: Vec<u8>,
     max_sge: usize,
     max_inline: usize,
+    /// `max_send_wr`.
+    depth: u64,
     head: u64,
     exec: u64,
     tail: u64,
+    /// Counter just past the newest signaled WR (0: none yet).
+    sig_upto: u64,
 }
 
 impl SendQueue {
     /// Slot of counter `c` (the slot array is a power of two: no division).
     fn idx(&self, c: u64) -> usize {
         (c & (self.slots.len() as u64 - 1)) as usize
+    }
+
+    /// Whether retiring needs the peer's acknowledgement (the shared head
+    /// line): only while a signaled WR is unretired, or the queue is half
+    /// full (unsignaled WRs free their slots). Otherwise the line stays in
+    /// the peer's cache and the peer's head store is a cache hit, not a
+    /// transfer on its critical path. A WR finished locally (error, flush,
+    /// local operation) retires without it.
+    fn wants_ack(&self) -> bool {
+        self.head < self.exec
+            && (self.sig_upto > self.head || 2 * (self.tail - self.head) >= self.depth)
+    }
+
+    /// Whether the oldest unretired WR finished locally.
+    fn front_done(&self) -> bool {
+        self.head < self.exec && matches!(self.slots[self.idx(self.head)].st, SlotState::Done(_))
     }
 }
 
@@ -157,6 +186,11 @@ pub(crate) struct QpInner {
     rnr_since: Cell<Option<Instant>>,
     /// Fault injection: polls to skip.
     pub(crate) stall: Cell<u32>,
+    /// Local key of the last send SGE (kept across posts, see
+    /// [`super::pd::PdInner::resolve_local_cached`]).
+    send_keys: Cell<Option<LocalKey>>,
+    /// Local key of the last receive SGE filled by this QP.
+    recv_keys: Cell<Option<LocalKey>>,
 }
 
 impl SoftQp {
@@ -207,9 +241,11 @@ impl SoftQp {
             inl: vec![0; (ring * c.max_inline_data) as usize],
             max_sge: c.max_send_sge.max(1) as usize,
             max_inline: c.max_inline_data as usize,
+            depth: u64::from(c.max_send_wr),
             head: 0,
             exec: 0,
             tail: 0,
+            sig_upto: 0,
         };
         let inner = Rc::new(QpInner {
             pd: pd.clone(),
@@ -230,6 +266,8 @@ impl SoftQp {
             link: RefCell::new(None),
             rnr_since: Cell::new(None),
             stall: Cell::new(0),
+            send_keys: Cell::new(None),
+            recv_keys: Cell::new(None),
         });
         for cq in [init.send_cq, init.recv_cq] {
             let mut l = cq.0.qps.borrow_mut();
@@ -282,14 +320,15 @@ impl QpInner {
                 .u32_at(l.in_ctl(super::ring::CTL_CONSUMER_ARMED))
                 .store(1, Ordering::SeqCst);
             let tail = l.shm.u64_at(l.in_ctl(CTL_TAIL)).load(Ordering::SeqCst);
-            pending |= tail != l.in_head.get();
+            let head = l.in_head.get();
+            pending |= has_record(&l.shm, l.in_d, head) || tail.wrapping_sub(head) as i64 > 0;
         }
         if std::ptr::eq(cq, &*self.send_cq.0) {
             l.shm
                 .u32_at(l.out_ctl(super::ring::CTL_PRODUCER_ARMED))
                 .store(1, Ordering::SeqCst);
             let sq = self.sq.borrow();
-            pending |= sq.head < sq.exec;
+            pending |= sq.wants_ack() || sq.front_done();
         }
         pending
     }
@@ -352,6 +391,12 @@ impl QpInner {
 
     /// Execute queued send WRs in order until one blocks or fails.
     fn execute(&self) {
+        {
+            let sq = self.sq.borrow();
+            if sq.exec == sq.tail {
+                return;
+            }
+        }
         let link = self.link.borrow().clone();
         let mut fail = None;
         {
@@ -360,8 +405,8 @@ impl QpInner {
                 return;
             }
             let mut tail = link.as_ref().map_or(0, |l| l.out_tail.get());
-            // Local keys checked once per batch (see `resolve_local_cached`).
-            let mut keys = None;
+            // Local keys resolved once (see `resolve_local_cached`).
+            let mut keys = self.send_keys.get();
             while sq.exec < sq.tail {
                 let i = sq.idx(sq.exec);
                 let slot = sq.slots[i];
@@ -384,13 +429,10 @@ impl QpInner {
                 }
                 sq.exec += 1;
             }
+            self.send_keys.set(keys);
             if let Some(l) = link.as_ref() {
-                if tail != l.published.get() {
-                    l.out_tail.set(tail);
-                    l.published.set(tail);
-                    publish(&l.shm, l.out_d, tail);
-                    l.wake_peer_recv();
-                }
+                l.out_tail.set(tail);
+                l.publish_out();
             }
         }
         if let Some(code) = fail {
@@ -812,14 +854,26 @@ impl QpInner {
         let mut head_pos = None;
         if let Some(l) = link.as_ref() {
             self.check_peer(l);
+            if !self.sq.borrow().wants_ack() {
+                if self.sq.borrow().front_done() {
+                    self.retire_from(None);
+                }
+                return;
+            }
             let h = l.shm.u64_at(l.out_ctl(CTL_HEAD)).load(Ordering::Acquire);
-            if h.wrapping_sub(l.published.get()) as i64 > 0 {
+            if h.wrapping_sub(l.out_tail.get()) as i64 > 0 {
                 // The peer claims to have consumed more than we produced.
                 self.to_err(None, Some(AsyncEvent::QpFatal { qp_num: self.num }));
             } else {
                 head_pos = Some(h);
             }
         }
+        self.retire_from(head_pos);
+    }
+
+    /// Retire finished WRs in order; `head_pos` is the peer's
+    /// acknowledgement (ring head) if it was read.
+    fn retire_from(&self, head_pos: Option<u64>) {
         let mut sq = self.sq.borrow_mut();
         while sq.head < sq.exec {
             let i = sq.idx(sq.head);
@@ -938,11 +992,14 @@ impl QpInner {
     fn consume(&self, l: &Link) {
         let start_head = l.in_head.get();
         let mut head = start_head;
-        let tail = load_tail(&l.shm, l.in_d);
-        // Local keys checked once per batch (see `resolve_local_cached`).
-        let mut keys = None;
+        // Local keys resolved once (see `resolve_local_cached`).
+        let mut keys = self.recv_keys.get();
         for _ in 0..RECV_BATCH {
-            let p = match peek(&l.shm, l.in_d, head, tail) {
+            let found = match peek(&l.shm, l.in_d, head) {
+                Ok(None) => check_tail(&l.shm, l.in_d, head).map(|()| None),
+                r => r,
+            };
+            let p = match found {
                 Ok(Some(p)) => p,
                 Ok(None) => break,
                 Err(_) => {
@@ -953,6 +1010,33 @@ impl QpInner {
             if p.hdr.kind == REC_PAD {
                 head += p.rec_len;
                 continue;
+            }
+            if p.hdr.kind == REC_SEND && p.hdr.flags & RF_INV == 0 {
+                // Fast path: a plain SEND (or SEND_WITH_IMM) into a
+                // one-SGE receive of a regular MR that fits it.
+                if let Some(wr_id) = self.recv_direct(p.payload, &mut keys) {
+                    self.rnr_since.set(None);
+                    let imm = p.hdr.flags & RF_IMM != 0;
+                    head += p.rec_len;
+                    let wc = Wc {
+                        wr_id,
+                        status: WcStatus::Success,
+                        opcode: WcOpcode::Recv,
+                        byte_len: p.hdr.len,
+                        imm: if imm { p.hdr.imm } else { 0 },
+                        flags: if imm {
+                            WcFlags::WITH_IMM
+                        } else {
+                            WcFlags::NONE
+                        },
+                        qp_num: self.num,
+                        vendor_err: 0,
+                    };
+                    if !self.recv_cq.0.push(wc) {
+                        break;
+                    }
+                    continue;
+                }
             }
             let mut dst = SpanList::new();
             let Some((wr_id, ok, one)) = self.take_recv(&mut dst, &mut keys) else {
@@ -1005,6 +1089,7 @@ impl QpInner {
                 }
             }
             if let Some((mine, theirs)) = fail {
+                self.recv_keys.set(keys);
                 self.recv_cq
                     .0
                     .push(self.err_wc(wr_id, mine, WcOpcode::Recv));
@@ -1020,10 +1105,47 @@ impl QpInner {
                 break;
             }
         }
+        self.recv_keys.set(keys);
         if head != start_head {
             l.in_head.set(head);
             release(&l.shm, l.in_d, head);
             l.wake_peer_send();
+        }
+    }
+
+    /// The receive fast path: take the next receive (SRQ or RQ) if it is
+    /// one SGE of a regular MR with room for `payload`, and copy the payload
+    /// straight from the ring into it. `None` (nothing taken) for anything
+    /// else: the general path then handles it, errors included.
+    #[inline(always)]
+    fn recv_direct(&self, payload: Span, keys: &mut Option<LocalKey>) -> Option<WrId> {
+        let pd = &self.pd.0;
+        let take = |q: &mut RecvQueue, keys: &mut Option<LocalKey>| {
+            let (id, sges) = q.front()?;
+            let [one] = sges else { return None };
+            let dst = pd.span_cached(one, Access::LOCAL_WRITE, keys)?;
+            if payload.len > dst.len {
+                return None;
+            }
+            // SAFETY: `payload` lies in the link mapping (checked by `peek`),
+            // `dst` in a live MR's arena mapping (checked by `span_cached`);
+            // they are different mappings, so the ranges do not overlap.
+            unsafe { std::ptr::copy_nonoverlapping(payload.ptr, dst.ptr, payload.len) };
+            q.pop();
+            Some(id)
+        };
+        match &self.srq {
+            Some(srq) => {
+                if srq.0.starve.get() > 0 {
+                    return None;
+                }
+                let r = take(&mut srq.0.q.borrow_mut(), keys);
+                if r.is_some() {
+                    srq.0.after_take();
+                }
+                r
+            }
+            None => take(&mut self.rq.borrow_mut(), keys),
         }
     }
 
@@ -1052,7 +1174,8 @@ impl QpInner {
 
 fn ring_has_room(l: &Link, tail: u64, len: usize) -> bool {
     let head = l.shm.u64_at(l.out_ctl(CTL_HEAD)).load(Ordering::Acquire);
-    tail.wrapping_sub(head) + 2 * rec_len(len) <= super::ring::RING_SIZE
+    // Room for the record, a PAD header and the next slot's stamp word.
+    tail.wrapping_sub(head) + 3 * rec_len(len) <= super::ring::RING_SIZE
 }
 
 impl QueuePair for SoftQp {
@@ -1081,6 +1204,7 @@ impl QueuePair for SoftQp {
                 sq.head = 0;
                 sq.exec = 0;
                 sq.tail = 0;
+                sq.sig_upto = 0;
                 q.rq.borrow_mut().clear();
                 q.state.set(QpState::Reset);
             }
@@ -1106,13 +1230,28 @@ impl QueuePair for SoftQp {
     fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
         let q = &self.0;
         let mut res = Ok(());
-        {
+        let link = q.link.borrow().clone();
+        let queued = {
             let mut sq = q.sq.borrow_mut();
+            let mut direct = Direct {
+                tail: link.as_ref().map_or(0, |l| l.out_tail.get()),
+                keys: q.send_keys.get(),
+            };
             for (index, wr) in wrs.iter().enumerate() {
                 let payload_len = wr.payload_len();
                 if let Err(kind) = q.check_send(&sq, wr, payload_len) {
                     res = Err(PostError { index, kind });
                     break;
+                }
+                if let Some(l) = link.as_deref() {
+                    // Nothing waits before this WR: a SEND goes straight
+                    // into the ring.
+                    if sq.exec == sq.tail
+                        && q.state.get() == QpState::Rts
+                        && q.send_direct(&mut sq, wr, l, &mut direct)
+                    {
+                        continue;
+                    }
                 }
                 let mut sig_attrs = None;
                 let (op, extra) = match wr.op {
@@ -1181,10 +1320,14 @@ impl QueuePair for SoftQp {
                 } else {
                     SlotState::Pending
                 };
+                let signaled = q.sq_sig_all || wr.flags.contains(SendFlags::SIGNALED);
+                if signaled {
+                    sq.sig_upto = c + 1;
+                }
                 sq.slots[i] = SqSlot {
                     wr_id: wr.wr_id,
                     op,
-                    signaled: q.sq_sig_all || wr.flags.contains(SendFlags::SIGNALED),
+                    signaled,
                     inline,
                     nsge: (n + extra.len()) as u32,
                     inline_len: il as u32,
@@ -1196,8 +1339,20 @@ impl QueuePair for SoftQp {
                     sq.exec = sq.tail;
                 }
             }
+            q.send_keys.set(direct.keys);
+            if let Some(l) = link.as_deref() {
+                l.out_tail.set(direct.tail);
+            }
+            sq.exec < sq.tail
+        };
+        if queued {
+            // WRs the fast path did not take: the executor runs them (and
+            // publishes what the fast path produced before them).
+            q.execute();
+        } else if let Some(l) = link.as_deref() {
+            // One tail store (and wake-up check) for the whole post.
+            l.publish_out();
         }
-        q.execute();
         if q.state.get() == QpState::Err {
             q.send_cq.0.signal();
         }
@@ -1231,7 +1386,84 @@ impl QueuePair for SoftQp {
     }
 }
 
+/// The fast path's running state during one `post_send`.
+struct Direct {
+    /// Local producer tail (published once at the end).
+    tail: u64,
+    /// Local key cache (see `resolve_local_cached`).
+    keys: Option<LocalKey>,
+}
+
 impl QpInner {
+    /// The SEND fast path of `post_send`, for a WR with nothing queued
+    /// before it on an RTS QP: a plain SEND, SEND_WITH_IMM or
+    /// SEND_WITH_INV whose payload is inline or one SGE of a regular MR is
+    /// written straight from the user's memory into the ring slot and
+    /// recorded as awaiting its acknowledgement. False (nothing done) for
+    /// anything else, or a full ring: the WR then takes the queued path,
+    /// which handles every case and error.
+    #[inline(always)]
+    fn send_direct(&self, sq: &mut SendQueue, wr: &SendWr<'_>, l: &Link, d: &mut Direct) -> bool {
+        let (op, flags, imm, aux) = match wr.op {
+            SendOp::Send => (OpCopy::Send, 0, 0, 0),
+            SendOp::SendWithImm { imm } => (OpCopy::SendImm(imm), RF_IMM, imm, 0),
+            SendOp::SendWithInv { rkey } => (OpCopy::SendInv(rkey), RF_INV, 0, rkey),
+            _ => return false,
+        };
+        let src = if wr.flags.contains(SendFlags::INLINE) {
+            Span {
+                ptr: wr.inline.as_ptr().cast_mut(),
+                len: wr.inline.len(),
+            }
+        } else {
+            let [one] = wr.sg_list else { return false };
+            match self.pd.0.span_cached(one, Access::NONE, &mut d.keys) {
+                Some(s) => s,
+                None => return false,
+            }
+        };
+        // `check_send` bounded the payload by the maximum message size.
+        let Ok(len) = u32::try_from(src.len) else {
+            return false;
+        };
+        let hdr = RecHdr {
+            kind: REC_SEND,
+            flags,
+            len,
+            imm,
+            aux,
+        };
+        let end = produce(&l.shm, l.out_d, d.tail, &l.head_cache, hdr, |dst| {
+            // SAFETY: `dst` is the record's payload in the link mapping
+            // (`len` bytes); `src` is the caller's inline data or a live
+            // MR's memory (checked by `span_cached`), never the link.
+            unsafe { std::ptr::copy_nonoverlapping(src.ptr, dst.ptr, src.len) }
+        });
+        let Some(end) = end else { return false };
+        d.tail = end;
+        let i = sq.idx(sq.tail);
+        let signaled = self.sq_sig_all || wr.flags.contains(SendFlags::SIGNALED);
+        if signaled {
+            sq.sig_upto = sq.tail + 1;
+        }
+        sq.slots[i] = SqSlot {
+            wr_id: wr.wr_id,
+            op,
+            signaled,
+            inline: false,
+            nsge: 0,
+            inline_len: 0,
+            byte_len: len,
+            st: SlotState::Ack {
+                start: end - rec_len(src.len),
+                end,
+            },
+        };
+        sq.tail += 1;
+        sq.exec = sq.tail;
+        true
+    }
+
     fn check_send(
         &self,
         sq: &SendQueue,

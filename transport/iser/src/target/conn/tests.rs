@@ -23,6 +23,10 @@ struct Fake {
     mem: HashMap<u32, Vec<u8>>,
     closed: bool,
     reads: usize,
+    /// Answer Data-In WRITEs with `Pending` (like the iSER transport) and
+    /// record the task; the test completes them with `data_done`.
+    defer_writes: bool,
+    deferred: Vec<u16>,
 }
 
 impl ConnOps for Fake {
@@ -47,6 +51,10 @@ impl ConnOps for Fake {
             dst.resize(end, 0);
         }
         dst[to.va as usize..end].copy_from_slice(&buf.as_slice()[..len]);
+        if self.defer_writes {
+            self.deferred.push(_t);
+            return Transfer::Pending;
+        }
         Transfer::Done
     }
     fn close(&mut self) {
@@ -393,7 +401,8 @@ fn protection_information_paths_and_corruption() {
     let (_, _, d) = fx.cmd(&rw10(0x28, 1, 16, 8), 8 * 520, None, 0);
     assert_eq!(&d[..512], &data[..512]);
     assert_eq!(&d[520 + 516..520 + 520], &17u32.to_be_bytes());
-    pi::verify(&d, 512, 16, 1, PiMode::Strip).expect("valid PI");
+    let p = pollux_pi::PiParams::for_type(pollux_pi::PiType::Type1, 512, 16, 0);
+    pollux_pi::verify(pollux_pi::Buffers::Dif(&d), &p).expect("valid PI");
     // WRPROTECT 001b with PI from the initiator.
     let mut wire = d.clone();
     let (rsp, s, _) = fx.cmd(&rw10(0x2A, 1, 16, 8), 8 * 520, Some(&wire), 0);
@@ -614,4 +623,80 @@ fn acl_discovery_and_login_failures() {
     let mut fx = fixture(false);
     fx.pdu(IserHeader::PLAIN, &Bhs::ScsiCmd(cmd).encode(0, 0));
     assert!(fx.ops.closed);
+}
+
+#[test]
+fn data_in_task_waits_for_its_write_completion() {
+    let mut fx = fixture(true);
+    fx.login(INI, "Normal");
+    fx.ops.defer_writes = true;
+    // Two INQUIRYs on the same connection while the first WRITE is in
+    // flight: the second must get another task (buffer), and neither
+    // response may go out before its WRITE completed.
+    let mut itts = Vec::new();
+    for _ in 0..2 {
+        fx.itt += 1;
+        let mut c = [0u8; 16];
+        c[..6].copy_from_slice(&[0x12, 0, 0, 0, 36, 0]);
+        let cmd = ScsiCommand {
+            immediate: false,
+            final_: true,
+            read: true,
+            write: false,
+            attr: TaskAttr::Simple,
+            lun: Lun::from_index(0),
+            itt: fx.itt,
+            edtl: 36,
+            cmd_sn: fx.cmd_sn,
+            exp_stat_sn: 0,
+            cdb: c,
+        };
+        fx.cmd_sn += 1;
+        itts.push(fx.itt);
+        let v = Bhs::ScsiCmd(cmd).encode(0, 0).to_vec();
+        let hdr = IserHeader::Control {
+            write: None,
+            read: Some(Stag { stag: 1, va: 0 }),
+        };
+        assert!(fx.pdu(hdr, &v));
+    }
+    for _ in 0..100 {
+        fx.cl.poll_once_all();
+        fx.conn.poll(&mut fx.ops);
+    }
+    let responses = |ops: &Fake| {
+        ops.sent
+            .iter()
+            .filter(|(p, _)| matches!(Pdu::parse(p).map(|p| p.bhs), Ok(Bhs::ScsiRsp(_))))
+            .count()
+    };
+    assert_eq!(fx.ops.deferred.len(), 2, "both WRITEs posted");
+    assert_ne!(
+        fx.ops.deferred[0], fx.ops.deferred[1],
+        "a busy task was reused"
+    );
+    assert_eq!(responses(&fx.ops), 0, "a response went out before its data");
+    assert_eq!(fx.conn.tasks_in_flight(), 2);
+    let first = fx.ops.deferred[0];
+    fx.conn.data_done(first, true, &mut fx.ops);
+    assert_eq!(responses(&fx.ops), 1);
+    let second = fx.ops.deferred[1];
+    fx.conn.data_done(second, false, &mut fx.ops);
+    assert_eq!(responses(&fx.ops), 2);
+    assert_eq!(fx.conn.tasks_in_flight(), 0);
+    // A failed WRITE is reported, not GOOD.
+    let last = fx
+        .ops
+        .sent
+        .last()
+        .map(|(p, _)| p.clone())
+        .unwrap_or_default();
+    let Ok(Pdu {
+        bhs: Bhs::ScsiRsp(r),
+        ..
+    }) = Pdu::parse(&last)
+    else {
+        panic!("last PDU is not a response");
+    };
+    assert_eq!((r.itt, r.status), (itts[1], 2));
 }

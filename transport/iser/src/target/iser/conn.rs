@@ -56,7 +56,8 @@ pub(crate) struct ConnIo<P: Provider> {
     small: usize,
     free_small: Vec<u16>,
     free_large: Vec<u16>,
-    /// Sequence number of each slot's SEND / each task's READ.
+    /// Sequence number of each slot's SEND / each task's READ or WRITE
+    /// (a task has at most one of them in flight).
     slot_seq: Vec<u64>,
     read_seq: Vec<u64>,
     /// WRs queued or posted, and the sequence of the last one known done.
@@ -142,6 +143,14 @@ impl<P: Provider> ConnIo<P> {
             } else {
                 self.free_large.push(slot as u16);
             }
+        }
+    }
+
+    /// The Data-In WRITE of `task` completed (or flushed).
+    pub(crate) fn write_done(&mut self, task: u32) {
+        if let Some(&seq) = self.read_seq.get(task as usize) {
+            self.completed = self.completed.max(seq);
+            self.signaled_inflight = self.signaled_inflight.saturating_sub(1);
         }
     }
 
@@ -317,6 +326,15 @@ impl<P: Provider> ConnOps for IserOps<'_, P> {
             return Transfer::Busy;
         };
         io.posted += 1;
+        // Signaled: the task buffer is the WRITE's source until the device
+        // has read it, so the core holds the task (and its response) until
+        // this completes. Unsignaled, the next command in the same slot
+        // overwrote data not yet sent (seen with Linux's parallel LUN scan
+        // on rxe: READ CAPACITY data of one LUN reached the other).
+        if let Some(s) = io.read_seq.get_mut(usize::from(task)) {
+            *s = io.posted;
+        }
+        io.signaled_inflight += 1;
         io.pend.push(PendWr {
             token: Token::new(WrKind::Data, io.slot, io.gen, u32::from(task)),
             op: PendOp::Write(RemoteAddr {
@@ -328,9 +346,9 @@ impl<P: Provider> ConnOps for IserOps<'_, P> {
                 length: len as u32,
                 lkey,
             },
-            signaled: false,
+            signaled: true,
         });
-        Transfer::Done
+        Transfer::Pending
     }
 
     fn close(&mut self) {

@@ -546,8 +546,12 @@ impl<P: Provider> Shared<P> {
         };
         match tok.kind {
             WrKind::Send => c.io.send_done(tok.index),
-            WrKind::Read => {
-                c.io.read_done(tok.index);
+            WrKind::Read | WrKind::Data => {
+                if tok.kind == WrKind::Read {
+                    c.io.read_done(tok.index);
+                } else {
+                    c.io.write_done(tok.index);
+                }
                 if c.state == ConnState::Live {
                     let mut ops = IserOps {
                         io: &mut c.io,

@@ -1,6 +1,14 @@
 //! Registrations of data arenas: one MR per arena, made on first use (or
 //! up front with [`MrCache::register`]) and looked up per I/O by arena id
 //! (a short linear scan, no allocation once every arena is known).
+//!
+//! In `register-always` mode the arenas are registered for local access
+//! only and each I/O's buffer is exposed by a fast registration (`RegMr`)
+//! whose page list carries these MRs' lkeys. On a device that fast-registers
+//! by type-2 memory window (`FastRegMode::MemoryWindow`: the ibverbs
+//! provider) the provider gives these MRs the window-bind right itself, so
+//! the same access serves both providers; a window covers one contiguous
+//! range of one MR, which a buffer of one arena is.
 
 use std::cell::RefCell;
 use std::rc::Rc;

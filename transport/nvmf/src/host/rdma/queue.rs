@@ -406,7 +406,10 @@ impl<P: Provider> RdmaQueue<P> {
             .map_err(|_| HostError::Unsupported("transfer over 4 GiB".into()))?;
         let sqe_addr = self.ctrl_mr.addr() + (si * SQE_SIZE) as u64;
         let ctrl_lkey = self.ctrl_mr.lkey();
-        let mut s = self.slots[si];
+        // Built in place (the slot is ~600 bytes: no copy in and out); it
+        // becomes active only at the end, so an error leaves it unused.
+        let mrs = &self.mrs;
+        let s = &mut self.slots[si];
         s.sges[0] = Sge {
             addr: sqe_addr,
             length: SQE_SIZE as u32,
@@ -423,7 +426,7 @@ impl<P: Provider> RdmaQueue<P> {
             cmd.set_sgl(&SglDescriptor::null());
         } else if inline_ok {
             for (k, b) in data.iter().enumerate() {
-                let (lkey, _) = self.mrs.keys(b)?;
+                let (lkey, _) = mrs.keys(b)?;
                 s.sges[1 + k] = Sge {
                     addr: b.addr() as u64,
                     length: b.len() as u32,
@@ -441,16 +444,18 @@ impl<P: Provider> RdmaQueue<P> {
                         .next()
                         .ok_or_else(|| HostError::Unsupported("no buffer".into()))?;
                     // One keyed descriptor: the buffers must be contiguous.
-                    let mut next = first.addr();
-                    for b in data.iter() {
-                        if b.addr() != next || b.arena_id() != first.arena_id() {
-                            return Err(HostError::Unsupported(
-                                "pool mode needs one contiguous buffer per I/O".into(),
-                            ));
+                    if nseg > 1 {
+                        let mut next = first.addr();
+                        for b in data.iter() {
+                            if b.addr() != next || b.arena_id() != first.arena_id() {
+                                return Err(HostError::Unsupported(
+                                    "pool mode needs one contiguous buffer per I/O".into(),
+                                ));
+                            }
+                            next += b.len();
                         }
-                        next += b.len();
                     }
-                    let (_, rkey) = self.mrs.keys(first)?;
+                    let (_, rkey) = mrs.keys(first)?;
                     let sgl = SglDescriptor::keyed(first.addr() as u64, len, rkey, false)
                         .map_err(|e| HostError::Unsupported(e.to_string()))?;
                     cmd.set_sgl(&sgl);
@@ -465,20 +470,22 @@ impl<P: Provider> RdmaQueue<P> {
                         return Err(HostError::Protocol("registration key still valid".into()));
                     }
                     for (k, b) in data.iter().enumerate() {
-                        let (lkey, _) = self.mrs.keys(b)?;
+                        let (lkey, _) = mrs.keys(b)?;
                         s.pages[k] = Sge {
                             addr: b.addr() as u64,
                             length: b.len() as u32,
                             lkey,
                         };
                     }
+                    let iova = s.pages[0].addr;
+                    let key = (s.key & !0xFF) | (s.key.wrapping_add(1) & 0xFF);
+                    let sgl = SglDescriptor::keyed(iova, len, key, self.remote_inv)
+                        .map_err(|e| HostError::Unsupported(e.to_string()))?;
                     s.npages = nseg;
-                    s.iova = s.pages[0].addr;
-                    s.key = (s.key & !0xFF) | (s.key.wrapping_add(1) & 0xFF);
+                    s.iova = iova;
+                    s.key = key;
                     s.mr_valid = true;
                     self.stats.registrations += 1;
-                    let sgl = SglDescriptor::keyed(s.iova, len, s.key, self.remote_inv)
-                        .map_err(|e| HostError::Unsupported(e.to_string()))?;
                     cmd.set_sgl(&sgl);
                 }
             }
@@ -487,7 +494,6 @@ impl<P: Provider> RdmaQueue<P> {
         s.send_done = false;
         s.rsp = None;
         s.inv_posted = false;
-        self.slots[si] = s;
         Ok(())
     }
 

@@ -78,6 +78,21 @@ pub(crate) struct ConnIo<P: Provider> {
     pub(crate) doorbells: u64,
     /// Transfers refused for lack of send-queue slots or read credits.
     pub(crate) busy: u64,
+    /// Receives of this queue (no SRQ) waiting to be posted, in one batch
+    /// per poll, as far as in-capsule data buffers are at hand.
+    pub(crate) rq_repost: Vec<u32>,
+    /// The last arena looked up and its local key (the data of one queue
+    /// mostly lives in one or two arenas: no table scan per buffer).
+    last_key: Option<(ArenaId, u32)>,
+    /// Response SENDs posted unsignaled (all but the last of each flush),
+    /// oldest first: a later signaled SEND's completion implies theirs.
+    unsig: VecDeque<u32>,
+    /// SENDs ever pushed to / popped from `unsig`.
+    unsig_pushed: u64,
+    unsig_popped: u64,
+    /// Per request slot: `unsig_pushed` when its signaled SEND was posted
+    /// (everything before it completes with it).
+    req_upto: Vec<u64>,
 }
 
 impl<P: Provider> ConnIo<P> {
@@ -111,6 +126,12 @@ impl<P: Provider> ConnIo<P> {
             own_mrs: MrTable(Vec::new()),
             doorbells: 0,
             busy: 0,
+            rq_repost: Vec::with_capacity(depth),
+            last_key: None,
+            unsig: VecDeque::with_capacity(sq_size as usize),
+            unsig_pushed: 0,
+            unsig_popped: 0,
+            req_upto: vec![0; depth],
         }
     }
 
@@ -119,8 +140,27 @@ impl<P: Provider> ConnIo<P> {
         !self.pend.is_empty()
     }
 
-    /// The signaled SEND of request `tag` completed: release its slots.
-    pub(crate) fn send_done(&mut self, tag: ReqTag) {
+    /// The SEND of request `tag` completed (signaled, or an unsignaled one
+    /// failing): it and every unsignaled SEND posted before it are done.
+    /// Releases their send-queue slots and calls `done` for each request,
+    /// oldest first. A stale tag is harmless (the core ignores it).
+    pub(crate) fn sends_done(&mut self, tag: ReqTag, mut done: impl FnMut(ReqTag)) {
+        let upto = self.req_upto.get(tag.slot()).copied().unwrap_or(0);
+        while self.unsig_popped < upto {
+            let Some(t) = self.unsig.pop_front() else {
+                break;
+            };
+            self.unsig_popped += 1;
+            let t = ReqTag::from_u64(u64::from(t));
+            self.send_done(t);
+            done(t);
+        }
+        self.send_done(tag);
+        done(tag);
+    }
+
+    /// The SEND of request `tag` completed: release its slots.
+    fn send_done(&mut self, tag: ReqTag) {
         if let Some(n) = self.req_wrs.get_mut(tag.slot()) {
             self.sq_avail = (self.sq_avail + *n).min(self.sq_size);
             *n = 0;
@@ -145,6 +185,26 @@ impl<P: Provider> ConnIo<P> {
     ///
     /// The QP refused a WR: the queue is broken and must be torn down.
     pub(crate) fn flush(&mut self, qp: &P::Qp) -> Result<(), pollux_verbs::PostError> {
+        // One signaled response SEND per flush (the last): its completion
+        // retires the others (RC completes in order), one CQE instead of
+        // one per request.
+        let last_send = self
+            .pend
+            .iter()
+            .rposition(|p| matches!(p.op, PendOp::Send | PendOp::SendInv(_)));
+        if let Some(last) = last_send {
+            for p in &mut self.pend[..last] {
+                if matches!(p.op, PendOp::Send | PendOp::SendInv(_)) && p.signaled {
+                    p.signaled = false;
+                    self.unsig.push_back(p.token.index);
+                    self.unsig_pushed += 1;
+                }
+            }
+            let slot = ReqTag::from_u64(u64::from(self.pend[last].token.index)).slot();
+            if let Some(u) = self.req_upto.get_mut(slot) {
+                *u = self.unsig_pushed;
+            }
+        }
         let mut start = 0;
         let result = loop {
             if start >= self.pend.len() {
@@ -187,7 +247,13 @@ impl<P: Provider> ConnIo<P> {
         buf: &DmaBuf,
     ) -> Result<u32, TransportError> {
         let id = buf.arena_id();
+        if let Some((a, k)) = self.last_key {
+            if a == id {
+                return Ok(k);
+            }
+        }
         if let Some(k) = shared.lkey(id).or_else(|| self.own_mrs.lkey(id)) {
+            self.last_key = Some((id, k));
             return Ok(k);
         }
         // First use of an arena the poll group did not register (the core's

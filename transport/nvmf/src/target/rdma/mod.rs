@@ -8,18 +8,31 @@
 //! - [`RdmaPollGroup`] (one per reactor, `!Send`): per device one PD, one
 //!   CQ shared by its queues, one SRQ (`no_srq`: per-queue receive queues
 //!   fed from the group's receive buffer budget), the receive buffers
-//!   (64 B + in-capsule data each), the CM listeners it owns and its
+//!   (a 64 B command slot + a separate in-capsule data buffer each, see
+//!   `recv_bufs.rs`: write data in the capsule is lent to the bdev in
+//!   place, not copied), the CM listeners it owns and its
 //!   connections. One poller: accept (CM private data checked, rejects
 //!   carry the NVMe/RDMA status), reap the CQ in batches, hand capsules to
 //!   the core, poll each queue, then post all WRs of the round: one
 //!   `post_send` per QP, one `post_recv` for the SRQ.
+//! - Placement (`placement.rs`, `handoff.rs`): the group that owns a
+//!   listener validates each connect request (rejects carry their status
+//!   from there), then places the queue ([`QueuePlacement`], default: the
+//!   group with the fewest queues, ties round robin). A queue for another
+//!   group travels as a detached verbs request by reactor message; that
+//!   group attaches it to its own device, creates the QP on its own CQ and
+//!   SRQ and accepts. A controller's admin and I/O queues may so live on
+//!   different cores: the controller is shared (`Arc`), the keep-alive
+//!   timer runs on the admin queue's core, and each queue notices a dead
+//!   controller on its own core and is torn down there.
 //! - `conn.rs`: one queue: QP, CM id, the core's
 //!   [`QueuePair`](super::QueuePair) and the [`QpairOps`](super::QpairOps)
 //!   implementation: host writes beyond in-capsule data are RDMA READs into
 //!   the core's buffers (only the last READ of a request is signaled);
 //!   reads are RDMA WRITEs (unsignaled) chained with the response SEND, or
 //!   SEND_WITH_INVALIDATE when the host's keyed SGL asks for it. The CQE
-//!   travels inline. Send-queue slots and READ credits are counted per
+//!   travels inline. Only the last response SEND of each flush is
+//!   signaled; its completion retires the earlier ones. Send-queue slots and READ credits are counted per
 //!   queue; running out answers `Busy` and the core retries.
 //! - Teardown: a CM disconnect, a failed WR, a bad capsule or the core's
 //!   `disconnect` move the queue to `Closing`: the QP goes to ERR, its WRs
@@ -35,14 +48,17 @@
 //! the address family is intra-host (254).
 
 mod conn;
+mod handoff;
 mod options;
+mod placement;
 mod poll_group;
+mod recv_bufs;
 mod transport;
 mod wrid;
 
 #[cfg(test)]
 mod tests;
 
-pub use options::{OptionsError, RdmaOptions};
+pub use options::{OptionsError, QueuePlacement, RdmaOptions};
 pub use poll_group::{PollGroupStats, RdmaPollGroup};
 pub use transport::{cm_addr, RdmaTransport, RdmaTransportStats};

@@ -32,6 +32,25 @@ pub struct RdmaOptions {
     pub max_read_depth: u8,
     /// Hugepages for the receive buffers (like the target's data pool).
     pub hugepages: pollux_reactor::mem::HugepageMode,
+    /// Which poll group (core) serves a new queue.
+    pub placement: QueuePlacement,
+}
+
+/// Where the RDMA transport puts a new queue (connection). The poll group
+/// whose listener received the connect request validates it either way.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum QueuePlacement {
+    /// On the poll group with the fewest queues (assigned and not yet
+    /// destroyed, over all listeners), ties broken round robin. A request
+    /// for another group is handed to that group's core by reactor message
+    /// (a detached verbs connect request); that group creates the QP on
+    /// its own CQ and SRQ, accepts, serves and destroys it. The admin and
+    /// I/O queues of one controller may then live on different cores.
+    #[default]
+    LeastConnections,
+    /// Every queue stays on the poll group (core) that owns its listener
+    /// (for debugging: one core sees a listener's whole traffic).
+    ListenerCore,
 }
 
 impl Default for RdmaOptions {
@@ -45,6 +64,7 @@ impl Default for RdmaOptions {
             acceptor_backlog: 100,
             max_read_depth: 16,
             hugepages: pollux_reactor::mem::HugepageMode::Auto,
+            placement: QueuePlacement::LeastConnections,
         }
     }
 }

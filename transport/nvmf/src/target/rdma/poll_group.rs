@@ -11,8 +11,8 @@ use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use pollux_reactor::mem::{BufPool, BufPoolOptions, DmaBuf};
 use pollux_reactor::{PollStatus, PollerId, Reactor};
+use pollux_verbs::{provider::PendingConn as _, ConnRequestInfo};
 use pollux_verbs::{
     Access, CmEvent, CmId, CmListener, CompletionQueue, ConnParam, Device, ProtectionDomain,
     Provider, QpAttr, QpCaps, QpInit, QpState, QueuePair as _, RecvWr, Sge, SharedRecvQueue, Wc,
@@ -23,9 +23,12 @@ use super::super::error::CapsuleError;
 use super::super::qpair::QueuePair;
 use super::super::transport::{QpairParams, ReqTag, TransportError};
 use super::conn::{Conn, ConnIo, ConnState, MrTable, RdmaOps};
-use super::options::RdmaOptions;
+use super::handoff::{self, Handoff, Inbox};
+use super::options::{QueuePlacement, RdmaOptions};
+use super::recv_bufs::RecvBufs;
 use super::transport::{cm_addr, RdmaTransport};
 use super::wrid::{Token, WrKind};
+use crate::spec::cmd::SQE_SIZE;
 use crate::spec::rdma_cm::{CmAccept, CmReject, CmRejectStatus, CmRequest};
 use crate::spec::transport_id::TransportId;
 
@@ -40,6 +43,11 @@ const CM_PERIOD: u64 = 32;
 pub struct PollGroupStats {
     /// Live connections.
     pub connections: usize,
+    /// Connect requests this group's listeners validated and handed to
+    /// another group (queue placement).
+    pub handed_off: u64,
+    /// Connect requests another group handed to this one.
+    pub adopted: u64,
     /// Capsules received.
     pub capsules: u64,
     /// Capsules queued because the host ran ahead of its queue's free
@@ -60,6 +68,12 @@ pub struct PollGroupStats {
     pub recv_buffers_idle: usize,
     /// Receive buffers in total.
     pub recv_buffers: usize,
+    /// Commands whose in-capsule data was used in place (the receive
+    /// buffer lent to the request and the bdev), over the live queues.
+    pub icd_lent: u64,
+    /// In-capsule data copied into a request buffer (only an SGL offset
+    /// other than 0 does that here), over the live queues.
+    pub icd_copies: u64,
 }
 
 pub(crate) struct Shared<P: Provider> {
@@ -70,9 +84,11 @@ pub(crate) struct Shared<P: Provider> {
     cq: P::Cq,
     srq: Option<P::Srq>,
     mrs: MrTable<P>,
-    _recv_pool: BufPool,
-    recvs: Vec<Option<DmaBuf>>,
-    recv_lkey: Vec<u32>,
+    /// Command slots and lendable in-capsule data buffers.
+    recvs: RecvBufs,
+    /// The connection of the last SRQ receive (checked against the QP
+    /// number before use: no hash lookup per capsule in the common case).
+    hot_conn: usize,
     /// Receive buffers not owned by a queue (no SRQ).
     free_recvs: Vec<u32>,
     /// SRQ receives to post at the end of the poll.
@@ -83,6 +99,8 @@ pub(crate) struct Shared<P: Provider> {
     free_slots: Vec<u16>,
     by_qpn: HashMap<u32, u16>,
     listeners: Vec<(TransportId, P::CmListener)>,
+    /// Connect requests other groups handed to this one.
+    inbox: Rc<Inbox<P>>,
     /// Rejected CM ids, kept for a few CM rounds so the host reads the
     /// reject before the connection closes.
     rejected: VecDeque<(u64, P::CmId)>,
@@ -144,26 +162,19 @@ impl<P: Provider> RdmaPollGroup<P> {
         } else {
             caps.max_srq_wr
         }) as usize;
+        let buf_size = RdmaOptions::recv_buf_size(topts);
+        let mut recvs = RecvBufs::new(nrecv, topts.in_capsule_data_size as usize, opts.hugepages)
+            .map_err(|e| no_res("allocating receive buffers", e))?;
         let srq = if opts.no_srq {
             None
         } else {
             Some(
-                pd.create_srq(nrecv as u32, 1)
+                pd.create_srq(nrecv as u32, recvs.sges_per_recv())
                     .map_err(|e| no_res("creating the SRQ", e))?,
             )
         };
-        let buf_size = RdmaOptions::recv_buf_size(topts);
-        let mut po = BufPoolOptions::new("nvmf-rdma-recv", buf_size, nrecv);
-        po.align = 64;
-        po.cache_size = 1;
-        po.hugepages = opts.hugepages;
-        let recv_pool = BufPool::new(po).map_err(|e| no_res("allocating receive buffers", e))?;
         let mut mrs = MrTable::<P>(Vec::new());
-        for a in recv_pool
-            .arenas()
-            .iter()
-            .chain(t.target.data_pool().arenas())
-        {
+        for a in recvs.arenas().iter().chain(t.target.data_pool().arenas()) {
             if mrs.lkey(a.id()).is_none() {
                 let mr = pd
                     .reg_mr(a, 0, a.len(), Access::LOCAL_WRITE)
@@ -171,15 +182,7 @@ impl<P: Provider> RdmaPollGroup<P> {
                 mrs.0.push((a.id(), mr));
             }
         }
-        let mut recvs = Vec::with_capacity(nrecv);
-        let mut recv_lkey = Vec::with_capacity(nrecv);
-        for _ in 0..nrecv {
-            let b = recv_pool
-                .get()
-                .ok_or_else(|| TransportError::NoResources("receive buffer pool short".into()))?;
-            recv_lkey.push(mrs.lkey(b.arena_id()).unwrap_or(0));
-            recvs.push(Some(b));
-        }
+        recvs.set_lkeys(|id| mrs.lkey(id));
         t.stats
             .recv_memory
             .fetch_add((nrecv * buf_size) as u64, Ordering::Relaxed);
@@ -198,9 +201,8 @@ impl<P: Provider> RdmaPollGroup<P> {
             cq,
             srq,
             mrs,
-            _recv_pool: recv_pool,
             recvs,
-            recv_lkey,
+            hot_conn: 0,
             free_recvs: if opts.no_srq {
                 (0..nrecv as u32).rev().collect()
             } else {
@@ -213,6 +215,7 @@ impl<P: Provider> RdmaPollGroup<P> {
             free_slots: Vec::new(),
             by_qpn: HashMap::new(),
             listeners: Vec::new(),
+            inbox: reactor.channel(&t.mailboxes).unwrap_or_else(|e| match e {}),
             rejected: VecDeque::new(),
             listen_gen: 0,
             cq_reserved: 0,
@@ -231,6 +234,7 @@ impl<P: Provider> RdmaPollGroup<P> {
                 .map_err(|e| no_res("posting SRQ receives", e))?;
         }
         sh.sync_listeners()?;
+        t.seats.join(index, reactor.core());
         let state = Rc::new(RefCell::new(sh));
         let weak = Rc::downgrade(&state);
         let poller = reactor.add_poller("nvmf-rdma", move || {
@@ -277,6 +281,7 @@ impl<P: Provider> RdmaPollGroup<P> {
     pub fn shutdown(&self) {
         if let Ok(mut s) = self.state.try_borrow_mut() {
             s.shutting_down = true;
+            s.transport.seats.leave(s.index);
             s.listeners.clear();
             for i in 0..s.conns.len() {
                 s.begin_close(i);
@@ -289,6 +294,7 @@ impl<P: Provider> Drop for RdmaPollGroup<P> {
     fn drop(&mut self) {
         self.reactor.remove_poller(self.poller);
         if let Ok(mut s) = self.state.try_borrow_mut() {
+            s.transport.seats.leave(s.index);
             // Destroy what is left on this core: QPs first, then the rest.
             for c in s.conns.iter_mut() {
                 if let Some(c) = c.as_mut() {
@@ -307,15 +313,23 @@ impl<P: Provider> Shared<P> {
         let mut st = self.stats;
         st.connections = self.conns.iter().flatten().count();
         for c in self.conns.iter().flatten() {
+            let qs = c.core.stats();
             st.transport_busy += c.io.busy;
             st.doorbells += c.io.doorbells;
-            st.core_parked += c.core.stats().parked;
+            st.core_parked += qs.parked;
+            st.icd_lent += qs.icd_lent;
+            st.icd_copies += qs.icd_copies;
         }
-        st.recv_buffers_idle = if self.srq.is_some() {
+        let slots_idle = if self.srq.is_some() {
             self.srq_posted + self.srq_repost.len()
         } else {
             self.free_recvs.len()
         };
+        // A slot is only as idle as the data buffers: lent ones are not.
+        st.recv_buffers_idle = self
+            .recvs
+            .data_idle()
+            .map_or(slots_idle, |d| d.min(slots_idle));
         st
     }
 
@@ -379,6 +393,9 @@ impl<P: Provider> Shared<P> {
             let _ = self.sync_listeners();
             busy |= self.accept();
         }
+        if !self.inbox.is_empty() {
+            busy |= self.adopt();
+        }
         busy |= self.poll_cq();
         for i in 0..self.conns.len() {
             busy |= self.service(i, cm_round);
@@ -395,32 +412,45 @@ impl<P: Provider> Shared<P> {
         let Some(srq) = &self.srq else {
             return Ok(());
         };
-        let mut done = 0;
         let total = self.srq_repost.len();
+        let mut done = 0;
         let mut res = Ok(());
         while done < total {
-            let end = (done + 32).min(total);
-            let mut sges = [Sge::default(); 32];
-            for (s, &id) in sges.iter_mut().zip(&self.srq_repost[done..end]) {
-                *s = recv_sge(&self.recvs, &self.recv_lkey, id);
+            let mut sges = [[Sge::default(); 2]; 32];
+            let mut nsge = [0usize; 32];
+            let mut n = 0;
+            for &id in &self.srq_repost[done..(done + 32).min(total)] {
+                // No data buffer at hand: the rest waits for a lent one.
+                let Some((sg, k)) = self.recvs.sges(id) else {
+                    break;
+                };
+                sges[n] = sg;
+                nsge[n] = k;
+                n += 1;
+            }
+            if n == 0 {
+                break;
             }
             let mut wrs = [RecvWr {
                 wr_id: WrId(0),
                 sg_list: &[],
             }; 32];
-            for (k, w) in wrs.iter_mut().enumerate().take(end - done) {
+            for (k, w) in wrs.iter_mut().enumerate().take(n) {
                 let id = self.srq_repost[done + k];
                 *w = RecvWr {
                     wr_id: Token::new(WrKind::Recv, u16::MAX, 0, id).encode(),
-                    sg_list: std::slice::from_ref(&sges[k]),
+                    sg_list: &sges[k][..nsge[k]],
                 };
             }
-            if let Err(e) = srq.post_recv(&wrs[..end - done]) {
+            if let Err(e) = srq.post_recv(&wrs[..n]) {
                 done += e.index;
                 res = Err(e);
                 break;
             }
-            done = end;
+            done += n;
+            if n < 32 {
+                break;
+            }
         }
         self.srq_posted += done;
         self.srq_repost.drain(..done);
@@ -442,12 +472,85 @@ impl<P: Provider> Shared<P> {
                 };
                 busy = true;
                 let trid = self.listeners[li].0.clone();
-                if let Err(st) = self.connect(req, trid) {
-                    log::debug!("nvmf rdma: connect rejected: {st:?}");
+                self.admit(req, trid);
+            }
+        }
+        busy
+    }
+
+    /// A connect request on one of this group's listeners: validate it
+    /// here (a reject carries its status), then place its queue: here, or
+    /// handed to another group's core.
+    fn admit(&mut self, id: P::CmId, trid: TransportId) {
+        let t = Arc::clone(&self.transport);
+        if let Err(st) = check_request(id.request(), t.target.options().max_queue_depth) {
+            log::debug!("nvmf rdma: connect rejected: {st:?}");
+            self.reject(id, st);
+            return;
+        }
+        let place = t.seats.place(self.index, t.opts.placement);
+        let (group, core) = match place {
+            Some((g, c)) if g != self.index => (g, c),
+            Some(_) => {
+                self.connect_placed(id, trid);
+                return;
+            }
+            None => {
+                self.reject(id, CmRejectStatus::NoResources);
+                return;
+            }
+        };
+        match id.detach() {
+            Ok(req) => {
+                self.stats.handed_off += 1;
+                log::debug!(
+                    "nvmf rdma: connect request handed from core {:?} to core {core}",
+                    self.reactor.core()
+                );
+                handoff::send(&t, &self.reactor, group, core, Handoff { req, trid });
+            }
+            Err(e) => {
+                // Serve it here after all: move its seat.
+                log::warn!("nvmf rdma: {e}; serving the queue on this core");
+                t.seats.release(group);
+                if t.seats
+                    .place(self.index, QueuePlacement::ListenerCore)
+                    .is_some()
+                {
+                    self.connect_placed(e.id, trid);
+                } else {
+                    self.reject(e.id, CmRejectStatus::NoResources);
+                }
+            }
+        }
+    }
+
+    /// Requests other groups handed to this one: attach each to this
+    /// group's device and connect it here.
+    fn adopt(&mut self) -> bool {
+        let mut busy = false;
+        while let Some(Handoff { req, trid }) = self.inbox.pop() {
+            busy = true;
+            self.stats.adopted += 1;
+            match req.attach(&self.dev) {
+                Ok(id) => self.connect_placed(id, trid),
+                Err(e) => {
+                    // Dropping the request rejected it.
+                    log::warn!("nvmf rdma: cannot attach a handed-over connect request: {e}");
+                    handoff::refused(&self.transport, self.index);
                 }
             }
         }
         busy
+    }
+
+    /// [`Self::connect`] for a request placed on this group: a refused one
+    /// gives its seat back (a connected one does when it is destroyed).
+    fn connect_placed(&mut self, id: P::CmId, trid: TransportId) {
+        if let Err(st) = self.connect(id, trid) {
+            log::debug!("nvmf rdma: connect rejected: {st:?}");
+            self.transport.seats.release(self.index);
+        }
     }
 
     fn reject(&mut self, id: P::CmId, st: CmRejectStatus) -> CmRejectStatus {
@@ -464,28 +567,12 @@ impl<P: Provider> Shared<P> {
     /// One connect request: validate the private data, size the queue,
     /// create the QP and the core's queue, post receives, accept.
     fn connect(&mut self, id: P::CmId, trid: TransportId) -> Result<(), CmRejectStatus> {
-        let Some(info) = id.request().copied() else {
-            return Err(self.reject(id, CmRejectStatus::InvalidLength));
-        };
         let t = Arc::clone(&self.transport);
         let topts = t.target.options();
-        let req = match CmRequest::parse(info.private_data.as_bytes()) {
-            Ok(r) => r,
-            Err(_) => return Err(self.reject(id, CmRejectStatus::InvalidLength)),
+        let (info, req) = match check_request(id.request(), topts.max_queue_depth) {
+            Ok(v) => v,
+            Err(st) => return Err(self.reject(id, st)),
         };
-        if let Err(st) = req.validate(topts.max_queue_depth) {
-            return Err(self.reject(id, st));
-        }
-        if req.qid == u16::MAX {
-            return Err(self.reject(id, CmRejectStatus::InvalidQid));
-        }
-        // RDMA CM reports the depths swapped: `initiator_depth` is the
-        // host's responder resources, the READs we may have in flight.
-        if info.initiator_depth == 0 {
-            // The host offers no READ responder resources: we could never
-            // pull its write data (SPDK: INVALID_IRD).
-            return Err(self.reject(id, CmRejectStatus::InvalidIrd));
-        }
         if self.shutting_down {
             return Err(self.reject(id, CmRejectStatus::NoResources));
         }
@@ -523,7 +610,7 @@ impl<P: Provider> Shared<P> {
                     u32::from(depth)
                 },
                 max_send_sge: max_sge,
-                max_recv_sge: 1,
+                max_recv_sge: self.recvs.sges_per_recv(),
                 max_inline_data: 16,
             },
             sq_sig_all: false,
@@ -590,7 +677,7 @@ impl<P: Provider> Shared<P> {
             let at = self.free_recvs.len() - n;
             conn.own_recvs = self.free_recvs.split_off(at);
             let ok = conn.qp.modify(&QpAttr::to(QpState::Init)).is_ok()
-                && post_rq(&conn, &self.recvs, &self.recv_lkey, &conn.own_recvs).is_ok();
+                && post_own_rq(&mut conn, &mut self.recvs).is_ok();
             conn.recvs_posted = n;
             if !ok {
                 self.free_recvs.append(&mut conn.own_recvs);
@@ -681,8 +768,10 @@ impl<P: Provider> Shared<P> {
                 };
                 match tok.kind {
                     WrKind::Send => {
-                        c.io.send_done(tag);
-                        c.core.response_sent(tag);
+                        let core = &mut c.core;
+                        c.io.sends_done(tag, |t| {
+                            core.response_sent(t);
+                        });
                     }
                     WrKind::Read => {
                         c.io.read_done(tag);
@@ -717,7 +806,21 @@ impl<P: Provider> Shared<P> {
         let srq = self.srq.is_some();
         let conn = if srq {
             self.srq_posted = self.srq_posted.saturating_sub(1);
-            self.by_qpn.get(&wc.qp_num).map(|&s| usize::from(s))
+            let hot = self.hot_conn;
+            let hit = self
+                .conns
+                .get(hot)
+                .and_then(|c| c.as_ref())
+                .is_some_and(|c| c.qp_num == wc.qp_num);
+            if hit {
+                Some(hot)
+            } else {
+                let found = self.by_qpn.get(&wc.qp_num).map(|&s| usize::from(s));
+                if let Some(i) = found {
+                    self.hot_conn = i;
+                }
+                found
+            }
         } else {
             self.conn_of(tok)
         };
@@ -730,7 +833,6 @@ impl<P: Provider> Shared<P> {
         let Shared {
             conns,
             recvs,
-            recv_lkey,
             mrs,
             pd,
             srq_repost,
@@ -765,7 +867,7 @@ impl<P: Provider> Shared<P> {
             return;
         }
         match submit(c, recvs, mrs, pd, id, wc.byte_len) {
-            Ok(()) => repost(c, recvs, recv_lkey, srq_repost, srq, id),
+            Ok(()) => repost(c, srq_repost, srq, id),
             Err(CapsuleError::QueueFull) if c.backlog.len() < usize::from(c.core.depth()) => {
                 c.backlog.push_back((id, wc.byte_len));
                 stats.capsules_queued += 1;
@@ -812,7 +914,6 @@ impl<P: Provider> Shared<P> {
         let Shared {
             conns,
             recvs,
-            recv_lkey,
             mrs,
             pd,
             srq_repost,
@@ -838,7 +939,7 @@ impl<P: Provider> Shared<P> {
             match submit(c, recvs, mrs, pd, id, len) {
                 Ok(()) => {
                     c.backlog.pop_front();
-                    repost(c, recvs, recv_lkey, srq_repost, srq, id);
+                    repost(c, srq_repost, srq, id);
                     busy = true;
                 }
                 Err(CapsuleError::QueueFull) => break,
@@ -846,6 +947,13 @@ impl<P: Provider> Shared<P> {
                     close = true;
                     break;
                 }
+            }
+        }
+        if !srq && c.state == ConnState::Live && !c.io.rq_repost.is_empty() {
+            // Receives first: a lent buffer released by a response of this
+            // round is posted again before the host can see the response.
+            if post_rq_pending(c, recvs).is_err() {
+                close = true;
             }
         }
         if c.io.has_pending() {
@@ -860,9 +968,6 @@ impl<P: Provider> Shared<P> {
                 // more will come for them, so the core must not wait.
                 c.io.closing = true;
             }
-        }
-        if !srq && c.state == ConnState::Live && !c.own_recvs.is_empty() {
-            // (Receives are reposted by `repost`, posted here in one batch.)
         }
         if c.io.disconnect_requested {
             close = true;
@@ -918,85 +1023,126 @@ impl<P: Provider> Shared<P> {
             .stats
             .destroyed
             .fetch_add(1, Ordering::Relaxed);
+        self.transport.seats.release(self.index);
     }
 }
 
-fn recv_sge(recvs: &[Option<DmaBuf>], lkeys: &[u32], id: u32) -> Sge {
-    let i = id as usize;
-    match recvs.get(i).and_then(|b| b.as_ref()) {
-        Some(b) => Sge {
-            addr: b.addr() as u64,
-            length: b.len() as u32,
-            lkey: lkeys.get(i).copied().unwrap_or(0),
-        },
-        None => Sge::default(),
+/// Validate a connect request's NVMe/RDMA private data and READ depth:
+/// the request and its parsed private data, or the reject status.
+fn check_request(
+    info: Option<&ConnRequestInfo>,
+    max_queue_depth: u16,
+) -> Result<(ConnRequestInfo, CmRequest), CmRejectStatus> {
+    let info = *info.ok_or(CmRejectStatus::InvalidLength)?;
+    let req = CmRequest::parse(info.private_data.as_bytes())
+        .map_err(|_| CmRejectStatus::InvalidLength)?;
+    req.validate(max_queue_depth)?;
+    if req.qid == u16::MAX {
+        return Err(CmRejectStatus::InvalidQid);
     }
+    // RDMA CM reports the depths swapped: `initiator_depth` is the host's
+    // responder resources, the READs we may have in flight.
+    if info.initiator_depth == 0 {
+        // The host offers no READ responder resources: we could never pull
+        // its write data (SPDK: INVALID_IRD).
+        return Err(CmRejectStatus::InvalidIrd);
+    }
+    Ok((info, req))
 }
 
-/// Post receive buffers `ids` to the queue's own receive queue.
-fn post_rq<P: Provider>(
-    c: &Conn<P>,
-    recvs: &[Option<DmaBuf>],
-    lkeys: &[u32],
-    ids: &[u32],
+/// Post every receive the queue owns (a new connection without SRQ).
+fn post_own_rq<P: Provider>(
+    c: &mut Conn<P>,
+    recvs: &mut RecvBufs,
 ) -> Result<(), pollux_verbs::PostError> {
-    for chunk in ids.chunks(32) {
-        let mut sges = [Sge::default(); 32];
-        for (s, &id) in sges.iter_mut().zip(chunk) {
-            *s = recv_sge(recvs, lkeys, id);
+    c.io.rq_repost.clear();
+    c.io.rq_repost.extend_from_slice(&c.own_recvs);
+    post_rq_pending(c, recvs)
+}
+
+/// Post the queue's pending receives (no SRQ) in batches, as far as data
+/// buffers are at hand; the rest stays pending for a later round.
+fn post_rq_pending<P: Provider>(
+    c: &mut Conn<P>,
+    recvs: &mut RecvBufs,
+) -> Result<(), pollux_verbs::PostError> {
+    let total = c.io.rq_repost.len();
+    let mut done = 0;
+    let mut res = Ok(());
+    while done < total {
+        let mut sges = [[Sge::default(); 2]; 32];
+        let mut nsge = [0usize; 32];
+        let mut n = 0;
+        for &id in &c.io.rq_repost[done..(done + 32).min(total)] {
+            let Some((sg, k)) = recvs.sges(id) else {
+                break;
+            };
+            sges[n] = sg;
+            nsge[n] = k;
+            n += 1;
+        }
+        if n == 0 {
+            break;
         }
         let mut wrs = [RecvWr {
             wr_id: WrId(0),
             sg_list: &[],
         }; 32];
-        for (k, w) in wrs.iter_mut().enumerate().take(chunk.len()) {
+        for (k, w) in wrs.iter_mut().enumerate().take(n) {
             *w = RecvWr {
-                wr_id: Token::new(WrKind::Recv, c.io.slot, c.io.gen, chunk[k]).encode(),
-                sg_list: std::slice::from_ref(&sges[k]),
+                wr_id: Token::new(WrKind::Recv, c.io.slot, c.io.gen, c.io.rq_repost[done + k])
+                    .encode(),
+                sg_list: &sges[k][..nsge[k]],
             };
         }
-        c.qp.post_recv(&wrs[..chunk.len()])?;
+        if let Err(e) = c.qp.post_recv(&wrs[..n]) {
+            done += e.index;
+            res = Err(e);
+            break;
+        }
+        done += n;
+        if n < 32 {
+            break;
+        }
     }
-    Ok(())
+    c.recvs_posted += done;
+    c.io.rq_repost.drain(..done);
+    res
 }
 
-/// Give a consumed receive buffer back: to the SRQ batch, or straight to
-/// the queue's own receive queue.
-fn repost<P: Provider>(
-    c: &mut Conn<P>,
-    recvs: &[Option<DmaBuf>],
-    lkeys: &[u32],
-    srq_repost: &mut Vec<u32>,
-    srq: bool,
-    id: u32,
-) {
+/// Give a consumed receive back: to the SRQ batch or to the queue's
+/// pending receives, both posted once per poll (with a fresh data buffer
+/// when the request kept the old one).
+fn repost<P: Provider>(c: &mut Conn<P>, srq_repost: &mut Vec<u32>, srq: bool, id: u32) {
     if srq {
         srq_repost.push(id);
-    } else if post_rq(c, recvs, lkeys, std::slice::from_ref(&id)).is_ok() {
-        c.recvs_posted += 1;
+    } else {
+        c.io.rq_repost.push(id);
     }
 }
 
-/// Hand the capsule in receive buffer `id` to the core. The core copies
-/// the SQE and any in-capsule data it keeps, so the buffer can be reposted
-/// at once.
+/// Hand the capsule in receive `id` to the core: the SQE is parsed (one
+/// copy of 64 bytes into the request), in-capsule data at offset 0 is lent
+/// with its buffer (the slot then takes a fresh one when reposted).
 fn submit<P: Provider>(
     c: &mut Conn<P>,
-    recvs: &[Option<DmaBuf>],
+    recvs: &mut RecvBufs,
     mrs: &MrTable<P>,
     pd: &P::Pd,
     id: u32,
     len: u32,
 ) -> Result<(), CapsuleError> {
-    let Some(buf) = recvs.get(id as usize).and_then(|b| b.as_ref()) else {
+    let Some((sqe, data)) = recvs.parts(id) else {
         return Err(CapsuleError::Malformed(0));
     };
-    let bytes = buf.as_slice();
-    let bytes = &bytes[..(len as usize).min(bytes.len())];
+    let icd_len = (len as usize).saturating_sub(SQE_SIZE);
     let mut ops = RdmaOps {
         io: &mut c.io,
         shared: mrs,
         pd,
     };
-    c.core.submit_capsule(bytes, &mut ops)
+    if (len as usize) < SQE_SIZE {
+        return Err(CapsuleError::Malformed(len as usize));
+    }
+    c.core.submit_capsule_lent(sqe, data, icd_len, &mut ops)
 }

@@ -12,7 +12,9 @@ use pollux_verbs::{CmAddr, Provider};
 
 use super::super::target::Target;
 use super::super::transport::{TargetTransport, TransportError};
+use super::handoff::Mailboxes;
 use super::options::RdmaOptions;
+use super::placement::Seats;
 use super::poll_group::RdmaPollGroup;
 use crate::spec::log_page::RdmaTsas;
 use crate::spec::transport_id::{TrType, TransportId};
@@ -71,6 +73,10 @@ pub struct RdmaTransport<P: Provider> {
     /// Bumped on every listener change; poll groups compare it once per poll.
     pub(crate) listen_gen: AtomicU64,
     pub(crate) groups: AtomicUsize,
+    /// The poll groups' cores and queue counts (where new queues go).
+    pub(crate) seats: Seats,
+    /// Each poll group's inbox of handed-over connect requests.
+    pub(crate) mailboxes: Arc<Mailboxes<P>>,
     pub(crate) stats: SharedStats,
     _p: PhantomData<fn() -> P>,
 }
@@ -102,6 +108,8 @@ impl<P: Provider> RdmaTransport<P> {
             listeners: Mutex::new(Vec::new()),
             listen_gen: AtomicU64::new(1),
             groups: AtomicUsize::new(0),
+            seats: Seats::default(),
+            mailboxes: Mailboxes::new(),
             stats: SharedStats::default(),
             _p: PhantomData,
         }))
@@ -133,6 +141,13 @@ impl<P: Provider> RdmaTransport<P> {
         RdmaPollGroup::new(self, reactor, index)
     }
 
+    /// Queues placed on each poll group (by creation order) and not yet
+    /// destroyed: what [`QueuePlacement::LeastConnections`](super::QueuePlacement)
+    /// balances (control path).
+    pub fn queues_per_group(&self) -> Vec<usize> {
+        self.seats.loads()
+    }
+
     /// Counters.
     pub fn stats(&self) -> RdmaTransportStats {
         let s = &self.stats;
@@ -160,8 +175,9 @@ impl<P: Provider> TargetTransport for RdmaTransport<P> {
         if l.iter().any(|e| &e.trid == trid) {
             return Err(TransportError::AlreadyListening(trid.clone()));
         }
-        // Spread listeners over the poll groups that exist (round robin);
-        // CM ids are `!Send`, so a listener's connections stay on its core.
+        // Spread listeners over the poll groups that exist (round robin).
+        // The owner validates each connect request and places its queue
+        // (`RdmaOptions::placement`), handing it to another core if need be.
         let groups = self.groups.load(Ordering::Relaxed);
         let owner = (groups > 0).then(|| l.len() % groups);
         l.push(ListenEntry {

@@ -2,6 +2,7 @@
 //! test host ([`host`]) on a one-reactor [`TestCluster`].
 
 mod host;
+mod placement;
 
 use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -27,12 +28,20 @@ struct Fx {
     target: Arc<Target>,
     transport: Arc<RdmaTransport<Soft>>,
     pg: Rc<RdmaPollGroup<Soft>>,
+    /// Every core's poll group (`pg` is the first).
+    pgs: Vec<Rc<RdmaPollGroup<Soft>>>,
     addr: String,
 }
 
 fn fixture(opts: RdmaOptions) -> Fx {
+    fixture_on(1, opts)
+}
+
+/// A target on `cores` reactors, one poll group each (the first one owns
+/// the listener).
+fn fixture_on(cores: usize, opts: RdmaOptions) -> Fx {
     static N: AtomicUsize = AtomicUsize::new(0);
-    let cl = TestCluster::new(1);
+    let cl = TestCluster::new(cores);
     let topts = TargetOptions {
         in_capsule_data_size: 16384,
         ..TargetOptions::for_tests()
@@ -50,9 +59,13 @@ fn fixture(opts: RdmaOptions) -> Fx {
     target
         .add_transport(transport.clone())
         .expect("add transport");
-    let pg = cl
-        .on(0, |r| transport.create_poll_group(r))
-        .expect("poll group");
+    let pgs: Vec<_> = (0..cores as u32)
+        .map(|c| {
+            cl.on(c, |r| transport.create_poll_group(r))
+                .expect("poll group")
+        })
+        .collect();
+    let pg = Rc::clone(&pgs[0]);
     let addr = format!(
         "@pollux-rdma-test-{}-{}",
         std::process::id(),
@@ -75,6 +88,7 @@ fn fixture(opts: RdmaOptions) -> Fx {
         target,
         transport,
         pg,
+        pgs,
         addr,
     }
 }
@@ -329,9 +343,12 @@ fn a_thousand_abrupt_disconnects_leak_nothing() {
             128 * 1024,
             &io.keyed(256 * 1024, 128 * 1024, round % 2 == 0),
         );
+        // And an in-capsule write (its receive buffer lent to the bdev).
+        let c4 = rw(0x01, 4, 512, 4096, &SglDescriptor::in_capsule(0, 4096));
         io.send(&c1, &[]);
         io.send(&c2, &[]);
         io.send(&c3, &[]);
+        io.send(&c4, &pattern(round as u8, 4096));
         // Let the target start some of it (varies with the round).
         for _ in 0..(round % 7) {
             fx.cl.poll_once_all();
@@ -371,4 +388,102 @@ impl Fx {
     fn cached_at_start(&self) -> usize {
         0
     }
+}
+
+/// In-capsule writes are used in place: the receive buffer is lent to the
+/// request and the bdev writes from it (no copy), and the buffers come back
+/// (out of order) so more writes than receive buffers go through; an SGL
+/// offset other than 0 is the one case that copies.
+fn in_capsule_data_in_place(opts: RdmaOptions) {
+    let fx = fixture(opts);
+    let (_admin, cntlid) = fx.admin();
+    let mut io = fx.io(cntlid, 16);
+    // (The I/O queue's Connect data came in the capsule too.)
+    let lent0 = fx.pg.stats().icd_lent;
+    let total = fx.pg.stats().recv_buffers;
+    // More writes than receive buffers, four in flight at a time.
+    let waves = total / 4 + 20;
+    let mut lba = 0u64;
+    for wave in 0..waves {
+        let mut cids = Vec::new();
+        for k in 0..4u16 {
+            let cid = 100 + k;
+            let len = 512 * (1 + usize::from(k));
+            let data = pattern((wave as u8).wrapping_add(k as u8), len);
+            let cmd = rw(
+                0x01,
+                cid,
+                lba % 4096,
+                len as u32,
+                &SglDescriptor::in_capsule(0, len as u32),
+            );
+            io.send(&cmd, &data);
+            cids.push(cid);
+            lba += 8;
+        }
+        let got = spin(&fx.cl, || {
+            io.poll();
+            (io.rsps.len() >= 4).then_some(())
+        });
+        assert!(got.is_some(), "wave {wave}: responses missing");
+        for r in io.rsps.drain(..) {
+            assert!(r.cpl.status.is_success(), "wave {wave}: {:?}", r.cpl.status);
+        }
+    }
+    let st = fx.pg.stats();
+    assert_eq!(st.icd_copies, 0, "in-capsule data was copied: {st:?}");
+    assert_eq!(st.icd_lent - lent0, 4 * waves as u64, "{st:?}");
+    // The data arrived intact: read the last wave back.
+    let last = waves - 1;
+    for k in 0..4u16 {
+        let len = 512 * (1 + usize::from(k));
+        let at = (lba - 8 * (4 - u64::from(k))) % 4096;
+        io.data_mut(0, len).fill(0);
+        let cmd = rw(
+            0x02,
+            200 + k,
+            at,
+            len as u32,
+            &io.keyed(0, len as u32, false),
+        );
+        assert!(io.exec(&fx.cl, &cmd, &[]).cpl.status.is_success());
+        let want = pattern((last as u8).wrapping_add(k as u8), len);
+        assert!(
+            io.data(0, len) == &want[..],
+            "write {k} of the last wave differs"
+        );
+    }
+    // An offset into the capsule cannot be lent: copied, and counted.
+    let data = pattern(7, 1024);
+    let cmd = rw(0x01, 300, 0, 512, &SglDescriptor::in_capsule(512, 512));
+    assert!(io.exec(&fx.cl, &cmd, &data).cpl.status.is_success());
+    assert_eq!(fx.pg.stats().icd_copies, 1);
+    let cmd = rw(0x02, 301, 0, 512, &io.keyed(0, 512, false));
+    assert!(io.exec(&fx.cl, &cmd, &[]).cpl.status.is_success());
+    assert!(io.data(0, 512) == &data[512..], "offset write differs");
+    // Every buffer is back once the queue is gone.
+    io.kill();
+    let gone = spin(&fx.cl, || (fx.pg.connections() == 1).then_some(()));
+    assert!(gone.is_some(), "queue not destroyed");
+    let st = fx.pg.stats();
+    let idle = if fx.transport.options().no_srq {
+        // The admin queue owns its receives.
+        st.recv_buffers - 32
+    } else {
+        st.recv_buffers
+    };
+    assert_eq!(st.recv_buffers_idle, idle, "receive buffers leaked: {st:?}");
+}
+
+#[test]
+fn in_capsule_data_is_used_in_place_with_srq() {
+    in_capsule_data_in_place(RdmaOptions::for_tests());
+}
+
+#[test]
+fn in_capsule_data_is_used_in_place_without_srq() {
+    in_capsule_data_in_place(RdmaOptions {
+        no_srq: true,
+        ..RdmaOptions::for_tests()
+    });
 }

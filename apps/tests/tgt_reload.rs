@@ -1,0 +1,202 @@
+//! `pollux-tgt` reloads its configuration on SIGHUP: a namespace added to
+//! the file appears to a connected host without a reconnect (its
+//! outstanding AER completes with a Namespace Attribute Changed notice,
+//! the changed-namespace log and the active namespace list show it), a
+//! namespace removed from the file goes away the same way, a broken file
+//! changes nothing, and the stats file counts the Keep Alives and events.
+
+#![allow(clippy::unwrap_used)] // test helpers: a failed unwrap is a failed test
+
+mod common;
+
+use common::{tmp, Tgt, WAIT};
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use pollux_nvmf::host::rdma::{RdmaHost, RdmaHostOptions};
+use pollux_nvmf::host::{Controller, CtrlOptions, DataDir, HostIdentity, DEFAULT_HOSTNQN};
+use pollux_nvmf::spec::features::{fid, AsyncEvent, FeatureCmd, AEN_NS_ATTR};
+use pollux_nvmf::spec::identify::{cns, parse_ns_list, IdentifyCmd, IDENTIFY_DATA_SIZE};
+use pollux_nvmf::spec::{AdminOpcode, NvmeCmd};
+use pollux_reactor::mem::{DmaBuf, SgList};
+use pollux_verbs::soft::Soft;
+use pollux_verbs::CmAddr;
+use rustix::process::Signal;
+
+const NQN: &str = "nqn.2016-06.io.pollux:tgt-reload-test";
+const AER_CTX: u64 = 4242;
+
+fn config(addr: &str, namespaces: &str) -> String {
+    format!(
+        r#"cores = "0"
+provider = "soft"
+[transport]
+max_queue_depth = 64
+num_shared_buffers = 64
+buf_cache_size = 8
+max_srq_depth = 256
+num_cqe = 4096
+hugepages = "never"
+
+[[bdev]]
+spec = "malloc:name=Malloc0,size=4M,block=512"
+
+[[bdev]]
+spec = "malloc:name=Malloc1,size=2M,block=512"
+
+[[subsystem]]
+nqn = "{NQN}"
+serial = "POLLUXRELOAD"
+allow_any_host = true
+namespaces = [{namespaces}]
+
+[[listener]]
+traddr = "{addr}"
+"#
+    )
+}
+
+fn stats(path: &PathBuf) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn active_nsids(c: &mut Controller<RdmaHost<Soft>>) -> Vec<u32> {
+    let buf = DmaBuf::alloc(IDENTIFY_DATA_SIZE).unwrap();
+    let (_, data) = c
+        .admin()
+        .exec(
+            "Identify",
+            IdentifyCmd::to_cmd(cns::ACTIVE_NS_LIST, 0, 0),
+            DataDir::FromCtrl,
+            SgList::from_buf(buf),
+            WAIT,
+        )
+        .unwrap();
+    let mut b = vec![0u8; IDENTIFY_DATA_SIZE];
+    data.copy_to_slice(&mut b);
+    parse_ns_list(&b).unwrap()
+}
+
+fn submit_aer(c: &mut Controller<RdmaHost<Soft>>) {
+    let aer = NvmeCmd::new(AdminOpcode::AsyncEventRequest.code(), 0);
+    c.admin()
+        .submit(aer, DataDir::None, SgList::new(), AER_CTX)
+        .unwrap();
+    c.admin().flush();
+}
+
+/// Poll the admin queue (keep-alives included) until the AER completes.
+fn wait_event(c: &mut Controller<RdmaHost<Soft>>) -> AsyncEvent {
+    let deadline = Instant::now() + WAIT;
+    let mut ev = None;
+    while ev.is_none() {
+        assert!(Instant::now() < deadline, "no asynchronous event");
+        c.admin().poll(&mut |cpl| {
+            if cpl.ctx == AER_CTX {
+                let cqe = cpl.result.unwrap();
+                ev = Some(AsyncEvent::from_dw0(cqe.dw0));
+            }
+        });
+        c.poll().unwrap();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    ev.unwrap()
+}
+
+fn changed_ns_log(c: &mut Controller<RdmaHost<Soft>>) -> Vec<u32> {
+    let b = c.get_log_page(0x04, 0xFFFF_FFFF, 64, 0).unwrap();
+    b.chunks(4)
+        .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+        .filter(|&n| n != 0)
+        .collect()
+}
+
+#[test]
+fn sighup_adds_and_removes_namespaces_under_a_connected_host() {
+    let addr = format!("@pollux-tgt-reload-test-{}", std::process::id());
+    let cfg = tmp("tgt-reload.toml");
+    std::fs::write(&cfg, config(&addr, r#"{ bdev = "Malloc0", nsid = 1 }"#)).unwrap();
+    let st = tmp("tgt-reload-stats.json");
+    let _ = std::fs::remove_file(&st);
+    let mut tgt = Tgt::start(&cfg, &["--stats-file", st.to_str().unwrap()]);
+    tgt.wait_line("pollux-tgt: ready");
+
+    let t = RdmaHost::<Soft>::open(None, CmAddr::new(addr.clone()), RdmaHostOptions::default())
+        .unwrap();
+    let who = HostIdentity {
+        hostnqn: DEFAULT_HOSTNQN.into(),
+        hostid: *b"pollux-reload-01",
+        subnqn: NQN.into(),
+    };
+    let opts = CtrlOptions {
+        kato: Duration::from_millis(400),
+        ..CtrlOptions::default()
+    };
+    let mut c = Controller::connect(&t, who, opts).unwrap();
+    assert_eq!(active_nsids(&mut c), vec![1]);
+    // Ask for namespace notices, as Linux does, and leave an AER out.
+    c.admin()
+        .exec(
+            "Set Features",
+            FeatureCmd::set(fid::ASYNC_EVENT_CONFIG, AEN_NS_ATTR, 0),
+            DataDir::None,
+            SgList::new(),
+            WAIT,
+        )
+        .unwrap();
+    submit_aer(&mut c);
+
+    // Namespace 2 appears in the file: SIGHUP.
+    std::fs::write(
+        &cfg,
+        config(
+            &addr,
+            r#"{ bdev = "Malloc0", nsid = 1 }, { bdev = "Malloc1", nsid = 2 }"#,
+        ),
+    )
+    .unwrap();
+    tgt.signal(Signal::HUP);
+    let line = tgt.wait_line("pollux-tgt: reloaded");
+    assert!(line.contains("1 namespace(s) added, 0 removed"), "{line}");
+    assert_eq!(wait_event(&mut c), AsyncEvent::NS_CHANGED);
+    assert_eq!(changed_ns_log(&mut c), vec![2]);
+    assert_eq!(active_nsids(&mut c), vec![1, 2]);
+    assert!(c.is_alive(), "the host stayed connected");
+
+    // A file that does not load changes nothing.
+    std::fs::write(&cfg, "this is = not [valid").unwrap();
+    tgt.signal(Signal::HUP);
+    let line = tgt.wait_line("pollux-tgt: reload of");
+    assert!(line.contains("failed"), "{line}");
+    assert_eq!(active_nsids(&mut c), vec![1, 2]);
+
+    // Namespace 1 leaves the file.
+    submit_aer(&mut c);
+    std::fs::write(&cfg, config(&addr, r#"{ bdev = "Malloc1", nsid = 2 }"#)).unwrap();
+    tgt.signal(Signal::HUP);
+    let line = tgt.wait_line("pollux-tgt: reloaded");
+    assert!(line.contains("0 namespace(s) added, 1 removed"), "{line}");
+    assert_eq!(wait_event(&mut c), AsyncEvent::NS_CHANGED);
+    assert_eq!(changed_ns_log(&mut c), vec![1]);
+    assert_eq!(active_nsids(&mut c), vec![2]);
+
+    // The stats file counts the two events and the Keep Alives (every
+    // 200 ms here).
+    let deadline = Instant::now() + WAIT;
+    loop {
+        c.poll().unwrap();
+        let s = stats(&st);
+        let ka = s["keep_alives"].as_u64().unwrap_or(0);
+        if s["async_events"].as_u64() == Some(2) && ka >= 3 {
+            assert_eq!(s["keep_alive_timeouts"], 0, "{s}");
+            assert_eq!(s["controllers"], 1, "{s}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "stats: {s}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(c);
+    tgt.signal(Signal::TERM);
+    assert!(tgt.wait_exit().success());
+}

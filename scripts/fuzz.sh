@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Run every cargo-fuzz target of fuzz/ for N seconds each (default 20) and
+# fail on the first crash (libFuzzer's artifact lands in fuzz/artifacts/).
+#
+#   scripts/fuzz.sh [SECONDS] [TARGET...]
+#
+# cargo-fuzz wants a nightly compiler; on stable, RUSTC_BOOTSTRAP=1 unlocks
+# the flags it passes (-Zsanitizer=address). Installs cargo-fuzz when it is
+# missing. Each target starts from its checked-in seeds (fuzz/seeds/TARGET,
+# read-only) and grows its own corpus in fuzz/corpus/TARGET (ignored by git).
+set -euo pipefail
+cd "$(dirname "$0")/../fuzz"
+secs="${1:-20}"
+shift || true
+[[ "$secs" =~ ^[0-9]+$ ]] || { echo "usage: $0 [SECONDS] [TARGET...]" >&2; exit 2; }
+export RUSTC_BOOTSTRAP=1
+if ! cargo fuzz --version >/dev/null 2>&1; then
+  echo "=== installing cargo-fuzz"
+  cargo install cargo-fuzz --locked
+fi
+targets=("$@")
+if ((${#targets[@]} == 0)); then
+  mapfile -t targets < <(cargo fuzz list)
+fi
+echo "=== cargo fuzz build (${targets[*]})"
+cargo fuzz build
+fail=()
+for t in "${targets[@]}"; do
+  mkdir -p "corpus/$t"
+  seeds=()
+  [[ -d "seeds/$t" ]] && seeds=("seeds/$t")
+  echo "=== fuzz $t for ${secs}s"
+  # -rss_limit_mb: the nvmf targets keep a live in-process target per thread.
+  if ! cargo fuzz run "$t" "corpus/$t" "${seeds[@]}" -- \
+      -max_total_time="$secs" -rss_limit_mb=4096 -print_final_stats=1 2>&1 | tail -n 25; then
+    fail+=("$t")   # pipefail: cargo fuzz's status, not tail's
+  fi
+done
+if ((${#fail[@]})); then
+  echo "FUZZ FAILED: ${fail[*]} (see fuzz/artifacts/)" >&2
+  exit 1
+fi
+echo "FUZZ OK: ${targets[*]} (${secs}s each)"
