@@ -2,7 +2,7 @@
 # Runs inside the lab guest (tests/vm/lab run tests/vm/nvmf-guest.sh TGT_BIN):
 # pollux-tgt (ibverbs provider, rxe_tgt, $LAB_TARGET_ADDR:4420, malloc bdev)
 # against the Linux kernel NVMe-oF RDMA host (nvme-cli + nvme_rdma, rxe_host,
-# $LAB_HOST_ADDR). Three target runs in one boot:
+# $LAB_HOST_ADDR). Four target runs in one boot:
 #   base     discover, connect, id-ctrl/id-ns, fio crc32c verify at 512 B,
 #            4 KiB, 16 KiB, 128 KiB (randwrite+verify, then a randread verify
 #            pass over the same blocks), QD 32; disconnect, reconnect, disconnect
@@ -19,7 +19,7 @@
 # (with the tails of the target log and of dmesg).
 # Knobs (env, via --env or LAB_USER_*): LAB_USER_NVMF_SCALE (size multiplier
 # for fio, default 1), LAB_USER_NVMF_IDLE (pollux-tgt --idle, default busy),
-# LAB_USER_NVMF_RUNS (subset of "base inline16 nosrq").
+# LAB_USER_NVMF_RUNS (subset of "base inline16 nosrq kaaer").
 set -u
 [ "${LAB_IN_GUEST:-}" = 1 ] || { echo "run inside tests/vm/lab" >&2; exit 2; }
 TGT=${1:?usage: nvmf-guest.sh PATH/TO/pollux-tgt}
