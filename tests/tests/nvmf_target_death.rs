@@ -7,18 +7,16 @@
 //! with SIGKILL while the host has I/O in flight.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pollux_apps::perf::{run, PerfParams};
 use pollux_apps::workload::Workload;
-use pollux_bdev::BdevRegistry;
 use pollux_nvmf::host::rdma::{RdmaHost, RdmaHostOptions};
 use pollux_nvmf::host::HostTrid;
-use pollux_nvmf::spec::transport_id::{AdrFam, TrType, TransportId};
-use pollux_nvmf::target::rdma::{RdmaOptions, RdmaTransport};
-use pollux_nvmf::target::{NamespaceConfig, SubsystemConfig, Target, TargetOptions};
 use pollux_reactor::{launch, Cores, IdleMode, LaunchConfig, PollStatus};
 use pollux_verbs::soft::Soft;
 use pollux_verbs::CmAddr;
@@ -33,25 +31,8 @@ fn child_target() {
     let Ok(addr) = std::env::var(ENV) else {
         return;
     };
-    let target = Target::new(TargetOptions::for_tests()).unwrap();
-    let mut sc = SubsystemConfig::new(NQN);
-    sc.allow_any_host = true;
-    let sub = target.add_subsystem(sc).unwrap();
-    let bdev = BdevRegistry::new()
-        .create("null:size=64M,block=512,name=death")
-        .unwrap();
-    sub.add_namespace(NamespaceConfig::new(bdev).with_nsid(1))
-        .unwrap();
-    let transport = RdmaTransport::<Soft>::new(&target, RdmaOptions::for_tests()).unwrap();
-    target.add_transport(transport.clone()).unwrap();
-    target
-        .add_listener(TransportId {
-            trtype: TrType::Rdma,
-            adrfam: AdrFam::IntraHost,
-            traddr: addr,
-            trsvcid: String::new(),
-        })
-        .unwrap();
+    let (_target, transport) =
+        common::soft_rdma_target(NQN, "null:size=64M,block=512,name=death", &addr);
     let (tx, rx) = std::sync::mpsc::channel::<()>();
     let tx = std::sync::Mutex::new(tx);
     let set = launch(LaunchConfig::new(Cores::parse("0").unwrap()), move |r| {

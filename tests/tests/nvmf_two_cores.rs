@@ -6,18 +6,16 @@
 //! through them.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use pollux_apps::perf::{run, PerfParams};
 use pollux_apps::workload::Workload;
-use pollux_bdev::BdevRegistry;
 use pollux_nvmf::host::rdma::{RdmaHost, RdmaHostOptions};
 use pollux_nvmf::host::HostTrid;
-use pollux_nvmf::spec::transport_id::{AdrFam, TrType, TransportId};
-use pollux_nvmf::target::rdma::{RdmaOptions, RdmaTransport};
-use pollux_nvmf::target::{NamespaceConfig, SubsystemConfig, Target, TargetOptions};
 use pollux_reactor::{launch, Cores, IdleMode, LaunchConfig, PollStatus};
 use pollux_verbs::soft::Soft;
 use pollux_verbs::CmAddr;
@@ -27,25 +25,8 @@ const NQN: &str = "nqn.2024-01.io.pollux:two-cores";
 #[test]
 fn one_hosts_queues_are_served_on_both_target_cores_with_verified_io() {
     let addr = format!("@pollux-two-cores-{}", std::process::id());
-    let target = Target::new(TargetOptions::for_tests()).unwrap();
-    let mut sc = SubsystemConfig::new(NQN);
-    sc.allow_any_host = true;
-    let sub = target.add_subsystem(sc).unwrap();
-    let bdev = BdevRegistry::new()
-        .create("malloc:size=16M,block=512,name=two-cores")
-        .unwrap();
-    sub.add_namespace(NamespaceConfig::new(bdev).with_nsid(1))
-        .unwrap();
-    let transport = RdmaTransport::<Soft>::new(&target, RdmaOptions::for_tests()).unwrap();
-    target.add_transport(transport.clone()).unwrap();
-    target
-        .add_listener(TransportId {
-            trtype: TrType::Rdma,
-            adrfam: AdrFam::IntraHost,
-            traddr: addr.clone(),
-            trsvcid: String::new(),
-        })
-        .unwrap();
+    let (_target, transport) =
+        common::soft_rdma_target(NQN, "malloc:size=16M,block=512,name=two-cores", &addr);
     let (tx, rx) = mpsc::channel::<()>();
     let tx = Mutex::new(tx);
     let t2 = transport.clone();

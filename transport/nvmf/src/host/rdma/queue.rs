@@ -89,8 +89,13 @@ pub struct RdmaQueueStats {
 /// One RDMA host queue (`!Send`).
 pub struct RdmaQueue<P: Provider> {
     cm: P::CmId,
-    qp: P::Qp,
+    // Fields drop in order: the fast-reg MRs before the QP. With ibverbs
+    // they are type-2 memory windows, and a window still bound (an I/O
+    // abandoned on a dead queue) holds a reference on the QP it was bound
+    // through: soft-RoCE then cannot destroy the QP (`__rxe_cleanup`
+    // warns after its timeout). Freeing the windows first releases it.
     _frmrs: Vec<P::Mr>,
+    qp: P::Qp,
     ctrl_mr: P::Mr,
     cq: P::Cq,
     _pd: Rc<P::Pd>,
