@@ -16,20 +16,7 @@ LAB=tests/vm/lab
 "$LAB" --setup-only -q || exit $?
 out=target/host-interop
 rm -rf "$out" && mkdir -p "$out" || exit 125
-echo "building pollux-perf, pollux-tgt (--release --features ibverbs)" >&2
-# target/ is shared: copy the binaries away at once, before another build
-# (without the feature, or of another tree state) replaces them.
-bins=$(cargo build --release -p pollux-apps --features ibverbs --bin pollux-perf --bin pollux-tgt \
-        --message-format=json-render-diagnostics | python3 -c '
-import json, sys
-for line in sys.stdin:
-    try: m = json.loads(line)
-    except ValueError: continue
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("pollux-tgt", "pollux-perf"):
-        print(m["executable"])
-') || { echo "build failed" >&2; exit 1; }
-for b in $bins; do cp "$b" "$out/" || exit 1; done
-[ -x "$out/pollux-tgt" ] && [ -x "$out/pollux-perf" ] || { echo "build produced no binaries" >&2; exit 1; }
+tests/vm/build-bins.sh "$out" pollux-perf pollux-tgt || exit 1
 # Every 8-byte little-endian word holds its byte offset XOR
 # 0xA5A5_0000_0000_5A5A (pollux_apps::workload::known_pattern).
 python3 - "$out/pattern.img" <<'PY' || { echo "pattern image failed" >&2; exit 125; }

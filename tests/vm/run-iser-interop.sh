@@ -19,20 +19,7 @@ LAB=tests/vm/lab
 "$LAB" --setup-only -q || exit $?
 out=target/iser-interop
 rm -rf "$out" && mkdir -p "$out" || exit 125
-echo "building pollux-tgt and pollux-perf (--release --features ibverbs)" >&2
-# target/ is shared: copy the binaries away at once, before a build without
-# the feature replaces them.
-bins=$(cargo build --release -p pollux-apps --features ibverbs --bin pollux-tgt --bin pollux-perf \
-        --message-format=json-render-diagnostics | python3 -c '
-import json, sys
-for line in sys.stdin:
-    try: m = json.loads(line)
-    except ValueError: continue
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] in ("pollux-tgt", "pollux-perf"):
-        print(m["executable"])
-') || { echo "build failed" >&2; exit 1; }
-for b in $bins; do cp "$b" "$out/" || exit 1; done
-[ -x "$out/pollux-tgt" ] && [ -x "$out/pollux-perf" ] || { echo "build produced no binaries" >&2; exit 1; }
+tests/vm/build-bins.sh "$out" pollux-tgt pollux-perf || exit 1
 t0=$SECONDS
 "$LAB" -t 600 --out "$out" "$@" run tests/vm/iser-guest.sh "$PWD/$out/pollux-tgt" "$PWD/$out/pollux-perf"
 rc=$?

@@ -13,18 +13,7 @@ LAB=tests/vm/lab
 "$LAB" --setup-only -q || exit $?
 out=target/nvmf-interop
 rm -rf "$out" && mkdir -p "$out" || exit 125
-echo "building pollux-tgt (--release --features ibverbs)" >&2
-# target/ is shared: copy the binary away at once, before another build of
-# pollux-tgt (without the feature) replaces it.
-bin=$(cargo build --release -p pollux-apps --features ibverbs --bin pollux-tgt \
-        --message-format=json-render-diagnostics | python3 -c '
-import json, sys
-for line in sys.stdin:
-    try: m = json.loads(line)
-    except ValueError: continue
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "pollux-tgt":
-        print(m["executable"])
-') && [ -n "$bin" ] && cp "$bin" "$out/pollux-tgt" || { echo "build failed" >&2; exit 1; }
+tests/vm/build-bins.sh "$out" pollux-tgt || exit 1
 t0=$SECONDS
 "$LAB" -t 600 --out "$out" "$@" run tests/vm/nvmf-guest.sh "$PWD/$out/pollux-tgt"
 rc=$?
