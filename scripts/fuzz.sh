@@ -31,9 +31,17 @@ for t in "${targets[@]}"; do
   [[ -d "seeds/$t" ]] && seeds=("seeds/$t")
   echo "=== fuzz $t for ${secs}s"
   # -rss_limit_mb: the nvmf targets keep a live in-process target per thread.
+  # The whole log goes to logs/TARGET.log; on a crash the panic and its
+  # stack are printed here, so that a CI log alone says what broke.
+  mkdir -p logs
   if ! cargo fuzz run "$t" "corpus/$t" "${seeds[@]}" -- \
-      -max_total_time="$secs" -rss_limit_mb=4096 -print_final_stats=1 2>&1 | tail -n 25; then
-    fail+=("$t")   # pipefail: cargo fuzz's status, not tail's
+      -max_total_time="$secs" -rss_limit_mb=4096 -print_final_stats=1 >"logs/$t.log" 2>&1; then
+    fail+=("$t")
+    echo "--- $t crashed; the failure (full log: fuzz/logs/$t.log):"
+    grep -m1 -A40 -E "panicked at|==ERROR|SUMMARY:" "logs/$t.log" || tail -n 60 "logs/$t.log"
+    grep -E "^Test unit written to|Reproduce with" -A2 "logs/$t.log" || true
+  else
+    tail -n 6 "logs/$t.log"
   fi
 done
 if ((${#fail[@]})); then

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Build pollux-apps binaries with the ibverbs provider and copy them into a
-# directory of the run's own. target/ is shared: the copy is taken at once,
-# before another build (without the feature, or of another tree state)
-# replaces them.
+# directory of the run's own. The build has a target directory of its own
+# (target/ibverbs): a concurrent `cargo build` without the feature in
+# target/ would otherwise replace the binaries between the build and the
+# copy.
 #
 #   tests/vm/build-bins.sh OUT_DIR BIN [BIN...]
 #
@@ -13,7 +14,7 @@ out=${1:?usage: build-bins.sh OUT_DIR BIN [BIN...]}; shift
 echo "building $* (--release --features ibverbs)" >&2
 args=()
 for b in "$@"; do args+=(--bin "$b"); done
-paths=$(cargo build --release -p pollux-apps --features ibverbs "${args[@]}" \
+paths=$(CARGO_TARGET_DIR="${IBV_TARGET_DIR:-$(cd "$(dirname "$0")/../.." && pwd)/target/ibverbs}" cargo build --release -p pollux-apps --features ibverbs "${args[@]}" \
         --message-format=json-render-diagnostics | python3 -c '
 import json, sys
 names = set(sys.argv[1:])

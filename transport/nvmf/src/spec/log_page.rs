@@ -32,8 +32,9 @@ pub struct GetLogPageCmd {
     pub lsp: u8,
     /// Retain asynchronous event.
     pub rae: bool,
-    /// Number of dwords, **1-based** (wire: NUMDU:NUMDL, 0-based).
-    pub numd: u32,
+    /// Number of dwords, **1-based** (wire: NUMDU:NUMDL, 0-based, so up
+    /// to 2^32: wider than the wire field).
+    pub numd: u64,
     /// Byte offset into the log (dword aligned).
     pub lpo: u64,
     /// Namespace id.
@@ -49,7 +50,7 @@ impl GetLogPageCmd {
             lid: cmd.cdw10 as u8,
             lsp: ((cmd.cdw10 >> 8) & 0x7F) as u8,
             rae: (cmd.cdw10 >> 15) & 1 != 0,
-            numd: ((numdu << 16) | numdl) + 1,
+            numd: u64::from((numdu << 16) | numdl) + 1,
             lpo: u64::from(cmd.cdw12) | (u64::from(cmd.cdw13) << 32),
             nsid: cmd.nsid,
         }
@@ -57,7 +58,7 @@ impl GetLogPageCmd {
 
     /// Bytes to transfer (NUMD × 4).
     pub fn len(&self) -> u64 {
-        u64::from(self.numd) * 4
+        self.numd * 4
     }
 
     /// Whether the transfer length is zero (never: NUMD is 1-based).
@@ -466,6 +467,20 @@ mod tests {
         assert_eq!(c.cdw11, 1, "NUMDU carries the high bits");
         assert!(GetLogPageCmd::to_cmd(2, 0, 6, 0, false, 1).is_err());
         assert!(GetLogPageCmd::to_cmd(2, 0, 0, 0, false, 1).is_err());
+    }
+
+    #[test]
+    fn largest_numd_on_the_wire_does_not_overflow() {
+        // NUMDU:NUMDL all ones is 2^32 dwords (found by the nvmf_admin fuzzer:
+        // the 1-based count overflowed a u32).
+        let mut c = GetLogPageCmd::to_cmd(lid::ERROR, 0, 4, 0, false, 1).unwrap();
+        c.cdw10 |= 0xFFFF << 16;
+        c.cdw11 = 0xFFFF;
+        let f = GetLogPageCmd::from_cmd(&c);
+        assert_eq!(f.numd, 1 << 32);
+        assert_eq!(f.len(), 1 << 34);
+        let back = GetLogPageCmd::to_cmd(lid::ERROR, 0, f.len(), 0, false, 1).unwrap();
+        assert_eq!((back.cdw10 >> 16, back.cdw11), (0xFFFF, 0xFFFF));
     }
 
     #[test]
