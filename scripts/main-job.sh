@@ -8,6 +8,18 @@
 #   bash scripts/main-job.sh --single   # one 5 s randread 4 KiB run, JSON
 #   BS=512 MEM=pool bash scripts/main-job.sh --single   # the issue-5 goals
 #   WORKLOAD=randread bash scripts/main-job.sh          # read-only sweep
+#   CALLGRIND=tgt  BS=512 MEM=pool bash scripts/main-job.sh --single
+#   CALLGRIND=perf BS=512 MEM=pool bash scripts/main-job.sh --single
+#
+# CALLGRIND=tgt|perf runs that side under `valgrind --tool=callgrind` (the
+# other side native), zeroes the counters once the run is warm
+# (`callgrind_control -z`, CG_WARM seconds after the host starts, default
+# 3), dumps them (`-d`) just before the host's run ends, and prints
+# instructions per I/O: the profiled thread's total Ir over the calls of
+# a function that runs once per I/O (the bdev completion on the target,
+# the host's completion callback); the profile stays in CG_OUT (default
+# /tmp/pollux-cg) for callgrind_annotate. Instruction counts do not
+# depend on the machine's load; IOPS under valgrind mean nothing.
 #
 # It needs nothing but cargo. The target is `pollux-tgt` (the example
 # config apps/config/tgt-null.toml with 512-byte blocks, core 0, its stats
@@ -43,6 +55,86 @@ else
     RUN=(--sweep --sweep-modes "$MODES" -q "$QD" -w "$WORKLOAD" -t "$SECS" --cores "$HOST_CORE")
 fi
 
+CG=${CALLGRIND:-}
+TGT_CMD=(target/release/pollux-tgt)
+PERF_CMD=("$PERF")
+if [ -n "$CG" ]; then
+    [ "${1:-}" = "--single" ] || { echo "main-job: CALLGRIND needs --single" >&2; exit 2; }
+    [ -z "${SPAWN:-}" ] || { echo "main-job: CALLGRIND needs pollux-tgt (no SPAWN)" >&2; exit 2; }
+    CG_OUT=${CG_OUT:-/tmp/pollux-cg}
+    CG_WARM=${CG_WARM:-3}
+    CG_SECS=${CG_SECS:-4}
+    mkdir -p "$CG_OUT"
+    rm -f "$CG_OUT/callgrind.$CG".*
+    VG=(valgrind --tool=callgrind --separate-threads=yes --dump-instr=no
+        --callgrind-out-file="$CG_OUT/callgrind.$CG.%p")
+    case "$CG" in
+    tgt) TGT_CMD=("${VG[@]}" "${TGT_CMD[@]}") ;;
+    perf) PERF_CMD=("${VG[@]}" "${PERF_CMD[@]}") ;;
+    *) echo "main-job: CALLGRIND=tgt or perf" >&2; exit 2 ;;
+    esac
+    # Long enough that the dump happens while the host still runs (a
+    # host under valgrind also connects slowly).
+    RUN=(-q "$QD" -o "${BS:-4096}" -w "${SINGLE_WORKLOAD:-randread}"
+        -t "$((CG_WARM + CG_SECS + 4))" --cores "$HOST_CORE" --json)
+    if [ -n "${MEM:-}" ]; then
+        RUN+=(--mem "$MEM")
+    fi
+fi
+
+# Instructions per I/O from a callgrind dump: the busiest thread's total
+# over the calls of the once-per-I/O function PATTERN.
+cg_per_io() {
+    python3 - "$@" <<'PY'
+import re, sys
+pat = re.compile(sys.argv[1])
+best = None
+for f in sys.argv[2:]:
+    names, total, calls, cfn, pend = {}, 0, 0, None, False
+    def name(s):
+        m = re.match(r"\((\d+)\)(?: (.*))?", s)
+        if not m:
+            return s
+        if m.group(2):
+            names[m.group(1)] = m.group(2)
+        return names.get(m.group(1), "?")
+    for line in open(f, errors="replace"):
+        if line.startswith(("summary:", "totals:")):
+            total = max(total, int(line.split()[1]))
+        elif line.startswith(("fn=", "fl=", "fi=", "fe=")) and line[3] == "(":
+            name(line[3:].strip())
+        elif line.startswith("cfn="):
+            cfn = name(line[4:].strip())
+        elif line.startswith("calls=") and cfn and pat.search(cfn):
+            calls += int(line[6:].split()[0])
+    if best is None or total > best[1]:
+        best = (f, total, calls)
+if best is None:
+    sys.exit("no callgrind dump")
+f, total, calls = best
+per = total / calls if calls else float("nan")
+print(f"callgrind {f}: {total} Ir, {calls} I/Os ({sys.argv[1]}), {per:.0f} Ir per I/O")
+PY
+}
+
+# Zero the counters of the process under valgrind once warm, dump them
+# before the host stops, print the per-I/O figure.
+cg_window() {
+    local pid=$1 pattern=$2
+    sleep "$CG_WARM"
+    callgrind_control -z "$pid" >/dev/null
+    sleep "$CG_SECS"
+    callgrind_control -d "$pid" >/dev/null
+    sleep 1
+    local dumps=()
+    for f in "$CG_OUT/callgrind.$CG.$pid"*; do
+        case "$f" in *.1 | *.1-[0-9]*) dumps+=("$f") ;; esac
+    done
+    cg_per_io "$pattern" "${dumps[@]}"
+}
+CG_TGT_FN='IoInbox as pollux_bdev::.*IoCompletion>::complete'
+CG_PERF_FN='pollux_apps::perf::job::Job<.*>::poll::\{\{closure\}\}'
+
 TGT_PID=
 cleanup() {
     if [ -n "$TGT_PID" ] && kill -0 "$TGT_PID" 2>/dev/null; then
@@ -61,16 +153,27 @@ if [ -f apps/src/bin/pollux-tgt.rs ] && [ -f apps/config/tgt-null.toml ] && [ -z
     # The example config, with 512-byte blocks so the sweep can start at 512 B.
     sed -e 's/block=4096/block=512/' -e "s/^cores = .*/cores = \"$TGT_CORE\"/" \
         apps/config/tgt-null.toml >"$WORK/tgt.toml"
-    target/release/pollux-tgt -c "$WORK/tgt.toml" --stats-file "$WORK/stats.json" >"$WORK/tgt.log" 2>&1 &
+    "${TGT_CMD[@]}" -c "$WORK/tgt.toml" --stats-file "$WORK/stats.json" >"$WORK/tgt.log" 2>&1 &
     TGT_PID=$!
-    for _ in $(seq 300); do
+    for _ in $(seq 1200); do
         grep -q 'pollux-tgt: ready' "$WORK/tgt.log" 2>/dev/null && break
         kill -0 "$TGT_PID" 2>/dev/null || { cat "$WORK/tgt.log" >&2; exit 1; }
         sleep 0.1
     done
     grep -q 'pollux-tgt: ready' "$WORK/tgt.log" || { echo "main-job: pollux-tgt did not start" >&2; cat "$WORK/tgt.log" >&2; exit 1; }
     TRID=${POLLUX_TGT_TRID:-"trtype:soft traddr:@pollux-tgt subnqn:nqn.2016-06.io.pollux:null0"}
-    "$PERF" -r "$TRID" --target-stats "$WORK/stats.json" "${RUN[@]}"
+    if [ -n "$CG" ]; then
+        "${PERF_CMD[@]}" -r "$TRID" --target-stats "$WORK/stats.json" "${RUN[@]}" &
+        PERF_PID=$!
+        if [ "$CG" = tgt ]; then
+            cg_window "$TGT_PID" "$CG_TGT_FN"
+        else
+            cg_window "$PERF_PID" "$CG_PERF_FN"
+        fi
+        wait "$PERF_PID"
+    else
+        "$PERF" -r "$TRID" --target-stats "$WORK/stats.json" "${RUN[@]}"
+    fi
     cleanup
     TGT_PID=
     echo "main-job: pollux-tgt stopped" >&2

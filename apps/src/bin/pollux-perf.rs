@@ -17,6 +17,7 @@ use clap::Parser;
 use pollux_apps::cli::{parse_io_size, ReactorArgs};
 use pollux_apps::perf::iser;
 use pollux_apps::perf::spawn::{busy_pct, SpawnedTarget};
+use pollux_apps::perf::stats_watch::{busy_pct_inside, stats_file_load, StatsWatch};
 use pollux_apps::perf::sweep::{self, SweepMode, SWEEP_SIZES};
 use pollux_apps::perf::{run, PerfParams, TransportFactory};
 use pollux_apps::report::Report;
@@ -48,7 +49,8 @@ struct Args {
     #[arg(long = "spawn-target", value_name = "BDEV_SPEC")]
     spawn_target: Option<String>,
     /// A `pollux-tgt --stats-file` to read the target's reactor busy time
-    /// from (sampled before and after each run).
+    /// from (every version written during each run is read; the busy %
+    /// is taken between versions written while I/O flowed).
     #[arg(long = "target-stats", value_name = "PATH")]
     target_stats: Option<std::path::PathBuf>,
     /// Cores of the spawned target.
@@ -170,24 +172,24 @@ fn run_once(
         (None, None) => None,
     };
     let before = sample();
-    let mut r = run_transport(args, trid, cores, idle, p, opts)?;
+    // The file's versions written during the run (see `StatsWatch`).
+    let watch = args.target_stats.clone().map(StatsWatch::start);
+    let res = run_transport(args, trid, cores, idle, p, opts);
+    let inside = watch.and_then(|w| busy_pct_inside(&w.finish()));
+    let mut r = res?;
+    if let Some(pct) = inside {
+        r.target_busy_pct = r.target_busy_pct.or(Some(pct));
+        return Ok(r);
+    }
     if args.target_stats.is_some() {
-        // The stats file is rewritten every second: let it catch up.
+        // A short run: the stats file is rewritten every second, let it
+        // catch up (the window then includes setup and teardown).
         std::thread::sleep(Duration::from_millis(1100));
     }
     if let (Some(a), Some(b)) = (before, sample()) {
         r.target_busy_pct = r.target_busy_pct.or(busy_pct(a, b));
     }
     Ok(r)
-}
-
-/// `(busy_ns, idle_ns)` summed over the cores of a `pollux-tgt` stats file.
-fn stats_file_load(path: &std::path::Path) -> Option<(u64, u64)> {
-    let text = std::fs::read_to_string(path).ok()?;
-    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
-    let sum =
-        |k: &str| -> Option<u64> { v[k].as_array()?.iter().map(serde_json::Value::as_u64).sum() };
-    Some((sum("busy_ns")?, sum("idle_ns")?))
 }
 
 fn run_transport(

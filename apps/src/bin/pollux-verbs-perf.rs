@@ -465,15 +465,18 @@ fn pong_send<P: Provider>(ep: &Ep<P>, id: &P::CmId, req: Request) -> Res<()> {
     while done < req.iters {
         let n = poll_ok(&ep.rcq, &mut buf)?;
         for _ in 0..n {
-            ep.qp.post_recv(&[RecvWr {
-                wr_id: WrId(0),
-                sg_list: &rsge,
-            }])?;
+            // Answer first, then replace the receive (the queue holds
+            // `max_recv_wr` of them: the next ping never finds it empty);
+            // the re-post is then off the round trip's critical path.
             let mut wr = SendWr::new(WrId(done), SendOp::Send, &ssge);
             if done % 32 == 31 {
                 wr = wr.signaled();
             }
             ep.qp.post_send(&[wr])?;
+            ep.qp.post_recv(&[RecvWr {
+                wr_id: WrId(0),
+                sg_list: &rsge,
+            }])?;
             done += 1;
         }
         poll_ok(&ep.scq, &mut buf)?;

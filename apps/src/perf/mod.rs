@@ -11,6 +11,7 @@
 pub mod iser;
 pub mod job;
 pub mod spawn;
+pub mod stats_watch;
 pub mod sweep;
 
 use std::cell::RefCell;

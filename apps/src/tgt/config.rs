@@ -14,7 +14,7 @@
 //! buf_cache_size = 32          # per-core data buffer cache [32]
 //! max_srq_depth = 4096         # receive buffers per poll group [4096]
 //! no_srq = false               # per-queue receive queues [false]
-//! num_cqe = 16384              # CQ entries per poll group [16384]
+//! num_cqe = 32768              # CQ entries per poll group [32768]
 //! send_with_invalidate = true  # [true]
 //! max_read_depth = 16          # RDMA READs in flight per queue [16]
 //! acceptor_backlog = 100       # [100]

@@ -49,6 +49,228 @@ fn ping_pong(c0: usize, c1: usize, iters: u64) -> f64 {
     ns
 }
 
+/// One direction's message area: three 128-byte line pairs.
+#[repr(align(128))]
+struct Area([AtomicU64; 48]);
+
+impl Area {
+    fn new() -> Area {
+        Area(std::array::from_fn(|_| AtomicU64::new(0)))
+    }
+}
+
+/// How a message is laid out and read in a [`pp_lines`] variant.
+#[derive(Clone, Copy)]
+struct Layout {
+    name: &'static str,
+    /// Word index of the stamp the reader waits on.
+    flag: usize,
+    /// Word indices of the data written before the stamp.
+    data: &'static [usize],
+    /// Word indices the reader also loads in every empty poll (to pull
+    /// their lines in parallel with the stamp's).
+    touch: &'static [usize],
+    /// Every listed word is its own line's stamp: the reader waits for all
+    /// of them (per-line stamps, no ordering between the lines).
+    per_line: bool,
+    /// The writer demotes the written lines to the shared cache (`cldemote`).
+    demote: bool,
+}
+
+/// The layouts compared by `--lines`: a 64 B SEND is a 16-byte header
+/// plus 64 bytes, so it spans two lines.
+const LAYOUTS: &[Layout] = &[
+    Layout {
+        name: "1 line",
+        flag: 0,
+        data: &[1, 2, 3, 4, 5, 6, 7],
+        touch: &[],
+        per_line: false,
+        demote: false,
+    },
+    Layout {
+        name: "1 line, cldemote",
+        flag: 0,
+        data: &[1, 2, 3, 4, 5, 6, 7],
+        touch: &[],
+        per_line: false,
+        demote: true,
+    },
+    Layout {
+        name: "2 lines, one pair, stamp then data",
+        flag: 0,
+        data: &[1, 7, 8, 9],
+        touch: &[],
+        per_line: false,
+        demote: false,
+    },
+    Layout {
+        name: "2 lines, two pairs, stamp then data",
+        flag: 8,
+        data: &[9, 15, 16, 17],
+        touch: &[],
+        per_line: false,
+        demote: false,
+    },
+    Layout {
+        name: "2 lines, one pair, reader touches line 2",
+        flag: 0,
+        data: &[1, 7, 8, 9],
+        touch: &[8],
+        per_line: false,
+        demote: false,
+    },
+    Layout {
+        name: "2 lines, per-line stamps",
+        flag: 0,
+        data: &[0, 8],
+        touch: &[],
+        per_line: true,
+        demote: false,
+    },
+    Layout {
+        name: "2 lines, one pair, line 2 written first",
+        flag: 0,
+        data: &[8, 9, 1, 7],
+        touch: &[],
+        per_line: false,
+        demote: false,
+    },
+    Layout {
+        name: "2 lines, one pair, stamp in line 2",
+        flag: 15,
+        data: &[1, 7, 8, 9],
+        touch: &[],
+        per_line: false,
+        demote: false,
+    },
+    Layout {
+        name: "2 lines, one pair, stamp in line 2, reader touches line 1",
+        flag: 15,
+        data: &[1, 7, 8, 9],
+        touch: &[0],
+        per_line: false,
+        demote: false,
+    },
+    Layout {
+        name: "2 lines, one pair, line 2 first, reader touches line 2",
+        flag: 0,
+        data: &[8, 9, 1, 7],
+        touch: &[8],
+        per_line: false,
+        demote: false,
+    },
+    Layout {
+        name: "2 lines, one pair, cldemote",
+        flag: 0,
+        data: &[1, 7, 8, 9],
+        touch: &[],
+        per_line: false,
+        demote: true,
+    },
+    Layout {
+        name: "2 lines, per-line stamps, cldemote",
+        flag: 0,
+        data: &[0, 8],
+        touch: &[],
+        per_line: true,
+        demote: true,
+    },
+];
+
+fn demote(p: *const AtomicU64) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `cldemote` is a cache hint on a valid address (a NOP where
+    // unsupported); it changes no architectural state.
+    unsafe {
+        std::arch::asm!("cldemote [{0}]", in(reg) p, options(nostack, preserves_flags));
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
+fn lines_send(a: &Area, l: &Layout, seq: u64) {
+    if l.per_line {
+        for &w in l.data {
+            a.0[w].store(seq, Ordering::Release);
+        }
+    } else {
+        for &w in l.data {
+            a.0[w].store(seq, Ordering::Relaxed);
+        }
+        a.0[l.flag].store(seq, Ordering::Release);
+    }
+    if l.demote {
+        demote(&a.0[l.flag]);
+        for &w in l.data {
+            demote(&a.0[w]);
+        }
+    }
+}
+
+fn lines_wait(a: &Area, l: &Layout, seq: u64) -> u64 {
+    if l.per_line {
+        loop {
+            let mut all = true;
+            for &w in l.data {
+                all &= a.0[w].load(Ordering::Acquire) == seq;
+            }
+            if all {
+                return seq;
+            }
+            std::hint::spin_loop();
+        }
+    }
+    loop {
+        let f = a.0[l.flag].load(Ordering::Acquire);
+        if f == seq {
+            break;
+        }
+        for &w in l.touch {
+            std::hint::black_box(a.0[w].load(Ordering::Relaxed));
+        }
+        std::hint::spin_loop();
+    }
+    l.data
+        .iter()
+        .fold(0, |s, &w| s.wrapping_add(a.0[w].load(Ordering::Relaxed)))
+}
+
+/// Round trip (ns) of a ping-pong whose messages use layout `l`: the best
+/// and the median of `batches` batch means of `per` round trips each (on a
+/// shared machine a preempted batch lands in the tail; the best batch is
+/// the figure to compare layouts by).
+fn pp_lines(c0: usize, c1: usize, l: Layout, batches: usize, per: u64) -> (f64, f64) {
+    let areas = Arc::new((Area::new(), Area::new()));
+    let a2 = areas.clone();
+    let total = batches as u64 * per;
+    let t = std::thread::spawn(move || {
+        pin(c1);
+        let mut sum = 0u64;
+        for i in 1..=total {
+            sum = sum.wrapping_add(lines_wait(&a2.0, &l, i));
+            lines_send(&a2.1, &l, i);
+        }
+        sum
+    });
+    pin(c0);
+    let mut means = Vec::with_capacity(batches);
+    let mut seq = 0u64;
+    let mut sum = 0u64;
+    for _ in 0..batches {
+        let t0 = Instant::now();
+        for _ in 0..per {
+            seq += 1;
+            lines_send(&areas.0, &l, seq);
+            sum = sum.wrapping_add(lines_wait(&areas.1, &l, seq));
+        }
+        means.push(t0.elapsed().as_nanos() as f64 / per as f64);
+    }
+    std::hint::black_box(sum.wrapping_add(t.join().unwrap()));
+    means.sort_by(f64::total_cmp);
+    (means[0], means[means.len() / 2])
+}
+
 const SLOTS: usize = 4096;
 
 /// A bare SPSC ring of 64-byte slots (tail/head on their own lines),
@@ -143,6 +365,18 @@ fn main() {
         cores.get(1).copied().unwrap_or(1),
     );
     let size: usize = arg("--size").and_then(|s| s.parse().ok()).unwrap_or(4096);
+    if args.iter().any(|a| a == "--lines") {
+        for l in LAYOUTS {
+            let (best, p50) = pp_lines(c0, c1, *l, 200, 2000);
+            println!(
+                "lines ping-pong (cores {c0},{c1}) {}: round trip best batch {:.3} us, median batch {:.3} us",
+                l.name,
+                best / 1000.0,
+                p50 / 1000.0
+            );
+        }
+        return;
+    }
     let rtt = ping_pong(c0, c1, 2_000_000);
     println!(
         "baseline ping-pong (cores {c0},{c1}): round trip {:.3} us",

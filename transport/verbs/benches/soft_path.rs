@@ -13,6 +13,11 @@
 //! - `bw`: batches of 32 SENDs (the last signaled), b drains and reposts,
 //!   a reaps its send completions.
 //!
+//! - `idle`: nothing in flight; one poll of each CQ of a connected QP
+//!   (what a poller that finds nothing pays).
+//! - `recv2`: `bw` into two-SGE receives whose SGEs are in two MRs (the
+//!   NVMe-oF target's capsule + in-capsule data receives).
+//!
 //! Per-message instruction cost = difference of two runs' totals divided by
 //! the difference of their message counts (setup cancels out).
 //!
@@ -31,8 +36,9 @@ use std::time::Instant;
 use pollux_verbs::conformance::{spin, Endpoint, Fixture, Pair};
 use pollux_verbs::soft::{Soft, SoftDevice, SOFT_DEVICE_NAME};
 use pollux_verbs::{
-    CmAddr, CmEvent, CmId, CmListener, CompletionQueue, ConnParam, Device, Provider, QpAttr,
-    QpCaps, QpState, QueuePair, RecvWr, SendOp, SendWr, Wc, WcStatus, WrId,
+    Access, CmAddr, CmEvent, CmId, CmListener, CompletionQueue, ConnParam, Device, MemoryRegion,
+    ProtectionDomain, Provider, QpAttr, QpCaps, QpState, QueuePair, RecvWr, SendOp, SendWr, Sge,
+    Wc, WcStatus, WrId,
 };
 
 struct F;
@@ -107,6 +113,59 @@ fn bw(p: &Pair<F>, iters: u64) {
     let (a, b) = (&p.a, &p.b);
     let asrc = [a.sge(4096, SIZE)];
     let br = [b.sge(0, SIZE)];
+    let rb = [RecvWr {
+        wr_id: WrId(0),
+        sg_list: &br,
+    }; 256];
+    b.qp.post_recv(&rb).unwrap();
+    let mut buf = [Wc::default(); 256];
+    let mut wrs = [SendWr::new(WrId(0), SendOp::Send, &asrc); BATCH];
+    let mut sent = 0u64;
+    while sent < iters {
+        for (k, wr) in wrs.iter_mut().enumerate() {
+            *wr = SendWr::new(WrId(sent + k as u64), SendOp::Send, &asrc);
+        }
+        wrs[BATCH - 1] = wrs[BATCH - 1].signaled();
+        a.qp.post_send(&wrs).unwrap();
+        sent += BATCH as u64;
+        let mut got = 0;
+        while got < BATCH {
+            let n = poll(&b.rcq, &mut buf);
+            if n > 0 {
+                b.qp.post_recv(&rb[..n]).unwrap();
+            }
+            got += n;
+        }
+        while poll(&a.scq, &mut buf) == 0 {}
+    }
+}
+
+/// `idle`: `iters` rounds of one poll of each CQ, nothing in flight.
+fn idle(p: &Pair<F>, iters: u64) {
+    let mut buf = [Wc::default(); 16];
+    for _ in 0..iters {
+        assert_eq!(poll(&p.b.rcq, &mut buf), 0);
+        assert_eq!(poll(&p.b.scq, &mut buf), 0);
+    }
+}
+
+/// `recv2`: batches of 32 SENDs of 64 B into receives of two SGEs (32 B
+/// each) in two MRs of the receiver.
+fn recv2(p: &Pair<F>, iters: u64) {
+    let (a, b) = (&p.a, &p.b);
+    let arena2 = F.arena(1 << 16);
+    let mr2 =
+        b.pd.reg_mr(&arena2, 0, 1 << 16, Access::LOCAL_WRITE)
+            .unwrap();
+    let asrc = [a.sge(4096, SIZE)];
+    let br = [
+        b.sge(0, SIZE / 2),
+        Sge {
+            addr: mr2.addr(),
+            length: SIZE / 2,
+            lkey: mr2.lkey(),
+        },
+    ];
     let rb = [RecvWr {
         wr_id: WrId(0),
         sg_list: &br,
@@ -309,10 +368,20 @@ fn main() {
         "bw2" => return two_cores(false, iters.next_multiple_of(BATCH as u64), caps, cores),
         _ => {}
     }
+    let caps = if mode == "recv2" {
+        QpCaps {
+            max_recv_sge: 2,
+            ..caps
+        }
+    } else {
+        caps
+    };
     let p = Pair::connect_with(&F, caps, 1 << 16, 8192, 7);
     let t0 = Instant::now();
     match mode.as_str() {
         "lat" => lat(&p, iters),
+        "idle" => idle(&p, iters),
+        "recv2" => recv2(&p, iters.next_multiple_of(BATCH as u64)),
         _ => bw(&p, iters),
     }
     let ns = t0.elapsed().as_nanos() as f64 / iters as f64;

@@ -82,6 +82,8 @@ pub struct Qpair<Q: HostQueue> {
     /// as unwrapped counters.
     submitted: u64,
     consumed: u64,
+    /// `consumed % entries` (the SQ head slot).
+    sq_head: u16,
     sq_flow: bool,
     ready: Vec<(u16, NvmeCompletion)>,
     dead: Option<HostError>,
@@ -129,6 +131,7 @@ impl<Q: HostQueue> Qpair<Q> {
             free: (0..entries).rev().collect(),
             submitted: 0,
             consumed: 0,
+            sq_head: 0,
             sq_flow: true,
             ready: Vec::with_capacity(usize::from(entries) + 1),
             dead: None,
@@ -452,10 +455,22 @@ impl<Q: HostQueue> Qpair<Q> {
                 continue;
             }
             if cpl.sqhd != SQHD_DISABLED && cpl.sqhd < self.entries {
-                let e = u64::from(self.entries);
-                let cur = self.consumed % e;
-                let adv = (u64::from(cpl.sqhd) + e - cur) % e;
-                self.consumed = (self.consumed + adv).min(self.submitted);
+                // `sq_head` is `consumed` modulo the entries, kept along so
+                // no division runs per completion.
+                let adv = if cpl.sqhd >= self.sq_head {
+                    cpl.sqhd - self.sq_head
+                } else {
+                    cpl.sqhd + (self.entries - self.sq_head)
+                };
+                let next = self.consumed + u64::from(adv);
+                if next <= self.submitted {
+                    self.consumed = next;
+                    self.sq_head = cpl.sqhd;
+                } else {
+                    // A head past what was sent: trust only what was sent.
+                    self.consumed = self.submitted;
+                    self.sq_head = (self.submitted % u64::from(self.entries)) as u16;
+                }
             } else if cpl.sqhd == SQHD_DISABLED {
                 self.sq_flow = false;
             }
@@ -480,6 +495,7 @@ impl<Q: HostQueue> Qpair<Q> {
         if !self.sq_flow {
             // Without SQHD, a completion frees an SQ entry.
             self.consumed = self.submitted - self.outstanding() as u64;
+            self.sq_head = (self.consumed % u64::from(self.entries)) as u16;
         }
         if self.dead.is_some() {
             n += self.fail_all(f);

@@ -148,26 +148,46 @@ impl QueuePair {
         reactor: &Reactor,
         params: QpairParams,
     ) -> Result<QueuePair, TargetError> {
+        Self::with_requests(target, reactor, params, 0)
+    }
+
+    /// [`new`](Self::new) with `requests` requests (at least the depth):
+    /// a transport whose responses hold their request after the host can
+    /// already see them (until a send completion) gives the queue spare
+    /// requests, so the host's next command for a slot never waits for
+    /// that completion. The queue still refuses more than `requests`
+    /// commands at once ([`CapsuleError::QueueFull`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`new`](Self::new).
+    pub fn with_requests(
+        target: &Arc<Target>,
+        reactor: &Reactor,
+        params: QpairParams,
+        requests: u16,
+    ) -> Result<QueuePair, TargetError> {
         let opts = target.options();
         let depth = params.depth.clamp(1, opts.max_queue_depth);
+        let nreq = requests.max(depth);
         let icd_size = params.in_capsule_data_size.min(opts.in_capsule_data_size);
         // In-capsule data does not need the slot: the RDMA transport lends
         // its receive buffer, and a copy larger than a slot takes pool
         // buffers.
         let slot_size = SLOT_BUF_MIN;
-        let mut po = BufPoolOptions::new("nvmf-qp-slots", slot_size, usize::from(depth));
+        let mut po = BufPoolOptions::new("nvmf-qp-slots", slot_size, usize::from(nreq));
         po.hugepages = opts.hugepages;
         po.cache_size = 1;
         let slot_pool = BufPool::new(po)?;
-        let mut reqs = Vec::with_capacity(usize::from(depth));
-        for _ in 0..depth {
+        let mut reqs = Vec::with_capacity(usize::from(nreq));
+        for _ in 0..nreq {
             reqs.push(Request::new(slot_pool.get()));
         }
         let inbox = Rc::new(IoInbox {
-            q: RefCell::new(VecDeque::with_capacity(usize::from(depth) + 16)),
+            q: RefCell::new(VecDeque::with_capacity(usize::from(nreq) + 16)),
         });
         let io_cb: Rc<dyn IoCompletion> = inbox.clone();
-        let cap = usize::from(depth);
+        let cap = usize::from(nreq);
         Ok(QueuePair {
             target: Arc::clone(target),
             core: target.core_ctx(reactor),
@@ -181,7 +201,7 @@ impl QueuePair {
             sqflow_disabled: false,
             ctrlr: None,
             reqs,
-            free: (0..depth).rev().collect(),
+            free: (0..nreq).rev().collect(),
             park_buf: VecDeque::with_capacity(cap),
             park_xfer: VecDeque::with_capacity(cap),
             park_exec: VecDeque::with_capacity(cap),
@@ -224,9 +244,15 @@ impl QueuePair {
         self.depth
     }
 
+    /// Requests preallocated (the depth, or more: see
+    /// [`with_requests`](Self::with_requests)).
+    pub fn requests(&self) -> usize {
+        self.reqs.len()
+    }
+
     /// Requests in use.
     pub fn outstanding(&self) -> usize {
-        usize::from(self.depth) - self.free.len()
+        self.reqs.len() - self.free.len()
     }
 
     /// Transfers and responses the transport has `Pending`: drop the queue

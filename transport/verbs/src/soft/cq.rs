@@ -57,7 +57,33 @@ impl SoftCq {
     }
 }
 
+impl SoftCq {
+    /// The CQ overflowed: every QP on it goes to ERR.
+    #[cold]
+    #[inline(never)]
+    fn overflowed(&self) -> CqError {
+        let n = self.0.qps.borrow().len();
+        for i in 0..n {
+            if let Some(qp) = self.qp_at(i) {
+                qp.cq_died();
+            }
+        }
+        CqError::Overflow
+    }
+}
+
 impl CqInner {
+    /// Move up to `out.len()` completions out (oldest first).
+    #[inline(never)]
+    fn drain(&self, out: &mut [Wc]) -> usize {
+        let mut q = self.q.borrow_mut();
+        let k = out.len().min(q.len());
+        for (slot, wc) in out.iter_mut().zip(q.drain(..k)) {
+            *slot = wc;
+        }
+        k
+    }
+
     pub(crate) fn dev(&self) -> &SoftDevice {
         &self.dev
     }
@@ -100,31 +126,31 @@ impl CompletionQueue for SoftCq {
     }
 
     fn poll(&self, out: &mut [Wc]) -> Result<usize, CqError> {
-        let stall = self.0.stall.get();
+        let c = &*self.0;
+        let stall = c.stall.get();
         if stall > 0 {
-            self.0.stall.set(stall - 1);
+            c.stall.set(stall - 1);
             return Ok(0);
         }
-        let n = self.0.qps.borrow().len();
-        for i in 0..n {
-            if let Some(qp) = self.qp_at(i) {
-                qp.progress(&self.0);
-            }
-        }
-        if self.0.overflow.get() {
-            for i in 0..n {
-                if let Some(qp) = self.qp_at(i) {
-                    qp.cq_died();
+        // The receive rings first: an idle QP costs a look at its next
+        // stamp word and its send-queue counters (see `QpInner::progress`).
+        {
+            // The QPs' progress never adds or removes a CQ's QPs (only QP
+            // creation does), so the list stays borrowed while they run.
+            let qps = c.qps.borrow();
+            for w in qps.iter() {
+                if let Some(qp) = w.upgrade() {
+                    qp.progress(c);
                 }
             }
-            return Err(CqError::Overflow);
         }
-        let mut q = self.0.q.borrow_mut();
-        let k = out.len().min(q.len());
-        for (slot, wc) in out.iter_mut().zip(q.drain(..k)) {
-            *slot = wc;
+        if c.overflow.get() {
+            return Err(self.overflowed());
         }
-        Ok(k)
+        if c.q.borrow().is_empty() {
+            return Ok(0);
+        }
+        Ok(c.drain(out))
     }
 
     fn req_notify(&self, _solicited_only: bool) -> Result<(), VerbsError> {

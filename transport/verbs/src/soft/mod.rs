@@ -68,6 +68,8 @@
 mod cm;
 mod cq;
 mod device;
+#[cfg(test)]
+mod fast_path_tests;
 pub mod fault;
 mod integrity;
 mod link;

@@ -63,6 +63,37 @@ pub(crate) struct LocalKey {
     base: *mut u8,
 }
 
+/// The local keys a QP direction used last (newest first), kept across
+/// posts and polls. Two entries: a responder's receives often name two MRs
+/// (a command buffer and a data buffer, as the NVMe-oF target's capsule +
+/// in-capsule data receives), and a requester alternates between a
+/// response buffer's MR and a data MR; a single entry would miss on every
+/// SGE of such a pattern.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct KeyCache([Option<LocalKey>; 2]);
+
+impl KeyCache {
+    /// Forget every key (keys may change: fast registration, invalidation).
+    pub(crate) fn clear(&mut self) {
+        self.0 = [None, None];
+    }
+
+    /// The cached entry for `key` at generation `gen`.
+    #[inline(always)]
+    fn find(&self, key: u32, gen: u64) -> Option<&LocalKey> {
+        self.0
+            .iter()
+            .flatten()
+            .find(|c| c.key == key && c.gen == gen)
+    }
+
+    /// Make `k` the newest entry.
+    fn insert(&mut self, k: LocalKey) {
+        self.0[1] = self.0[0];
+        self.0[0] = Some(k);
+    }
+}
+
 impl LocalKey {
     /// The memory of `sge` if it is inside the MR and `need` is granted.
     #[inline(always)]
@@ -211,7 +242,7 @@ impl PdInner {
         sge: &Sge,
         need: Access,
         out: &mut SpanList,
-        cache: &mut Option<LocalKey>,
+        cache: &mut KeyCache,
     ) -> bool {
         match self.span_cached(sge, need, cache) {
             Some(span) => out.push(span),
@@ -228,21 +259,19 @@ impl PdInner {
         &self,
         sge: &Sge,
         need: Access,
-        cache: &mut Option<LocalKey>,
+        cache: &mut KeyCache,
     ) -> Option<Span> {
-        if let Some(c) = cache {
-            if c.key == sge.lkey && c.gen == self.key_gen.get() {
-                return c.span(sge, need);
-            }
+        if let Some(c) = cache.find(sge.lkey, self.key_gen.get()) {
+            return c.span(sge, need);
         }
         self.key_miss(sge, need, cache)
     }
 
     /// [`PdInner::span_cached`] without a usable cached key.
     #[inline(never)]
-    fn key_miss(&self, sge: &Sge, need: Access, cache: &mut Option<LocalKey>) -> Option<Span> {
+    fn key_miss(&self, sge: &Sge, need: Access, cache: &mut KeyCache) -> Option<Span> {
         let c = self.local_key(sge.lkey)?;
-        *cache = Some(c);
+        cache.insert(c);
         c.span(sge, need)
     }
 

@@ -37,10 +37,10 @@ use super::cq::{CqInner, SoftCq};
 use super::integrity::{self, Layout, Side};
 use super::link::{Link, FATAL_ACCESS, FATAL_ERR};
 use super::mr::{resolve, resolve_sig, KeyErr, SigSide};
-use super::pd::{LocalKey, SoftPd};
+use super::pd::{KeyCache, SoftPd};
 use super::ring::{
-    check_tail, has_record, peek, produce, rec_len, release, RecHdr, CTL_HEAD, CTL_NAK,
-    CTL_RNR_RETRY, CTL_TAIL, REC_PAD, REC_SEND, REC_WRITE_IMM, RF_IMM, RF_INV,
+    check_tail, has_record, peek, produce, rec_len, release, stamped, touch_next_line, RecHdr,
+    CTL_HEAD, CTL_NAK, CTL_RNR_RETRY, CTL_TAIL, REC_PAD, REC_SEND, REC_WRITE_IMM, RF_IMM, RF_INV,
 };
 use super::shm::{copy_spans, Span, SpanList};
 use super::srq::{RecvQueue, SoftSrq};
@@ -57,6 +57,12 @@ use crate::wr::{RecvWr, SendOp, SendWr};
 
 /// Inbound records handled per poll and QP.
 const RECV_BATCH: usize = 256;
+/// Progress steps between two looks at the peer's words that change only
+/// on errors (NAK, peer state) and at the inbound ring's published tail
+/// (torn-ring detection), while a QP has nothing to consume or retire.
+/// Idle polls then read one word: the inbound ring's next stamp. A step
+/// that consumes or retires something always looks.
+pub(crate) const SLOW_CHECK_EVERY: u32 = 32;
 const NAK_POS_MASK: u64 = (1 << 56) - 1;
 
 #[derive(Debug, Clone, Copy)]
@@ -188,9 +194,14 @@ pub(crate) struct QpInner {
     pub(crate) stall: Cell<u32>,
     /// Local key of the last send SGE (kept across posts, see
     /// [`super::pd::PdInner::resolve_local_cached`]).
-    send_keys: Cell<Option<LocalKey>>,
+    send_keys: Cell<KeyCache>,
     /// Local key of the last receive SGE filled by this QP.
-    recv_keys: Cell<Option<LocalKey>>,
+    recv_keys: Cell<KeyCache>,
+    /// Receive-side progress steps until the next slow check (see
+    /// [`SLOW_CHECK_EVERY`]).
+    recv_slow_in: Cell<u32>,
+    /// Send-side progress steps until the next slow check.
+    send_slow_in: Cell<u32>,
 }
 
 impl SoftQp {
@@ -266,8 +277,10 @@ impl SoftQp {
             link: RefCell::new(None),
             rnr_since: Cell::new(None),
             stall: Cell::new(0),
-            send_keys: Cell::new(None),
-            recv_keys: Cell::new(None),
+            send_keys: Cell::new(KeyCache::default()),
+            recv_keys: Cell::new(KeyCache::default()),
+            recv_slow_in: Cell::new(0),
+            send_slow_in: Cell::new(0),
         });
         for cq in [init.send_cq, init.recv_cq] {
             let mut l = cq.0.qps.borrow_mut();
@@ -295,19 +308,54 @@ impl QpInner {
         self.rnr_retry.set(r.min(7));
     }
 
-    /// Drive the QP from a poll of `cq`.
+    /// Drive the QP from a poll of `cq`. An idle step (nothing inbound,
+    /// nothing to retire) reads the inbound ring's next stamp word and
+    /// little else; the words that change only on errors are read every
+    /// [`SLOW_CHECK_EVERY`] steps.
+    #[inline(always)]
     pub(crate) fn progress(&self, cq: &CqInner) {
-        if self.stall.get() > 0 {
-            self.stall.set(self.stall.get() - 1);
+        let stall = self.stall.get();
+        if stall > 0 {
+            self.stall.set(stall - 1);
             return;
         }
         if std::ptr::eq(cq, &*self.recv_cq.0) {
-            self.recv();
+            let slow = slow_due(&self.recv_slow_in);
+            if slow || !self.inbound_idle() {
+                self.recv(slow);
+            }
         }
         if std::ptr::eq(cq, &*self.send_cq.0) {
-            self.execute();
-            self.retire();
+            let slow = slow_due(&self.send_slow_in);
+            if slow || self.send_busy() {
+                self.execute();
+                self.retire(slow);
+            }
         }
+    }
+
+    /// Nothing inbound: the ring's next stamp word is clear (or there is
+    /// no link). Pulls the line after it too (see [`touch_next_line`]).
+    #[inline(always)]
+    fn inbound_idle(&self) -> bool {
+        let link = self.link.borrow();
+        let Some(l) = link.as_deref() else {
+            return true;
+        };
+        let head = l.in_head.get();
+        if stamped(&l.shm, l.in_d, head) {
+            return false;
+        }
+        touch_next_line(&l.shm, l.in_d, head);
+        true
+    }
+
+    /// Work for the send side: WRs to execute, an acknowledgement to
+    /// read, or WRs finished locally to retire.
+    #[inline(always)]
+    fn send_busy(&self) -> bool {
+        let sq = self.sq.borrow();
+        sq.exec != sq.tail || sq.wants_ack() || sq.front_done()
     }
 
     /// Arm wake-ups from the peer for `cq`; true if work is already pending.
@@ -390,6 +438,7 @@ impl QpInner {
     }
 
     /// Execute queued send WRs in order until one blocks or fails.
+    #[inline(never)]
     fn execute(&self) {
         {
             let sq = self.sq.borrow();
@@ -453,7 +502,7 @@ impl QpInner {
         sges: &[Sge],
         inl: &[u8],
         out: &mut SpanList,
-        keys: &mut Option<LocalKey>,
+        keys: &mut KeyCache,
     ) -> bool {
         if slot.inline {
             return out.push(Span {
@@ -501,7 +550,7 @@ impl QpInner {
         inl: &[u8],
         link: Option<&Link>,
         tail: &mut u64,
-        keys: &mut Option<LocalKey>,
+        keys: &mut KeyCache,
     ) -> Run {
         let pd = &self.pd.0;
         let needs_link = !matches!(slot.op, OpCopy::LocalInv(_) | OpCopy::RegMr { .. });
@@ -511,7 +560,7 @@ impl QpInner {
         };
         if matches!(slot.op, OpCopy::LocalInv(_) | OpCopy::RegMr { .. }) {
             // Keys change here: forget the batch's resolved ones.
-            *keys = None;
+            keys.clear();
         }
         match slot.op {
             OpCopy::LocalInv(key) => match pd.invalidate(key) {
@@ -848,8 +897,19 @@ impl QpInner {
         }
     }
 
-    /// Emit completions for finished WRs, in order.
-    fn retire(&self) {
+    /// Emit completions for finished WRs, in order. `slow`: look at the
+    /// peer's NAK and state words even if nothing waits to retire.
+    #[inline(never)]
+    fn retire(&self, slow: bool) {
+        let (wants_ack, front_done) = {
+            let sq = self.sq.borrow();
+            (sq.wants_ack(), sq.front_done())
+        };
+        if !slow && !wants_ack && !front_done {
+            // Idle (or only unsignaled WRs in flight): nothing to retire
+            // without the peer's acknowledgement, which is not read now.
+            return;
+        }
         let link = self.link.borrow().clone();
         let mut head_pos = None;
         if let Some(l) = link.as_ref() {
@@ -922,7 +982,7 @@ impl QpInner {
     fn take_recv(
         &self,
         dst: &mut SpanList,
-        keys: &mut Option<LocalKey>,
+        keys: &mut KeyCache,
     ) -> Option<(WrId, bool, Option<Sge>)> {
         let pd = &self.pd.0;
         let mut take = |q: &mut RecvQueue| {
@@ -979,24 +1039,29 @@ impl QpInner {
         }
     }
 
-    /// The responder: consume inbound records into receives.
-    fn recv(&self) {
+    /// The responder: consume inbound records into receives. `slow`: also
+    /// check the inbound ring's tail and the peer's words when nothing came.
+    #[inline(never)]
+    fn recv(&self, slow: bool) {
         let link = self.link.borrow().clone();
         let Some(l) = link else { return };
         if inbound_processed(self.state.get()) {
-            self.consume(&l);
+            self.consume(&l, slow);
         }
         self.check_peer(&l);
     }
 
-    fn consume(&self, l: &Link) {
+    /// Consume records into receives; `slow`: check the published tail
+    /// when the ring runs dry (otherwise its line is not read: it would
+    /// be a cache miss on the way to the caller's answer).
+    fn consume(&self, l: &Link, slow: bool) {
         let start_head = l.in_head.get();
         let mut head = start_head;
         // Local keys resolved once (see `resolve_local_cached`).
         let mut keys = self.recv_keys.get();
         for _ in 0..RECV_BATCH {
             let found = match peek(&l.shm, l.in_d, head) {
-                Ok(None) => check_tail(&l.shm, l.in_d, head).map(|()| None),
+                Ok(None) if slow => check_tail(&l.shm, l.in_d, head).map(|()| None),
                 r => r,
             };
             let p = match found {
@@ -1060,7 +1125,7 @@ impl QpInner {
             };
             if p.hdr.flags & RF_INV != 0 {
                 // This record invalidates a key: forget the batch's ones.
-                keys = None;
+                keys.clear();
             }
             let fail = if p.hdr.kind == REC_WRITE_IMM {
                 wc.opcode = WcOpcode::RecvRdmaWithImm;
@@ -1114,23 +1179,48 @@ impl QpInner {
     }
 
     /// The receive fast path: take the next receive (SRQ or RQ) if it is
-    /// one SGE of a regular MR with room for `payload`, and copy the payload
-    /// straight from the ring into it. `None` (nothing taken) for anything
-    /// else: the general path then handles it, errors included.
+    /// one or two SGEs of regular MRs with room for `payload`, and copy the
+    /// payload straight from the ring into it. `None` (nothing taken) for
+    /// anything else: the general path then handles it, errors included.
     #[inline(always)]
-    fn recv_direct(&self, payload: Span, keys: &mut Option<LocalKey>) -> Option<WrId> {
+    fn recv_direct(&self, payload: Span, keys: &mut KeyCache) -> Option<WrId> {
         let pd = &self.pd.0;
-        let take = |q: &mut RecvQueue, keys: &mut Option<LocalKey>| {
+        let take = |q: &mut RecvQueue, keys: &mut KeyCache| {
             let (id, sges) = q.front()?;
-            let [one] = sges else { return None };
-            let dst = pd.span_cached(one, Access::LOCAL_WRITE, keys)?;
-            if payload.len > dst.len {
-                return None;
+            match sges {
+                [one] => {
+                    let dst = pd.span_cached(one, Access::LOCAL_WRITE, keys)?;
+                    if payload.len > dst.len {
+                        return None;
+                    }
+                    // SAFETY: `payload` lies in the link mapping (checked by
+                    // `peek`), `dst` in a live MR's arena mapping (checked by
+                    // `span_cached`); different mappings: no overlap.
+                    unsafe { std::ptr::copy_nonoverlapping(payload.ptr, dst.ptr, payload.len) };
+                }
+                [a, b] => {
+                    // Both SGEs check before a byte moves (a failure takes
+                    // the general path with nothing written).
+                    let da = pd.span_cached(a, Access::LOCAL_WRITE, keys)?;
+                    let db = pd.span_cached(b, Access::LOCAL_WRITE, keys)?;
+                    if payload.len > da.len + db.len {
+                        return None;
+                    }
+                    let first = payload.len.min(da.len);
+                    // SAFETY: as above for each SGE: `first <= da.len`,
+                    // `payload.len - first <= db.len`, and both source
+                    // ranges lie inside `payload` (in the link mapping).
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(payload.ptr, da.ptr, first);
+                        std::ptr::copy_nonoverlapping(
+                            payload.ptr.add(first),
+                            db.ptr,
+                            payload.len - first,
+                        );
+                    }
+                }
+                _ => return None,
             }
-            // SAFETY: `payload` lies in the link mapping (checked by `peek`),
-            // `dst` in a live MR's arena mapping (checked by `span_cached`);
-            // they are different mappings, so the ranges do not overlap.
-            unsafe { std::ptr::copy_nonoverlapping(payload.ptr, dst.ptr, payload.len) };
             q.pop();
             Some(id)
         };
@@ -1169,6 +1259,21 @@ impl QpInner {
         };
         let budget = u128::from(retry) * u128::from(rnr_timer_us(self.min_rnr_timer.get()));
         now.duration_since(since).as_micros() >= budget
+    }
+}
+
+/// Count down one progress step; true (and restart) when a slow check is due.
+#[inline(always)]
+fn slow_due(c: &Cell<u32>) -> bool {
+    match c.get() {
+        0 => {
+            c.set(SLOW_CHECK_EVERY - 1);
+            true
+        }
+        n => {
+            c.set(n - 1);
+            false
+        }
     }
 }
 
@@ -1230,7 +1335,9 @@ impl QueuePair for SoftQp {
     fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
         let q = &self.0;
         let mut res = Ok(());
-        let link = q.link.borrow().clone();
+        // Shared borrow for the whole post (only the CM's attach, never
+        // reached from here, borrows it mutably).
+        let link = q.link.borrow();
         let queued = {
             let mut sq = q.sq.borrow_mut();
             let mut direct = Direct {
@@ -1238,17 +1345,23 @@ impl QueuePair for SoftQp {
                 keys: q.send_keys.get(),
             };
             for (index, wr) in wrs.iter().enumerate() {
-                let payload_len = wr.payload_len();
+                // One SGE (the common WR) without the general sum.
+                let payload_len = match (wr.flags.contains(SendFlags::INLINE), wr.sg_list) {
+                    (false, [one]) => u64::from(one.length),
+                    _ => wr.payload_len(),
+                };
                 if let Err(kind) = q.check_send(&sq, wr, payload_len) {
                     res = Err(PostError { index, kind });
                     break;
                 }
                 if let Some(l) = link.as_deref() {
                     // Nothing waits before this WR: a SEND goes straight
-                    // into the ring.
+                    // into the ring, an RDMA WRITE straight into the
+                    // peer's memory.
                     if sq.exec == sq.tail
                         && q.state.get() == QpState::Rts
-                        && q.send_direct(&mut sq, wr, l, &mut direct)
+                        && (q.send_direct(&mut sq, wr, l, &mut direct)
+                            || q.write_direct(&mut sq, wr, l, &mut direct))
                     {
                         continue;
                     }
@@ -1391,7 +1504,7 @@ struct Direct {
     /// Local producer tail (published once at the end).
     tail: u64,
     /// Local key cache (see `resolve_local_cached`).
-    keys: Option<LocalKey>,
+    keys: KeyCache,
 }
 
 impl QpInner {
@@ -1458,6 +1571,60 @@ impl QpInner {
                 start: end - rec_len(src.len),
                 end,
             },
+        };
+        sq.tail += 1;
+        sq.exec = sq.tail;
+        true
+    }
+
+    /// The RDMA WRITE fast path of `post_send`, for a WR with nothing
+    /// queued before it on an RTS QP: a WRITE (no immediate) whose payload
+    /// is inline or one SGE of a regular MR, to a remote range its rkey
+    /// grants, is copied now (as the executor would, at the same point in
+    /// the WR order) and its slot finished. False (nothing done) for
+    /// anything else or any failed check: the queued path then runs it and
+    /// reports the error.
+    #[inline(always)]
+    fn write_direct(&self, sq: &mut SendQueue, wr: &SendWr<'_>, l: &Link, d: &mut Direct) -> bool {
+        let SendOp::RdmaWrite { remote } = wr.op else {
+            return false;
+        };
+        let src = if wr.flags.contains(SendFlags::INLINE) {
+            Span {
+                ptr: wr.inline.as_ptr().cast_mut(),
+                len: wr.inline.len(),
+            }
+        } else {
+            let [one] = wr.sg_list else { return false };
+            match self.pd.0.span_cached(one, Access::NONE, &mut d.keys) {
+                Some(s) => s,
+                None => return false,
+            }
+        };
+        let Ok(len) = u32::try_from(src.len) else {
+            return false;
+        };
+        let mut dst = SpanList::new();
+        if !self.remote(l, remote, u64::from(len), Access::REMOTE_WRITE, &mut dst) {
+            return false;
+        }
+        let mut from = SpanList::new();
+        from.push(src);
+        copy_spans(&dst, &from, usize::MAX);
+        let i = sq.idx(sq.tail);
+        let signaled = self.sq_sig_all || wr.flags.contains(SendFlags::SIGNALED);
+        if signaled {
+            sq.sig_upto = sq.tail + 1;
+        }
+        sq.slots[i] = SqSlot {
+            wr_id: wr.wr_id,
+            op: OpCopy::Write(remote),
+            signaled,
+            inline: false,
+            nsge: 0,
+            inline_len: 0,
+            byte_len: len,
+            st: SlotState::Done(WcStatus::Success),
         };
         sq.tail += 1;
         sq.exec = sq.tail;

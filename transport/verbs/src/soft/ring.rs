@@ -18,16 +18,18 @@
 //! never wraps: a PAD record fills the end of the ring instead. Positions are
 //! free-running `u64`s.
 //!
-//! **Stamps.** The producer writes a record's payload and header, then
-//! stores its `stamp` (a non-zero function of its position) with release;
-//! before that it zeroes the stamp word of the slot after the record. So the
+//! **Stamps.** The producer writes a record's payload, zeroes the stamp
+//! word of the slot after the record, writes the header, then stores its
+//! `stamp` (a non-zero function of its position) with release. So the
 //! word at the consumer's head is always either zero (nothing yet) or the
 //! stamp of a complete record: the consumer finds records by polling that
 //! word, in the line the record itself arrives in, without first fetching
 //! the tail's line from the other core (one cache-line transfer less per
 //! message and direction). The tail is still published once per batch: it
 //! acknowledges nothing, but bounds the ring (a torn or impossible tail is
-//! detected when the consumer finds nothing) and serves CQ arming.
+//! detected by the consumer's periodic `check_tail`, not on every empty
+//! poll: the tail's line then stays in the producer's cache) and serves CQ
+//! arming.
 //!
 //! The consumer validates every value it reads (stamp, tail distance, kind,
 //! length) and treats a violation as a fatal protocol error, so a broken
@@ -219,6 +221,17 @@ pub(crate) fn produce(
     // One bounds check for header and payload (the record fits the ring:
     // checked above; the link mapping is writable on both sides).
     let rec = shm.span(o, HDR + len)?;
+    // Write order (x86 commits stores in program order): the payload, then
+    // the next slot's stamp word, then the header and the stamp. A small
+    // record's second line (payload tail, next stamp) is complete before
+    // its first line (header, stamp) is touched again, so a consumer that
+    // pulls the second line early ([`touch_next_line`]) never takes it
+    // back from the producer in the middle of its writes.
+    fill(Span {
+        // SAFETY: `HDR <= rec.len`.
+        ptr: unsafe { rec.ptr.add(HDR) },
+        len,
+    });
     // The slot after the record reads "nothing yet" before the record's
     // stamp can be seen.
     shm.u32_at(base + ((t + need) % RING_SIZE) as usize)
@@ -230,11 +243,6 @@ pub(crate) fn produce(
             .cast::<[u8; HDR - 4]>()
             .write_unaligned(hdr.encode());
     }
-    fill(Span {
-        // SAFETY: `HDR <= rec.len`.
-        ptr: unsafe { rec.ptr.add(HDR) },
-        len,
-    });
     shm.u32_at(o).store(stamp_of(t), Ordering::Release);
     if pad > 0 {
         // Only now the PAD: the consumer never sees it before the record
@@ -310,6 +318,34 @@ pub(crate) fn peek(shm: &Shm, d: usize, head: u64) -> Result<Option<Peeked>, Cor
         rec_len: rl,
         payload,
     }))
+}
+
+/// Consumer: whether the stamp word at `head` is set (a record, or a
+/// corrupt word [`peek`] will reject). One load of the line the next
+/// record arrives in: the whole cost of polling an empty ring.
+#[inline(always)]
+pub(crate) fn stamped(shm: &Shm, d: usize, head: u64) -> bool {
+    let off = (head % RING_SIZE) as usize;
+    shm.u32_at(data_off(d) + (off & !(REC_ALIGN - 1)))
+        .load(Ordering::Acquire)
+        != 0
+}
+
+/// Consumer, polling an empty ring at `head`: load the line after the one
+/// the next record starts in. A small SEND (16-byte header + payload) spans
+/// two lines; the producer writes the second one completely before it
+/// stamps the first ([`produce`]), so the next empty poll after the second
+/// line changed fetches it while the stamp's line is still in flight: the
+/// two cache misses overlap instead of following one another (measured by
+/// `benches/baseline.rs --lines`). A plain load: it never writes shared
+/// memory, and what it reads is discarded.
+#[inline(always)]
+pub(crate) fn touch_next_line(shm: &Shm, d: usize, head: u64) {
+    let next = ((head % RING_SIZE) | 63) + 1;
+    let w = shm
+        .u32_at(data_off(d) + (next % RING_SIZE) as usize)
+        .load(Ordering::Relaxed);
+    std::hint::black_box(w);
 }
 
 /// Consumer, after [`peek`] found nothing at `head`: check the published

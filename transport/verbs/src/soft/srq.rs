@@ -59,8 +59,17 @@ impl RecvQueue {
         }
         self.ids[i] = wr.wr_id;
         self.nsge[i] = wr.sg_list.len() as u32;
-        self.sges[i * self.max_sge..i * self.max_sge + wr.sg_list.len()]
-            .copy_from_slice(wr.sg_list);
+        let s0 = i * self.max_sge;
+        // One or two SGEs (the common receives) without a `memcpy` call.
+        match wr.sg_list {
+            [] => {}
+            [one] => self.sges[s0] = *one,
+            [a, b] => {
+                self.sges[s0] = *a;
+                self.sges[s0 + 1] = *b;
+            }
+            l => self.sges[s0..s0 + l.len()].copy_from_slice(l),
+        }
         self.len += 1;
         Ok(())
     }

@@ -10,7 +10,7 @@
 //! the same access serves both providers; a window covers one contiguous
 //! range of one MR, which a buffer of one arena is.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -26,6 +26,9 @@ pub struct MrCache<P: Provider> {
     pd: Rc<P::Pd>,
     access: Access,
     mrs: RefCell<Vec<Entry<P>>>,
+    /// The arena of the last lookup and its `(lkey, rkey)`: an I/O's
+    /// buffers mostly come from one pool arena, so the scan is skipped.
+    last: Cell<Option<(ArenaId, u32, u32)>>,
 }
 
 impl<P: Provider> MrCache<P> {
@@ -34,6 +37,7 @@ impl<P: Provider> MrCache<P> {
             pd,
             access,
             mrs: RefCell::new(Vec::new()),
+            last: Cell::new(None),
         }
     }
 
@@ -62,8 +66,15 @@ impl<P: Provider> MrCache<P> {
     /// As [`MrCache::register`].
     pub fn keys(&self, buf: &DmaBuf) -> Result<(u32, u32), HostError> {
         let id = buf.arena_id();
+        if let Some((a, l, r)) = self.last.get() {
+            if a == id {
+                return Ok((l, r));
+            }
+        }
         if let Some((_, _, mr)) = self.mrs.borrow().iter().find(|(a, _, _)| *a == id) {
-            return Ok((mr.lkey(), mr.rkey()));
+            let keys = (mr.lkey(), mr.rkey());
+            self.last.set(Some((id, keys.0, keys.1)));
+            return Ok(keys);
         }
         self.register(buf.arena())?;
         self.mrs

@@ -96,7 +96,8 @@ pub(crate) struct ConnIo<P: Provider> {
 }
 
 impl<P: Provider> ConnIo<P> {
-    /// Control path: preallocates everything the queue's data path uses.
+    /// Control path: preallocates everything the queue's data path uses,
+    /// for `depth` requests (the core's request count).
     pub(crate) fn new(
         slot: u16,
         gen: u16,

@@ -12,9 +12,14 @@
 //!   `recv_bufs.rs`: write data in the capsule is lent to the bdev in
 //!   place, not copied), the CM listeners it owns and its
 //!   connections. One poller: accept (CM private data checked, rejects
-//!   carry the NVMe/RDMA status), reap the CQ in batches, hand capsules to
-//!   the core, poll each queue, then post all WRs of the round: one
-//!   `post_send` per QP, one `post_recv` for the SRQ.
+//!   carry the NVMe/RDMA status); poll each queue (the bdev completions
+//!   of the last round become responses) and post its WRs; reap the CQ in
+//!   batches (send-side completions of a batch first, so a retired
+//!   response frees its request for a capsule of the same batch) and hand
+//!   the capsules to the core; post what they queued; post the SRQ
+//!   receives (one `post_recv`). Each queue has 1.5 times its depth in
+//!   requests: a request stays busy until its response SEND is known
+//!   complete, while the host already reuses the command slot.
 //! - Placement (`placement.rs`, `handoff.rs`): the group that owns a
 //!   listener validates each connect request (rejects carry their status
 //!   from there), then places the queue ([`QueuePlacement`], default: the
@@ -32,8 +37,9 @@
 //!   reads are RDMA WRITEs (unsignaled) chained with the response SEND, or
 //!   SEND_WITH_INVALIDATE when the host's keyed SGL asks for it. The CQE
 //!   travels inline. Only the last response SEND of each flush is
-//!   signaled; its completion retires the earlier ones. Send-queue slots and READ credits are counted per
-//!   queue; running out answers `Busy` and the core retries.
+//!   signaled; its completion retires the earlier ones. Send-queue slots
+//!   and READ credits are counted per queue; running out answers `Busy`
+//!   and the core retries.
 //! - Teardown: a CM disconnect, a failed WR, a bad capsule or the core's
 //!   `disconnect` move the queue to `Closing`: the QP goes to ERR, its WRs
 //!   flush and complete the core's pending transfers with errors; when none

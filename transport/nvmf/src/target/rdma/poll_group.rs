@@ -1,9 +1,12 @@
 //! [`RdmaPollGroup`]: one per reactor. It owns, per device, one PD, one CQ
 //! shared by all its queues, one SRQ (unless `no_srq`) and the receive
 //! buffers; the CM listeners assigned to its core; and its connections.
-//! One poller drives everything: accept, reap the CQ, feed capsules to the
-//! core, poll each queue, post the batched WRs (one doorbell per QP, one
-//! for the SRQ), and destroy closed queues on this core.
+//! One poller drives everything: accept; poll each queue, answering the
+//! bdev completions of the last round, and post its WRs; reap the CQ and
+//! feed its capsules to the core; post what they queued and the
+//! SRQ receives; destroy closed queues on this core. Answering before
+//! reaping lets the host read a batch of responses while this core parses
+//! the next capsules, instead of the two taking turns.
 
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
@@ -34,6 +37,8 @@ use crate::spec::transport_id::TransportId;
 
 /// Completions reaped per CQ poll call.
 const WC_BATCH: usize = 64;
+/// Most completions reaped in one poll round.
+const WC_ROUND: usize = 256;
 /// Poll rounds between CM checks (accept, connection events): those are
 /// system calls on the soft provider, kept off the per-I/O path.
 const CM_PERIOD: u64 = 32;
@@ -396,9 +401,17 @@ impl<P: Provider> Shared<P> {
         if !self.inbox.is_empty() {
             busy |= self.adopt();
         }
-        busy |= self.poll_cq();
+        // Responses first: the bdev completions of the capsules reaped in
+        // the previous round are answered and posted before this round's
+        // capsules are parsed, so the host works on them while this core
+        // works on the next batch (not after it).
         for i in 0..self.conns.len() {
             busy |= self.service(i, cm_round);
+        }
+        busy |= self.poll_cq();
+        // What the new capsules queued (RDMA READs, immediate responses).
+        for i in 0..self.conns.len() {
+            busy |= self.flush_conn(i);
         }
         if !self.srq_repost.is_empty() {
             if let Err(e) = self.post_srq() {
@@ -585,7 +598,8 @@ impl<P: Provider> Shared<P> {
         };
         let caps = self.dev.caps().clone();
         let max_sge = caps.max_sge.clamp(1, 16);
-        let sq = RdmaOptions::send_wrs_per_queue(topts, depth, max_sge).min(caps.max_qp_wr);
+        let requests = RdmaOptions::requests_per_queue(depth);
+        let sq = RdmaOptions::send_wrs_per_queue(topts, requests, max_sge).min(caps.max_qp_wr);
         let cqes = t.opts.cqes_per_queue(topts, depth, max_sge);
         let srq_cqes = if self.srq.is_some() {
             self.recvs.len() as u32
@@ -631,7 +645,7 @@ impl<P: Provider> Shared<P> {
             listener: trid,
             qid: Some(req.qid),
         };
-        let core = match QueuePair::new(&t.target, &self.reactor, params) {
+        let core = match QueuePair::with_requests(&t.target, &self.reactor, params, requests) {
             Ok(c) => c,
             Err(e) => {
                 log::warn!("nvmf rdma: cannot create the queue: {e}");
@@ -659,7 +673,7 @@ impl<P: Provider> Shared<P> {
             io: ConnIo::new(
                 slot,
                 gen,
-                depth,
+                requests,
                 sq,
                 rd,
                 max_sge,
@@ -718,8 +732,10 @@ impl<P: Provider> Shared<P> {
         Ok(())
     }
 
+    /// Reap the CQ, [`WC_BATCH`] completions at a time, until it is empty
+    /// (or [`WC_ROUND`] were reaped).
     fn poll_cq(&mut self) -> bool {
-        let mut busy = false;
+        let mut total = 0;
         loop {
             let mut wcs = std::mem::take(&mut self.wcs);
             let n = match self.cq.poll(&mut wcs) {
@@ -732,13 +748,25 @@ impl<P: Provider> Shared<P> {
                     0
                 }
             };
+            // Send-side completions first: a response SEND retired here
+            // frees its request for a capsule of the same batch (a host
+            // reuses a command slot as soon as it has the response, often
+            // before this side saw the SEND complete), so that capsule
+            // runs now instead of waiting in the backlog.
             for wc in &wcs[..n] {
-                self.completion(wc);
+                if Token::decode(wc.wr_id).kind != WrKind::Recv {
+                    self.completion(wc);
+                }
+            }
+            for wc in &wcs[..n] {
+                if Token::decode(wc.wr_id).kind == WrKind::Recv {
+                    self.completion(wc);
+                }
             }
             self.wcs = wcs;
-            busy |= n > 0;
-            if n < WC_BATCH {
-                return busy;
+            total += n;
+            if n < WC_BATCH || total >= WC_ROUND {
+                return total > 0;
             }
         }
     }
@@ -958,16 +986,7 @@ impl<P: Provider> Shared<P> {
         }
         if c.io.has_pending() {
             busy = true;
-            if let Err(e) = c.io.flush(&c.qp) {
-                log::debug!(
-                    "nvmf rdma: qid {}: post failed ({e:?}); closing the queue",
-                    c.qid
-                );
-                close = true;
-                // WRs that never reached the QP never complete: nothing
-                // more will come for them, so the core must not wait.
-                c.io.closing = true;
-            }
+            close |= flush_io(c);
         }
         if c.io.disconnect_requested {
             close = true;
@@ -991,6 +1010,29 @@ impl<P: Provider> Shared<P> {
             busy = true;
         }
         busy
+    }
+
+    /// Post what connection `i` queued since its [`Self::service`] (the
+    /// WRs of capsules reaped after it); a failed post closes it.
+    fn flush_conn(&mut self, i: usize) -> bool {
+        let srq = self.srq.is_some();
+        let Shared { conns, recvs, .. } = self;
+        let Some(c) = conns[i].as_mut() else {
+            return false;
+        };
+        if !c.io.has_pending() {
+            return false;
+        }
+        // As in `service`: receives before the responses that free them.
+        let mut close = !srq
+            && c.state == ConnState::Live
+            && !c.io.rq_repost.is_empty()
+            && post_rq_pending(c, recvs).is_err();
+        close |= flush_io(c);
+        if close {
+            self.begin_close(i);
+        }
+        true
     }
 
     /// Destroy connection `i` on this core: QP first (no more DMA into our
@@ -1024,6 +1066,24 @@ impl<P: Provider> Shared<P> {
             .destroyed
             .fetch_add(1, Ordering::Relaxed);
         self.transport.seats.release(self.index);
+    }
+}
+
+/// Post the queue's pending WRs; `true` when the QP refused them (the
+/// queue must close).
+fn flush_io<P: Provider>(c: &mut Conn<P>) -> bool {
+    match c.io.flush(&c.qp) {
+        Ok(()) => false,
+        Err(e) => {
+            log::debug!(
+                "nvmf rdma: qid {}: post failed ({e:?}); closing the queue",
+                c.qid
+            );
+            // WRs that never reached the QP never complete: nothing more
+            // will come for them, so the core must not wait.
+            c.io.closing = true;
+            true
+        }
     }
 }
 
