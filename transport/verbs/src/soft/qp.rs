@@ -1523,17 +1523,8 @@ impl QpInner {
             SendOp::SendWithInv { rkey } => (OpCopy::SendInv(rkey), RF_INV, 0, rkey),
             _ => return false,
         };
-        let src = if wr.flags.contains(SendFlags::INLINE) {
-            Span {
-                ptr: wr.inline.as_ptr().cast_mut(),
-                len: wr.inline.len(),
-            }
-        } else {
-            let [one] = wr.sg_list else { return false };
-            match self.pd.0.span_cached(one, Access::NONE, &mut d.keys) {
-                Some(s) => s,
-                None => return false,
-            }
+        let Some(src) = self.direct_source(wr, d) else {
+            return false;
         };
         // `check_send` bounded the payload by the maximum message size.
         let Ok(len) = u32::try_from(src.len) else {
@@ -1585,21 +1576,26 @@ impl QpInner {
     /// anything else or any failed check: the queued path then runs it and
     /// reports the error.
     #[inline(always)]
+    /// The bytes a direct (post-time) SEND or WRITE moves: its inline data,
+    /// or its one local SGE resolved through the key cache; `None` sends
+    /// the WR down the queued path.
+    fn direct_source(&self, wr: &SendWr<'_>, d: &mut Direct) -> Option<Span> {
+        if wr.flags.contains(SendFlags::INLINE) {
+            return Some(Span {
+                ptr: wr.inline.as_ptr().cast_mut(),
+                len: wr.inline.len(),
+            });
+        }
+        let [one] = wr.sg_list else { return None };
+        self.pd.0.span_cached(one, Access::NONE, &mut d.keys)
+    }
+
     fn write_direct(&self, sq: &mut SendQueue, wr: &SendWr<'_>, l: &Link, d: &mut Direct) -> bool {
         let SendOp::RdmaWrite { remote } = wr.op else {
             return false;
         };
-        let src = if wr.flags.contains(SendFlags::INLINE) {
-            Span {
-                ptr: wr.inline.as_ptr().cast_mut(),
-                len: wr.inline.len(),
-            }
-        } else {
-            let [one] = wr.sg_list else { return false };
-            match self.pd.0.span_cached(one, Access::NONE, &mut d.keys) {
-                Some(s) => s,
-                None => return false,
-            }
+        let Some(src) = self.direct_source(wr, d) else {
+            return false;
         };
         let Ok(len) = u32::try_from(src.len) else {
             return false;
