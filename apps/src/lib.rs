@@ -8,6 +8,7 @@ pub mod cli;
 pub mod config;
 mod error;
 pub mod latency;
+pub mod logging;
 pub mod perf;
 pub mod report;
 pub mod tgt;

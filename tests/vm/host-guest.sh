@@ -185,7 +185,8 @@ namespaces = [{ bdev = "Malloc0", nsid = 1 }]
 traddr = "$T"
 trsvcid = "$PORT"
 EOF
-  "$TGT" -c "$W/ptgt.toml" --stats-file "$W/ptgt.stats.json" >"$W/ptgt.log" 2>&1 </dev/null &
+  # debug: queue teardown reasons (failed work requests, bad capsules) land in ptgt.log
+  POLLUX_LOG=debug "$TGT" -c "$W/ptgt.toml" --stats-file "$W/ptgt.stats.json" >"$W/ptgt.log" 2>&1 </dev/null &
   TPID=$!
   for _ in $(seq 300); do
     grep -q 'pollux-tgt: ready' "$W/ptgt.log" && return 0

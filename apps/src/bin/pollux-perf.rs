@@ -132,6 +132,7 @@ struct Args {
 }
 
 fn main() -> ExitCode {
+    pollux_apps::logging::init("pollux-perf");
     let args = Args::parse();
     match real_main(&args) {
         Ok(code) => code,

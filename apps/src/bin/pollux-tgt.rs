@@ -57,6 +57,7 @@ struct Args {
 }
 
 fn main() -> ExitCode {
+    pollux_apps::logging::init("pollux-tgt");
     let args = Args::parse();
     match real_main(&args) {
         Ok(()) => ExitCode::SUCCESS,
