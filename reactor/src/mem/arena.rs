@@ -156,8 +156,13 @@ fn warn_fallback_once(name: &str, why: &str) {
              raise the locked-memory limit (`ulimit -l unlimited` or memlock in \
              /etc/security/limits.conf). This message is shown once per process."
         );
-        log::warn!("{msg}");
-        eprintln!("{msg}");
+        // Through the application's logger when it has one, else on
+        // stderr: said once either way, never lost.
+        if log::log_enabled!(log::Level::Warn) {
+            log::warn!("{msg}");
+        } else {
+            eprintln!("{msg}");
+        }
     });
 }
 
@@ -170,8 +175,13 @@ fn warn_mlock_once(name: &str, err: &rustix::io::Errno) {
              probably too low. Raise it with `ulimit -l unlimited` or memlock in \
              /etc/security/limits.conf. This message is shown once per process."
         );
-        log::warn!("{msg}");
-        eprintln!("{msg}");
+        // Through the application's logger when it has one, else on
+        // stderr: said once either way, never lost.
+        if log::log_enabled!(log::Level::Warn) {
+            log::warn!("{msg}");
+        } else {
+            eprintln!("{msg}");
+        }
     });
 }
 
