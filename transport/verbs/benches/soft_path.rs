@@ -117,13 +117,21 @@ fn bw(p: &Pair<F>, iters: u64) {
         wr_id: WrId(0),
         sg_list: &br,
     }; 256];
-    b.qp.post_recv(&rb).unwrap();
+    send_batches(p, &asrc, &rb, iters);
+}
+
+/// Batches of `BATCH` SENDs of `asrc` from `a` to `b` (the last of each
+/// signaled), `b` re-posting each receive `rb` it consumes, until `iters`
+/// SENDs went through.
+fn send_batches(p: &Pair<F>, asrc: &[Sge], rb: &[RecvWr<'_>; 256], iters: u64) {
+    let (a, b) = (&p.a, &p.b);
+    b.qp.post_recv(rb).unwrap();
     let mut buf = [Wc::default(); 256];
-    let mut wrs = [SendWr::new(WrId(0), SendOp::Send, &asrc); BATCH];
+    let mut wrs = [SendWr::new(WrId(0), SendOp::Send, asrc); BATCH];
     let mut sent = 0u64;
     while sent < iters {
         for (k, wr) in wrs.iter_mut().enumerate() {
-            *wr = SendWr::new(WrId(sent + k as u64), SendOp::Send, &asrc);
+            *wr = SendWr::new(WrId(sent + k as u64), SendOp::Send, asrc);
         }
         wrs[BATCH - 1] = wrs[BATCH - 1].signaled();
         a.qp.post_send(&wrs).unwrap();
@@ -170,27 +178,7 @@ fn recv2(p: &Pair<F>, iters: u64) {
         wr_id: WrId(0),
         sg_list: &br,
     }; 256];
-    b.qp.post_recv(&rb).unwrap();
-    let mut buf = [Wc::default(); 256];
-    let mut wrs = [SendWr::new(WrId(0), SendOp::Send, &asrc); BATCH];
-    let mut sent = 0u64;
-    while sent < iters {
-        for (k, wr) in wrs.iter_mut().enumerate() {
-            *wr = SendWr::new(WrId(sent + k as u64), SendOp::Send, &asrc);
-        }
-        wrs[BATCH - 1] = wrs[BATCH - 1].signaled();
-        a.qp.post_send(&wrs).unwrap();
-        sent += BATCH as u64;
-        let mut got = 0;
-        while got < BATCH {
-            let n = poll(&b.rcq, &mut buf);
-            if n > 0 {
-                b.qp.post_recv(&rb[..n]).unwrap();
-            }
-            got += n;
-        }
-        while poll(&a.scq, &mut buf) == 0 {}
-    }
+    send_batches(p, &asrc, &rb, iters);
 }
 
 fn pin(core: usize) {

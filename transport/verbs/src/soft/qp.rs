@@ -1545,6 +1545,33 @@ impl QpInner {
         });
         let Some(end) = end else { return false };
         d.tail = end;
+        let st = SlotState::Ack {
+            start: end - rec_len(src.len),
+            end,
+        };
+        self.push_direct_slot(sq, wr, op, len, st);
+        sq.exec = sq.tail;
+        true
+    }
+
+    /// The RDMA WRITE fast path of `post_send`, for a WR with nothing
+    /// queued before it on an RTS QP: a WRITE (no immediate) whose payload
+    /// is inline or one SGE of a regular MR, to a remote range its rkey
+    /// grants, is copied now (as the executor would, at the same point in
+    /// the WR order) and its slot finished. False (nothing done) for
+    /// anything else or any failed check: the queued path then runs it and
+    /// reports the error.
+    #[inline(always)]
+    /// Record a WR the post-time path already carried out in the next
+    /// send-queue slot (its completion is reported in order from there).
+    fn push_direct_slot(
+        &self,
+        sq: &mut SendQueue,
+        wr: &SendWr<'_>,
+        op: OpCopy,
+        len: u32,
+        st: SlotState,
+    ) {
         let i = sq.idx(sq.tail);
         let signaled = self.sq_sig_all || wr.flags.contains(SendFlags::SIGNALED);
         if signaled {
@@ -1558,24 +1585,11 @@ impl QpInner {
             nsge: 0,
             inline_len: 0,
             byte_len: len,
-            st: SlotState::Ack {
-                start: end - rec_len(src.len),
-                end,
-            },
+            st,
         };
         sq.tail += 1;
-        sq.exec = sq.tail;
-        true
     }
 
-    /// The RDMA WRITE fast path of `post_send`, for a WR with nothing
-    /// queued before it on an RTS QP: a WRITE (no immediate) whose payload
-    /// is inline or one SGE of a regular MR, to a remote range its rkey
-    /// grants, is copied now (as the executor would, at the same point in
-    /// the WR order) and its slot finished. False (nothing done) for
-    /// anything else or any failed check: the queued path then runs it and
-    /// reports the error.
-    #[inline(always)]
     /// The bytes a direct (post-time) SEND or WRITE moves: its inline data,
     /// or its one local SGE resolved through the key cache; `None` sends
     /// the WR down the queued path.
@@ -1607,22 +1621,13 @@ impl QpInner {
         let mut from = SpanList::new();
         from.push(src);
         copy_spans(&dst, &from, usize::MAX);
-        let i = sq.idx(sq.tail);
-        let signaled = self.sq_sig_all || wr.flags.contains(SendFlags::SIGNALED);
-        if signaled {
-            sq.sig_upto = sq.tail + 1;
-        }
-        sq.slots[i] = SqSlot {
-            wr_id: wr.wr_id,
-            op: OpCopy::Write(remote),
-            signaled,
-            inline: false,
-            nsge: 0,
-            inline_len: 0,
-            byte_len: len,
-            st: SlotState::Done(WcStatus::Success),
-        };
-        sq.tail += 1;
+        self.push_direct_slot(
+            sq,
+            wr,
+            OpCopy::Write(remote),
+            len,
+            SlotState::Done(WcStatus::Success),
+        );
         sq.exec = sq.tail;
         true
     }
