@@ -29,34 +29,19 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use pollux_verbs::conformance::{spin, Endpoint, Fixture, Pair};
-use pollux_verbs::soft::{Soft, SoftDevice, SOFT_DEVICE_NAME};
+use pollux_verbs::conformance::{spin, Endpoint, Fixture, Pair, SoftFixture};
 use pollux_verbs::{
     Access, CmAddr, CmEvent, CmId, CmListener, CompletionQueue, ConnParam, Device, MemoryRegion,
-    ProtectionDomain, Provider, QpAttr, QpCaps, QpState, QueuePair, RecvWr, SendOp, SendWr, Sge,
-    Wc, WcStatus, WrId,
+    ProtectionDomain, QpAttr, QpCaps, QpState, QueuePair, RecvWr, SendOp, SendWr, Sge, Wc,
+    WcStatus, WrId,
 };
 
-struct F;
-
-impl Fixture for F {
-    type P = Soft;
-    fn open(&self) -> SoftDevice {
-        Soft::open_device(SOFT_DEVICE_NAME).unwrap()
-    }
-    fn listen_addr(&self) -> CmAddr {
-        static N: AtomicU32 = AtomicU32::new(0);
-        CmAddr::new(format!(
-            "@pollux-softpath-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ))
-    }
-}
+type F = SoftFixture;
+const F: SoftFixture = SoftFixture::new("pollux-softpath");
 
 const SIZE: u32 = 64;
 const BATCH: usize = 32;

@@ -11,28 +11,10 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::sync::atomic::{AtomicU32, Ordering};
-
-use pollux_verbs::conformance::{Fixture, Pair};
-use pollux_verbs::soft::{Soft, SoftDevice, SOFT_DEVICE_NAME};
+use pollux_verbs::conformance::{Pair, SoftFixture};
 use pollux_verbs::*;
 
-struct F;
-
-impl Fixture for F {
-    type P = Soft;
-    fn open(&self) -> SoftDevice {
-        Soft::open_device(SOFT_DEVICE_NAME).unwrap()
-    }
-    fn listen_addr(&self) -> CmAddr {
-        static N: AtomicU32 = AtomicU32::new(0);
-        CmAddr::new(format!(
-            "@pollux-loop-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ))
-    }
-}
+const F: SoftFixture = SoftFixture::new("pollux-loop");
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();

@@ -3,32 +3,13 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use pollux_verbs::conformance::{self as c, SoftFixture};
 
-use pollux_verbs::conformance::{self as c, Fixture};
-use pollux_verbs::soft::{Soft, SoftDevice, SOFT_DEVICE_NAME};
-use pollux_verbs::{CmAddr, Provider};
-
-struct SoftFixture;
-
-impl Fixture for SoftFixture {
-    type P = Soft;
-    fn open(&self) -> SoftDevice {
-        Soft::open_device(SOFT_DEVICE_NAME).unwrap()
-    }
-    fn listen_addr(&self) -> CmAddr {
-        static N: AtomicU32 = AtomicU32::new(0);
-        CmAddr::new(format!(
-            "@pollux-conf-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ))
-    }
-}
+const SOFT: SoftFixture = SoftFixture::new("pollux-conf");
 
 macro_rules! cases {
     ($($name:ident),* $(,)?) => {
-        $(#[test] fn $name() { c::$name(&SoftFixture); })*
+        $(#[test] fn $name() { c::$name(&SOFT); })*
     };
 }
 

@@ -5,29 +5,11 @@
 
 #![allow(clippy::unwrap_used, clippy::panic)]
 
-use std::sync::atomic::{AtomicU32, Ordering};
-
-use pollux_verbs::conformance::{Fixture, Pair};
+use pollux_verbs::conformance::{Fixture, Pair, SoftFixture};
 use pollux_verbs::soft::fault::{self, Fault};
-use pollux_verbs::soft::{Soft, SoftDevice, SOFT_DEVICE_NAME};
 use pollux_verbs::*;
 
-struct SoftFixture;
-
-impl Fixture for SoftFixture {
-    type P = Soft;
-    fn open(&self) -> SoftDevice {
-        Soft::open_device(SOFT_DEVICE_NAME).unwrap()
-    }
-    fn listen_addr(&self) -> CmAddr {
-        static N: AtomicU32 = AtomicU32::new(0);
-        CmAddr::new(format!(
-            "@pollux-fault-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ))
-    }
-}
+const SOFT: SoftFixture = SoftFixture::new("pollux-fault");
 
 fn recv(p: &Pair<SoftFixture>, id: u64, off: usize) {
     let s = [p.b.sge(off, 256)];
@@ -49,7 +31,7 @@ fn send(p: &Pair<SoftFixture>, id: u64, data: &[u8]) {
 
 #[test]
 fn stalled_cq_delays_but_loses_nothing() {
-    let p = Pair::connect(&SoftFixture, QpCaps::default(), 1 << 20);
+    let p = Pair::connect(&SOFT, QpCaps::default(), 1 << 20);
     recv(&p, 1, 4096);
     fault::stall_cq(&p.b.rcq, 10);
     send(&p, 2, b"stalled");
@@ -75,7 +57,7 @@ fn stalled_cq_delays_but_loses_nothing() {
 #[test]
 fn starved_srq_is_rnr_then_delivers() {
     // Side b: a QP on an SRQ, connected to a plain endpoint a.
-    let f = SoftFixture;
+    let f = SOFT;
     let a =
         pollux_verbs::conformance::Endpoint::<SoftFixture>::new(&f, QpCaps::default(), 1 << 16, 64);
     let dev = f.open();
@@ -140,7 +122,7 @@ fn starved_srq_is_rnr_then_delivers() {
 
 #[test]
 fn torn_ring_fails_the_qp_without_hanging() {
-    let p = Pair::connect(&SoftFixture, QpCaps::default(), 1 << 20);
+    let p = Pair::connect(&SOFT, QpCaps::default(), 1 << 20);
     recv(&p, 1, 0);
     recv(&p, 2, 4096);
     send(&p, 10, b"first");

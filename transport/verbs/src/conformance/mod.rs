@@ -15,6 +15,7 @@ mod cases;
 mod fast_reg;
 mod handoff;
 mod harness;
+mod soft_fixture;
 
 pub use cases::*;
 pub use fast_reg::*;
@@ -22,6 +23,7 @@ pub use handoff::{accept_on_another_thread, dropped_detached_request_is_rejected
 pub use harness::{
     for_a_while, spin, CqOverflowReport, Endpoint, Expected, Fixture, Pair, WAIT_LIMIT,
 };
+pub use soft_fixture::SoftFixture;
 
 /// Run every case against the fixture's provider.
 pub fn run_all<F: Fixture>(f: &F) {

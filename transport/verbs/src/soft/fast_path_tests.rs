@@ -5,33 +5,16 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::sync::atomic::{AtomicU32, Ordering};
-
-use super::{Soft, SoftDevice, SOFT_DEVICE_NAME};
-use crate::conformance::{Fixture, Pair};
-use crate::provider::{CompletionQueue, MemoryRegion, ProtectionDomain, Provider};
+use crate::conformance::{Fixture, Pair, SoftFixture};
+use crate::provider::{CompletionQueue, MemoryRegion, ProtectionDomain};
 use crate::types::{
     Access, QpAttr, QpCaps, QpState, RemoteAddr, Sge, Wc, WcOpcode, WcStatus, WrId,
 };
 use crate::wr::{RecvWr, SendOp, SendWr};
-use crate::{CmAddr, QueuePair};
+use crate::QueuePair;
 
-struct F;
-
-impl Fixture for F {
-    type P = Soft;
-    fn open(&self) -> SoftDevice {
-        Soft::open_device(SOFT_DEVICE_NAME).unwrap()
-    }
-    fn listen_addr(&self) -> CmAddr {
-        static N: AtomicU32 = AtomicU32::new(0);
-        CmAddr::new(format!(
-            "@pollux-softfast-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ))
-    }
-}
+type F = SoftFixture;
+const F: SoftFixture = SoftFixture::new("pollux-softfast");
 
 fn caps() -> QpCaps {
     QpCaps {
