@@ -221,8 +221,13 @@ iser_errors() {
   # after Debian 6.1 rxe left the initiator's fast-reg MR valid on a
   # retransmission ("rxe_reg_fast_mr: mr->lkey = ... not free", the stall
   # described for NVMe-oF in tests/vm/README.md), while rxe retransmitted
-  # (its retry counters moved since $2) and every fio verify passed.
-  other=$(grep -vE 'ping timeout of|detected conn error \(1022\)' <<<"$new")
+  # (its retry counters moved since $2) and every fio verify passed. The
+  # stall is the kernel initiator's REG_MR carried out again on a
+  # retransmission (tests/vm/README.md, "rxe replays local operations");
+  # a recovery that tears the connection down from the transport side
+  # reports 1011 instead of 1022 (seen once, at the logout after 11
+  # recoveries): tolerated on the same evidence.
+  other=$(grep -vE 'ping timeout of|detected conn error \((1011|1022)\)' <<<"$new")
   if [ -z "$other" ] && [ "$(counters | tr '\n' ' ')" != "$2" ] &&
      dmesg | tail -n +"$(( $1 + 1 ))" | grep -q 'rxe_reg_fast_mr: mr->lkey = .* not free' &&
      ! printf '%s\n' "${RESULTS[@]}" | grep -qE "^FAIL  $RUN/"; then

@@ -250,8 +250,10 @@ pkts_per_write() {
 # error/timeout/reset line. Tolerated (a WARN line, status 0): I/O timeouts
 # that the host recovered by reconnecting while the rxe retransmission
 # counters moved (COUNTERS: their value at the run's start) and every fio
-# verify passed: Debian 6.1 rxe can stall a queue after a retransmission
-# under TCG (see tests/vm/README.md).
+# verify passed: after a retransmission Debian 6.1 rxe carries out the
+# host's already executed REG_MRs again (`rxe_reg_fast_mr ... not free`),
+# which stalls the queue (a kernel bug on the host side; see
+# tests/vm/README.md, "rxe replays local operations").
 no_nvme_errors() {
   local new; new=$(dmesg | tail -n +"$(( $1 + 1 ))" | grep -iE 'nvme.*(error|reset|reconnect|timeout|failed|abort)|rdma.*err' )
   [ -z "$new" ] && return 0
@@ -342,8 +344,9 @@ mkdir -p /etc/nvme && { [ -s /etc/nvme/hostnqn ] || nvme gen-hostnqn >/etc/nvme/
 # rxe sends over the veth pair through the per-CPU backlog (netif_rx), which
 # drops above net.core.netdev_max_backlog (1000): a 128 KiB write is 128 READ
 # response packets, QD 32 bursts ~4000. Drops make rxe retransmit, and in
-# 6.1 a retransmitted RDMA READ can stall its queue until the host's 30 s
-# I/O timeout (seen in this lab). A deeper backlog keeps the link lossless.
+# 6.1 a retransmission replays the host's fast registrations, which can
+# stall its queue until the host's 30 s I/O timeout (seen in this lab). A
+# deeper backlog keeps the link (nearly) lossless.
 sysctl -qw net.core.netdev_max_backlog=100000 || echo "WARNING: cannot raise netdev_max_backlog"
 say "pollux-tgt $TGT, kernel $(uname -r), modules failed: '${LAB_MODULES_FAILED:-}', work dir $W"
 D0=$(dmesg | wc -l) C0=$(counters | tr '\n' ' ')

@@ -335,6 +335,15 @@ pub enum FastRegMode {
     MemoryWindow {
         /// Windows the device can allocate.
         max_windows: u32,
+        /// The device may carry a bind out **again** when it retransmits
+        /// WRs posted before it (Linux soft-RoCE: a retransmission restarts
+        /// the requester at the oldest unacknowledged WR, and local
+        /// operations already done after it run once more, so a window the
+        /// peer has invalidated since is bound again under its old key).
+        /// The fence does not help there (it waits only for READs and
+        /// atomics). A user that lets peers invalidate windows must then
+        /// post a bind only when every WR before it has completed.
+        binds_replayed_on_retry: bool,
     },
 }
 

@@ -113,6 +113,12 @@ pub struct IserInitiator<P: Provider> {
     /// No fast registration: task STags are the rkeys of arena MRs.
     pre_registered: bool,
     offload: bool,
+    /// The device replays binds when it retransmits the WRs before them
+    /// (rxe; `FastRegMode::MemoryWindow::binds_replayed_on_retry`): a task
+    /// that registers memory is submitted only when no SEND is in flight.
+    bind_after_sends: bool,
+    /// Task and control SENDs posted and not yet completed.
+    sends_in_flight: u32,
     // Session.
     params: SessionParams,
     login_text: Vec<u8>,
@@ -253,10 +259,20 @@ impl<P: Provider> IserInitiator<P> {
         } else {
             None
         };
+        let bind_after_sends = !pre_registered
+            && matches!(
+                caps.fast_reg,
+                pollux_verbs::types::FastRegMode::MemoryWindow {
+                    binds_replayed_on_retry: true,
+                    ..
+                }
+            );
         let mut s = IserInitiator {
             remote_inv: false,
             pre_registered,
             offload,
+            bind_after_sends,
+            sends_in_flight: 0,
             params: SessionParams::default(),
             login_text: Vec::with_capacity(8192),
             stage: Stage::Security,
@@ -491,7 +507,10 @@ impl<P: Provider> IserInitiator<P> {
             .qp
             .post_send(&[SendWr::new(wr(Kind::CtrlSend, slot), SendOp::Send, &sge).signaled()])
         {
-            Ok(()) => true,
+            Ok(()) => {
+                self.sends_in_flight += 1;
+                true
+            }
             Err(e) => {
                 self.ctrl_free.push(slot);
                 self.fail(InitiatorError::Verbs(format!("post: {e:?}")));
@@ -742,6 +761,11 @@ impl<P: Provider> IserInitiator<P> {
             self.stats.busy += 1;
             return Err(SubmitError::Busy(bufs));
         }
+        if self.bind_after_sends && dir != DataDir::None && len > 0 && self.sends_in_flight > 0 {
+            // Its registration must not run ahead of an unacknowledged SEND.
+            self.stats.busy += 1;
+            return Err(SubmitError::Busy(bufs));
+        }
         let Some(idx) = self.free.pop() else {
             self.stats.busy += 1;
             return Err(SubmitError::Busy(bufs));
@@ -978,6 +1002,7 @@ impl<P: Provider> IserInitiator<P> {
             self.fail(InitiatorError::Verbs(format!("post: {e:?}")));
             return Err(SubmitError::Verbs("post failed".into(), b));
         }
+        self.sends_in_flight += 1;
         self.cmd_sn = self.cmd_sn.wrapping_add(1);
         self.stats.submitted += 1;
         Ok(())
@@ -1097,8 +1122,12 @@ impl<P: Provider> IserInitiator<P> {
                     self.reposts.push(i);
                 }
             }
-            Some(Kind::CtrlSend) => self.ctrl_free.push(i),
+            Some(Kind::CtrlSend) => {
+                self.sends_in_flight = self.sends_in_flight.saturating_sub(1);
+                self.ctrl_free.push(i);
+            }
             Some(Kind::TaskSend) => {
+                self.sends_in_flight = self.sends_in_flight.saturating_sub(1);
                 if let Some(t) = self.tasks.get_mut(i) {
                     t.send_done = true;
                 }

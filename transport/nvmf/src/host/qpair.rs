@@ -513,6 +513,19 @@ impl<Q: HostQueue> Qpair<Q> {
             .iter()
             .any(|s| s.busy && now.saturating_duration_since(s.started) > self.io_timeout);
         if late {
+            for (i, s) in self.slots.iter().enumerate() {
+                let age = now.saturating_duration_since(s.started);
+                if s.busy && age > self.io_timeout {
+                    let state = self.q.slot_state(i as u16).unwrap_or_default();
+                    log::warn!(
+                        "nvmf host: queue {} slot {i} timed out after {:.1} s ({} outstanding){}{state}",
+                        self.qid,
+                        age.as_secs_f64(),
+                        self.outstanding(),
+                        if state.is_empty() { "" } else { ": " },
+                    );
+                }
+            }
             self.timed_out = true;
             self.die(HostError::Timeout {
                 what: "an I/O command",

@@ -94,6 +94,12 @@ pub trait HostQueue {
     /// Forget slot `slot` of a dead queue (its command will never complete).
     fn abandon(&mut self, _slot: u16) {}
 
+    /// What the transport still waits for on slot `slot`, for the log of a
+    /// timed-out command (control path). Default: nothing known.
+    fn slot_state(&self, _slot: u16) -> Option<String> {
+        None
+    }
+
     /// Tear the queue down (idempotent).
     fn disconnect(&mut self);
 }

@@ -220,6 +220,10 @@ fn query_caps(ctx: NonNull<ibv_context>) -> Result<(DeviceCaps, u32), VerbsError
     let fast_reg = if windows {
         FastRegMode::MemoryWindow {
             max_windows: to_u32(attr.max_mw),
+            // rxe_req.c (Linux 6.1): `req_retry` rewinds the requester to
+            // the oldest unacknowledged WR and `rxe_requester` carries out
+            // every local operation it meets again (`rxe_do_local_ops`).
+            binds_replayed_on_retry: attr.vendor_id == RXE_VENDOR_ID,
         }
     } else {
         FastRegMode::None

@@ -39,13 +39,20 @@
 //!   integrity) offload, so [`DeviceCaps`] reports `integrity: false` and
 //!   `RegMrIntegrity` WRs are refused with
 //!   [`PostErrorKind::InvalidOpcode`](crate::PostErrorKind::InvalidOpcode);
-//!   upper layers pick their software PI path.
+//!   upper layers pick their software PI path. (The one user-space
+//!   signature API is mlx5's direct-verbs extension, `mlx5dv_wr_set_mkey_sig_block`
+//!   and friends in libmlx5; `rdma-sys` does not bind it and no device here
+//!   has it, so it is not wired: a device that has it would report
+//!   `integrity: true` and take the same offload path the software provider
+//!   exercises.)
 //! - **Fast registration by type-2 memory window.** User space has no
 //!   REG_MR work request either; its analogue is the type-2 memory window,
 //!   which the provider uses behind the same API. On a device that
 //!   allocates type-2 windows (probed once at open; soft-RoCE does),
 //!   [`DeviceCaps`] reports `mem_mgt_extensions: true` and
-//!   `fast_reg: FastRegMode::MemoryWindow { max_windows }`.
+//!   `fast_reg: FastRegMode::MemoryWindow { max_windows, .. }` (with
+//!   `binds_replayed_on_retry` on rxe, which carries a bind out again when
+//!   it retransmits the WRs before it).
 //!   [`ProtectionDomain::alloc_fast_reg_mr`] allocates a window
 //!   (`ibv_alloc_mw`, `IBV_MW_TYPE_2`); its `lkey`/`rkey` is the key of its
 //!   last bind. A `RegMr { key, iova, access }` WR becomes `IBV_WR_BIND_MW`

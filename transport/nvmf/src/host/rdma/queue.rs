@@ -39,6 +39,25 @@ enum Staged {
     Inv(u16),
 }
 
+/// How many of the `staged` WRs may be posted now: all of them, or, where
+/// binds must wait for the SENDs before them (`bind_after_sends`), those
+/// before the first registration with a SEND in flight (`sends_in_flight`
+/// already posted, or staged ahead of it).
+fn postable(staged: &[Staged], sends_in_flight: u32, bind_after_sends: bool) -> usize {
+    if !bind_after_sends {
+        return staged.len();
+    }
+    let mut sends = sends_in_flight;
+    for (k, op) in staged.iter().enumerate() {
+        match op {
+            Staged::Reg(_) if sends > 0 => return k,
+            Staged::Send(_) => sends += 1,
+            _ => {}
+        }
+    }
+    staged.len()
+}
+
 #[derive(Debug, Clone, Copy)]
 struct RSlot {
     active: bool,
@@ -115,6 +134,12 @@ pub struct RdmaQueue<P: Provider> {
     dead: Option<String>,
     polls: u32,
     stats: RdmaQueueStats,
+    /// Post a registration only when every SEND before it has completed
+    /// (the device replays binds when it retransmits: see
+    /// [`FastRegMode::MemoryWindow`](pollux_verbs::types::FastRegMode::MemoryWindow)).
+    bind_after_sends: bool,
+    /// Capsule SENDs posted and not yet completed.
+    sends_in_flight: u32,
 }
 
 impl<P: Provider> std::fmt::Debug for RdmaQueue<P> {
@@ -146,6 +171,20 @@ impl<P: Provider> RdmaQueue<P> {
         let entries = p.entries.max(1);
         let n = usize::from(entries);
         let caps = dev.caps();
+        let bind_after_sends = opts.mem_mode == MemMode::RegisterAlways
+            && matches!(
+                caps.fast_reg,
+                pollux_verbs::types::FastRegMode::MemoryWindow {
+                    binds_replayed_on_retry: true,
+                    ..
+                }
+            );
+        if bind_after_sends && p.qid == 1 {
+            log::info!(
+                "nvmf host: this device replays memory-window binds on retransmission \
+                 (soft-RoCE): each I/O's registration waits for the SENDs before it"
+            );
+        }
         let max_send_sge = (caps.max_sge as usize).clamp(2, MAX_DATA_SEGS + 1);
         let cq = dev
             .create_cq(4 * u32::from(entries) + 8)
@@ -229,6 +268,8 @@ impl<P: Provider> RdmaQueue<P> {
             dead: None,
             polls: 0,
             stats: RdmaQueueStats::default(),
+            bind_after_sends,
+            sends_in_flight: 0,
         };
         me.repost.extend(0..=entries);
         me.post_recvs()?;
@@ -318,9 +359,10 @@ impl<P: Provider> RdmaQueue<P> {
 
     fn post_staged(&mut self) -> Result<(), HostError> {
         let access = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
+        let n = postable(&self.staged, self.sends_in_flight, self.bind_after_sends);
         let mut i = 0;
-        while i < self.staged.len() {
-            let end = (i + POST_BATCH).min(self.staged.len());
+        while i < n {
+            let end = (i + POST_BATCH).min(n);
             let dummy = SendWr::new(pollux_verbs::WrId(0), SendOp::Send, &[]);
             let mut wrs = [dummy; POST_BATCH];
             for (k, op) in self.staged[i..end].iter().enumerate() {
@@ -358,7 +400,18 @@ impl<P: Provider> RdmaQueue<P> {
                 .map_err(|e| HostError::Disconnected(format!("post send: {e}")))?;
             i = end;
         }
-        self.staged.clear();
+        if self.bind_after_sends {
+            let sends = self.staged[..n]
+                .iter()
+                .filter(|op| matches!(op, Staged::Send(_)))
+                .count();
+            self.sends_in_flight += sends as u32;
+        }
+        if n == self.staged.len() {
+            self.staged.clear();
+        } else {
+            self.staged.drain(..n);
+        }
         Ok(())
     }
 
@@ -573,6 +626,9 @@ impl<P: Provider> RdmaQueue<P> {
                 self.try_complete(slot, done);
             }
             WrKind::Send => {
+                if self.bind_after_sends {
+                    self.sends_in_flight = self.sends_in_flight.saturating_sub(1);
+                }
                 if let Some(s) = self.slots.get_mut(usize::from(idx)) {
                     s.send_done = true;
                 }
@@ -674,6 +730,26 @@ impl<P: Provider> HostQueue for RdmaQueue<P> {
         Ok(n > 0)
     }
 
+    fn slot_state(&self, slot: u16) -> Option<String> {
+        let s = self.slots.get(usize::from(slot))?;
+        Some(format!(
+            "active {} send_done {} response {} key {:#x} valid {} local-inv posted {} \
+             (queue: {} remote / {} local invalidations, {} registrations)",
+            s.active,
+            s.send_done,
+            s.rsp.map_or("none".to_string(), |c| format!(
+                "status {:#x}",
+                c.status.to_field()
+            )),
+            s.key,
+            s.mr_valid,
+            s.inv_posted,
+            self.stats.remote_invalidations,
+            self.stats.local_invalidations,
+            self.stats.registrations,
+        ))
+    }
+
     fn abandon(&mut self, slot: u16) {
         if let Some(s) = self.slots.get_mut(usize::from(slot)) {
             // The QP is dead; its fast-reg key is unusable by the target.
@@ -689,5 +765,31 @@ impl<P: Provider> HostQueue for RdmaQueue<P> {
             self.dead = Some("disconnected by the host".into());
             let _ = self.cm.disconnect();
         }
+    }
+}
+
+#[cfg(test)]
+mod postable_tests {
+    use super::{postable, Staged};
+    use Staged::*;
+
+    #[test]
+    fn everything_goes_when_binds_need_not_wait() {
+        let staged = [Reg(0), Send(0), Reg(1), Send(1)];
+        assert_eq!(postable(&staged, 5, false), 4);
+    }
+
+    #[test]
+    fn a_bind_waits_for_every_send_before_it() {
+        let staged = [Reg(0), Send(0), Reg(1), Send(1)];
+        // Nothing in flight: the first bind and its capsule go, the second
+        // bind waits for that capsule's completion.
+        assert_eq!(postable(&staged, 0, true), 2);
+        // A capsule still in flight: not even the first bind goes.
+        assert_eq!(postable(&staged, 1, true), 0);
+        // Capsules without data and invalidations never wait.
+        let staged = [Send(2), Inv(3), Send(4), Reg(5), Send(5)];
+        assert_eq!(postable(&staged, 3, true), 3);
+        assert_eq!(postable(&[], 0, true), 0);
     }
 }
