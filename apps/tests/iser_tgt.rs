@@ -9,16 +9,14 @@
 
 mod common;
 
+use common::iser::{connect, logout, one, read_capacity, ISCSI_OPTIONS};
 use common::{tmp, Tgt, WAIT};
 
 use std::process::Command;
 use std::time::Instant;
 
 use pollux_apps::tgt::TgtPlan;
-use pollux_iser::initiator::scsi::{parse_read_capacity16, read_capacity16_cdb};
-use pollux_iser::initiator::{
-    DataDir, InitiatorOptions, IserInitiator, PiPolicy, SessionState, TaskResult,
-};
+use pollux_iser::initiator::{IserInitiator, PiPolicy};
 use pollux_reactor::mem::{DmaBuf, SgList};
 use pollux_verbs::soft::Soft;
 use rustix::process::Signal;
@@ -46,14 +44,7 @@ luns = [{{ lun = 0, bdev = "Pi0" }}, {{ lun = 1, bdev = "Plain0" }}]
 allowed_initiators = []
 portal_groups = [1]
 
-[iscsi.options]
-queue_depth = 16
-max_io_bytes = "64k"
-task_buffers = 64
-max_srq_depth = 128
-num_cqe = 4096
-hugepages = "never"
-"#
+{ISCSI_OPTIONS}"#
     )
 }
 
@@ -187,50 +178,10 @@ fn iscsi_config_errors_name_the_line_and_field() {
     assert!(e.contains("line 1") && e.contains("iscsi.target"), "{e}");
 }
 
-/// Poll until `done` or the deadline.
-fn drive(
-    ini: &mut IserInitiator<Soft>,
-    mut done: impl FnMut(&mut IserInitiator<Soft>, &mut Vec<TaskResult>) -> bool,
-) {
-    let deadline = Instant::now() + WAIT;
-    let mut out = Vec::new();
-    while Instant::now() < deadline {
-        ini.poll(&mut |r| out.push(r));
-        if let SessionState::Failed(e) = ini.state() {
-            panic!("session failed: {e}");
-        }
-        if done(ini, &mut out) {
-            return;
-        }
-        std::thread::yield_now();
-    }
-    panic!("timed out in state {:?}", ini.state());
-}
-
-fn one(ini: &mut IserInitiator<Soft>) -> TaskResult {
-    let mut got = None;
-    drive(ini, |_, out| {
-        got = out.pop();
-        got.is_some()
-    });
-    got.unwrap()
-}
-
 fn login(addr: &str, pi: PiPolicy, isid: u8) -> IserInitiator<Soft> {
-    let mut o = InitiatorOptions::new(addr, INI, IQN);
-    o.queue_depth = 8;
-    o.max_io_bytes = 65536;
-    o.pi = pi;
-    o.isid[5] = isid;
-    let mut ini = IserInitiator::<Soft>::connect(o).unwrap();
-    drive(&mut ini, |i, _| i.is_ready());
+    let mut ini = connect(addr, INI, IQN, pi, isid);
     for lun in [0u16, 1] {
-        let b = SgList::from_buf(DmaBuf::alloc(32).unwrap());
-        ini.submit(lun, &read_capacity16_cdb(), DataDir::Read, Some(b), 32, 9)
-            .unwrap();
-        let r = one(&mut ini);
-        assert!(r.is_good(), "READ CAPACITY(16): {:?}", r.sense);
-        let g = parse_read_capacity16(r.bufs.unwrap().pop().unwrap().as_slice()).unwrap();
+        let g = read_capacity(&mut ini, lun);
         assert_eq!((g.block_size, g.blocks), (512, 4096));
         assert_eq!(g.prot_en, lun == 0);
         ini.set_geometry(lun, g);
@@ -268,11 +219,6 @@ fn write_read_compare(ini: &mut IserInitiator<Soft>, lun: u16, lba: u64, len: us
         &data[..],
         "lun {lun} data"
     );
-}
-
-fn logout(mut ini: IserInitiator<Soft>) {
-    ini.logout().unwrap();
-    drive(&mut ini, |i, _| *i.state() == SessionState::Closed);
 }
 
 #[test]

@@ -7,10 +7,13 @@
 //! registration), and an initiator dying mid-I/O.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
+use std::ops::Deref;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use common::iser::{iscsi_target, unique_addr, Cluster, SPINS};
 use pollux_bdev::{Bdev, BdevRegistry, CompletedIo, IoCompletion, IoStatus};
 use pollux_iser::initiator::scsi::{
     inquiry_cdb, parse_inquiry, parse_read_capacity16, parse_report_luns, read_capacity16_cdb,
@@ -19,90 +22,44 @@ use pollux_iser::initiator::scsi::{
 use pollux_iser::initiator::{
     DataDir, InitiatorOptions, Invalidation, IserInitiator, PiPolicy, SessionState, TaskResult,
 };
-use pollux_iser::session::TargetLimits;
-use pollux_iser::target::iser::{IserOptions, IserPollGroup, IserTransport};
-use pollux_iser::target::{IscsiTarget, PortalGroup, TargetNode, TargetOptions};
+use pollux_iser::target::iser::{IserOptions, IserPollGroup};
 use pollux_reactor::mem::{DmaBuf, SgList};
-use pollux_reactor::TestCluster;
 use pollux_verbs::soft::Soft;
 use pollux_verbs::SigErrKind;
 
 const TGT: &str = "iqn.2024-01.io.pollux:iser-disk";
 const INI: &str = "iqn.2024-01.io.pollux:iser-host";
-const SPINS: usize = 200_000;
 
+/// The target on one reactor, with that reactor's poll group and the PI
+/// bdev at hand.
 struct Fx {
-    cl: TestCluster,
-    target: Arc<IscsiTarget>,
-    transport: Arc<IserTransport<Soft>>,
+    c: Cluster,
     pg: Rc<IserPollGroup<Soft>>,
-    addr: String,
     pi_bdev: Arc<Bdev>,
 }
 
+impl Deref for Fx {
+    type Target = Cluster;
+
+    fn deref(&self) -> &Cluster {
+        &self.c
+    }
+}
+
 fn fixture() -> Fx {
-    static N: AtomicUsize = AtomicUsize::new(0);
-    let cl = TestCluster::new(1);
     let reg = BdevRegistry::new();
     let plain = reg.create("malloc:size=4M,block=512").unwrap();
     let pi = reg
         .create("malloc:size=4M,block=512,md=8,md_interleave=true,pi=1")
         .unwrap();
-    let target = IscsiTarget::new(TargetOptions {
-        limits: TargetLimits {
-            queue_depth: 16,
-            ..TargetLimits::default()
-        },
-        max_io_bytes: 128 * 1024,
-        task_buffers: 64,
-    })
-    .unwrap();
-    let addr = format!(
-        "@pollux-iser-test-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    );
-    target
-        .add_portal_group(PortalGroup {
-            tag: 1,
-            addrs: vec![addr.clone()],
-        })
-        .unwrap();
-    target
-        .add_node(TargetNode {
-            name: TGT.into(),
-            alias: None,
-            luns: vec![(0, plain), (1, pi.clone())],
-            allowed_initiators: vec![],
-            portal_groups: vec![1],
-        })
-        .unwrap();
-    let transport = IserTransport::<Soft>::new(&target, IserOptions::for_tests());
-    let pg = cl.on(0, |r| transport.create_poll_group(r)).unwrap();
-    assert_eq!(transport.listen_portal_groups().unwrap(), 1);
-    let fx = Fx {
-        cl,
-        target,
-        transport,
-        pg,
-        addr,
-        pi_bdev: pi,
-    };
-    assert!(fx.spin(|| (fx.pg.listeners() == 1).then_some(())).is_some());
-    fx
+    let addr = unique_addr("pollux-iser-test");
+    let target = iscsi_target(TGT, &addr, vec![(0, plain), (1, pi.clone())], 64);
+    let c = Cluster::start(1, target, addr, IserOptions::for_tests());
+    let pg = Rc::clone(&c.pgs[0]);
+    Fx { c, pg, pi_bdev: pi }
 }
 
 impl Fx {
-    fn spin<T>(&self, mut f: impl FnMut() -> Option<T>) -> Option<T> {
-        for _ in 0..SPINS {
-            self.cl.poll_once_all();
-            if let Some(v) = f() {
-                return Some(v);
-            }
-        }
-        None
-    }
-
     fn connect(&self, opts: InitiatorOptions) -> IserInitiator<Soft> {
         let mut ini = IserInitiator::<Soft>::connect(opts).unwrap();
         for _ in 0..SPINS {
@@ -191,15 +148,9 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
         .collect()
 }
 
-fn logout(fx: &Fx, mut ini: IserInitiator<Soft>) {
-    ini.logout().unwrap();
-    assert!(fx
-        .spin(|| {
-            ini.poll(&mut |_| {});
-            (*ini.state() == SessionState::Closed).then_some(())
-        })
-        .is_some());
-    drop(ini);
+/// Log `ini` out (dropping it) and wait until its connection is gone.
+fn logout(fx: &Fx, ini: IserInitiator<Soft>) {
+    fx.logout(ini);
     assert!(fx
         .spin(|| (fx.pg.connections() == 0).then_some(()))
         .is_some());

@@ -5,6 +5,7 @@
 # must land on both target cores (stats file `connections_per_core`, the
 # connect requests handed from the listener's core to the other one as
 # detached rdma_cm ids) and a write-read-compare run must pass.
+# Then the same for iSER (two sessions, two LUNs).
 # Prints PASS/FAIL lines; exits 1 on any failure. Boot the lab with three
 # CPUs (`-c 3`): the target's two busy-polling reactors and the host's must
 # not share one (pollux-perf runs on CPU ${LAB_USER_PERF_CORE:-2}).
@@ -88,8 +89,85 @@ grep -E 'handed|accepted|destroyed|stopped' "$W/$2-tgt.log" | tail -n 5
 if [ $trc = 0 ]; then pass "$2: pollux-tgt exited 0"; else fail "$2: pollux-tgt exit $trc"; tail -n 30 "$W/$2-tgt.log"; fi
 }
 
+# iser: the same for iSER: pollux-tgt's [iscsi] target on cores 0-1, two
+# pollux-perf processes (one session each, each on its own LUN so that
+# their --verify runs do not overlap) must land on both cores (stats file
+# `iscsi_connections_per_core`).
+iser() {
+cat >"$W/iser-tgt.toml" <<CFG
+cores = "0-1"
+provider = "ibverbs"
+
+[[bdev]]
+spec = "malloc:name=Lun0,size=16M,block=512"
+
+[[bdev]]
+spec = "malloc:name=Lun1,size=16M,block=512"
+
+[[iscsi.portal_group]]
+tag = 1
+listen = ["$T:3260"]
+
+[[iscsi.target]]
+name = "iqn.2016-06.io.pollux:placement"
+luns = [{ lun = 0, bdev = "Lun0" }, { lun = 1, bdev = "Lun1" }]
+allowed_initiators = []
+portal_groups = [1]
+
+[iscsi.options]
+queue_depth = 32
+max_io_bytes = "128k"
+task_buffers = 128
+max_srq_depth = 256
+num_cqe = 2048
+hugepages = "never"
+CFG
+"$TGT" -c "$W/iser-tgt.toml" --stats-file "$W/iser-stats.json" >"$W/iser-tgt.log" 2>&1 </dev/null &
+TPID=$!
+ready=0
+for _ in $(seq 300); do
+  grep -q 'pollux-tgt: ready' "$W/iser-tgt.log" && { ready=1; break; }
+  kill -0 "$TPID" 2>/dev/null || break
+  sleep 0.2
+done
+if [ $ready != 1 ]; then cat "$W/iser-tgt.log"; fail "iser: pollux-tgt did not start"; return; fi
+pass "iser: pollux-tgt ready on cores 0-1"
+( while kill -0 "$TPID" 2>/dev/null; do
+    grep -o '"iscsi_connections_per_core":\[[0-9, ]*\]' "$W/iser-stats.json"
+    sleep 0.3
+  done ) >"$W/iser-per_core.log" 2>&1 &
+WPID=$!
+local lun pids=() rc
+for lun in 0 1; do
+  timeout -k 5 90 "$PERF" -r "trtype:iser traddr:$T trsvcid:3260 target:iqn.2016-06.io.pollux:placement lun:$lun" \
+    --device "$LAB_HOST_DEV" --cores "${LAB_USER_PERF_CORE:-2}" -q 8 -o 8192 -w randrw -t 6 --verify \
+    >"$W/iser-perf-$lun.log" 2>&1 &
+  pids+=($!)
+done
+for lun in 0 1; do
+  wait "${pids[$lun]}"; rc=$?
+  tail -n 4 "$W/iser-perf-$lun.log"
+  if [ $rc = 0 ]; then pass "iser: pollux-perf LUN $lun --verify (randrw 8 KiB)"; else fail "iser: pollux-perf LUN $lun rc=$rc"; fi
+done
+sleep 1
+kill "$WPID" 2>/dev/null; wait "$WPID" 2>/dev/null
+echo "iscsi_connections_per_core samples: $(sort -u "$W/iser-per_core.log" | tr '\n' ' ')"
+if grep -Eq '\[1, ?1\]' "$W/iser-per_core.log"; then
+  pass "iser: two sessions spread over both target cores"
+else
+  fail "iser: sessions not spread over both cores"
+fi
+kill -INT "$TPID" 2>/dev/null
+for _ in $(seq 100); do kill -0 "$TPID" 2>/dev/null || break; sleep 0.2; done
+kill -0 "$TPID" 2>/dev/null && { kill -KILL "$TPID"; fail "iser: pollux-tgt did not exit on SIGINT"; }
+wait "$TPID"; trc=$?
+if [ $trc = 0 ]; then pass "iser: pollux-tgt exited 0"; else fail "iser: pollux-tgt exit $trc"; tail -n 30 "$W/iser-tgt.log"; fi
+}
+
 one 0-1 two-cores
 one 0-1 two-cores-pinned true
 one 1 one-core-baseline
+iser
+cp "$W"/*.log "$W"/*.toml "${LAB_OUT:-$W}/" 2>/dev/null
 [ $FAILED = 0 ] && { echo "placement: ALL PASSED"; exit 0; }
 echo "placement: FAILED"; exit 1

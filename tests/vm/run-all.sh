@@ -19,4 +19,5 @@ run tests/vm/run-verbs-conformance.sh
 run tests/vm/run-nvmf-interop.sh
 run tests/vm/run-host-interop.sh
 run tests/vm/run-iser-interop.sh
+run tests/vm/run-placement.sh
 exit $status

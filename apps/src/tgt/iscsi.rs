@@ -29,6 +29,7 @@
 //! send_with_invalidate = true      # [true]
 //! max_read_depth = 16              # RDMA READs in flight per connection [16]
 //! hugepages = "auto"               # auto | require | never [auto]
+//! pin_connections_to_listener_core = false # no spreading of connections over the cores [false]
 //! ```
 //!
 //! Errors read `line L, column C: iscsi.target[0].luns[1].bdev: ...` like
@@ -45,7 +46,9 @@ use std::time::{Duration, Instant};
 
 use pollux_bdev::BdevRegistry;
 use pollux_iser::session::TargetLimits;
-use pollux_iser::target::iser::{IserOptions, IserPollGroup, IserTransport, RECV_DATA_LEN};
+use pollux_iser::target::iser::{
+    IserOptions, IserPollGroup, IserTransport, PlacementPolicy, RECV_DATA_LEN,
+};
 use pollux_iser::target::{IscsiTarget, PortalGroup, TargetNode, TargetOptions};
 use pollux_reactor::{Reactor, ReactorSet};
 use pollux_verbs::Provider;
@@ -145,6 +148,8 @@ pub struct OptionsSection {
     pub max_read_depth: Option<Spanned<u8>>,
     /// Hugepage policy.
     pub hugepages: Option<Spanned<Hugepages>>,
+    /// Keep every connection on its listener's core (no placement over cores).
+    pub pin_connections_to_listener_core: Option<Spanned<bool>>,
 }
 
 /// A checked portal group.
@@ -334,6 +339,13 @@ pub fn plan(
         }
         if let Some(v) = &o.hugepages {
             iser.hugepages = (*v.get_ref()).into();
+        }
+        if let Some(v) = &o.pin_connections_to_listener_core {
+            iser.placement = if *v.get_ref() {
+                PlacementPolicy::ListenerCore
+            } else {
+                PlacementPolicy::LeastConnections
+            };
         }
     }
     let target = TargetOptions {
@@ -659,9 +671,17 @@ pub fn listen<P: Provider>(
 ///
 /// [`AppError::Reactor`].
 pub fn connections(set: &ReactorSet) -> Result<usize, AppError> {
-    Ok(ask_all(set, |g| g.map_or(0, IserCtl::connections))?
-        .into_iter()
-        .sum())
+    Ok(connections_per_core(set)?.into_iter().sum())
+}
+
+/// Live iSER connections of each core's poll group (new connections go to
+/// the group with the fewest), in the reactor set's core order.
+///
+/// # Errors
+///
+/// [`AppError::Reactor`].
+pub fn connections_per_core(set: &ReactorSet) -> Result<Vec<usize>, AppError> {
+    ask_all(set, |g| g.map_or(0, IserCtl::connections))
 }
 
 /// Disconnects every initiator and waits (bounded) for the connections to
@@ -879,5 +899,31 @@ mod tests {
         assert!(!valid_iscsi_name("iqn."));
         assert!(!valid_iscsi_name("disk0"));
         assert!(!valid_iscsi_name("iqn.2016-06.io.pollux:a b"));
+    }
+
+    #[test]
+    fn connections_spread_over_the_cores_unless_pinned() {
+        let text = |extra: &str| {
+            format!(
+                "[[bdev]]\nspec = \"malloc:name=M0,size=1M,block=512\"\n\
+                 [[iscsi.portal_group]]\ntag = 1\nlisten = [\"@x\"]\n\
+                 [[iscsi.target]]\nname = \"iqn.2016-06.io.pollux:d\"\n\
+                 luns = [{{ lun = 0, bdev = \"M0\" }}]\n\
+                 [iscsi.options]\n{extra}\n"
+            )
+        };
+        let placement = |extra: &str| {
+            let plan = crate::tgt::config::TgtPlan::parse(&text(extra)).expect("valid config");
+            plan.iscsi.expect("[iscsi]").iser.placement
+        };
+        assert_eq!(placement(""), PlacementPolicy::LeastConnections);
+        assert_eq!(
+            placement("pin_connections_to_listener_core = true"),
+            PlacementPolicy::ListenerCore
+        );
+        assert_eq!(
+            placement("pin_connections_to_listener_core = false"),
+            PlacementPolicy::LeastConnections
+        );
     }
 }

@@ -36,7 +36,9 @@
 //! `controllers_created`, `keep_alives` (Keep Alive commands answered),
 //! `keep_alive_timeouts` (controllers torn down because no Keep Alive came
 //! within KATO) and `async_events` (AERs completed with an event) count
-//! since start, summed over the subsystems.
+//! since start, summed over the subsystems. With an `[iscsi]` section,
+//! `iscsi_connections_per_core` is each core's iSER poll group's live
+//! connections, like `connections_per_core`.
 
 #![forbid(unsafe_code)]
 
@@ -561,7 +563,7 @@ fn write_stats<P: Provider>(
         ctl.add(&sub.counters().snapshot());
         live += sub.controller_count();
     }
-    let v = serde_json::json!({
+    let mut v = serde_json::json!({
         "uptime_s": (started.elapsed().as_secs_f64() * 10.0).round() / 10.0,
         "cores": cur.iter().map(|s| s.core).collect::<Vec<_>>(),
         "busy_pct": interval,
@@ -580,6 +582,9 @@ fn write_stats<P: Provider>(
         "keep_alive_timeouts": ctl.keep_alive_timeouts,
         "async_events": ctl.events,
     });
+    if built.iscsi.is_some() {
+        v["iscsi_connections_per_core"] = serde_json::json!(iscsi::connections_per_core(set)?);
+    }
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
     let tmp = PathBuf::from(tmp);

@@ -1,4 +1,8 @@
-//! Shared set-up of the in-process NVMe-oF target tests.
+//! Shared set-up of the in-process NVMe-oF and iSER target tests (each
+//! test binary uses only part of it).
+#![allow(dead_code)]
+
+pub mod iser;
 
 use std::sync::Arc;
 

@@ -16,6 +16,9 @@
 //!   processes.
 //! - `ibv` (feature `ibverbs`): libibverbs/librdmacm.
 //!
+//! [`placement`] spreads a target transport's connections over its per-core
+//! poll groups (shared by the NVMe-oF RDMA and iSER targets).
+//!
 //! [`conformance`] holds the provider-generic test suite that every provider
 //! must pass.
 //!
@@ -28,6 +31,7 @@ pub mod conformance;
 pub mod error;
 #[cfg(feature = "ibverbs")]
 pub mod ibv;
+pub mod placement;
 pub mod provider;
 pub mod sig;
 pub mod soft;

@@ -47,6 +47,12 @@ impl LoginStatus {
         class: 2,
         detail: 5,
     };
+    /// 2/6 too many connections on this session (a connection added to a
+    /// session that negotiated MaxConnections=1).
+    pub const TOO_MANY_CONNECTIONS: LoginStatus = LoginStatus {
+        class: 2,
+        detail: 6,
+    };
     /// 2/7 missing parameter.
     pub const MISSING_PARAMETER: LoginStatus = LoginStatus {
         class: 2,
@@ -108,6 +114,13 @@ pub trait LoginEnv {
 
     /// A fresh non-zero TSIH.
     fn new_tsih(&self) -> u16;
+
+    /// Whether a live session has ISID `isid` and TSIH `tsih` (a login
+    /// with a non-zero TSIH names it). The default knows no session.
+    fn session_exists(&self, isid: [u8; 6], tsih: u16) -> bool {
+        let _ = (isid, tsih);
+        false
+    }
 }
 
 /// The result of a successful login.
@@ -262,8 +275,15 @@ impl TargetLogin {
                     return self.fail(req, LoginStatus::UNSUPPORTED_VERSION, out);
                 }
                 if req.tsih != 0 {
-                    // Adding connections to an existing session is not supported.
-                    return self.fail(req, LoginStatus::NO_SESSION, out);
+                    // A connection for an existing session: not supported
+                    // (MaxConnections=1), and 2/0A when there is no such
+                    // session (RFC 7143 §6.3.1, status 0x020A).
+                    let st = if env.session_exists(req.isid, req.tsih) {
+                        LoginStatus::TOO_MANY_CONNECTIONS
+                    } else {
+                        LoginStatus::NO_SESSION
+                    };
+                    return self.fail(req, st, out);
                 }
                 self.stage = req.flags.csg;
                 self.first = Some(First {

@@ -30,6 +30,11 @@ pub struct TargetLimits {
     pub time2retain: u16,
     /// Whether this portal is iSER (RDMAExtensions=Yes).
     pub rdma: bool,
+    /// MaxOutstandingUnexpectedPDUs the target declares when the initiator
+    /// sends the key (RFC 7145 §6.4, declarative): how many unexpected
+    /// PDUs (immediate PDUs, see [`SessionParams::target_unexpected_pdus`])
+    /// it can have outstanding per connection. 0 or at least 2.
+    pub max_unexpected_pdus: u32,
 }
 
 impl Default for TargetLimits {
@@ -44,6 +49,7 @@ impl Default for TargetLimits {
             time2wait: 2,
             time2retain: 0,
             rdma: true,
+            max_unexpected_pdus: 8,
         }
     }
 }
@@ -82,8 +88,18 @@ pub struct SessionParams {
     /// What the initiator may put in one PDU's data segment
     /// (TargetRecvDataSegmentLength / the target's MaxRecvDataSegmentLength).
     pub initiator_send_dsl: u32,
-    /// MaxOutstandingUnexpectedPDUs (0 = no limit).
+    /// MaxOutstandingUnexpectedPDUs the initiator declared: the unexpected
+    /// PDUs it can receive from the target (0 = no limit). The target sends
+    /// none (no target-initiated NOP-In, no Async Message), so it is
+    /// always respected.
     pub max_unexpected_pdus: u32,
+    /// MaxOutstandingUnexpectedPDUs the target declared in its answer: the
+    /// unexpected PDUs the initiator may have outstanding at the target
+    /// (0 = not declared, no limit). Unexpected are the PDUs the CmdSN
+    /// window does not bound: immediate commands (I bit: NOP-Out with a
+    /// valid ITT, SCSI Command, Task Management, Text, Logout), each
+    /// outstanding until its response. The connection enforces it.
+    pub target_unexpected_pdus: u32,
 }
 
 impl Default for SessionParams {
@@ -105,6 +121,7 @@ impl Default for SessionParams {
             target_send_dsl: 8192,
             initiator_send_dsl: 8192,
             max_unexpected_pdus: 0,
+            target_unexpected_pdus: 0,
         }
     }
 }
@@ -227,7 +244,14 @@ impl SessionParams {
                     .filter(|&n| n == 0 || (2..=u64::from(u32::MAX)).contains(&n))
                     .ok_or_else(bad)?;
                 self.max_unexpected_pdus = v as u32;
-                push_pair(out, key, value);
+                // Declarative: answer with our own declaration (what the
+                // target can receive), not an echo of the initiator's.
+                let ours = match ours.max_unexpected_pdus {
+                    0 => 0,
+                    n => n.max(2),
+                };
+                self.target_unexpected_pdus = ours;
+                push_pair(out, key, &ours.to_string());
             }
             _ => return Ok(false),
         }
@@ -342,6 +366,31 @@ mod tests {
         let (_, p, v) = answer("TargetRecvDataSegmentLength", "65536");
         assert_eq!((p.initiator_send_dsl, v.as_str()), (8192, "8192"));
         assert_eq!(answer("TargetAlias", "x").0, Ok(false));
+    }
+
+    #[test]
+    fn unexpected_pdus_is_declarative() {
+        // The initiator declares what it can receive; the target answers
+        // with its own limit (not the echo), which it then enforces.
+        let (r, p, v) = answer("MaxOutstandingUnexpectedPDUs", "64");
+        assert_eq!(r, Ok(true));
+        assert_eq!((p.max_unexpected_pdus, p.target_unexpected_pdus), (64, 8));
+        assert_eq!(v, "8");
+        let (_, p, v) = answer("MaxOutstandingUnexpectedPDUs", "0");
+        assert_eq!((p.max_unexpected_pdus, p.target_unexpected_pdus), (0, 8));
+        assert_eq!(v, "8");
+        let limits = TargetLimits {
+            max_unexpected_pdus: 0,
+            ..TargetLimits::default()
+        };
+        let mut p = SessionParams::default();
+        let mut out = Vec::new();
+        p.negotiate("MaxOutstandingUnexpectedPDUs", "4", &limits, &mut out)
+            .unwrap();
+        assert_eq!(parse_text(&out).unwrap()[0].1, "0", "no limit declared");
+        assert_eq!(p.target_unexpected_pdus, 0);
+        // Not sent by the initiator: nothing declared, nothing enforced.
+        assert_eq!(SessionParams::default().target_unexpected_pdus, 0);
     }
 
     #[test]

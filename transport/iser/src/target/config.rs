@@ -1,13 +1,18 @@
 //! The shared (`Send + Sync`) target configuration: target nodes (IQN +
-//! LUNs + initiator ACL), portal groups, TSIH allocation, and the buffer
-//! pool that task buffers come from. Control path: it locks.
+//! LUNs + initiator ACL), portal groups, TSIH allocation, the table of live
+//! sessions (reinstatement) and the buffer pool that task buffers come
+//! from. Control path: it locks; nothing here is touched per I/O (task
+//! buffers come from each core's cache, [`CoreCtx`](super::CoreCtx)).
 
-use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use pollux_bdev::Bdev;
 use pollux_reactor::mem::{BufPool, BufPoolOptions, DmaArena};
+use pollux_reactor::Reactor;
 use thiserror::Error;
+
+use super::sessions::{Nexus, SessionTable};
 
 use crate::session::{LoginEnv, LoginStatus, LoginTargetInfo, TargetLimits};
 
@@ -79,6 +84,9 @@ pub struct IscsiTarget {
     nodes: Mutex<Vec<Arc<TargetNode>>>,
     groups: Mutex<Vec<PortalGroup>>,
     tsih: AtomicU16,
+    /// Live sessions: login and teardown only, never per I/O.
+    sessions: Mutex<SessionTable>,
+    reinstated: AtomicU64,
     pool: BufPool,
 }
 
@@ -96,13 +104,18 @@ impl IscsiTarget {
         }
         // Room for 8 PI bytes per 512-byte block.
         let size = (opts.max_io_bytes as usize / 512) * 520;
-        let pool = BufPool::new(BufPoolOptions::new("iscsi-task", size, opts.task_buffers))
-            .map_err(|e| ConfigError::Memory(e.to_string()))?;
+        let mut po = BufPoolOptions::new("iscsi-task", size, opts.task_buffers);
+        // Each core's cache keeps at most a quarter of the pool (2..=32),
+        // so idle cores cannot park every buffer.
+        po.cache_size = (opts.task_buffers / 4).clamp(2, 32);
+        let pool = BufPool::new(po).map_err(|e| ConfigError::Memory(e.to_string()))?;
         Ok(Arc::new(IscsiTarget {
             opts,
             nodes: Mutex::new(Vec::new()),
             groups: Mutex::new(Vec::new()),
             tsih: AtomicU16::new(0),
+            sessions: Mutex::new(SessionTable::default()),
+            reinstated: AtomicU64::new(0),
             pool,
         }))
     }
@@ -119,6 +132,41 @@ impl IscsiTarget {
     /// The task buffer pool (transports register its arenas).
     pub fn pool(&self) -> &BufPool {
         &self.pool
+    }
+
+    /// Live sessions (those in full feature phase).
+    pub fn live_sessions(&self) -> usize {
+        Self::lock(&self.sessions).len()
+    }
+
+    /// Sessions closed by a reinstating login so far.
+    pub fn reinstatements(&self) -> u64 {
+        self.reinstated.load(Ordering::Relaxed)
+    }
+
+    /// Record session `tsih` of `nexus`, living on `reactor`'s core (control
+    /// path, at full feature phase). A live session of the same nexus is
+    /// reinstated: its core gets a message and closes it there.
+    pub(crate) fn start_session(self: &Arc<Self>, nexus: Nexus, tsih: u16, reactor: &Reactor) {
+        let old = Self::lock(&self.sessions).register(nexus, tsih, reactor.core());
+        let Some((old_tsih, core)) = old else {
+            return;
+        };
+        self.reinstated.fetch_add(1, Ordering::Relaxed);
+        log::info!("iscsi: session {tsih:#x} reinstates session {old_tsih:#x} (core {core})");
+        let t = Arc::clone(self);
+        let sent = reactor.send(core, move |r| match r.channel(&t) {
+            Ok(ctx) => ctx.doom(old_tsih),
+            Err(never) => match never {},
+        });
+        if let Err(e) = sent {
+            log::warn!("iscsi: cannot reach core {core} to close session {old_tsih:#x}: {e}");
+        }
+    }
+
+    /// Forget session `tsih` (its connection is gone; control path).
+    pub(crate) fn end_session(&self, tsih: u16) {
+        Self::lock(&self.sessions).remove(tsih);
     }
 
     /// The arenas task buffers live in.
@@ -246,15 +294,24 @@ impl LoginEnv for PortalLogin {
     }
 
     fn new_tsih(&self) -> u16 {
-        loop {
+        // Control path (login). Skips 0 and TSIHs of live sessions.
+        let live = IscsiTarget::lock(&self.target.sessions);
+        for _ in 0..=u16::MAX {
             let t = self
                 .target
                 .tsih
                 .fetch_add(1, Ordering::Relaxed)
                 .wrapping_add(1);
-            if t != 0 {
+            if t != 0 && !live.tsih_in_use(t) {
                 return t;
             }
         }
+        // 65535 live sessions: not reachable with MaxConnections=1 and
+        // our connection limits; any non-zero value keeps the login valid.
+        1
+    }
+
+    fn session_exists(&self, isid: [u8; 6], tsih: u16) -> bool {
+        IscsiTarget::lock(&self.target.sessions).exists(isid, tsih)
     }
 }

@@ -2,8 +2,20 @@
 //! core: login, full feature phase, the CmdSN window, SCSI tasks on bdev
 //! channels, T10 PI (generated, verified and reported by the bdev layer),
 //! NOP, Text (SendTargets), TMF and Logout. `!Send`,
-//! lives on one reactor; no allocation per command (task slots, buffers
-//! and queues are preallocated at login).
+//! lives on one reactor; no allocation per command (task slots and queues
+//! are preallocated at login).
+//!
+//! Task buffers come per command from this core's cache of the target's
+//! pool ([`CoreCtx`], obtained once per connection) and go back to it when
+//! the task is freed: no shared-pool atomic per I/O. With no buffer free a
+//! command without unsolicited data waits (FIFO, retried at each poll); one
+//! whose unsolicited data has nowhere to go is answered TASK SET FULL.
+//!
+//! Sessions: at full feature phase the session enters the target's table;
+//! a later leading login of the same I_T nexus retires it (session
+//! reinstatement) and this connection closes at its next poll.
+//! MaxOutstandingUnexpectedPDUs, when the target declared it, bounds the
+//! immediate PDUs outstanding: one more is rejected (reason 0x06).
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -15,7 +27,9 @@ use pollux_reactor::mem::DmaBuf;
 use pollux_reactor::{PollStatus, Reactor};
 
 use super::config::{IscsiTarget, PortalLogin};
+use super::core_ctx::CoreCtx;
 use super::ops::{ConnOps, Transfer};
+use super::sessions::Nexus;
 use crate::pdu::text::{parse_text, push_pair};
 use crate::pdu::{
     reject_reason, tmf_response, Bhs, IserHeader, LogoutRequest, LogoutResponse, Lun, NopIn,
@@ -40,6 +54,8 @@ pub struct ConnParams {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum TaskState {
     Free,
+    /// Waiting for a task buffer from the core's cache.
+    AwaitBuf,
     /// Waiting for unsolicited Data-Out PDUs.
     AwaitDataOut,
     /// RDMA READ of solicited data in flight.
@@ -75,6 +91,14 @@ struct Task {
     result: Result<(), Sense>,
     /// The command holds a CmdSN window slot.
     slot: bool,
+    /// The command's R and W bits and its F bit.
+    rflag: bool,
+    wflag: bool,
+    final_: bool,
+    /// An immediate command (counts as an unexpected PDU until answered).
+    immediate: bool,
+    /// Answer TASK SET FULL (no buffer for its unsolicited data).
+    full: bool,
 }
 
 impl Task {
@@ -96,6 +120,11 @@ impl Task {
             sent: 0,
             result: Ok(()),
             slot: false,
+            rflag: false,
+            wflag: false,
+            final_: false,
+            immediate: false,
+            full: false,
         }
     }
 }
@@ -137,6 +166,13 @@ pub struct ConnStats {
     pub rejected: u64,
     /// PI errors detected by the target.
     pub pi_errors: u64,
+    /// Commands that waited for a task buffer.
+    pub buffer_waits: u64,
+    /// Commands answered TASK SET FULL (no buffer for their unsolicited
+    /// data).
+    pub task_set_full: u64,
+    /// Immediate PDUs rejected beyond MaxOutstandingUnexpectedPDUs.
+    pub unexpected_rejected: u64,
 }
 
 /// The core of one connection.
@@ -157,6 +193,15 @@ pub struct Connection {
     cb: Rc<dyn IoCompletion>,
     text_out: Vec<u8>,
     stats: ConnStats,
+    /// This core's task-buffer cache and retired-session list.
+    core: Rc<CoreCtx>,
+    /// Tasks waiting for a buffer, oldest first.
+    buf_wait: VecDeque<u16>,
+    /// TSIH of this connection's session once in the target's table.
+    tsih: Option<u16>,
+    /// Immediate PDUs outstanding (answered ones leave at once; immediate
+    /// SCSI commands stay until their response).
+    unexpected: u32,
 }
 
 fn lun_slot(luns: &[LunState], lun: &Lun) -> Option<usize> {
@@ -171,6 +216,10 @@ impl Connection {
             done: RefCell::new(VecDeque::new()),
         });
         let cb: Rc<dyn IoCompletion> = sink.clone();
+        let core = match reactor.channel(target) {
+            Ok(c) => c,
+            Err(never) => match never {},
+        };
         Connection {
             target: Arc::clone(target),
             env: target.login_env(params.portal_tag),
@@ -188,7 +237,21 @@ impl Connection {
             cb,
             text_out: Vec::with_capacity(8192),
             stats: ConnStats::default(),
+            core,
+            buf_wait: VecDeque::new(),
+            tsih: None,
+            unexpected: 0,
         }
+    }
+
+    /// This core's target context (its task-buffer cache).
+    pub fn core_ctx(&self) -> &CoreCtx {
+        &self.core
+    }
+
+    /// The TSIH of this connection's session, once in full feature phase.
+    pub fn tsih(&self) -> Option<u16> {
+        self.tsih
     }
 
     /// Counters.
@@ -271,6 +334,11 @@ impl Connection {
             self.on_login_pdu(&pdu, ops);
             return !self.is_closed();
         }
+        if self.over_unexpected(&pdu.bhs) {
+            self.stats.unexpected_rejected += 1;
+            self.reject(pdu.raw, reject_reason::IMMEDIATE_REJECTED, ops);
+            return !self.is_closed();
+        }
         match pdu.bhs {
             Bhs::ScsiCmd(cmd) => self.on_command(&cmd, pdu.data, write, read, ops),
             Bhs::DataOut(d) => self.on_data_out(&d, pdu.data, ops),
@@ -281,6 +349,28 @@ impl Connection {
             _ => self.reject(pdu.raw, reject_reason::PROTOCOL_ERROR, ops),
         }
         !self.is_closed()
+    }
+
+    /// Whether `bhs` is an unexpected (immediate) PDU one beyond the
+    /// MaxOutstandingUnexpectedPDUs the target declared.
+    fn over_unexpected(&self, bhs: &Bhs) -> bool {
+        let limit = self
+            .outcome
+            .as_ref()
+            .map_or(0, |o| o.params.target_unexpected_pdus);
+        if limit == 0 {
+            return false;
+        }
+        let immediate = match bhs {
+            Bhs::ScsiCmd(c) => c.immediate,
+            // A NOP-Out answering our ping (ITT reserved) is expected.
+            Bhs::NopOut(n) => n.immediate && n.itt != RESERVED_TAG,
+            Bhs::TmfReq(t) => t.immediate,
+            Bhs::TextReq(t) => t.immediate,
+            Bhs::LogoutReq(l) => l.immediate,
+            _ => false,
+        };
+        immediate && self.unexpected >= limit
     }
 
     fn on_login_pdu(&mut self, pdu: &Pdu<'_>, ops: &mut dyn ConnOps) {
@@ -296,12 +386,12 @@ impl Connection {
         let sent = ops.send_pdu(&bhs, &self.text_out, None);
         match step {
             LoginStep::Continue if sent => {}
-            LoginStep::Done(o) if sent => self.enter_full_feature(o, ops),
+            LoginStep::Done(o) if sent => self.enter_full_feature(o),
             _ => self.close(ops),
         }
     }
 
-    fn enter_full_feature(&mut self, o: Box<LoginOutcome>, ops: &mut dyn ConnOps) {
+    fn enter_full_feature(&mut self, o: Box<LoginOutcome>) {
         let depth = o.info.limits.queue_depth.max(1) as usize;
         self.stat_sn = o.stat_sn;
         self.window = CmdWindow::new(o.exp_cmd_sn, depth as u32);
@@ -309,14 +399,21 @@ impl Connection {
         self.tasks = (0..depth).map(|_| Task::new()).collect();
         self.free = (0..depth as u16).rev().collect();
         self.retry = VecDeque::with_capacity(depth);
+        self.buf_wait = VecDeque::with_capacity(depth);
         self.sink.done.borrow_mut().reserve(depth);
-        for t in &mut self.tasks {
-            t.buf = self.target.pool().get();
-            if t.buf.is_none() {
-                self.close(ops);
-                return;
-            }
-        }
+        // Into the target's session table (control path); a live session of
+        // the same I_T nexus is reinstated by this one.
+        let nexus = Nexus {
+            initiator: o.initiator_name.clone(),
+            isid: o.isid,
+            target: o.target_name.clone(),
+            tpgt: o.info.tpgt,
+        };
+        // A stale retirement of an earlier session with this TSIH (one
+        // that ended before the message came) must not hit this one.
+        self.core.take_doomed(o.tsih);
+        self.target.start_session(nexus, o.tsih, &self.reactor);
+        self.tsih = Some(o.tsih);
         if o.session_type == SessionType::Normal {
             let node = o.target_name.as_deref().and_then(|n| self.target.node(n));
             for (id, bdev) in node.map(|n| n.luns.clone()).unwrap_or_default() {
@@ -531,6 +628,45 @@ impl Connection {
         t.sent = 0;
         t.result = Ok(());
         t.slot = true;
+        t.rflag = cmd.read;
+        t.wflag = cmd.write;
+        t.final_ = cmd.final_;
+        t.immediate = cmd.immediate;
+        t.full = false;
+        if cmd.immediate {
+            self.unexpected += 1;
+        }
+        // No overtaking of waiting tasks.
+        let buf = if self.buf_wait.is_empty() {
+            self.core.get()
+        } else {
+            None
+        };
+        let t = &mut self.tasks[usize::from(idx)];
+        match buf {
+            Some(b) => t.buf = Some(b),
+            None if data.is_empty() && cmd.final_ => {
+                // Nothing of it to keep meanwhile: wait for a buffer.
+                t.state = TaskState::AwaitBuf;
+                self.stats.buffer_waits += 1;
+                self.buf_wait.push_back(idx);
+                return;
+            }
+            None => {
+                // Its unsolicited data has nowhere to go: SCSI back-pressure.
+                t.full = true;
+                self.stats.task_set_full += 1;
+                return self.respond(idx, ops);
+            }
+        }
+        self.execute(idx, data, ops);
+    }
+
+    /// Run command `idx` (its task holds a buffer) with its immediate data.
+    fn execute(&mut self, idx: u16, data: &[u8], ops: &mut dyn ConnOps) {
+        let t = &mut self.tasks[usize::from(idx)];
+        let lun = t.lun;
+        let (cdb, edtl, wflag, rflag, final_) = (t.cdb, t.edtl, t.wflag, t.rflag, t.final_);
         let Some(buf) = t.buf.as_mut() else {
             t.result = Err(Sense::INTERNAL_FAILURE);
             self.respond(idx, ops);
@@ -538,9 +674,9 @@ impl Connection {
         };
         let cap = buf.capacity();
         let _ = buf.set_len(cap);
-        let opcode = cmd.cdb[0];
+        let opcode = cdb[0];
         let action = if opcode == op::REPORT_LUNS {
-            crate::scsi::Cdb::parse(&cmd.cdb).map(|c| {
+            crate::scsi::Cdb::parse(&cdb).map(|c| {
                 let alloc = match c {
                     crate::scsi::Cdb::ReportLuns { alloc } => alloc as usize,
                     _ => 0,
@@ -552,8 +688,8 @@ impl Connection {
             let out_len = cap.min(512);
             self.luns[l]
                 .disk
-                .exec(&cmd.cdb, &mut buf.as_mut_slice()[..out_len])
-        } else if opcode == op::INQUIRY && cmd.cdb[1] & 1 == 0 {
+                .exec(&cdb, &mut buf.as_mut_slice()[..out_len])
+        } else if opcode == op::INQUIRY && cdb[1] & 1 == 0 {
             // Unmapped LUN: peripheral qualifier 3, type 1Fh.
             let b = buf.as_mut_slice();
             b[..36].fill(0);
@@ -561,9 +697,9 @@ impl Connection {
             b[2] = 6;
             b[3] = 2;
             b[4] = 31;
-            Ok(Action::DataIn(36.min(usize::from(u16::from_be_bytes([
-                cmd.cdb[3], cmd.cdb[4],
-            ])))))
+            Ok(Action::DataIn(
+                36.min(usize::from(u16::from_be_bytes([cdb[3], cdb[4]]))),
+            ))
         } else {
             Err(Sense::LUN_NOT_SUPPORTED)
         };
@@ -581,20 +717,20 @@ impl Connection {
                 if io.op == BlockOp::Write {
                     let info = &self.luns[lun.unwrap_or(0)].disk.info;
                     let wire = io.wire_len(info);
-                    if u64::from(cmd.edtl) != wire || !cmd.write {
+                    if u64::from(edtl) != wire || !wflag {
                         t.result = Err(Sense::INVALID_FIELD_IN_CDB);
                         t.io = None;
                     } else {
                         t.need = wire as usize;
                     }
-                } else if io.op == BlockOp::Read && !cmd.read {
+                } else if io.op == BlockOp::Read && !rflag {
                     t.result = Err(Sense::INVALID_FIELD_IN_CDB);
                     t.io = None;
                 }
             }
         }
         if t.need > 0 {
-            if u64::from(cmd.edtl) < t.need as u64 || !cmd.write {
+            if u64::from(edtl) < t.need as u64 || !wflag {
                 t.result = Err(Sense::INVALID_FIELD_IN_CDB);
                 t.need = 0;
                 t.io = None;
@@ -605,7 +741,7 @@ impl Connection {
                     b.as_mut_slice()[..n].copy_from_slice(&data[..n]);
                 }
                 t.got = n;
-                if t.got < t.need && !cmd.final_ {
+                if t.got < t.need && !final_ {
                     t.state = TaskState::AwaitDataOut;
                     return;
                 }
@@ -834,6 +970,11 @@ impl Connection {
 
     /// Send read data (if any) and the SCSI Response; frees the task.
     fn respond(&mut self, idx: u16, ops: &mut dyn ConnOps) {
+        if self.is_closed() {
+            // Closed (logout, protocol error, reinstated): the task ends
+            // here, into the void; its buffer goes back to the cache.
+            return self.free_task(idx);
+        }
         let t = &mut self.tasks[usize::from(idx)];
         t.state = TaskState::Respond;
         let mut flags = 0u8;
@@ -841,6 +982,7 @@ impl Connection {
         let mut sense_buf = [0u8; 20];
         let mut sense_len = 0;
         let status = match t.result {
+            Ok(()) if t.full => sense::TASK_SET_FULL,
             Ok(()) => {
                 let ready = t.data_in.min(t.edtl as usize);
                 if ready > 0 {
@@ -918,8 +1060,23 @@ impl Connection {
             return;
         }
         self.stat_sn = self.stat_sn.wrapping_add(1);
+        self.free_task(idx);
+    }
+
+    /// Task `idx` is done: back to the free list, its buffer back to this
+    /// core's cache (the drop finds it; no shared atomic).
+    fn free_task(&mut self, idx: u16) {
+        let t = &mut self.tasks[usize::from(idx)];
+        if t.state == TaskState::Free {
+            return;
+        }
         t.state = TaskState::Free;
         t.slot = false;
+        t.buf = None;
+        if t.immediate {
+            t.immediate = false;
+            self.unexpected = self.unexpected.saturating_sub(1);
+        }
         self.free.push(idx);
     }
 
@@ -927,6 +1084,33 @@ impl Connection {
     /// reactor loop.
     pub fn poll(&mut self, ops: &mut dyn ConnOps) -> PollStatus {
         let mut busy = false;
+        if self.core.any_doomed() {
+            if let Some(tsih) = self.tsih {
+                if self.core.take_doomed(tsih) {
+                    // Reinstated by a new login: close; I/O in flight
+                    // completes into the void (the bdev owns its buffers).
+                    log::info!("iscsi: session {tsih:#x} reinstated elsewhere; closing");
+                    self.close(ops);
+                    return PollStatus::Busy;
+                }
+            }
+        }
+        if self.is_closed() {
+            while let Some(idx) = self.buf_wait.pop_front() {
+                self.free_task(idx);
+            }
+        }
+        while let Some(&idx) = self.buf_wait.front() {
+            let Some(b) = self.core.get() else {
+                break;
+            };
+            self.buf_wait.pop_front();
+            busy = true;
+            let t = &mut self.tasks[usize::from(idx)];
+            t.buf = Some(b);
+            t.state = TaskState::Respond;
+            self.execute(idx, &[], ops);
+        }
         loop {
             let next = self.sink.done.borrow_mut().pop_front();
             let Some((idx, status, buf)) = next else {
@@ -950,6 +1134,16 @@ impl Connection {
             PollStatus::Busy
         } else {
             PollStatus::Idle
+        }
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        if let Some(tsih) = self.tsih.take() {
+            self.target.end_session(tsih);
+            // A retirement that raced with this connection's own end.
+            self.core.take_doomed(tsih);
         }
     }
 }

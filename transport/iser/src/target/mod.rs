@@ -4,9 +4,12 @@
 
 pub mod config;
 pub mod conn;
+mod core_ctx;
 pub mod iser;
 pub mod ops;
+mod sessions;
 
 pub use config::{ConfigError, IscsiTarget, PortalGroup, TargetNode, TargetOptions};
 pub use conn::{ConnParams, ConnStats, Connection};
+pub use core_ctx::CoreCtx;
 pub use ops::{ConnOps, Transfer};

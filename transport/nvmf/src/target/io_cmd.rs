@@ -6,7 +6,7 @@
 //! the namespace generation are one atomic load each; the namespace view
 //! (with this core's bdev channels) is the queue's own.
 
-use pollux_bdev::{IoError, SgList};
+use pollux_bdev::{IoError, IoType, SgList};
 
 use super::qpair::{ExecOutcome, NsEntry, QueuePair};
 use super::req::{Dir, Exec, Plan};
@@ -68,7 +68,8 @@ impl QueuePair {
     /// I/O queue: what a command needs, with the range and length checks.
     pub(crate) fn classify_io(&mut self, slot: u16) -> Result<Plan, NvmeStatus> {
         let si = usize::from(slot);
-        let cmd = self.reqs[si].cmd;
+        let cmd = &self.reqs[si].cmd;
+        let (opcode, nsid) = (cmd.opcode, cmd.nsid);
         if cmd.is_fabrics() {
             return Err(match FabricsType::from_code(cmd.fctype()) {
                 Some(FabricsType::Connect) => NvmeStatus::COMMAND_SEQUENCE_ERROR,
@@ -80,17 +81,17 @@ impl QueuePair {
             return Err(NvmeStatus::COMMAND_SEQUENCE_ERROR);
         }
         self.refresh_ns_view();
-        let Some(e) = find_ns(&self.ns_view, cmd.nsid) else {
+        let Some(e) = find_ns(&self.ns_view, nsid) else {
             return Err(NvmeStatus::INVALID_NAMESPACE);
         };
         let bs = u64::from(e.ns.block_size());
         let nsze = e.ns.num_blocks();
         let max_io = u64::from(self.target.options().max_io_size);
-        let op = IoOpcode::from_code(cmd.opcode).ok_or(NvmeStatus::INVALID_OPCODE)?;
+        let op = IoOpcode::from_code(opcode).ok_or(NvmeStatus::INVALID_OPCODE)?;
         let req = &mut self.reqs[si];
         match op {
             IoOpcode::Read | IoOpcode::Write | IoOpcode::WriteZeroes => {
-                let rw = RwCmd::from_cmd(&cmd);
+                let rw = RwCmd::from_cmd(&req.cmd);
                 let nlb = u64::from(rw.nlb);
                 if !in_range(rw.slba, nlb, nsze) {
                     return Err(NvmeStatus::LBA_OUT_OF_RANGE);
@@ -113,7 +114,7 @@ impl QueuePair {
             }
             IoOpcode::Flush => Ok(Plan::no_data(Exec::Flush)),
             IoOpcode::DatasetManagement => {
-                let d = DsmCmd::from_cmd(&cmd);
+                let d = DsmCmd::from_cmd(&req.cmd);
                 Ok(Plan::new(Exec::Dsm, Dir::ToCtrl, d.data_len() as u32))
             }
             IoOpcode::Fabrics => Err(NvmeStatus::INVALID_OPCODE),
@@ -130,19 +131,25 @@ impl QueuePair {
         };
         let req = &mut self.reqs[si];
         let (slba, nlb) = (req.slba, u64::from(req.nlb));
-        let r = match req.plan.exec {
-            Exec::Read => {
-                e.ch.read(slba, nlb, std::mem::take(&mut req.bufs), &self.io_cb, tag)
-            }
-            Exec::Write => {
-                e.ch.write(slba, nlb, std::mem::take(&mut req.bufs), &self.io_cb, tag)
-            }
-            Exec::Flush => e.ch.flush(0, e.ns.num_blocks(), &self.io_cb, tag),
-            Exec::WriteZeroes => e.ch.write_zeroes(slba, nlb, &self.io_cb, tag),
+        // In place: the completion lends the bdev's slot and only the
+        // buffers move back (see `IoInbox`).
+        let (io_type, bufs) = match req.plan.exec {
+            Exec::Read => (IoType::Read, std::mem::take(&mut req.bufs)),
+            Exec::Write => (IoType::Write, std::mem::take(&mut req.bufs)),
+            Exec::Flush => (IoType::Flush, SgList::new()),
+            Exec::WriteZeroes => (IoType::WriteZeroes, SgList::new()),
             Exec::Dsm => return self.exec_dsm(slot),
             _ => return ExecOutcome::Done(NvmeStatus::INTERNAL_ERROR),
         };
-        match r {
+        let (slba, nlb) = if io_type == IoType::Flush {
+            (0, e.ns.num_blocks())
+        } else {
+            (slba, nlb)
+        };
+        match e
+            .ch
+            .submit_in_place(io_type, slba, nlb, bufs, &self.io_cb, tag)
+        {
             Ok(()) => {
                 req.subs = 1;
                 ExecOutcome::Async

@@ -9,7 +9,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Instant;
 
-use pollux_bdev::{CompletedIo, IoChannel, IoCompletion, IoStatus, SgList};
+use pollux_bdev::{CompletedIo, InPlaceIo, IoChannel, IoCompletion, IoStatus, SgList};
 use pollux_reactor::mem::{BufPool, BufPoolOptions, DmaBuf};
 use pollux_reactor::{PollStatus, PollerId, Reactor};
 
@@ -22,7 +22,7 @@ use super::target::Target;
 use super::transport::{
     QpairOps, QpairParams, ReqTag, Response, ResponseData, Transfer, TransportError,
 };
-use crate::spec::cmd::{NvmeCmd, SQE_SIZE};
+use crate::spec::cmd::SQE_SIZE;
 use crate::spec::cpl::{NvmeCompletion, NvmeStatus, SQHD_DISABLED};
 use crate::spec::log_page::ErrorLogEntry;
 use crate::spec::sgl::{SglDescriptor, SglError};
@@ -34,15 +34,54 @@ const SLOT_BUF_MIN: usize = 4096;
 pub(crate) const AER_LIMIT: usize = 4;
 
 /// Bdev completions, queued by the bdev channel's poller and drained by
-/// [`QueuePair::poll`] (never processed inside the callback).
+/// [`QueuePair::poll`] (never processed inside the callback). The data
+/// buffers of a finished I/O wait in `bufs`, by request slot: swapped in
+/// from the bdev's slot and out into the request, so no buffer list moves
+/// through the queue.
 #[derive(Debug)]
 struct IoInbox {
-    q: RefCell<VecDeque<(u64, IoStatus, SgList)>>,
+    q: RefCell<VecDeque<(u64, IoStatus)>>,
+    bufs: RefCell<Box<[SgList]>>,
+}
+
+impl IoInbox {
+    /// Keep `bufs` (left empty, or holding a stale list the caller drops)
+    /// for the request named by `ctx`, then queue the completion.
+    #[inline]
+    fn put(&self, ctx: u64, status: IoStatus, bufs: &mut SgList) {
+        if !bufs.is_empty() {
+            if let Some(home) = self.bufs.borrow_mut().get_mut(ReqTag::from_u64(ctx).slot()) {
+                // Moved, not swapped: the place is empty (a stale list
+                // there is dropped).
+                drop_empty(std::mem::replace(home, std::mem::take(bufs)));
+            }
+        }
+        self.q.borrow_mut().push_back((ctx, status));
+    }
+}
+
+/// Drop a buffer list that is normally empty: an empty inline one holds
+/// nothing, so it is forgotten without a call into the list's drop glue
+/// (per I/O); anything else is dropped.
+#[inline(always)]
+fn drop_empty(l: SgList) {
+    if l.is_empty() && l.is_inline() {
+        std::mem::forget(l);
+    }
 }
 
 impl IoCompletion for IoInbox {
     fn complete(&self, io: CompletedIo) {
-        self.q.borrow_mut().push_back((io.ctx, io.status, io.bufs));
+        let mut bufs = io.bufs;
+        self.put(io.ctx, io.status, &mut bufs);
+    }
+
+    /// The I/O path submits in place: the data buffers are swapped out of
+    /// the bdev's slot (no [`CompletedIo`] is built).
+    #[inline]
+    fn complete_in_place(&self, mut io: InPlaceIo<'_>) {
+        let (ctx, status) = (io.ctx(), io.status());
+        self.put(ctx, status, io.bufs_mut());
     }
 }
 
@@ -112,6 +151,8 @@ pub struct QueuePair {
     park_exec: VecDeque<u16>,
     park_rsp: VecDeque<u16>,
     inbox: Rc<IoInbox>,
+    /// The other half of the inbox's double buffer (empty between polls).
+    inbox_spare: VecDeque<(u64, IoStatus)>,
     pub(crate) io_cb: Rc<dyn IoCompletion>,
     pub(crate) ns_view: Vec<NsEntry>,
     pub(crate) ns_gen: u64,
@@ -185,6 +226,7 @@ impl QueuePair {
         }
         let inbox = Rc::new(IoInbox {
             q: RefCell::new(VecDeque::with_capacity(usize::from(nreq) + 16)),
+            bufs: RefCell::new((0..nreq).map(|_| SgList::new()).collect()),
         });
         let io_cb: Rc<dyn IoCompletion> = inbox.clone();
         let cap = usize::from(nreq);
@@ -207,6 +249,7 @@ impl QueuePair {
             park_exec: VecDeque::with_capacity(cap),
             park_rsp: VecDeque::with_capacity(cap),
             inbox,
+            inbox_spare: VecDeque::with_capacity(usize::from(nreq) + 16),
             io_cb,
             ns_view: Vec::new(),
             ns_gen: u64::MAX,
@@ -339,12 +382,14 @@ impl QueuePair {
         if self.disconnect_sent {
             return Err(CapsuleError::Disconnecting);
         }
-        let cmd = NvmeCmd::parse(sqe)
-            .map_err(|_| CapsuleError::Malformed(sqe.len().min(SQE_SIZE) + icd.len()))?;
+        let Some(sqe) = sqe.first_chunk::<SQE_SIZE>() else {
+            return Err(CapsuleError::Malformed(sqe.len() + icd.len()));
+        };
         let slot = self.free.pop().ok_or(CapsuleError::QueueFull)?;
         self.stats.commands += 1;
         let si = usize::from(slot);
-        self.reqs[si].start(cmd);
+        // Parsed straight into the request: no copy of the command.
+        self.reqs[si].start(sqe);
         match self.prepare(slot, icd) {
             Ok(()) => {}
             Err(st) => self.finish(slot, st),
@@ -357,13 +402,13 @@ impl QueuePair {
     /// `NeedBuffer`, `ReadyToExecute` (no data or in-capsule data copied).
     fn prepare(&mut self, slot: u16, icd: Icd<'_>) -> Result<(), NvmeStatus> {
         let si = usize::from(slot);
-        let cmd = self.reqs[si].cmd;
+        let cmd = &self.reqs[si].cmd;
         if cmd.fuse() != 0 || cmd.psdt() != 1 {
             return Err(NvmeStatus::INVALID_FIELD);
         }
         let plan = self.classify(slot)?;
         self.reqs[si].plan = plan;
-        let sgl = cmd.sgl().map_err(|e| match e {
+        let sgl = self.reqs[si].cmd.sgl().map_err(|e| match e {
             SglError::UnsupportedType(_) => NvmeStatus::SGL_DESCRIPTOR_TYPE_INVALID,
             _ => NvmeStatus::INVALID_FIELD,
         })?;
@@ -386,6 +431,7 @@ impl QueuePair {
                 });
             }
             SglDescriptor::InCapsule { offset, len } => {
+                req.unpark_slot_buf();
                 if plan.dir != Dir::ToCtrl || self.icd_size == 0 {
                     return Err(NvmeStatus::INVALID_FIELD);
                 }
@@ -445,6 +491,8 @@ impl QueuePair {
             _ => return Err(NvmeStatus::SGL_DESCRIPTOR_TYPE_INVALID),
         }
         req.state = if plan.len == 0 {
+            // No data: nothing may find the parked slot buffer in `bufs`.
+            req.unpark_slot_buf();
             ReqState::ReadyToExecute
         } else {
             ReqState::NeedBuffer
@@ -454,10 +502,10 @@ impl QueuePair {
 
     /// Which plan, by queue kind.
     fn classify(&mut self, slot: u16) -> Result<super::req::Plan, NvmeStatus> {
-        let cmd = self.reqs[usize::from(slot)].cmd;
+        let cmd = &self.reqs[usize::from(slot)].cmd;
         match (&self.ctrlr, self.qid) {
-            (None, _) => self.classify_unconnected(&cmd),
-            (Some(_), Some(0)) => self.classify_admin(&cmd),
+            (None, _) => self.classify_unconnected(cmd),
+            (Some(_), Some(0)) => self.classify_admin(cmd),
             (Some(_), _) => self.classify_io(slot),
         }
     }
@@ -563,6 +611,7 @@ impl QueuePair {
     }
 
     /// Build the completion (once) and hand the response to the transport.
+    #[inline(never)]
     fn respond(&mut self, slot: u16, ops: &mut dyn QpairOps) {
         let si = usize::from(slot);
         if self.reqs[si].lent_icd {
@@ -689,13 +738,16 @@ impl QueuePair {
     /// notice a dead controller. Call once per reactor loop.
     pub fn poll(&mut self, ops: &mut dyn QpairOps) -> PollStatus {
         let mut busy = false;
-        loop {
-            let next = self.inbox.q.borrow_mut().pop_front();
-            let Some((ctx, status, bufs)) = next else {
-                break;
-            };
+        // The whole batch at once (double-buffered: no borrow per entry);
+        // completions of I/Os submitted meanwhile wait for the next poll.
+        if !self.inbox.q.borrow().is_empty() {
+            let mut batch = std::mem::take(&mut self.inbox_spare);
+            std::mem::swap(&mut batch, &mut *self.inbox.q.borrow_mut());
             busy = true;
-            self.io_done(ReqTag::from_u64(ctx), status, bufs, ops);
+            for (ctx, status) in batch.drain(..) {
+                self.io_done(ReqTag::from_u64(ctx), status, ops);
+            }
+            self.inbox_spare = batch;
         }
         let parked = !(self.park_buf.is_empty()
             && self.park_xfer.is_empty()
@@ -783,14 +835,25 @@ impl QueuePair {
     }
 
     /// A bdev I/O of request `tag` finished.
-    fn io_done(&mut self, tag: ReqTag, status: IoStatus, bufs: SgList, ops: &mut dyn QpairOps) {
+    fn io_done(&mut self, tag: ReqTag, status: IoStatus, ops: &mut dyn QpairOps) {
         let Some(slot) = self.slot_of(tag, ReqState::Executing) else {
+            // Stale: drop what it returned.
+            if let Some(home) = self.inbox.bufs.borrow_mut().get_mut(tag.slot()) {
+                if !home.is_empty() {
+                    drop(std::mem::take(home));
+                }
+            }
             return;
         };
         let si = usize::from(slot);
         let req = &mut self.reqs[si];
-        if !bufs.is_empty() {
-            req.bufs = bufs;
+        if let Some(home) = self.inbox.bufs.borrow_mut().get_mut(si) {
+            // The I/O's buffers back into the request (whose list was
+            // taken at submit); an I/O without buffers leaves the
+            // request's own (DSM ranges) in place.
+            if !home.is_empty() {
+                drop_empty(std::mem::replace(&mut req.bufs, std::mem::take(home)));
+            }
         }
         if let Err(e) = status {
             if req.status.is_success() {
@@ -804,13 +867,15 @@ impl QueuePair {
         if req.plan.exec == super::req::Exec::Dsm && req.status.is_success() {
             // More ranges to issue: back to ReadyToExecute.
             req.state = ReqState::ReadyToExecute;
+            self.process(slot, ops);
         } else {
             req.state = ReqState::Executed;
             if let super::req::Exec::Read = req.plan.exec {
                 req.out_len = req.plan.len;
             }
+            // What `process` does for `Executed`, without its frame.
+            self.respond(slot, ops);
         }
-        self.process(slot, ops);
     }
 }
 

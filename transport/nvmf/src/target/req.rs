@@ -19,7 +19,7 @@
 use pollux_reactor::mem::{DmaBuf, SgList};
 
 use super::transport::RemoteBuf;
-use crate::spec::cmd::{AdminOpcode, NvmeCmd};
+use crate::spec::cmd::{AdminOpcode, NvmeCmd, SQE_SIZE};
 use crate::spec::cpl::{NvmeCompletion, NvmeStatus};
 
 /// Where a request is in its life.
@@ -109,6 +109,19 @@ pub(crate) enum ParkQ {
     Response,
 }
 
+/// `buf.set_len(len)` as a bool, the error dropped in its own arm: the
+/// success path (every I/O) makes no call into the error's drop glue.
+#[inline(always)]
+fn set_len(buf: &mut DmaBuf, len: usize) -> bool {
+    match buf.set_len(len) {
+        Ok(()) => true,
+        Err(e) => {
+            drop(e);
+            false
+        }
+    }
+}
+
 /// One request slot.
 #[derive(Debug)]
 pub(crate) struct Request {
@@ -130,6 +143,13 @@ pub(crate) struct Request {
     pub(crate) slot_buf: Option<DmaBuf>,
     /// `bufs` holds `slot_buf`.
     pub(crate) uses_slot_buf: bool,
+    /// `bufs` holds the slot buffer, idle (its full capacity): left there
+    /// by the last command's release, so the next command that needs it
+    /// (a small keyed I/O) takes it without moving it. Anything else that
+    /// fills `bufs` first [unparks](Self::unpark_slot_buf) it.
+    pub(crate) slot_parked: bool,
+    /// The slot buffer's capacity (its length while parked).
+    slot_cap: usize,
     pub(crate) status: NvmeStatus,
     pub(crate) dw0: u32,
     pub(crate) dw1: u32,
@@ -151,6 +171,7 @@ pub(crate) struct Request {
 impl Request {
     pub(crate) fn new(slot_buf: Option<DmaBuf>) -> Self {
         Request {
+            slot_cap: slot_buf.as_ref().map_or(0, DmaBuf::capacity),
             state: ReqState::Free,
             gen: 0,
             cmd: NvmeCmd::default(),
@@ -161,6 +182,7 @@ impl Request {
             bufs: SgList::new(),
             slot_buf,
             uses_slot_buf: false,
+            slot_parked: false,
             status: NvmeStatus::SUCCESS,
             dw0: 0,
             dw1: 0,
@@ -174,10 +196,13 @@ impl Request {
         }
     }
 
-    /// Start a new command in this slot.
-    pub(crate) fn start(&mut self, cmd: NvmeCmd) {
+    /// Start a new command in this slot, parsing its SQE in place.
+    pub(crate) fn start(&mut self, sqe: &[u8; SQE_SIZE]) {
         self.gen = self.gen.wrapping_add(1);
-        self.cmd = cmd;
+        // 64 bytes: the parse cannot fail (and is built in place).
+        if let Ok(cmd) = NvmeCmd::parse(sqe) {
+            self.cmd = cmd;
+        }
         self.plan = Plan::no_data(Exec::Flush);
         self.remote = None;
         self.in_capsule = false;
@@ -196,11 +221,26 @@ impl Request {
 
     /// Put the slot buffer in `bufs`, `len` bytes long; `false` if it is
     /// too small (or already in use).
+    #[inline]
     pub(crate) fn take_slot_buf(&mut self, len: usize) -> bool {
+        if self.slot_parked {
+            let fits = match self.bufs.as_mut_slice() {
+                [b] => set_len(b, len),
+                _ => false,
+            };
+            if fits {
+                self.slot_parked = false;
+                self.uses_slot_buf = true;
+                return true;
+            }
+            // Too small: out of the way of the pool buffers.
+            self.unpark_slot_buf();
+            return false;
+        }
         let Some(mut b) = self.slot_buf.take() else {
             return false;
         };
-        if b.set_len(len).is_err() {
+        if !set_len(&mut b, len) {
             self.slot_buf = Some(b);
             return false;
         }
@@ -209,8 +249,39 @@ impl Request {
         true
     }
 
-    /// Drop the data buffers, keeping the slot buffer for the next command.
+    /// Move a parked slot buffer out of `bufs` (before anything else
+    /// fills them).
+    pub(crate) fn unpark_slot_buf(&mut self) {
+        if self.slot_parked {
+            self.slot_parked = false;
+            self.slot_buf = self.bufs.pop();
+        }
+    }
+
+    /// Drop the data buffers, keeping the slot buffer for the next command
+    /// (parked in `bufs` when it is their only segment).
+    #[inline]
     pub(crate) fn release_bufs(&mut self) {
+        self.lent_icd = false;
+        if self.slot_parked {
+            return;
+        }
+        if self.uses_slot_buf {
+            if let [b] = self.bufs.as_mut_slice() {
+                // Its own capacity: cannot fail.
+                set_len(b, self.slot_cap);
+                self.uses_slot_buf = false;
+                self.slot_parked = true;
+                return;
+            }
+        }
+        self.release_other_bufs();
+    }
+
+    /// [`release_bufs`](Self::release_bufs) when the slot buffer is not
+    /// the only segment (pool or lent buffers).
+    #[inline(never)]
+    fn release_other_bufs(&mut self) {
         if self.uses_slot_buf {
             // The slot buffer is the only segment when in use.
             if let Some(mut b) = self.bufs.pop() {
@@ -221,7 +292,9 @@ impl Request {
             self.uses_slot_buf = false;
         }
         self.lent_icd = false;
-        self.bufs.clear();
+        if !self.bufs.is_empty() {
+            self.bufs.clear();
+        }
     }
 
     /// Copy `data` into the buffers from the start (control path helper for
@@ -229,5 +302,45 @@ impl Request {
     pub(crate) fn write_data(&mut self, data: &[u8]) {
         let n = self.bufs.copy_from_slice(data);
         self.out_len = n as u32;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_slot_buffer_parks_in_bufs_and_leaves_them_for_other_data() {
+        let mut r = Request::new(Some(DmaBuf::alloc(4096).unwrap()));
+        let cap = r.slot_buf.as_ref().unwrap().capacity();
+        assert!(r.take_slot_buf(512));
+        assert_eq!(r.bufs.total_len(), 512);
+        r.release_bufs();
+        assert!(r.slot_parked && r.slot_buf.is_none());
+        assert_eq!(r.bufs.total_len(), cap, "parked at full capacity");
+        // Released again (an error response of a command that never took
+        // it): still parked, not dropped.
+        r.release_bufs();
+        assert!(r.slot_parked);
+        assert_eq!(r.bufs.len(), 1);
+        // The next small command takes it in place.
+        assert!(r.take_slot_buf(1024));
+        assert!(!r.slot_parked && r.uses_slot_buf);
+        assert_eq!(r.bufs.total_len(), 1024);
+        r.release_bufs();
+        // Too large: it leaves `bufs` empty for pool buffers.
+        assert!(!r.take_slot_buf(cap + 1));
+        assert!(r.bufs.is_empty() && !r.slot_parked);
+        assert_eq!(r.slot_buf.as_ref().map(DmaBuf::len), Some(cap));
+        // Parked, then unparked for other data.
+        assert!(r.take_slot_buf(16));
+        r.release_bufs();
+        r.unpark_slot_buf();
+        assert!(r.bufs.is_empty() && !r.slot_parked);
+        assert_eq!(r.slot_buf.as_ref().map(DmaBuf::len), Some(cap));
+        // Data that is not the slot buffer is dropped on release.
+        r.bufs.push(DmaBuf::alloc(512).unwrap());
+        r.release_bufs();
+        assert!(r.bufs.is_empty() && r.slot_buf.is_some());
     }
 }

@@ -442,6 +442,7 @@ impl Conn {
             peer_table: Shm::map(table, TABLE_LEN, false)?,
             peer_tag,
             peer_arenas: self.peer_arenas.clone(),
+            rkeys: Default::default(),
             peer_recv_efd: recv_efd,
             peer_send_efd: send_efd,
             conn: Rc::downgrade(self),

@@ -214,3 +214,133 @@ fn direct_write_then_send_completes_in_order_and_a_bad_rkey_still_fails() {
     let e = p.a.take_swc()[0];
     assert_eq!((e.wr_id, e.status), (WrId(3), WcStatus::RemAccessErr));
 }
+
+/// Remote keys of the peer's regular MRs cached on a's link.
+fn cached_rkeys(p: &Pair<F>) -> usize {
+    p.a.qp.0.link.borrow().as_ref().map_or(0, |l| l.rkeys.len())
+}
+
+/// Post one signaled WR on a and return its completion status.
+fn post_one(p: &Pair<F>, wr: SendWr<'_>) -> WcStatus {
+    p.a.qp.post_send(&[wr]).unwrap();
+    p.until(|p| !p.a.swc.borrow().is_empty());
+    p.a.take_swc()[0].status
+}
+
+#[test]
+fn remote_key_cache_serves_writes_and_reads_and_forgets_a_deregistered_mr() {
+    let p = Pair::connect(&F, QpCaps::default(), 1 << 16);
+    let arena2 = F.arena(1 << 16);
+    let mr2 =
+        p.b.pd
+            .reg_mr(
+                &arena2,
+                0,
+                1 << 16,
+                Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ,
+            )
+            .unwrap();
+    let at = |off: u64| RemoteAddr {
+        addr: mr2.addr() + off,
+        rkey: mr2.rkey(),
+    };
+    let w = [p.a.sge(0, 64)];
+    for i in 0..4u8 {
+        p.a.fill(0, &[i + 1; 64]);
+        let wr = SendWr::new(WrId(1), SendOp::RdmaWrite { remote: at(128) }, &w).signaled();
+        assert_eq!(post_one(&p, wr), WcStatus::Success);
+        let mut got = [0u8; 64];
+        arena2.copy_out(128, &mut got).unwrap();
+        assert_eq!(got, [i + 1; 64], "write {i}");
+    }
+    assert_eq!(cached_rkeys(&p), 1, "the MR's key is cached after a write");
+    // A READ through the cached key.
+    arena2.copy_in(4096, &[0x5a; 32]).unwrap();
+    let r = [p.a.sge(8192, 32)];
+    let wr = SendWr::new(WrId(2), SendOp::RdmaRead { remote: at(4096) }, &r).signaled();
+    assert_eq!(post_one(&p, wr), WcStatus::Success);
+    assert_eq!(p.a.read(8192, 32), [0x5a; 32]);
+    // Out of bounds and missing rights fail even with the key cached.
+    let wr = SendWr::new(
+        WrId(3),
+        SendOp::RdmaWrite {
+            remote: at((1 << 16) - 32),
+        },
+        &w,
+    )
+    .signaled();
+    assert_eq!(post_one(&p, wr), WcStatus::RemAccessErr);
+    drop(p);
+    let p = Pair::connect(&F, QpCaps::default(), 1 << 16);
+    let (w, r) = ([p.a.sge(0, 64)], [p.a.sge(8192, 32)]);
+    let ro =
+        p.b.pd
+            .reg_mr(&arena2, 0, 4096, Access::REMOTE_READ)
+            .unwrap();
+    let to_ro = RemoteAddr {
+        addr: ro.addr(),
+        rkey: ro.rkey(),
+    };
+    let rd = SendWr::new(WrId(4), SendOp::RdmaRead { remote: to_ro }, &r).signaled();
+    assert_eq!(post_one(&p, rd), WcStatus::Success);
+    assert_eq!(cached_rkeys(&p), 1);
+    let wr = SendWr::new(WrId(5), SendOp::RdmaWrite { remote: to_ro }, &w).signaled();
+    assert_eq!(post_one(&p, wr), WcStatus::RemAccessErr);
+    // Deregistered: the next WR naming the key fails.
+    drop(p);
+    let p = Pair::connect(&F, QpCaps::default(), 1 << 16);
+    let w = [p.a.sge(0, 64)];
+    let mr3 =
+        p.b.pd
+            .reg_mr(&arena2, 0, 4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .unwrap();
+    let to3 = RemoteAddr {
+        addr: mr3.addr(),
+        rkey: mr3.rkey(),
+    };
+    let wr = SendWr::new(WrId(6), SendOp::RdmaWrite { remote: to3 }, &w).signaled();
+    assert_eq!(post_one(&p, wr), WcStatus::Success);
+    assert_eq!(cached_rkeys(&p), 1);
+    drop(mr3);
+    let wr = SendWr::new(WrId(7), SendOp::RdmaWrite { remote: to3 }, &w).signaled();
+    assert_eq!(post_one(&p, wr), WcStatus::RemAccessErr);
+}
+
+#[test]
+fn remote_key_cache_notices_the_same_key_registered_again_elsewhere() {
+    let p = Pair::connect(&F, QpCaps::default(), 1 << 16);
+    let rights = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::ZERO_BASED;
+    let old = F.arena(1 << 16);
+    let mr = p.b.pd.reg_mr(&old, 0, 4096, rights).unwrap();
+    let key = mr.rkey();
+    let to = RemoteAddr { addr: 0, rkey: key };
+    let w = [p.a.sge(0, 16)];
+    p.a.fill(0, &[1; 16]);
+    let wr = SendWr::new(WrId(1), SendOp::RdmaWrite { remote: to }, &w).signaled();
+    assert_eq!(post_one(&p, wr), WcStatus::Success);
+    assert_eq!(cached_rkeys(&p), 1);
+    // Free the entry and register other memory until the same key value
+    // comes back (the consumer byte wraps after 256 registrations).
+    drop(mr);
+    let new = F.arena(1 << 16);
+    let mut again = None;
+    for _ in 0..300 {
+        let m = p.b.pd.reg_mr(&new, 0, 4096, rights).unwrap();
+        if m.rkey() == key {
+            again = Some(m);
+            break;
+        }
+    }
+    let _again = again.expect("the key value came back");
+    p.a.fill(0, &[2; 16]);
+    let wr = SendWr::new(WrId(2), SendOp::RdmaWrite { remote: to }, &w).signaled();
+    assert_eq!(post_one(&p, wr), WcStatus::Success);
+    let (mut in_old, mut in_new) = ([0u8; 16], [0u8; 16]);
+    old.copy_out(0, &mut in_old).unwrap();
+    new.copy_out(0, &mut in_new).unwrap();
+    assert_eq!(
+        in_new, [2; 16],
+        "the write went to the memory the key names now"
+    );
+    assert_eq!(in_old, [1; 16], "not to the memory it named before");
+}

@@ -14,6 +14,7 @@ use super::cm::Conn;
 use super::ring::{
     ctl_off, publish, CTL_CONSUMER_ARMED, CTL_FATAL, CTL_PRODUCER_ARMED, CTL_SIGERR,
 };
+use super::rkey_cache::RemoteKeyCache;
 use super::shm::Shm;
 use crate::sig::{SigErrKind, SigError};
 
@@ -44,6 +45,8 @@ pub(crate) struct Link {
     pub(crate) peer_table: Shm,
     pub(crate) peer_tag: u8,
     pub(crate) peer_arenas: PeerArenas,
+    /// The peer's regular MR keys resolved last (RDMA WRITE/READ targets).
+    pub(crate) rkeys: RemoteKeyCache,
     pub(crate) peer_recv_efd: OwnedFd,
     pub(crate) peer_send_efd: OwnedFd,
     pub(crate) conn: Weak<Conn>,

@@ -78,6 +78,7 @@ mod pd;
 mod pending;
 mod qp;
 pub mod ring;
+mod rkey_cache;
 mod shm;
 mod srq;
 pub mod state_table;

@@ -11,8 +11,10 @@
 //! `len u64 @24`, then up to [`MR_MAX_SEGS`] segments of
 //! `{arena slot u64, arena offset u64, len u64}` from @32.
 //!
-//! Updates are seqlock-like: the owner stores key 0, a release fence, the
-//! fields, then the new key with release. A reader loads the key (acquire),
+//! `seq u32 @472` counts the entry's changes (see `E_SEQ`).
+//!
+//! Updates are seqlock-like: the owner stores key 0, bumps `seq`, a release
+//! fence, the fields, then the new key with release. A reader loads the key (acquire),
 //! the fields, an acquire fence, and the key again: any change means the key
 //! was invalidated or re-registered meanwhile, and the access fails (no
 //! retry loop).
@@ -51,6 +53,13 @@ const E_CHECK: usize = 420;
 /// Integrity MRs: memory domain (6 words), then wire domain (6 words).
 const E_MEM: usize = 424;
 const E_WIRE: usize = 448;
+/// Change counter (u32), bumped by every write and invalidation of the
+/// entry before its key changes: a peer that cached what a key resolves to
+/// ([`super::rkey_cache`]) checks the key and this word, and so notices a
+/// key that was invalidated, or freed and registered again with the same
+/// value (the consumer byte wraps after 256 registrations of one index).
+pub(crate) const E_SEQ: usize = 472;
+const _: () = assert!(E_WIRE + 24 <= E_SEQ && E_SEQ + 4 <= MR_ENTRY_SIZE);
 /// Largest protection interval an integrity MR accepts (bounce buffer).
 pub(crate) const SIG_MAX_INTERVAL: u32 = 4096;
 
@@ -94,8 +103,25 @@ pub(crate) fn key_tag(key: u32) -> u8 {
     (key >> 24) as u8
 }
 
-fn entry_off(idx: u32) -> usize {
+pub(crate) fn entry_off(idx: u32) -> usize {
     idx as usize * MR_ENTRY_SIZE
+}
+
+/// Count one change of the entry at `e` (owner only: one writer, no RMW)
+/// when a peer may have cached it: the entry is, or becomes (`new_kind`),
+/// a regular MR. Fast-reg entries change on every I/O and are never
+/// cached, so their changes leave the counter's cache line alone (a peer
+/// would otherwise pull that line across once per I/O); any move between
+/// a regular MR and anything else still counts.
+fn bump_seq(t: &Shm, e: usize, new_kind: Option<MrKind>) {
+    let regular = MrKind::Regular as u32;
+    if t.u32_at(e + E_KIND).load(Ordering::Relaxed) != regular
+        && new_kind.map(|k| k as u32) != Some(regular)
+    {
+        return;
+    }
+    let w = t.u32_at(e + E_SEQ);
+    w.store(w.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
 }
 
 /// Write an entry (owner only) and make `key` valid. The MR length is the
@@ -114,6 +140,7 @@ pub(crate) fn table_write(
     let e = entry_off(idx);
     let len: u64 = wire_len.unwrap_or_else(|| segs.iter().map(|s| s.len).sum());
     t.u32_at(e + E_KEY).store(0, Ordering::Relaxed);
+    bump_seq(t, e, Some(kind));
     fence(Ordering::Release);
     t.u32_at(e + E_ACCESS)
         .store(access.bits(), Ordering::Relaxed);
@@ -133,7 +160,9 @@ pub(crate) fn table_write(
 
 /// Invalidate an entry (owner only).
 pub(crate) fn table_invalidate(t: &Shm, idx: u32) {
-    t.u32_at(entry_off(idx) + E_KEY).store(0, Ordering::Release);
+    let e = entry_off(idx);
+    bump_seq(t, e, None);
+    t.u32_at(e + E_KEY).store(0, Ordering::Release);
 }
 
 /// The valid key of entry `idx` (0 = free).
@@ -224,6 +253,81 @@ pub(crate) fn resolve(
         return Err(KeyErr::Denied);
     }
     Ok(())
+}
+
+/// What a regular, one-segment MR's entry said at one moment, for a peer's
+/// key cache ([`super::rkey_cache`]): valid while [`entry_unchanged`] says
+/// the key and the change counter are the same.
+#[derive(Debug)]
+pub(crate) struct EntrySnapshot {
+    /// Offset of the entry in the table.
+    pub(crate) entry: usize,
+    /// The change counter then.
+    pub(crate) seq: u32,
+    pub(crate) access: Access,
+    /// The address of the MR's first byte (0 when zero-based).
+    pub(crate) lo: u64,
+    pub(crate) len: u64,
+    /// The arena slot and offset of the MR's first byte.
+    pub(crate) slot: u64,
+    pub(crate) off: u64,
+}
+
+/// A consistent snapshot of `key`'s entry when it is a valid regular MR of
+/// one segment (the only kind worth caching: fast-reg keys change per I/O),
+/// `None` otherwise or when the entry changed while being read.
+pub(crate) fn snapshot_regular(t: &Shm, tag: u8, key: u32) -> Option<EntrySnapshot> {
+    let idx = key_index(key);
+    if key_tag(key) != tag || idx == 0 || idx >= MR_TABLE_ENTRIES || key == 0 {
+        return None;
+    }
+    let e = entry_off(idx);
+    if t.u32_at(e + E_KEY).load(Ordering::Acquire) != key {
+        return None;
+    }
+    // Kind first, from the entry's first cache line: a fast-reg key (new
+    // per I/O) is turned away without touching the line of `E_SEQ`, which
+    // its owner writes on every registration (reading it here would bounce
+    // that line between the two cores once per I/O).
+    if t.u32_at(e + E_KIND).load(Ordering::Relaxed) != MrKind::Regular as u32 {
+        return None;
+    }
+    let seq = t.u32_at(e + E_SEQ).load(Ordering::Relaxed);
+    if t.u32_at(e + E_KIND).load(Ordering::Relaxed) != MrKind::Regular as u32 {
+        return None;
+    }
+    let nseg = t.u32_at(e + E_NSEG).load(Ordering::Relaxed);
+    let access = Access(t.u32_at(e + E_ACCESS).load(Ordering::Relaxed));
+    let iova = t.u64_at(e + E_IOVA).load(Ordering::Relaxed);
+    let len = t.u64_at(e + E_LEN).load(Ordering::Relaxed);
+    let slot = t.u64_at(e + E_SEG).load(Ordering::Relaxed);
+    let off = t.u64_at(e + E_SEG + 8).load(Ordering::Relaxed);
+    let seg_len = t.u64_at(e + E_SEG + 16).load(Ordering::Relaxed);
+    fence(Ordering::Acquire);
+    if !entry_unchanged(t, e, key, seq) || nseg != 1 || seg_len != len {
+        return None;
+    }
+    Some(EntrySnapshot {
+        entry: e,
+        seq,
+        access,
+        lo: if access.contains(Access::ZERO_BASED) {
+            0
+        } else {
+            iova
+        },
+        len,
+        slot,
+        off,
+    })
+}
+
+/// Whether the entry at offset `e` still holds `key` at change count `seq`
+/// (nothing in it changed since a snapshot taken at `seq`).
+#[inline(always)]
+pub(crate) fn entry_unchanged(t: &Shm, e: usize, key: u32, seq: u32) -> bool {
+    t.u32_at(e + E_KEY).load(Ordering::Acquire) == key
+        && t.u32_at(e + E_SEQ).load(Ordering::Relaxed) == seq
 }
 
 /// The segments `key` covers for `[addr, addr+len)` in the owner's table,

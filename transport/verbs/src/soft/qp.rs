@@ -179,6 +179,8 @@ pub(crate) struct QpInner {
     pub(crate) pd: SoftPd,
     pub(crate) num: u32,
     caps: QpCaps,
+    /// The device's largest message (checked per SEND).
+    max_msg_size: u32,
     pub(crate) send_cq: SoftCq,
     pub(crate) recv_cq: SoftCq,
     srq: Option<SoftSrq>,
@@ -258,10 +260,12 @@ impl SoftQp {
             tail: 0,
             sig_upto: 0,
         };
+        let max_msg_size = pd.0.dev.0.caps.max_msg_size;
         let inner = Rc::new(QpInner {
             pd: pd.clone(),
             num: pd.0.dev.0.next_num(),
             caps,
+            max_msg_size,
             send_cq: init.send_cq.clone(),
             recv_cq: init.recv_cq.clone(),
             srq: init.srq.cloned(),
@@ -517,6 +521,23 @@ impl QpInner {
     /// Resolve a remote range against the peer's table, mapping newly
     /// announced arenas once if needed.
     fn remote(&self, l: &Link, ra: RemoteAddr, len: u64, need: Access, out: &mut SpanList) -> bool {
+        if let Some(span) = l.rkeys.span(&l.peer_table, ra, len, need) {
+            return out.push(span);
+        }
+        self.remote_full(l, ra, len, need, out)
+    }
+
+    /// [`Self::remote`] without a usable cached key: resolve in the peer's
+    /// table (mapping new arenas once) and cache the key when it succeeds.
+    #[inline(never)]
+    fn remote_full(
+        &self,
+        l: &Link,
+        ra: RemoteAddr,
+        len: u64,
+        need: Access,
+        out: &mut SpanList,
+    ) -> bool {
         let try_once = |out: &mut SpanList| {
             let arenas = l.peer_arenas.borrow();
             resolve(
@@ -530,7 +551,7 @@ impl QpInner {
                 out,
             )
         };
-        match try_once(out) {
+        let ok = match try_once(out) {
             Ok(()) => true,
             Err(KeyErr::Denied) | Err(KeyErr::Integrity) => false,
             Err(KeyErr::UnknownArena) => {
@@ -538,7 +559,12 @@ impl QpInner {
                 *out = SpanList::new();
                 try_once(out).is_ok()
             }
+        };
+        if ok {
+            l.rkeys
+                .learn(&l.peer_table, l.peer_tag, ra.rkey, &l.peer_arenas.borrow());
         }
+        ok
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -937,7 +963,8 @@ impl QpInner {
         let mut sq = self.sq.borrow_mut();
         while sq.head < sq.exec {
             let i = sq.idx(sq.head);
-            let s = sq.slots[i];
+            // By reference: most retired slots make no completion.
+            let s = &sq.slots[i];
             let status = match s.st {
                 SlotState::Done(st) => st,
                 SlotState::Ack { end, .. } => match head_pos {
@@ -1212,11 +1239,17 @@ impl QpInner {
                     // ranges lie inside `payload` (in the link mapping).
                     unsafe {
                         std::ptr::copy_nonoverlapping(payload.ptr, da.ptr, first);
-                        std::ptr::copy_nonoverlapping(
-                            payload.ptr.add(first),
-                            db.ptr,
-                            payload.len - first,
-                        );
+                    }
+                    // A capsule without data fills the first SGE only.
+                    if payload.len > first {
+                        // SAFETY: as above.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(
+                                payload.ptr.add(first),
+                                db.ptr,
+                                payload.len - first,
+                            );
+                        }
                     }
                 }
                 _ => return None,
@@ -1670,7 +1703,7 @@ impl QpInner {
         {
             return Err(PostErrorKind::TooManySge);
         }
-        if payload_len > u64::from(self.pd.0.dev.0.caps.max_msg_size)
+        if payload_len > u64::from(self.max_msg_size)
             && matches!(
                 wr.op,
                 SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. }

@@ -73,6 +73,20 @@ struct Fx {
 }
 
 fn fixture(send_with_inv: bool) -> Fx {
+    fixture_with(
+        send_with_inv,
+        TargetOptions {
+            limits: TargetLimits {
+                queue_depth: 4,
+                ..TargetLimits::default()
+            },
+            max_io_bytes: 64 * 1024,
+            task_buffers: 16,
+        },
+    )
+}
+
+fn fixture_with(send_with_inv: bool, opts: TargetOptions) -> Fx {
     let cl = TestCluster::new(1);
     let reg = BdevRegistry::new();
     let plain = reg
@@ -81,15 +95,7 @@ fn fixture(send_with_inv: bool) -> Fx {
     let pi_bdev = reg
         .create("malloc:size=4M,block=512,md=8,md_interleave=true,pi=1,name=pi")
         .expect("pi bdev");
-    let target = IscsiTarget::new(TargetOptions {
-        limits: TargetLimits {
-            queue_depth: 4,
-            ..TargetLimits::default()
-        },
-        max_io_bytes: 64 * 1024,
-        task_buffers: 16,
-    })
-    .expect("target");
+    let target = IscsiTarget::new(opts).expect("target");
     target
         .add_portal_group(PortalGroup {
             tag: 1,
@@ -127,6 +133,10 @@ fn fixture(send_with_inv: bool) -> Fx {
 }
 
 fn login_req(text: &[u8]) -> Vec<u8> {
+    login_req_as(text, [0x80, 0, 0, 0, 0, 1], 0)
+}
+
+fn login_req_as(text: &[u8], isid: [u8; 6], tsih: u16) -> Vec<u8> {
     let req = LoginRequest {
         flags: LoginFlags {
             transit: true,
@@ -136,8 +146,8 @@ fn login_req(text: &[u8]) -> Vec<u8> {
         },
         version_max: 0,
         version_min: 0,
-        isid: [0x80, 0, 0, 0, 0, 1],
-        tsih: 0,
+        isid,
+        tsih,
         itt: 1,
         cid: 0,
         cmd_sn: 1,
@@ -146,6 +156,53 @@ fn login_req(text: &[u8]) -> Vec<u8> {
     let mut v = Bhs::LoginReq(req).encode(0, text.len() as u32).to_vec();
     v.extend_from_slice(text);
     v
+}
+
+/// The text of a one-PDU login (open-iscsi's keys).
+fn login_text(initiator: &str, session: &str) -> Vec<u8> {
+    let mut t = Vec::new();
+    push_pair(&mut t, "InitiatorName", initiator);
+    push_pair(&mut t, "SessionType", session);
+    if session == "Normal" {
+        push_pair(&mut t, "TargetName", TGT);
+    }
+    SessionParams::initiator_offer(&mut t, 262144, 1 << 20, 65536);
+    t
+}
+
+/// A READ-direction INQUIRY (36 bytes into STag 1) as (header, PDU).
+fn inquiry(itt: u32, cmd_sn: u32, immediate: bool) -> (IserHeader, Vec<u8>) {
+    let mut c = [0u8; 16];
+    c[..6].copy_from_slice(&[0x12, 0, 0, 0, 36, 0]);
+    let cmd = ScsiCommand {
+        immediate,
+        final_: true,
+        read: true,
+        write: false,
+        attr: TaskAttr::Simple,
+        lun: Lun::from_index(0),
+        itt,
+        edtl: 36,
+        cmd_sn,
+        exp_stat_sn: 0,
+        cdb: c,
+    };
+    let hdr = IserHeader::Control {
+        write: None,
+        read: Some(Stag { stag: 1, va: 0 }),
+    };
+    (hdr, Bhs::ScsiCmd(cmd).encode(0, 0).to_vec())
+}
+
+/// SCSI Responses among `ops`' PDUs: (ITT, status).
+fn responses(ops: &Fake) -> Vec<(u32, u8)> {
+    ops.sent
+        .iter()
+        .filter_map(|(p, _)| match Pdu::parse(p).map(|p| p.bhs) {
+            Ok(Bhs::ScsiRsp(r)) => Some((r.itt, r.status)),
+            _ => None,
+        })
+        .collect()
 }
 
 impl Fx {
@@ -158,13 +215,7 @@ impl Fx {
     }
 
     fn login(&mut self, initiator: &str, session: &str) -> Option<crate::pdu::LoginResponse> {
-        let mut t = Vec::new();
-        push_pair(&mut t, "InitiatorName", initiator);
-        push_pair(&mut t, "SessionType", session);
-        if session == "Normal" {
-            push_pair(&mut t, "TargetName", TGT);
-        }
-        SessionParams::initiator_offer(&mut t, 262144, 1 << 20, 65536);
+        let t = login_text(initiator, session);
         let buf = login_req(&t);
         self.pdu(IserHeader::PLAIN, &buf);
         match self.last().bhs {
@@ -272,6 +323,10 @@ fn rw10(opc: u8, protect: u8, lba: u32, blocks: u16) -> [u8; 10] {
     c[7..9].copy_from_slice(&blocks.to_be_bytes());
     c
 }
+
+mod buffers;
+mod reinstatement;
+mod unexpected;
 
 #[test]
 fn login_scan_and_data_round_trip() {

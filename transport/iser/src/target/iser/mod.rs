@@ -4,7 +4,8 @@
 //!
 //! - [`IserTransport`] (shared, `Send + Sync`): options, listeners (one
 //!   per address, each owned by one poll group, spread round robin),
-//!   connection counters.
+//!   connection counters, and the connections' placement over the poll
+//!   groups ([`pollux_verbs::placement`], shared with the NVMe-oF target).
 //! - [`IserPollGroup`] (one per reactor, `!Send`): one PD, one CQ shared by
 //!   its connections, one SRQ with receive buffers of 76 + 8192 bytes (iSER
 //!   header + BHS + immediate data or login text), the target's task-buffer
@@ -14,6 +15,15 @@
 //!   remote invalidation and the device supports it), reap the CQ, hand
 //!   PDUs to the [`Connection`](super::Connection) cores, poll them, and
 //!   post each connection's WRs with one `post_send`.
+//! - Placement: the group that owns a listener checks each connect request
+//!   (iSER CM header, READ resources; rejects go from there), then places
+//!   the connection ([`PlacementPolicy`], default: the group with the
+//!   fewest connections, ties round robin). A connection for another group
+//!   travels as a detached verbs request, with its portal group tag, by
+//!   reactor message; that group attaches it to its own device, creates
+//!   the QP on its own CQ and SRQ, accepts, serves it (the connection core
+//!   and its bdev channels live on that core) and destroys it there,
+//!   giving its seat back.
 //! - `conn.rs`: the [`ConnOps`](super::ConnOps) implementation: every PDU
 //!   (login responses included) is one signaled SEND from a registered
 //!   send slot (SEND_WITH_INV of the initiator's STag when allowed);
@@ -38,4 +48,5 @@ mod wrid;
 
 pub use options::{IserOptions, RECV_BUF_LEN, RECV_DATA_LEN};
 pub use poll_group::{IserPollGroup, IserPollGroupStats};
+pub use pollux_verbs::placement::PlacementPolicy;
 pub use transport::{IserTransport, IserTransportError, IserTransportStats};

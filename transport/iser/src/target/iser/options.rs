@@ -1,6 +1,8 @@
 //! [`IserOptions`]: the iSER target transport's knobs and the one place
 //! that sizes queues, CQs and send/receive buffers.
 
+use pollux_verbs::placement::PlacementPolicy;
+
 use crate::pdu::ISER_HEADERS_LEN;
 
 /// Data bytes of one receive buffer: a login/text PDU or a command with
@@ -33,6 +35,9 @@ pub struct IserOptions {
     pub max_read_depth: u8,
     /// Hugepages for the receive buffers.
     pub hugepages: pollux_reactor::mem::HugepageMode,
+    /// Which poll group (core) serves a new connection (default: the one
+    /// with the fewest connections, ties round robin).
+    pub placement: PlacementPolicy,
 }
 
 impl Default for IserOptions {
@@ -45,6 +50,7 @@ impl Default for IserOptions {
             acceptor_backlog: 100,
             max_read_depth: 16,
             hugepages: pollux_reactor::mem::HugepageMode::Auto,
+            placement: PlacementPolicy::LeastConnections,
         }
     }
 }

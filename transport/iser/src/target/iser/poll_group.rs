@@ -4,7 +4,9 @@
 //! poller: accept (iSER CM header checked), reap the CQ in batches, feed
 //! PDUs to the connection cores, poll them, post the queued WRs (one
 //! doorbell per connection, one for the SRQ), destroy closed connections on
-//! this core.
+//! this core. A connect request checked here may be placed on another
+//! group ([`pollux_verbs::placement`]); requests other groups placed here
+//! arrive in this group's inbox and are attached to this group's device.
 
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
@@ -14,8 +16,10 @@ use std::sync::Arc;
 
 use pollux_reactor::mem::{BufPool, BufPoolOptions, DmaBuf};
 use pollux_reactor::{PollStatus, PollerId, Reactor};
+use pollux_verbs::placement::{Handoff, Inbox, Route};
+use pollux_verbs::provider::PendingConn as _;
 use pollux_verbs::{
-    Access, CmAddr, CmEvent, CmId, CmListener, CompletionQueue, ConnParam, Device,
+    Access, CmAddr, CmEvent, CmId, CmListener, CompletionQueue, ConnParam, ConnRequestInfo, Device,
     ProtectionDomain, Provider, QpAttr, QpCaps, QpInit, QpState, QueuePair as _, RecvWr, Sge,
     SharedRecvQueue, Wc, WcOpcode, WcStatus, WrId,
 };
@@ -37,6 +41,11 @@ const CM_PERIOD: u64 = 16;
 pub struct IserPollGroupStats {
     /// Live connections.
     pub connections: usize,
+    /// Connect requests this group's listeners checked and handed to
+    /// another group (placement).
+    pub handed_off: u64,
+    /// Connect requests another group handed to this one.
+    pub adopted: u64,
     /// PDUs received.
     pub pdus: u64,
     /// `post_send` batches (doorbells).
@@ -69,6 +78,9 @@ struct Shared<P: Provider> {
     free_slots: Vec<u16>,
     by_qpn: HashMap<u32, u16>,
     listeners: Vec<(CmAddr, u16, P::CmListener)>,
+    /// Connect requests (with their portal group tag) other groups handed
+    /// to this one.
+    inbox: Rc<Inbox<P, u16>>,
     rejected: VecDeque<(u64, P::CmId)>,
     listen_gen: u64,
     cq_reserved: u32,
@@ -120,6 +132,20 @@ impl<P: Provider> IserPollGroup<P> {
             .create_cq(opts.num_cqe.min(caps.max_cqe))
             .map_err(|e| no_res("creating the CQ", e))?;
         let nrecv = opts.max_srq_depth.min(caps.max_srq_wr).max(1) as usize;
+        // One connection may have a full CmdSN window of commands plus its
+        // declared MaxOutstandingUnexpectedPDUs (immediate PDUs) plus one
+        // Logout in the receive queue at once. The SRQ is shared, so this
+        // is not reserved per connection: a burst beyond the posted
+        // receives is held back by RC's RNR flow control (rnr retry 7),
+        // not lost. A group that cannot hold even one connection's worth
+        // is misconfigured.
+        let limits = &t.target.options().limits;
+        let one_conn = limits.queue_depth as usize + limits.max_unexpected_pdus as usize + 1;
+        if nrecv < one_conn {
+            log::warn!(
+                "iser: {nrecv} receive buffers are fewer than one connection may need ({one_conn}: queue depth + MaxOutstandingUnexpectedPDUs + 1)"
+            );
+        }
         let srq = pd
             .create_srq(nrecv as u32, 1)
             .map_err(|e| no_res("creating the SRQ", e))?;
@@ -164,6 +190,7 @@ impl<P: Provider> IserPollGroup<P> {
             free_slots: Vec::new(),
             by_qpn: HashMap::new(),
             listeners: Vec::new(),
+            inbox: t.placer.inbox(reactor),
             rejected: VecDeque::new(),
             listen_gen: 0,
             cq_reserved: 0,
@@ -179,6 +206,7 @@ impl<P: Provider> IserPollGroup<P> {
         sh.post_srq()
             .map_err(|e| no_res("posting SRQ receives", e))?;
         sh.sync_listeners();
+        t.placer.seats().join(index, reactor.core());
         log::info!(
             "iser: poll group {index} on core {:?}: device {name}, {nrecv} receive buffers of {RECV_BUF_LEN} B",
             reactor.core()
@@ -228,6 +256,7 @@ impl<P: Provider> IserPollGroup<P> {
     pub fn shutdown(&self) {
         if let Ok(mut s) = self.state.try_borrow_mut() {
             s.shutting_down = true;
+            s.transport.placer.seats().leave(s.index);
             s.listeners.clear();
             for i in 0..s.conns.len() {
                 s.begin_close(i);
@@ -240,6 +269,7 @@ impl<P: Provider> Drop for IserPollGroup<P> {
     fn drop(&mut self) {
         self.reactor.remove_poller(self.poller);
         if let Ok(mut s) = self.state.try_borrow_mut() {
+            s.transport.placer.seats().leave(s.index);
             for c in s.conns.iter_mut().flatten() {
                 c.io.closing = true;
                 let _ = c.cm.disconnect();
@@ -308,6 +338,9 @@ impl<P: Provider> Shared<P> {
             self.sync_listeners();
             busy |= self.accept();
         }
+        if !self.inbox.is_empty() {
+            busy |= self.adopt();
+        }
         busy |= self.poll_cq();
         for i in 0..self.conns.len() {
             busy |= self.service(i, cm_round);
@@ -372,13 +405,61 @@ impl<P: Provider> Shared<P> {
                 };
                 busy = true;
                 let tag = self.listeners[li].1;
-                self.connect(req, tag);
+                self.admit(req, tag);
             }
         }
         busy
     }
 
-    fn reject(&mut self, id: P::CmId, why: &str) {
+    /// A connect request on one of this group's listeners (portal group
+    /// `tag`): check it here (a reject goes from here), then place its
+    /// connection: on this group, or handed to another group's core.
+    fn admit(&mut self, id: P::CmId, tag: u16) {
+        if let Err(why) = check_request(id.request()) {
+            self.reject(id, &why);
+            return;
+        }
+        let t = Arc::clone(&self.transport);
+        match t
+            .placer
+            .route(&self.reactor, self.index, t.opts.placement, id, tag)
+        {
+            Route::Here(id, tag) => self.connect_placed(id, tag),
+            Route::Sent { .. } => self.stats.handed_off += 1,
+            Route::NoGroup(id, _) => {
+                self.reject(id, "no poll group takes connections");
+            }
+        }
+    }
+
+    /// Requests other groups handed to this one: attach each to this
+    /// group's device and connect it here.
+    fn adopt(&mut self) -> bool {
+        let mut busy = false;
+        while let Some(Handoff { req, context: tag }) = self.inbox.pop() {
+            busy = true;
+            self.stats.adopted += 1;
+            match req.attach(&self.dev) {
+                Ok(id) => self.connect_placed(id, tag),
+                Err(e) => {
+                    // Dropping the request rejected it.
+                    log::warn!("iser: cannot attach a handed-over connect request: {e}");
+                    self.transport.placer.refuse(self.index);
+                }
+            }
+        }
+        busy
+    }
+
+    /// [`Self::connect`] for a request placed on this group: a refused one
+    /// gives its seat back (an accepted one does when it is destroyed).
+    fn connect_placed(&mut self, id: P::CmId, tag: u16) {
+        if self.connect(id, tag).is_err() {
+            self.transport.placer.seats().release(self.index);
+        }
+    }
+
+    fn reject(&mut self, id: P::CmId, why: &str) -> Rejected {
         log::debug!("iser: connect request rejected: {why}");
         self.transport
             .stats
@@ -386,23 +467,20 @@ impl<P: Provider> Shared<P> {
             .fetch_add(1, Ordering::Relaxed);
         let _ = id.reject(&[]);
         self.rejected.push_back((self.rounds, id));
+        Rejected
     }
 
-    /// One connect request: check the iSER CM header, create the QP, the
-    /// send slots and the connection core, accept with our CM header.
-    fn connect(&mut self, id: P::CmId, tag: u16) {
-        let Some(info) = id.request().copied() else {
-            return self.reject(id, "no request");
-        };
-        let hdr = match IserCmHdr::parse(info.private_data.as_bytes()) {
-            Ok(h) => h,
-            Err(e) => return self.reject(id, &format!("bad iSER CM header: {e}")),
+    /// One connect request placed on this group: check the iSER CM header
+    /// (again: cheap, and the request may come from another group), create
+    /// the QP on this group's CQ and SRQ, the send slots and the connection
+    /// core, accept with our CM header.
+    fn connect(&mut self, id: P::CmId, tag: u16) -> Result<(), Rejected> {
+        let (info, hdr) = match check_request(id.request()) {
+            Ok(v) => v,
+            Err(why) => return Err(self.reject(id, &why)),
         };
         if self.shutting_down {
-            return self.reject(id, "shutting down");
-        }
-        if info.initiator_depth == 0 {
-            return self.reject(id, "no RDMA READ responder resources");
+            return Err(self.reject(id, "shutting down"));
         }
         let t = Arc::clone(&self.transport);
         let caps = self.dev.caps().clone();
@@ -411,7 +489,7 @@ impl<P: Provider> Shared<P> {
         if self.cq_reserved + sq + self.recvs.len() as u32 > self.cq.depth()
             || (self.free_slots.is_empty() && self.conns.len() >= usize::from(u16::MAX - 1))
         {
-            return self.reject(id, "no resources");
+            return Err(self.reject(id, "no resources"));
         }
         let use_inv =
             !hdr.send_w_inv_not_sup && t.opts.send_with_invalidate && caps.mem_mgt_extensions;
@@ -429,7 +507,7 @@ impl<P: Provider> Shared<P> {
             sq_sig_all: false,
         }) {
             Ok(q) => q,
-            Err(e) => return self.reject(id, &format!("QP: {e}")),
+            Err(e) => return Err(self.reject(id, &format!("QP: {e}"))),
         };
         let slot = match self.free_slots.pop() {
             Some(s) => s,
@@ -448,7 +526,7 @@ impl<P: Provider> Shared<P> {
             Ok(x) => x,
             Err(e) => {
                 self.free_slots.push(slot);
-                return self.reject(id, &format!("send buffers: {e}"));
+                return Err(self.reject(id, &format!("send buffers: {e}")));
             }
         };
         let core = Connection::new(
@@ -475,7 +553,7 @@ impl<P: Provider> Shared<P> {
             log::warn!("iser: accept failed: {e}");
             self.free_slots.push(slot);
             t.stats.rejected.fetch_add(1, Ordering::Relaxed);
-            return;
+            return Err(Rejected);
         }
         self.cq_reserved += sq;
         let qp_num = qp.qp_num();
@@ -495,6 +573,7 @@ impl<P: Provider> Shared<P> {
             "iser: accepted a connection on core {:?} (remote invalidation {use_inv})",
             self.reactor.core()
         );
+        Ok(())
     }
 
     fn poll_cq(&mut self) -> bool {
@@ -706,5 +785,23 @@ impl<P: Provider> Shared<P> {
             .stats
             .destroyed
             .fetch_add(1, Ordering::Relaxed);
+        self.transport.placer.seats().release(self.index);
     }
+}
+
+/// A connect request was rejected (the reason is logged).
+struct Rejected;
+
+/// Check a connect request: its iSER CM header (reserved bits clear) and
+/// the RDMA READ responder resources the initiator offers (we pull
+/// solicited Data-Out by RDMA READ). The request and its header, or why
+/// it is rejected.
+fn check_request(info: Option<&ConnRequestInfo>) -> Result<(ConnRequestInfo, IserCmHdr), String> {
+    let info = *info.ok_or("no request")?;
+    let hdr = IserCmHdr::parse(info.private_data.as_bytes())
+        .map_err(|e| format!("bad iSER CM header: {e}"))?;
+    if info.initiator_depth == 0 {
+        return Err("no RDMA READ responder resources".into());
+    }
+    Ok((info, hdr))
 }

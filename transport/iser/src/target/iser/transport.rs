@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use pollux_reactor::Reactor;
+use pollux_verbs::placement::Placer;
 use pollux_verbs::{CmAddr, Provider};
 use thiserror::Error;
 
@@ -54,7 +55,8 @@ pub(crate) struct SharedStats {
 pub struct IserTransportStats {
     /// Connections accepted.
     pub accepted: u64,
-    /// Connect requests rejected (bad iSER CM header, no resources).
+    /// Connect requests rejected (bad iSER CM header, no resources, or
+    /// refused on their way to another poll group).
     pub rejected: u64,
     /// Connections torn down and destroyed.
     pub destroyed: u64,
@@ -67,6 +69,9 @@ pub struct IserTransport<P: Provider> {
     listeners: Mutex<Vec<ListenEntry>>,
     pub(crate) listen_gen: AtomicU64,
     groups: AtomicUsize,
+    /// The poll groups' cores and connection counts, and their inboxes of
+    /// handed-over connect requests (each carries its portal group tag).
+    pub(crate) placer: Arc<Placer<P, u16>>,
     pub(crate) stats: SharedStats,
     _p: PhantomData<fn() -> P>,
 }
@@ -91,6 +96,7 @@ impl<P: Provider> IserTransport<P> {
             listeners: Mutex::new(Vec::new()),
             listen_gen: AtomicU64::new(1),
             groups: AtomicUsize::new(0),
+            placer: Placer::new("iser"),
             stats: SharedStats::default(),
             _p: PhantomData,
         })
@@ -186,11 +192,18 @@ impl<P: Provider> IserTransport<P> {
         IserPollGroup::new(self, reactor, index)
     }
 
+    /// Connections placed on each poll group (by creation order) and not
+    /// yet destroyed: what [`PlacementPolicy::LeastConnections`](super::PlacementPolicy)
+    /// balances (control path).
+    pub fn connections_per_group(&self) -> Vec<usize> {
+        self.placer.seats().loads()
+    }
+
     /// Counters.
     pub fn stats(&self) -> IserTransportStats {
         IserTransportStats {
             accepted: self.stats.accepted.load(Ordering::Relaxed),
-            rejected: self.stats.rejected.load(Ordering::Relaxed),
+            rejected: self.stats.rejected.load(Ordering::Relaxed) + self.placer.refused(),
             destroyed: self.stats.destroyed.load(Ordering::Relaxed),
         }
     }

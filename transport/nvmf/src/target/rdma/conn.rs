@@ -60,6 +60,11 @@ pub(crate) struct ConnIo<P: Provider> {
     cqes: Vec<[u8; CQE_SIZE]>,
     /// Send-queue slots each request holds until its signaled WR completes.
     req_wrs: Vec<u32>,
+    /// The tag (slot and generation) of the request whose WRs `req_wrs`,
+    /// `req_reads` and `req_upto` of its slot count: a completion of an
+    /// older request of the slot (an unsignaled SEND flushed in error)
+    /// releases nothing of the newer one.
+    req_tag: Vec<u32>,
     /// READs each request holds.
     req_reads: Vec<u32>,
     pub(crate) sq_avail: u32,
@@ -115,6 +120,7 @@ impl<P: Provider> ConnIo<P> {
             sges: Vec::with_capacity(sq_size as usize * max_sge as usize),
             cqes: vec![[0; CQE_SIZE]; depth],
             req_wrs: vec![0; depth],
+            req_tag: vec![u32::MAX; depth],
             req_reads: vec![0; depth],
             sq_avail: sq_size,
             sq_size,
@@ -146,7 +152,13 @@ impl<P: Provider> ConnIo<P> {
     /// Releases their send-queue slots and calls `done` for each request,
     /// oldest first. A stale tag is harmless (the core ignores it).
     pub(crate) fn sends_done(&mut self, tag: ReqTag, mut done: impl FnMut(ReqTag)) {
-        let upto = self.req_upto.get(tag.slot()).copied().unwrap_or(0);
+        let upto = if self.owns(tag) {
+            self.req_upto.get(tag.slot()).copied().unwrap_or(0)
+        } else {
+            // Not the slot's current request: an unsignaled SEND flushed in
+            // error (each such WR completes on its own), nothing to retire.
+            0
+        };
         while self.unsig_popped < upto {
             let Some(t) = self.unsig.pop_front() else {
                 break;
@@ -160,8 +172,16 @@ impl<P: Provider> ConnIo<P> {
         done(tag);
     }
 
+    /// Whether the WR counters of `tag`'s slot are `tag`'s.
+    fn owns(&self, tag: ReqTag) -> bool {
+        self.req_tag.get(tag.slot()) == Some(&tag.0)
+    }
+
     /// The SEND of request `tag` completed: release its slots.
     fn send_done(&mut self, tag: ReqTag) {
+        if !self.owns(tag) {
+            return;
+        }
         if let Some(n) = self.req_wrs.get_mut(tag.slot()) {
             self.sq_avail = (self.sq_avail + *n).min(self.sq_size);
             *n = 0;
@@ -170,6 +190,9 @@ impl<P: Provider> ConnIo<P> {
 
     /// The last READ of request `tag` completed: release its slots and credits.
     pub(crate) fn read_done(&mut self, tag: ReqTag) {
+        if !self.owns(tag) {
+            return;
+        }
         let s = tag.slot();
         if let (Some(n), Some(r)) = (self.req_wrs.get_mut(s), self.req_reads.get_mut(s)) {
             self.sq_avail = (self.sq_avail + *n).min(self.sq_size);
@@ -393,6 +416,7 @@ impl<P: Provider> QpairOps for RdmaOps<'_, P> {
         io.rd_avail = io.rd_avail.saturating_sub(n);
         io.req_wrs[tag.slot()] = n;
         io.req_reads[tag.slot()] = n;
+        io.req_tag[tag.slot()] = tag.0;
         Ok(Transfer::Pending)
     }
 
@@ -434,11 +458,57 @@ impl<P: Provider> QpairOps for RdmaOps<'_, P> {
         });
         io.sq_avail -= writes + 1;
         io.req_wrs[slot] = writes + 1;
+        io.req_tag[slot] = tag.0;
         Ok(Transfer::Pending)
     }
 
     fn disconnect(&mut self) {
         self.io.disconnect_requested = true;
+    }
+}
+
+impl<P: Provider> Conn<P> {
+    /// A one-line account of what the queue still holds (requests not free,
+    /// by state and parking, and the send-queue bookkeeping), for the debug
+    /// log of a queue being torn down. Control path (allocates).
+    pub(crate) fn describe(&self) -> String {
+        use std::fmt::Write as _;
+        let mut out = String::new();
+        for (i, r) in self.core.reqs.iter().enumerate() {
+            if r.state == super::super::req::ReqState::Free {
+                continue;
+            }
+            let _ = write!(
+                out,
+                " [req {i} cid {:#x} opc {:#x} {:?}{}{}]",
+                r.cmd.cid,
+                r.cmd.opcode,
+                r.state,
+                r.parked_in
+                    .map_or(String::new(), |q| format!(" parked {q:?}")),
+                r.remote.map_or(String::new(), |k| format!(
+                    " key {:#x} inv {}",
+                    k.key, k.invalidate
+                )),
+            );
+        }
+        let io = &self.io;
+        format!(
+            "qid {}: sq_avail {}/{} rd_avail {}/{} unsig {} (pushed {} popped {}) backlog {} \
+             busy {} doorbells {}; requests not free:{}",
+            self.qid,
+            io.sq_avail,
+            io.sq_size,
+            io.rd_avail,
+            io.rd_depth,
+            io.unsig.len(),
+            io.unsig_pushed,
+            io.unsig_popped,
+            self.backlog.len(),
+            io.busy,
+            io.doorbells,
+            if out.is_empty() { " none" } else { &out },
+        )
     }
 }
 
@@ -469,4 +539,63 @@ pub(crate) struct Conn<P: Provider> {
     pub(crate) state: ConnState,
     /// CQ entries reserved in the poll group's CQ.
     pub(crate) cqes: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pollux_verbs::soft::Soft;
+
+    fn io() -> ConnIo<Soft> {
+        ConnIo::new(0, 0, 4, 16, 4, 2, true)
+    }
+
+    /// Request `tag` holds `n` send-queue slots (as `send_response` leaves it).
+    fn hold(io: &mut ConnIo<Soft>, tag: ReqTag, n: u32) {
+        io.sq_avail -= n;
+        io.req_wrs[tag.slot()] = n;
+        io.req_tag[tag.slot()] = tag.0;
+    }
+
+    #[test]
+    fn a_signaled_send_retires_the_unsignaled_ones_before_it() {
+        let mut io = io();
+        let (a, b) = (ReqTag::new(0, 1), ReqTag::new(1, 1));
+        hold(&mut io, a, 2);
+        hold(&mut io, b, 1);
+        // a's SEND went unsignaled, b's signaled in the same flush.
+        io.unsig.push_back(a.0);
+        io.unsig_pushed = 1;
+        io.req_upto[b.slot()] = 1;
+        let mut done = Vec::new();
+        io.sends_done(b, |t| done.push(t));
+        assert_eq!(done, vec![a, b]);
+        assert_eq!(io.sq_avail, 16);
+        assert!(io.unsig.is_empty());
+    }
+
+    #[test]
+    fn a_stale_completion_releases_nothing_of_the_slots_new_request() {
+        let mut io = io();
+        let old = ReqTag::new(0, 1);
+        let new = ReqTag::new(0, 2);
+        hold(&mut io, new, 3);
+        io.req_upto[0] = 1;
+        io.unsig.push_back(ReqTag::new(1, 1).0);
+        io.unsig_pushed = 1;
+        // An unsignaled SEND of the slot's previous request, flushed in
+        // error: it completes on its own and must neither free the new
+        // request's send-queue slots nor retire others on its behalf.
+        let mut done = Vec::new();
+        io.sends_done(old, |t| done.push(t));
+        assert_eq!(done, vec![old]);
+        assert_eq!(io.sq_avail, 13);
+        assert_eq!(io.unsig.len(), 1);
+        io.read_done(old);
+        assert_eq!(io.sq_avail, 13);
+        // The new request's own completion releases them.
+        io.sends_done(new, |t| done.push(t));
+        assert_eq!(io.sq_avail, 16);
+        assert!(io.unsig.is_empty());
+    }
 }

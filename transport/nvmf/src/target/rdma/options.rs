@@ -36,22 +36,11 @@ pub struct RdmaOptions {
     pub placement: QueuePlacement,
 }
 
-/// Where the RDMA transport puts a new queue (connection). The poll group
-/// whose listener received the connect request validates it either way.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum QueuePlacement {
-    /// On the poll group with the fewest queues (assigned and not yet
-    /// destroyed, over all listeners), ties broken round robin. A request
-    /// for another group is handed to that group's core by reactor message
-    /// (a detached verbs connect request); that group creates the QP on
-    /// its own CQ and SRQ, accepts, serves and destroys it. The admin and
-    /// I/O queues of one controller may then live on different cores.
-    #[default]
-    LeastConnections,
-    /// Every queue stays on the poll group (core) that owns its listener
-    /// (for debugging: one core sees a listener's whole traffic).
-    ListenerCore,
-}
+/// Where the RDMA transport puts a new queue (connection): the placement
+/// policy shared with the iSER target ([`pollux_verbs::placement`]).
+/// With [`QueuePlacement::LeastConnections`] (the default) the admin and
+/// I/O queues of one controller may live on different cores.
+pub use pollux_verbs::placement::PlacementPolicy as QueuePlacement;
 
 impl Default for RdmaOptions {
     fn default() -> Self {

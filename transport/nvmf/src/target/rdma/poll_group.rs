@@ -220,7 +220,7 @@ impl<P: Provider> RdmaPollGroup<P> {
             free_slots: Vec::new(),
             by_qpn: HashMap::new(),
             listeners: Vec::new(),
-            inbox: reactor.channel(&t.mailboxes).unwrap_or_else(|e| match e {}),
+            inbox: t.placer.inbox(reactor),
             rejected: VecDeque::new(),
             listen_gen: 0,
             cq_reserved: 0,
@@ -239,7 +239,7 @@ impl<P: Provider> RdmaPollGroup<P> {
                 .map_err(|e| no_res("posting SRQ receives", e))?;
         }
         sh.sync_listeners()?;
-        t.seats.join(index, reactor.core());
+        t.placer.seats().join(index, reactor.core());
         let state = Rc::new(RefCell::new(sh));
         let weak = Rc::downgrade(&state);
         let poller = reactor.add_poller("nvmf-rdma", move || {
@@ -286,7 +286,7 @@ impl<P: Provider> RdmaPollGroup<P> {
     pub fn shutdown(&self) {
         if let Ok(mut s) = self.state.try_borrow_mut() {
             s.shutting_down = true;
-            s.transport.seats.leave(s.index);
+            s.transport.placer.seats().leave(s.index);
             s.listeners.clear();
             for i in 0..s.conns.len() {
                 s.begin_close(i);
@@ -299,7 +299,7 @@ impl<P: Provider> Drop for RdmaPollGroup<P> {
     fn drop(&mut self) {
         self.reactor.remove_poller(self.poller);
         if let Ok(mut s) = self.state.try_borrow_mut() {
-            s.transport.seats.leave(s.index);
+            s.transport.placer.seats().leave(s.index);
             // Destroy what is left on this core: QPs first, then the rest.
             for c in s.conns.iter_mut() {
                 if let Some(c) = c.as_mut() {
@@ -434,10 +434,9 @@ impl<P: Provider> Shared<P> {
             let mut n = 0;
             for &id in &self.srq_repost[done..(done + 32).min(total)] {
                 // No data buffer at hand: the rest waits for a lent one.
-                let Some((sg, k)) = self.recvs.sges(id) else {
+                let Some(k) = self.recvs.sges(id, &mut sges[n]) else {
                     break;
                 };
-                sges[n] = sg;
                 nsge[n] = k;
                 n += 1;
             }
@@ -501,7 +500,7 @@ impl<P: Provider> Shared<P> {
             self.reject(id, st);
             return;
         }
-        let place = t.seats.place(self.index, t.opts.placement);
+        let place = t.placer.seats().place(self.index, t.opts.placement);
         let (group, core) = match place {
             Some((g, c)) if g != self.index => (g, c),
             Some(_) => {
@@ -520,13 +519,20 @@ impl<P: Provider> Shared<P> {
                     "nvmf rdma: connect request handed from core {:?} to core {core}",
                     self.reactor.core()
                 );
-                handoff::send(&t, &self.reactor, group, core, Handoff { req, trid });
+                handoff::send(
+                    &t,
+                    &self.reactor,
+                    group,
+                    core,
+                    Handoff { req, context: trid },
+                );
             }
             Err(e) => {
                 // Serve it here after all: move its seat.
                 log::warn!("nvmf rdma: {e}; serving the queue on this core");
-                t.seats.release(group);
-                if t.seats
+                t.placer.seats().release(group);
+                if t.placer
+                    .seats()
                     .place(self.index, QueuePlacement::ListenerCore)
                     .is_some()
                 {
@@ -542,7 +548,7 @@ impl<P: Provider> Shared<P> {
     /// group's device and connect it here.
     fn adopt(&mut self) -> bool {
         let mut busy = false;
-        while let Some(Handoff { req, trid }) = self.inbox.pop() {
+        while let Some(Handoff { req, context: trid }) = self.inbox.pop() {
             busy = true;
             self.stats.adopted += 1;
             match req.attach(&self.dev) {
@@ -562,7 +568,7 @@ impl<P: Provider> Shared<P> {
     fn connect_placed(&mut self, id: P::CmId, trid: TransportId) {
         if let Err(st) = self.connect(id, trid) {
             log::debug!("nvmf rdma: connect rejected: {st:?}");
-            self.transport.seats.release(self.index);
+            self.transport.placer.seats().release(self.index);
         }
     }
 
@@ -928,6 +934,9 @@ impl<P: Provider> Shared<P> {
         if c.state == ConnState::Closing {
             return;
         }
+        if log::log_enabled!(log::Level::Debug) {
+            log::debug!("nvmf rdma: closing {}", c.describe());
+        }
         c.state = ConnState::Closing;
         c.io.closing = true;
         let _ = c.cm.disconnect();
@@ -1065,7 +1074,7 @@ impl<P: Provider> Shared<P> {
             .stats
             .destroyed
             .fetch_add(1, Ordering::Relaxed);
-        self.transport.seats.release(self.index);
+        self.transport.placer.seats().release(self.index);
     }
 }
 
@@ -1134,10 +1143,9 @@ fn post_rq_pending<P: Provider>(
         let mut nsge = [0usize; 32];
         let mut n = 0;
         for &id in &c.io.rq_repost[done..(done + 32).min(total)] {
-            let Some((sg, k)) = recvs.sges(id) else {
+            let Some(k) = recvs.sges(id, &mut sges[n]) else {
                 break;
             };
-            sges[n] = sg;
             nsge[n] = k;
             n += 1;
         }

@@ -22,19 +22,20 @@ use pollux_verbs::Sge;
 
 use crate::spec::cmd::SQE_SIZE;
 
-/// The SGEs of one receive: command slot, then (optionally) data buffer.
-pub(crate) type RecvSges = ([Sge; 2], usize);
-
 /// Receive buffers of one poll group (see the module docs).
 pub(crate) struct RecvBufs {
     /// One 64-byte command slot per receive, never lent.
     cmd: Vec<DmaBuf>,
-    cmd_lkey: u32,
+    /// Each command slot's SGE (set with the keys).
+    cmd_sges: Vec<Sge>,
     /// In-capsule data buffers: the pool (the budget), this core's cache
     /// of it, and the buffer each posted receive holds.
     data_pool: Option<BufPool>,
     data_cache: Option<BufCache>,
     data: Vec<Option<DmaBuf>>,
+    /// The SGE of the buffer in each slot of `data` (valid while it is
+    /// there).
+    data_sges: Vec<Sge>,
     data_lkeys: Vec<(ArenaId, u32)>,
     _cmd_pool: BufPool,
 }
@@ -69,10 +70,11 @@ impl RecvBufs {
         };
         Ok(RecvBufs {
             cmd,
-            cmd_lkey: 0,
+            cmd_sges: Vec::new(),
             data_pool,
             data_cache,
             data: (0..n).map(|_| None).collect(),
+            data_sges: vec![Sge::default(); n],
             data_lkeys: Vec::new(),
             _cmd_pool: cmd_pool,
         })
@@ -103,11 +105,20 @@ impl RecvBufs {
 
     /// Local keys of the registered arenas (`lkey_of(arena)`).
     pub(crate) fn set_lkeys(&mut self, lkey_of: impl Fn(ArenaId) -> Option<u32>) {
-        self.cmd_lkey = self
+        let cmd_lkey = self
             .cmd
             .first()
             .and_then(|b| lkey_of(b.arena_id()))
             .unwrap_or(0);
+        self.cmd_sges = self
+            .cmd
+            .iter()
+            .map(|c| Sge {
+                addr: c.addr() as u64,
+                length: CMD_SLOT as u32,
+                lkey: cmd_lkey,
+            })
+            .collect();
         self.data_lkeys = self
             .data_pool
             .iter()
@@ -116,44 +127,44 @@ impl RecvBufs {
             .collect();
     }
 
-    /// The SGEs to post receive `id` with, taking a data buffer from the
-    /// cache when the slot has none; `None` when no buffer is at hand
-    /// (the caller keeps the slot pending and retries later) or `id` is
-    /// unknown.
-    pub(crate) fn sges(&mut self, id: u32) -> Option<RecvSges> {
+    /// The SGEs to post receive `id` with, written into `out`, taking a
+    /// data buffer from the cache when the slot has none; how many (1 or
+    /// 2), or `None` when no buffer is at hand (the caller keeps the slot
+    /// pending and retries later) or `id` is unknown.
+    #[inline]
+    pub(crate) fn sges(&mut self, id: u32, out: &mut [Sge; 2]) -> Option<usize> {
         let i = id as usize;
-        let c = self.cmd.get(i)?;
-        let first = Sge {
-            addr: c.addr() as u64,
-            length: CMD_SLOT as u32,
-            lkey: self.cmd_lkey,
-        };
+        out[0] = *self.cmd_sges.get(i)?;
         let Some(cache) = &self.data_cache else {
-            return Some(([first, Sge::default()], 1));
+            return Some(1);
         };
         let slot = self.data.get_mut(i)?;
+        let sge = self.data_sges.get_mut(i)?;
         if slot.is_none() {
+            // A fresh buffer (the last one was lent): its SGE once. A
+            // buffer left in its slot keeps its SGE (nothing else puts
+            // one there: a lend that fails puts the same one back).
             let mut b = cache.get()?;
             let cap = b.capacity();
             let _ = b.set_len(cap);
+            let id = b.arena_id();
+            let lkey = if self.data_lkeys.len() == 1 {
+                self.data_lkeys[0].1
+            } else {
+                self.data_lkeys
+                    .iter()
+                    .find(|(a, _)| *a == id)
+                    .map_or(0, |(_, k)| *k)
+            };
+            *sge = Sge {
+                addr: b.addr() as u64,
+                length: b.len() as u32,
+                lkey,
+            };
             *slot = Some(b);
         }
-        let b = slot.as_ref()?;
-        let id = b.arena_id();
-        let lkey = if self.data_lkeys.len() == 1 {
-            self.data_lkeys[0].1
-        } else {
-            self.data_lkeys
-                .iter()
-                .find(|(a, _)| *a == id)
-                .map_or(0, |(_, k)| *k)
-        };
-        let second = Sge {
-            addr: b.addr() as u64,
-            length: b.len() as u32,
-            lkey,
-        };
-        Some(([first, second], 2))
+        out[1] = *sge;
+        Some(2)
     }
 
     /// The SQE and the slot's data buffer of a completed receive, the

@@ -12,9 +12,8 @@ use pollux_verbs::{CmAddr, Provider};
 
 use super::super::target::Target;
 use super::super::transport::{TargetTransport, TransportError};
-use super::handoff::Mailboxes;
 use super::options::RdmaOptions;
-use super::placement::Seats;
+use super::placement::QueuePlacer;
 use super::poll_group::RdmaPollGroup;
 use crate::spec::log_page::RdmaTsas;
 use crate::spec::transport_id::{TrType, TransportId};
@@ -73,10 +72,9 @@ pub struct RdmaTransport<P: Provider> {
     /// Bumped on every listener change; poll groups compare it once per poll.
     pub(crate) listen_gen: AtomicU64,
     pub(crate) groups: AtomicUsize,
-    /// The poll groups' cores and queue counts (where new queues go).
-    pub(crate) seats: Seats,
-    /// Each poll group's inbox of handed-over connect requests.
-    pub(crate) mailboxes: Arc<Mailboxes<P>>,
+    /// The poll groups' cores and queue counts (where new queues go) and
+    /// each group's inbox of handed-over connect requests.
+    pub(crate) placer: Arc<QueuePlacer<P>>,
     pub(crate) stats: SharedStats,
     _p: PhantomData<fn() -> P>,
 }
@@ -108,8 +106,7 @@ impl<P: Provider> RdmaTransport<P> {
             listeners: Mutex::new(Vec::new()),
             listen_gen: AtomicU64::new(1),
             groups: AtomicUsize::new(0),
-            seats: Seats::default(),
-            mailboxes: Mailboxes::new(),
+            placer: QueuePlacer::new("nvmf rdma"),
             stats: SharedStats::default(),
             _p: PhantomData,
         }))
@@ -145,7 +142,7 @@ impl<P: Provider> RdmaTransport<P> {
     /// destroyed: what [`QueuePlacement::LeastConnections`](super::QueuePlacement)
     /// balances (control path).
     pub fn queues_per_group(&self) -> Vec<usize> {
-        self.seats.loads()
+        self.placer.seats().loads()
     }
 
     /// Counters.
@@ -153,7 +150,8 @@ impl<P: Provider> RdmaTransport<P> {
         let s = &self.stats;
         RdmaTransportStats {
             accepted: s.accepted.load(Ordering::Relaxed),
-            rejected: s.rejected.load(Ordering::Relaxed),
+            // Hand-offs refused on the way count as rejects.
+            rejected: s.rejected.load(Ordering::Relaxed) + self.placer.refused(),
             rejected_no_resources: s.rejected_no_resources.load(Ordering::Relaxed),
             destroyed: s.destroyed.load(Ordering::Relaxed),
             recv_memory_bytes: s.recv_memory.load(Ordering::Relaxed),
