@@ -221,6 +221,45 @@ mod tests {
         spin(|| l.get_request().expect("listener")).expect("connect request")
     }
 
+    /// Groups 0 and 1 (on cores 0 and 1) joined, group 0 already serving
+    /// one queue: the next request goes to group 1.
+    fn group0_busy<T: Send + 'static>(placer: &Placer<Soft, T>) {
+        placer.seats().join(0, 0);
+        placer.seats().join(1, 1);
+        assert!(placer
+            .seats()
+            .place(0, PlacementPolicy::ListenerCore)
+            .is_some());
+    }
+
+    /// A listener, a peer connected to it with `data`, and the request.
+    struct Incoming {
+        addr: crate::CmAddr,
+        l: <Soft as Provider>::CmListener,
+        peer: Endpoint<SoftFixture>,
+        peer_id: <Soft as Provider>::CmId,
+        id: <Soft as Provider>::CmId,
+    }
+
+    fn incoming(data: &[u8]) -> Incoming {
+        let dev = FX.open();
+        let addr = FX.listen_addr();
+        let l = dev.listen(&addr, 4).expect("listen");
+        let peer = Endpoint::<SoftFixture>::new(&FX, QpCaps::default(), 4096, 16);
+        let peer_id = peer
+            .dev
+            .connect(&addr, &peer.qp, &ConnParam::with_data(data))
+            .expect("connect");
+        let id = request(&l);
+        Incoming {
+            addr,
+            l,
+            peer,
+            peer_id,
+            id,
+        }
+    }
+
     #[test]
     fn a_request_travels_to_the_least_loaded_core_with_its_context() {
         let cl = TestCluster::new(2);
@@ -274,21 +313,14 @@ mod tests {
         let _home = cl.on(0, |r| placer.inbox(r));
         // Group 1 joined but holds no inbox (it is gone): a request placed
         // there cannot be delivered.
-        placer.seats().join(0, 0);
-        placer.seats().join(1, 1);
-        assert!(placer
-            .seats()
-            .place(0, PlacementPolicy::ListenerCore)
-            .is_some());
-        let dev = FX.open();
-        let addr = FX.listen_addr();
-        let l = dev.listen(&addr, 4).expect("listen");
-        let peer = Endpoint::<SoftFixture>::new(&FX, QpCaps::default(), 4096, 16);
-        let ida = peer
-            .dev
-            .connect(&addr, &peer.qp, &ConnParam::with_data(b"x"))
-            .expect("connect");
-        let id = request(&l);
+        group0_busy(&placer);
+        let Incoming {
+            addr,
+            l,
+            peer,
+            peer_id: ida,
+            id,
+        } = incoming(b"x");
         let r0 = cl.reactor(0);
         let sent = placer.route(&r0, 0, PlacementPolicy::LeastConnections, id, ());
         assert!(matches!(sent, Route::Sent { group: 1, .. }), "{sent:?}");
@@ -317,21 +349,15 @@ mod tests {
         let placer = Placer::<Soft, &'static str>::new("test");
         let inbox = cl.on(1, |r| placer.inbox(r));
         let _home = cl.on(0, |r| placer.inbox(r));
-        placer.seats().join(0, 0);
-        placer.seats().join(1, 1);
-        assert!(placer
-            .seats()
-            .place(0, PlacementPolicy::ListenerCore)
-            .is_some());
-        let dev = FX.open();
-        let addr = FX.listen_addr();
-        let l = dev.listen(&addr, 4).expect("listen");
-        let peer = Endpoint::<SoftFixture>::new(&FX, QpCaps::default(), 4096, 16);
-        let _a = peer
-            .dev
-            .connect(&addr, &peer.qp, &ConnParam::with_data(b"z"))
-            .expect("connect");
-        let id = request(&l);
+        group0_busy(&placer);
+        // The peer stays connected until the end.
+        let Incoming {
+            l,
+            id,
+            peer: _peer,
+            peer_id: _a,
+            ..
+        } = incoming(b"z");
         let r0 = cl.reactor(0);
         let sent = placer.route(&r0, 0, PlacementPolicy::LeastConnections, id, "ctx");
         assert!(matches!(sent, Route::Sent { group: 1, .. }), "{sent:?}");
