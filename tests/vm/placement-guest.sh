@@ -18,6 +18,28 @@ W=$(mktemp -d /tmp/pollux-placement.XXXXXX)
 FAILED=0
 pass() { echo "PASS $*"; }
 fail() { echo "FAIL $*"; FAILED=1; }
+# start_tgt NAME: pollux-tgt with $W/NAME-tgt.toml (stats in
+# $W/NAME-stats.json, log in $W/NAME-tgt.log), awaited; TPID is its pid.
+start_tgt() {
+  "$TGT" -c "$W/$1-tgt.toml" --stats-file "$W/$1-stats.json" >"$W/$1-tgt.log" 2>&1 </dev/null &
+  TPID=$!
+  for _ in $(seq 300); do
+    grep -q 'pollux-tgt: ready' "$W/$1-tgt.log" && return 0
+    kill -0 "$TPID" 2>/dev/null || break
+    sleep 0.2
+  done
+  cat "$W/$1-tgt.log"; fail "$1: pollux-tgt did not start"; return 1
+}
+# stop_tgt NAME: SIGINT, and it must exit 0 within 20 s.
+stop_tgt() {
+  local trc
+  kill -INT "$TPID" 2>/dev/null
+  for _ in $(seq 100); do kill -0 "$TPID" 2>/dev/null || break; sleep 0.2; done
+  kill -0 "$TPID" 2>/dev/null && { kill -KILL "$TPID"; fail "$1: pollux-tgt did not exit on SIGINT"; }
+  wait "$TPID"; trc=$?
+  grep -E 'handed|accepted|destroyed|stopped' "$W/$1-tgt.log" | tail -n 5
+  if [ $trc = 0 ]; then pass "$1: pollux-tgt exited 0"; else fail "$1: pollux-tgt exit $trc"; tail -n 30 "$W/$1-tgt.log"; fi
+}
 # one CORES NAME [PIN]: serve with pollux-tgt on CORES (PIN=true: every
 # queue on the listener's core), run the host, check.
 one() {
@@ -49,15 +71,7 @@ namespaces = [{ bdev = "Malloc0", nsid = 1 }]
 traddr = "$T"
 trsvcid = "$PORT"
 CFG
-"$TGT" -c "$W/$2-tgt.toml" --stats-file "$W/$2-stats.json" >"$W/$2-tgt.log" 2>&1 </dev/null &
-TPID=$!
-ready=0
-for _ in $(seq 300); do
-  grep -q 'pollux-tgt: ready' "$W/$2-tgt.log" && { ready=1; break; }
-  kill -0 "$TPID" 2>/dev/null || break
-  sleep 0.2
-done
-if [ $ready != 1 ]; then cat "$W/$2-tgt.log"; fail "$2: pollux-tgt did not start"; return; fi
+start_tgt "$2" || return
 pass "$2: pollux-tgt ready on cores $1"
 # Record the stats file's per-core connections while the host runs.
 ( while kill -0 "$TPID" 2>/dev/null; do
@@ -81,12 +95,7 @@ elif grep -Eq '\[2, ?1\]|\[1, ?2\]' "$W/$2-per_core.log"; then
 else
   fail "$2: queues not spread over both cores"
 fi
-kill -INT "$TPID" 2>/dev/null
-for _ in $(seq 100); do kill -0 "$TPID" 2>/dev/null || break; sleep 0.2; done
-kill -0 "$TPID" 2>/dev/null && { kill -KILL "$TPID"; fail "$2: pollux-tgt did not exit on SIGINT"; }
-wait "$TPID"; trc=$?
-grep -E 'handed|accepted|destroyed|stopped' "$W/$2-tgt.log" | tail -n 5
-if [ $trc = 0 ]; then pass "$2: pollux-tgt exited 0"; else fail "$2: pollux-tgt exit $trc"; tail -n 30 "$W/$2-tgt.log"; fi
+stop_tgt "$2"
 }
 
 # iser: the same for iSER: pollux-tgt's [iscsi] target on cores 0-1, two
@@ -122,15 +131,7 @@ max_srq_depth = 256
 num_cqe = 2048
 hugepages = "never"
 CFG
-"$TGT" -c "$W/iser-tgt.toml" --stats-file "$W/iser-stats.json" >"$W/iser-tgt.log" 2>&1 </dev/null &
-TPID=$!
-ready=0
-for _ in $(seq 300); do
-  grep -q 'pollux-tgt: ready' "$W/iser-tgt.log" && { ready=1; break; }
-  kill -0 "$TPID" 2>/dev/null || break
-  sleep 0.2
-done
-if [ $ready != 1 ]; then cat "$W/iser-tgt.log"; fail "iser: pollux-tgt did not start"; return; fi
+start_tgt iser || return
 pass "iser: pollux-tgt ready on cores 0-1"
 ( while kill -0 "$TPID" 2>/dev/null; do
     grep -o '"iscsi_connections_per_core":\[[0-9, ]*\]' "$W/iser-stats.json"
@@ -157,11 +158,7 @@ if grep -Eq '\[1, ?1\]' "$W/iser-per_core.log"; then
 else
   fail "iser: sessions not spread over both cores"
 fi
-kill -INT "$TPID" 2>/dev/null
-for _ in $(seq 100); do kill -0 "$TPID" 2>/dev/null || break; sleep 0.2; done
-kill -0 "$TPID" 2>/dev/null && { kill -KILL "$TPID"; fail "iser: pollux-tgt did not exit on SIGINT"; }
-wait "$TPID"; trc=$?
-if [ $trc = 0 ]; then pass "iser: pollux-tgt exited 0"; else fail "iser: pollux-tgt exit $trc"; tail -n 30 "$W/iser-tgt.log"; fi
+stop_tgt iser
 }
 
 one 0-1 two-cores
