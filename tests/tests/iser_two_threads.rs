@@ -9,8 +9,7 @@
 
 mod common;
 
-use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::iser::{iscsi_target, login_step};
@@ -21,7 +20,6 @@ use pollux_iser::initiator::{
 };
 use pollux_iser::target::iser::{IserOptions, IserTransport};
 use pollux_reactor::mem::{DmaBuf, SgList};
-use pollux_reactor::{launch, Cores, LaunchConfig, PollStatus};
 use pollux_verbs::soft::Soft;
 
 const TGT: &str = "iqn.2024-01.io.pollux:iser-two-threads";
@@ -92,21 +90,8 @@ fn sessions_handed_between_threads_serve_verified_io() {
     let transport = IserTransport::<Soft>::new(&target, IserOptions::for_tests());
     // Listen first: the first poll group created opens the listener.
     assert_eq!(transport.listen_portal_groups().unwrap(), 1);
-    let (tx, rx) = mpsc::channel::<()>();
-    let tx = Mutex::new(tx);
     let t2 = Arc::clone(&transport);
-    let set = launch(LaunchConfig::new(Cores::parse("0-1").unwrap()), move |r| {
-        let pg = t2.create_poll_group(r).unwrap();
-        r.add_poller("keep", move || {
-            let _ = &pg;
-            PollStatus::Idle
-        });
-        let _ = tx.lock().unwrap().send(());
-    })
-    .unwrap();
-    for _ in 0..2 {
-        rx.recv_timeout(Duration::from_secs(10)).unwrap();
-    }
+    let set = common::launch_with_groups("0-1", move |r| t2.create_poll_group(r).unwrap());
     let pool_total = target.pool().count();
 
     // Four sessions, one after another: the cores alternate.

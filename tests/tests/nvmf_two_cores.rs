@@ -8,7 +8,6 @@
 
 mod common;
 
-use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -16,7 +15,7 @@ use pollux_apps::perf::{run, PerfParams};
 use pollux_apps::workload::Workload;
 use pollux_nvmf::host::rdma::{RdmaHost, RdmaHostOptions};
 use pollux_nvmf::host::HostTrid;
-use pollux_reactor::{launch, Cores, IdleMode, LaunchConfig, PollStatus};
+use pollux_reactor::{Cores, IdleMode};
 use pollux_verbs::soft::Soft;
 use pollux_verbs::CmAddr;
 
@@ -27,21 +26,8 @@ fn one_hosts_queues_are_served_on_both_target_cores_with_verified_io() {
     let addr = format!("@pollux-two-cores-{}", std::process::id());
     let (_target, transport) =
         common::soft_rdma_target(NQN, "malloc:size=16M,block=512,name=two-cores", &addr);
-    let (tx, rx) = mpsc::channel::<()>();
-    let tx = Mutex::new(tx);
     let t2 = transport.clone();
-    let set = launch(LaunchConfig::new(Cores::parse("0-1").unwrap()), move |r| {
-        let pg = t2.create_poll_group(r).unwrap();
-        r.add_poller("keep", move || {
-            let _ = &pg;
-            PollStatus::Idle
-        });
-        let _ = tx.lock().unwrap().send(());
-    })
-    .unwrap();
-    for _ in 0..2 {
-        rx.recv_timeout(Duration::from_secs(10)).unwrap();
-    }
+    let set = common::launch_with_groups("0-1", move |r| t2.create_poll_group(r).unwrap());
     // One host core, two I/O queues: with the admin queue, three queues.
     let host_core = if std::thread::available_parallelism().map_or(1, |n| n.get()) >= 3 {
         "2"

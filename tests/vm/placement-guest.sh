@@ -30,6 +30,15 @@ start_tgt() {
   done
   cat "$W/$1-tgt.log"; fail "$1: pollux-tgt did not start"; return 1
 }
+# watch_stats NAME KEY: record KEY (a per-core list) of $W/NAME-stats.json
+# every 0.3 s into $W/NAME-per_core.log while the target runs; WPID.
+watch_stats() {
+  ( while kill -0 "$TPID" 2>/dev/null; do
+      grep -o '"'"$2"'":\[[0-9, ]*\]' "$W/$1-stats.json"
+      sleep 0.3
+    done ) >"$W/$1-per_core.log" 2>&1 &
+  WPID=$!
+}
 # stop_tgt NAME: SIGINT, and it must exit 0 within 20 s.
 stop_tgt() {
   local trc
@@ -73,12 +82,7 @@ trsvcid = "$PORT"
 CFG
 start_tgt "$2" || return
 pass "$2: pollux-tgt ready on cores $1"
-# Record the stats file's per-core connections while the host runs.
-( while kill -0 "$TPID" 2>/dev/null; do
-    grep -o '"connections_per_core":\[[0-9, ]*\]' "$W/$2-stats.json"
-    sleep 0.3
-  done ) >"$W/$2-per_core.log" 2>&1 &
-WPID=$!
+watch_stats "$2" connections_per_core
 timeout -k 5 90 "$PERF" -r "trtype:rdma adrfam:ipv4 traddr:$T trsvcid:$PORT subnqn:$NQN" \
   --device "$LAB_HOST_DEV" --cores "${LAB_USER_PERF_CORE:-2}" --mem pool -P 2 -q 16 -o 8192 -w randrw -t 6 --verify \
   >"$W/$2-perf.log" 2>&1
@@ -133,11 +137,7 @@ hugepages = "never"
 CFG
 start_tgt iser || return
 pass "iser: pollux-tgt ready on cores 0-1"
-( while kill -0 "$TPID" 2>/dev/null; do
-    grep -o '"iscsi_connections_per_core":\[[0-9, ]*\]' "$W/iser-stats.json"
-    sleep 0.3
-  done ) >"$W/iser-per_core.log" 2>&1 &
-WPID=$!
+watch_stats iser iscsi_connections_per_core
 local lun pids=() rc
 for lun in 0 1; do
   timeout -k 5 90 "$PERF" -r "trtype:iser traddr:$T trsvcid:3260 target:iqn.2016-06.io.pollux:placement lun:$lun" \

@@ -42,3 +42,31 @@ pub fn soft_rdma_target(
         .expect("listener");
     (target, transport)
 }
+
+/// Launch pinned reactors on `cores` (e.g. `"0-1"`), each creating one
+/// poll group with `create` and keeping it alive in a poller; returns once
+/// every core has its group (10 s each at most).
+pub fn launch_with_groups<G: 'static>(
+    cores: &str,
+    create: impl Fn(&pollux_reactor::Reactor) -> G + Send + Sync + 'static,
+) -> pollux_reactor::ReactorSet {
+    use pollux_reactor::{launch, Cores, LaunchConfig, PollStatus};
+    let cores = Cores::parse(cores).expect("cores");
+    let n = cores.len();
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let tx = std::sync::Mutex::new(tx);
+    let set = launch(LaunchConfig::new(cores), move |r| {
+        let pg = create(r);
+        r.add_poller("keep", move || {
+            let _ = &pg;
+            PollStatus::Idle
+        });
+        let _ = tx.lock().unwrap().send(());
+    })
+    .expect("launch");
+    for _ in 0..n {
+        rx.recv_timeout(std::time::Duration::from_secs(10))
+            .expect("every core creates its poll group");
+    }
+    set
+}

@@ -347,6 +347,21 @@ pub enum FastRegMode {
     },
 }
 
+impl FastRegMode {
+    /// Whether the device may carry a bind out again on retransmission
+    /// (see [`FastRegMode::MemoryWindow`]): its users must then post a
+    /// registration only when no SEND before it is in flight.
+    pub fn binds_replayed_on_retry(&self) -> bool {
+        matches!(
+            self,
+            FastRegMode::MemoryWindow {
+                binds_replayed_on_retry: true,
+                ..
+            }
+        )
+    }
+}
+
 /// QP capacities asked for at creation (and the real values reported back).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QpCaps {

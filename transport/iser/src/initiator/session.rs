@@ -259,14 +259,7 @@ impl<P: Provider> IserInitiator<P> {
         } else {
             None
         };
-        let bind_after_sends = !pre_registered
-            && matches!(
-                caps.fast_reg,
-                pollux_verbs::types::FastRegMode::MemoryWindow {
-                    binds_replayed_on_retry: true,
-                    ..
-                }
-            );
+        let bind_after_sends = !pre_registered && caps.fast_reg.binds_replayed_on_retry();
         let mut s = IserInitiator {
             remote_inv: false,
             pre_registered,

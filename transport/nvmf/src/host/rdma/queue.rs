@@ -171,14 +171,8 @@ impl<P: Provider> RdmaQueue<P> {
         let entries = p.entries.max(1);
         let n = usize::from(entries);
         let caps = dev.caps();
-        let bind_after_sends = opts.mem_mode == MemMode::RegisterAlways
-            && matches!(
-                caps.fast_reg,
-                pollux_verbs::types::FastRegMode::MemoryWindow {
-                    binds_replayed_on_retry: true,
-                    ..
-                }
-            );
+        let bind_after_sends =
+            opts.mem_mode == MemMode::RegisterAlways && caps.fast_reg.binds_replayed_on_retry();
         if bind_after_sends && p.qid == 1 {
             log::info!(
                 "nvmf host: this device replays memory-window binds on retransmission \
