@@ -5,7 +5,9 @@
 //! a descriptor gives each reactor its [`IoChannel`]. Opening, closing and
 //! channel creation are control path: they may lock and allocate.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
+
+use pollux_reactor::sync::{Mutex, MutexGuard};
 
 use pollux_reactor::{IoDevice, Reactor};
 

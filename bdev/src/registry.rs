@@ -25,7 +25,9 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::str::FromStr;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
+
+use pollux_reactor::sync::Mutex;
 
 use crate::aio::{AioBackend, AioEngineKind, AioOptions};
 use crate::backend::BdevBackend;

@@ -75,7 +75,7 @@
 //! One concept per file: [`Reactor`] (`reactor`), pollers (`poller`), the
 //! timer heap (`timer`), messages (`msg`), io_device/channels (`channel`),
 //! the idle policy (`wake`), statistics (`stats`), core sets (`cores`),
-//! launching (`launch`), the test cluster (`test_cluster`), DMA memory
+//! control-path locks, counted ([`sync`]), launching (`launch`), the test cluster (`test_cluster`), DMA memory
 //! ([`mem`]) and asynchronous file I/O ([`io`]).
 
 mod channel;
@@ -88,6 +88,7 @@ mod msg;
 mod poller;
 mod reactor;
 mod stats;
+pub mod sync;
 #[cfg(any(test, feature = "test-util"))]
 mod test_cluster;
 mod timer;

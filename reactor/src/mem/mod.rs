@@ -10,6 +10,8 @@
 //!   `!Send`, token waiters for back-pressure); [`PoolSet`]: small + large
 //!   pools like SPDK's iobuf.
 //! - [`ObjPool`]: fixed-capacity slab of request objects.
+//! - `CountingAlloc` (feature `test-util`): a counting global allocator for
+//!   the data-path rule tests (no allocation, no lock per I/O).
 //!
 //! ```
 //! use pollux_reactor::mem::{BufCache, BufPool, BufPoolOptions, HugepageMode, SgList};
@@ -29,6 +31,8 @@
 mod arena;
 mod buf;
 mod cache;
+#[cfg(any(test, feature = "test-util"))]
+mod counting_alloc;
 mod error;
 mod obj_pool;
 mod pool;
@@ -39,6 +43,8 @@ mod sg_list;
 pub use arena::{ArenaId, ArenaOptions, DmaArena, HugepageMode, HUGEPAGE_SIZE, NT_COPY_MIN};
 pub use buf::DmaBuf;
 pub use cache::{BufCache, CacheStats};
+#[cfg(any(test, feature = "test-util"))]
+pub use counting_alloc::{CountingAlloc, DataPathCounts};
 pub use error::{MemError, MemResult};
 pub use obj_pool::{ObjKey, ObjPool};
 pub use pool::{BufPool, BufPoolOptions};

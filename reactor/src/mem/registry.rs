@@ -7,7 +7,9 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::sync::{Arc, OnceLock, Weak};
+
+use crate::sync::{Mutex, MutexGuard};
 
 use super::arena::{ArenaId, DmaArena};
 

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod iser;
+pub mod rules;
 
 use std::sync::Arc;
 

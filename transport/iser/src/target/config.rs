@@ -5,7 +5,9 @@
 //! buffers come from each core's cache, [`CoreCtx`](super::CoreCtx)).
 
 use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
+
+use pollux_reactor::sync::{Mutex, MutexGuard};
 
 use pollux_bdev::Bdev;
 use pollux_reactor::mem::{BufPool, BufPoolOptions, DmaArena};

@@ -22,7 +22,9 @@
 //! [`IoError::TimedOut`](super::IoError::TimedOut) as before.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
+
+use pollux_reactor::sync::{Mutex, MutexGuard};
 
 use super::ctrlr::{connect_io_qpair, CtrlInfo};
 use super::qpair::Qpair;

@@ -10,7 +10,9 @@
 
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
+
+use pollux_reactor::sync::{Mutex, MutexGuard};
 
 use pollux_reactor::CoreId;
 

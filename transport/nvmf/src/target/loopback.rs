@@ -15,7 +15,9 @@
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
+
+use pollux_reactor::sync::{Mutex, MutexGuard};
 
 use pollux_reactor::mem::SgList;
 use pollux_reactor::{IoDevice, PollStatus, PollerId, Reactor};

@@ -9,7 +9,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::sync::{Arc, OnceLock, Weak};
+
+use pollux_reactor::sync::{Mutex, MutexGuard};
 
 use pollux_bdev::{Bdev, BdevDesc, IoType};
 

@@ -1,7 +1,9 @@
 //! The [`Target`]: options, transports, listeners, subsystems (the
 //! discovery subsystem included) and the shared data buffer pool.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
+
+use pollux_reactor::sync::{Mutex, MutexGuard};
 
 use pollux_reactor::mem::{BufPool, BufPoolOptions, HugepageMode};
 use pollux_reactor::{IoDevice, Reactor};

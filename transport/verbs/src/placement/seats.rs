@@ -7,7 +7,7 @@
 //! when it is destroyed or refused, on the core that ended up with it. A
 //! `Mutex` guards the table (never touched by I/O).
 
-use std::sync::{Mutex, MutexGuard};
+use pollux_reactor::sync::{Mutex, MutexGuard};
 
 use pollux_reactor::CoreId;
 

@@ -5,7 +5,9 @@
 use std::marker::PhantomData;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
+
+use pollux_reactor::sync::{Mutex, MutexGuard};
 
 use pollux_reactor::Reactor;
 use pollux_verbs::{CmAddr, Provider};

@@ -1,0 +1,116 @@
+//! `CountingAlloc`: a global allocator for tests that counts heap
+//! allocations (feature `test-util`).
+//!
+//! A data-path rule test installs it in its own test binary (a global
+//! allocator is per binary) with
+//! `#[global_allocator] static A: CountingAlloc = CountingAlloc;`, runs a
+//! path warm, takes a [`DataPathCounts::now`], runs N more I/Os and asserts
+//! that [`DataPathCounts::since`] is zero: no allocation, no reallocation and
+//! (with the `count-locks` feature) no lock acquisition in between. It counts
+//! every thread of the process, so such a binary holds one `#[test]`.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+static ALLOCS: AtomicU64 = AtomicU64::new(0);
+static TRACE: AtomicBool = AtomicBool::new(false);
+
+thread_local! {
+    /// Set while this thread prints a trace (printing allocates).
+    static TRACING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Count one allocation; while tracing, print where it came from.
+#[inline]
+fn count(layout: Layout) {
+    ALLOCS.fetch_add(1, Ordering::Relaxed);
+    if TRACE.load(Ordering::Relaxed) && !TRACING.with(|t| t.replace(true)) {
+        let bt = std::backtrace::Backtrace::force_capture();
+        eprintln!("counting allocator: {layout:?} allocated at\n{bt}");
+        TRACING.with(|t| t.set(false));
+    }
+}
+
+/// The system allocator, counting allocations and reallocations
+/// (frees are not counted: giving memory back is not a per-I/O cost the rule
+/// forbids, and it always follows an allocation that was counted).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CountingAlloc;
+
+impl CountingAlloc {
+    /// Allocations and reallocations made through it so far (all threads).
+    pub fn allocations() -> u64 {
+        ALLOCS.load(Ordering::Relaxed)
+    }
+
+    /// While on, print a backtrace of every counted allocation to stderr
+    /// (to find the one a rule test reports; run the test with
+    /// `--nocapture`).
+    pub fn trace(on: bool) {
+        TRACE.store(on, Ordering::Relaxed);
+    }
+}
+
+// SAFETY: every method forwards to `System` with the caller's arguments
+// unchanged, so `System`'s guarantees are ours; the counter is a relaxed
+// atomic add that allocates nothing (tracing, a test's debugging aid,
+// allocates through this allocator with a re-entry guard).
+unsafe impl GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        count(layout);
+        // SAFETY: forwarded with the caller's guarantees (non-zero size).
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        count(layout);
+        // SAFETY: as in `alloc`.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        count(layout);
+        // SAFETY: `ptr` came from this allocator (i.e. `System`) with
+        // `layout`, as the caller guarantees.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from this allocator (i.e. `System`) with `layout`.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+/// Heap allocations and lock acquisitions at one moment (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DataPathCounts {
+    /// Allocations and reallocations ([`CountingAlloc::allocations`]).
+    pub allocations: u64,
+    /// Lock acquisitions ([`crate::sync::lock_acquisitions`]).
+    pub locks: u64,
+}
+
+impl DataPathCounts {
+    /// The counts now.
+    pub fn now() -> Self {
+        Self {
+            allocations: CountingAlloc::allocations(),
+            locks: crate::sync::lock_acquisitions(),
+        }
+    }
+
+    /// What happened since `self` was taken.
+    pub fn since(&self) -> Self {
+        let n = Self::now();
+        Self {
+            allocations: n.allocations - self.allocations,
+            locks: n.locks - self.locks,
+        }
+    }
+
+    /// Zero of both.
+    pub fn is_zero(&self) -> bool {
+        self.allocations == 0 && self.locks == 0
+    }
+}

@@ -1,0 +1,173 @@
+//! The data-path rule tests' shared drivers: keep a bdev channel's queue
+//! full through the generic path (`IoChannel::submit` and a callback that
+//! submits a fresh request per completion) or the in-place path
+//! (`submit_in_place` and `InPlaceIo::resubmit`), for a given number of
+//! I/Os, and check the counts taken around a run.
+#![allow(clippy::unwrap_used)]
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+
+use pollux_bdev::{CompletedIo, InPlaceIo, IoChannel, IoCompletion, IoType, SgList};
+use pollux_reactor::mem::{BufPool, BufPoolOptions, DataPathCounts, HugepageMode};
+use pollux_reactor::TestCluster;
+
+/// I/Os per measured run (the rule is checked over at least this many).
+pub const N: u64 = 100_000;
+
+/// Assert that nothing was allocated and no lock taken between `before` and
+/// `after` (take `after` before formatting anything).
+pub fn assert_clean(what: &str, before: DataPathCounts, after: DataPathCounts) {
+    let d = DataPathCounts {
+        allocations: after.allocations - before.allocations,
+        locks: after.locks - before.locks,
+    };
+    assert!(
+        d.is_zero(),
+        "{what}: {} heap allocations and {} lock acquisitions over the measured I/Os",
+        d.allocations,
+        d.locks
+    );
+}
+
+/// Prove the counters count in this binary (so a clean run means something).
+pub fn assert_counters_work() {
+    assert!(
+        pollux_reactor::sync::locks_counted(),
+        "feature count-locks is off"
+    );
+    let c = DataPathCounts::now();
+    let v = std::hint::black_box(vec![1u8; 64]);
+    let m = pollux_reactor::sync::Mutex::new(v.len());
+    drop(m.lock().unwrap());
+    let d = c.since();
+    assert!(d.allocations >= 1 && d.locks >= 1, "{d:?}");
+}
+
+/// One bdev job: `depth` buffers, reads and writes alternating over the
+/// first `span` blocks, `io_blocks` blocks per I/O.
+pub struct BdevJob {
+    ch: IoChannel,
+    cb: RefCell<Option<Rc<dyn IoCompletion>>>,
+    in_place: bool,
+    io_blocks: u64,
+    span: u64,
+    /// Buffers not in flight (capacity `depth`: pushing never allocates).
+    idle: RefCell<Vec<SgList>>,
+    next: Cell<u64>,
+    /// Submit until `next` reaches it.
+    until: Cell<u64>,
+    done: Cell<u64>,
+    errors: Cell<u64>,
+}
+
+impl BdevJob {
+    /// A job on `ch` with `depth` buffers of `io_blocks` blocks.
+    pub fn new(ch: IoChannel, depth: usize, io_blocks: u64, in_place: bool) -> Rc<BdevJob> {
+        let len = (io_blocks * ch.buf_block_size()) as usize;
+        let mut o = BufPoolOptions::new("rules-bdev", len, depth);
+        o.hugepages = HugepageMode::Never;
+        let pool = BufPool::new(o).unwrap();
+        let idle = (0..depth)
+            .map(|_| SgList::from_buf(pool.get().unwrap()))
+            .collect();
+        let span = ch.num_blocks() / io_blocks * io_blocks;
+        let job = Rc::new(BdevJob {
+            ch,
+            cb: RefCell::new(None),
+            in_place,
+            io_blocks,
+            span,
+            idle: RefCell::new(idle),
+            next: Cell::new(0),
+            until: Cell::new(0),
+            done: Cell::new(0),
+            errors: Cell::new(0),
+        });
+        let cb: Rc<dyn IoCompletion> = job.clone();
+        *job.cb.borrow_mut() = Some(cb);
+        job
+    }
+
+    /// The next I/O's type and first block.
+    fn next_io(&self) -> (IoType, u64) {
+        let n = self.next.get();
+        self.next.set(n + 1);
+        let t = if n % 2 == 0 {
+            IoType::Read
+        } else {
+            IoType::Write
+        };
+        let lba = (n.wrapping_mul(0x9E37_79B9) * self.io_blocks) % self.span;
+        (t, lba)
+    }
+
+    fn submit(&self, bufs: SgList) {
+        let cb = self.cb.borrow();
+        let cb = cb.as_ref().unwrap();
+        let (t, lba) = self.next_io();
+        let r = if self.in_place {
+            self.ch
+                .submit_in_place(t, lba, self.io_blocks, bufs, cb, 0)
+        } else {
+            self.ch.submit(t, lba, self.io_blocks, bufs, cb, 0)
+        };
+        if let Err(rej) = r {
+            panic!("rejected: {:?}", rej.error);
+        }
+    }
+
+    /// Run `ios` more I/Os to completion on `cl`.
+    pub fn run(&self, cl: &TestCluster, ios: u64) {
+        self.until.set(self.next.get() + ios);
+        let target = self.done.get() + ios;
+        loop {
+            let b = self.idle.borrow_mut().pop();
+            match b {
+                Some(b) if self.next.get() < self.until.get() => self.submit(b),
+                Some(b) => {
+                    self.idle.borrow_mut().push(b);
+                    break;
+                }
+                None => break,
+            }
+        }
+        while self.done.get() < target {
+            cl.poll_once_all();
+        }
+        assert_eq!(self.errors.get(), 0, "I/O errors");
+        assert_eq!(self.ch.in_flight(), 0);
+    }
+
+    /// Break the job ↔ callback cycle.
+    pub fn close(&self) {
+        self.cb.borrow_mut().take();
+    }
+}
+
+impl IoCompletion for BdevJob {
+    fn complete(&self, io: CompletedIo) {
+        self.done.set(self.done.get() + 1);
+        if io.status.is_err() {
+            self.errors.set(self.errors.get() + 1);
+        }
+        if self.next.get() < self.until.get() {
+            self.submit(io.bufs);
+        } else {
+            self.idle.borrow_mut().push(io.bufs);
+        }
+    }
+
+    fn complete_in_place(&self, mut io: InPlaceIo<'_>) {
+        self.done.set(self.done.get() + 1);
+        if io.status().is_err() {
+            self.errors.set(self.errors.get() + 1);
+        }
+        if self.next.get() < self.until.get() {
+            let (t, lba) = self.next_io();
+            io.resubmit(t, lba, self.io_blocks, 0);
+        } else {
+            self.idle.borrow_mut().push(io.take_bufs());
+        }
+    }
+}
