@@ -208,8 +208,8 @@ impl PdInner {
     }
 
     /// The first PI error of integrity MR `idx`: found by a local copy, or
-    /// reported by a peer that copied through it (control path: scans the
-    /// device's connections).
+    /// reported by a peer that copied through it (scans the device's
+    /// connections; no allocation).
     pub(crate) fn take_sig_error(&self, idx: u32) -> Option<SigError> {
         let local = self
             .local
@@ -219,7 +219,10 @@ impl PdInner {
         if local.is_some() {
             return local;
         }
-        let conns = self.dev.0.conns.borrow().clone();
+        // Walked in place, not cloned (this runs once per protected I/O): an
+        // upgraded connection is also held elsewhere, so dropping it here
+        // never runs a connection's teardown under this borrow.
+        let conns = self.dev.0.conns.borrow();
         conns
             .iter()
             .filter_map(std::rc::Weak::upgrade)
