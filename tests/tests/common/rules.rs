@@ -119,6 +119,11 @@ impl BdevJob {
 
     /// Run `ios` more I/Os to completion on `cl`.
     pub fn run(&self, cl: &TestCluster, ios: u64) {
+        self.run_with(cl, ios, || {});
+    }
+
+    /// [`run`](Self::run), calling `each_round` before every round of polls.
+    pub fn run_with(&self, cl: &TestCluster, ios: u64, each_round: impl Fn()) {
         self.until.set(self.next.get() + ios);
         let target = self.done.get() + ios;
         loop {
@@ -133,6 +138,7 @@ impl BdevJob {
             }
         }
         while self.done.get() < target {
+            each_round();
             cl.poll_once_all();
         }
         assert_eq!(self.errors.get(), 0, "I/O errors");
