@@ -445,6 +445,8 @@ impl Conn {
             rkeys: Default::default(),
             peer_recv_efd: recv_efd,
             peer_send_efd: send_efd,
+            recv_armed_seen: Cell::new(0),
+            send_armed_seen: Cell::new(0),
             conn: Rc::downgrade(self),
         }))
     }

@@ -49,7 +49,20 @@ pub(crate) struct Link {
     pub(crate) rkeys: RemoteKeyCache,
     pub(crate) peer_recv_efd: OwnedFd,
     pub(crate) peer_send_efd: OwnedFd,
+    /// The peer's receive-CQ arm count we last woke it for.
+    pub(crate) recv_armed_seen: Cell<u32>,
+    /// The peer's send-CQ arm count we last woke it for.
+    pub(crate) send_armed_seen: Cell<u32>,
     pub(crate) conn: Weak<Conn>,
+}
+
+/// Arm the armed word at `off` of `shm` (ours to write: one more arm), then
+/// fence, before the caller looks for work that is already there (see
+/// [`Link::wake_if_armed`]).
+pub(crate) fn arm(shm: &Shm, off: usize) {
+    let w = shm.u32_at(off);
+    w.store(w.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
+    std::sync::atomic::fence(Ordering::SeqCst);
 }
 
 impl Link {
@@ -92,25 +105,39 @@ impl Link {
 
     /// After publishing records: wake the peer's receive CQ if it is armed.
     pub(crate) fn wake_peer_recv(&self) {
-        if self
-            .shm
-            .u32_at(self.out_ctl(CTL_CONSUMER_ARMED))
-            .swap(0, Ordering::AcqRel)
-            != 0
-        {
-            let _ = rustix::io::write(&self.peer_recv_efd, &1u64.to_ne_bytes());
-        }
+        self.wake_if_armed(
+            self.out_ctl(CTL_CONSUMER_ARMED),
+            &self.recv_armed_seen,
+            &self.peer_recv_efd,
+        );
     }
 
     /// After consuming records or NAKing: wake the peer's send CQ if armed.
     pub(crate) fn wake_peer_send(&self) {
-        if self
-            .shm
-            .u32_at(self.in_ctl(CTL_PRODUCER_ARMED))
-            .swap(0, Ordering::AcqRel)
-            != 0
-        {
-            let _ = rustix::io::write(&self.peer_send_efd, &1u64.to_ne_bytes());
+        self.wake_if_armed(
+            self.in_ctl(CTL_PRODUCER_ARMED),
+            &self.send_armed_seen,
+            &self.peer_send_efd,
+        );
+    }
+
+    /// Wake the peer through `efd` if it armed the word at `off` since we
+    /// last did (`seen`: the arm count we last answered).
+    ///
+    /// The armed words are single-writer: the peer counts its arms
+    /// ([`arm`]), we only read, so a batch costs a load of a line the peer
+    /// rarely writes, not an atomic read-modify-write of it. The fence pairs
+    /// with the one in [`arm`] (store, fence, load on both sides): either
+    /// the peer, after arming, sees what we published before this call, or
+    /// we see its arm here and wake it; both may happen (one spare wake-up,
+    /// as a one-shot CQ event allows).
+    #[inline]
+    fn wake_if_armed(&self, off: usize, seen: &Cell<u32>, efd: &OwnedFd) {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let armed = self.shm.u32_at(off).load(Ordering::Relaxed);
+        if armed != seen.get() {
+            seen.set(armed);
+            let _ = rustix::io::write(efd, &1u64.to_ne_bytes());
         }
     }
 

@@ -368,17 +368,13 @@ impl QpInner {
         let Some(l) = link else { return false };
         let mut pending = false;
         if std::ptr::eq(cq, &*self.recv_cq.0) {
-            l.shm
-                .u32_at(l.in_ctl(super::ring::CTL_CONSUMER_ARMED))
-                .store(1, Ordering::SeqCst);
-            let tail = l.shm.u64_at(l.in_ctl(CTL_TAIL)).load(Ordering::SeqCst);
+            super::link::arm(&l.shm, l.in_ctl(super::ring::CTL_CONSUMER_ARMED));
+            let tail = l.shm.u64_at(l.in_ctl(CTL_TAIL)).load(Ordering::Acquire);
             let head = l.in_head.get();
             pending |= has_record(&l.shm, l.in_d, head) || tail.wrapping_sub(head) as i64 > 0;
         }
         if std::ptr::eq(cq, &*self.send_cq.0) {
-            l.shm
-                .u32_at(l.out_ctl(super::ring::CTL_PRODUCER_ARMED))
-                .store(1, Ordering::SeqCst);
+            super::link::arm(&l.shm, l.out_ctl(super::ring::CTL_PRODUCER_ARMED));
             let sq = self.sq.borrow();
             pending |= sq.wants_ack() || sq.front_done();
         }

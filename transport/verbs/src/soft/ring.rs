@@ -9,6 +9,10 @@
 //! `tail` and the consumer's `head` never share a line, nor a pair that the
 //! adjacent-line prefetcher would pull across cores together.
 //! Direction 0 carries active → passive traffic.
+//! Every control word has one writer: `consumer_armed` and `producer_armed`
+//! count the arms of the side that sleeps on that CQ; the side that would
+//! wake it only reads them and remembers the count it last answered (no
+//! atomic read-modify-write on a line the other core writes).
 //!
 //! Records are 16-byte aligned (a 64-byte SEND takes 80 bytes of ring, not
 //! 128: fewer cache lines move between the cores): a 16-byte header
