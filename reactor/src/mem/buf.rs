@@ -7,22 +7,24 @@ use std::sync::Arc;
 use super::arena::{ArenaId, ArenaOptions, DmaArena, HugepageMode};
 use super::cache;
 use super::error::{MemError, MemResult};
-use super::pool::PoolShared;
+use super::pool::{self, PoolShared};
 
 /// An owned, aligned buffer of DMA-able memory inside a [`DmaArena`].
 ///
 /// It is owned by whoever holds it, and by the engine or queue pair carrying
 /// it until that I/O completes. Dropping a pool buffer returns it to its pool:
 /// to the current thread's [`BufCache`](super::BufCache) for that pool when
-/// there is one (no lock, no atomic read-modify-write beyond the pool `Arc`'s
-/// reference count, no allocation), else to the pool's shared lock-free queue.
+/// there is one (no lock, no atomic read-modify-write, no allocation), else
+/// to the pool's shared lock-free queue.
 ///
 /// `DmaBuf` is `Send` (and `Sync`): it can be handed to another core in a
 /// message, and from there it returns to that core's cache or to the shared
 /// queue. It is the only handle to its bytes, exactly like a `Box<[u8]>`.
 pub struct DmaBuf {
-    // INVARIANT: `ptr..ptr+cap` lies inside the arena of `origin`, which this
-    // buffer keeps alive (through the pool or directly), and no other live
+    // INVARIANT: `ptr..ptr+cap` lies inside the arena of `pool`, which this
+    // buffer keeps alive (its slot holds one of the pool's references, see
+    // `PoolShared`: taken in batches when slots leave the shared queue, not
+    // per buffer), and no other live
     // `DmaBuf` or reference covers any byte of it: pools hand each slot to at
     // most one `DmaBuf` at a time (a slot index is in exactly one of: the
     // shared free queue, one cache's free list, one `DmaBuf`). `len <= cap`,
@@ -33,13 +35,13 @@ pub struct DmaBuf {
     // Kept at 24 bytes (pointer, pool, slot, length): buffers travel by value
     // with every I/O, inline in `SgList`s.
     ptr: NonNull<u8>,
-    pool: Arc<PoolShared>,
+    pool: NonNull<PoolShared>,
     idx: u32,
     len: u32,
 }
 
-// SAFETY: the buffer exclusively owns its bytes (see INVARIANT) and its origin
-// is `Arc`-shared `Send + Sync` state; returning it from another thread goes
+// SAFETY: the buffer exclusively owns its bytes (see INVARIANT) and its pool
+// is reference-counted `Send + Sync` state; returning it from another thread goes
 // through that thread's own cache or the lock-free shared queue.
 unsafe impl Send for DmaBuf {}
 // SAFETY: `&DmaBuf` only allows reading the bytes it exclusively owns.
@@ -47,12 +49,15 @@ unsafe impl Sync for DmaBuf {}
 
 impl DmaBuf {
     /// Slot `idx` of `pool`. Only the pool and its caches call this, with an
-    /// index they just took off a free list.
+    /// index they just took off a free list (which holds the slot's
+    /// reference to the pool, handed to the buffer).
     #[inline]
-    pub(super) fn from_pool(pool: Arc<PoolShared>, idx: u32) -> DmaBuf {
-        let ptr = pool.slot_ptr(idx);
+    pub(super) fn from_pool(pool: NonNull<PoolShared>, idx: u32) -> DmaBuf {
+        // SAFETY: the slot's reference keeps the pool alive.
+        let p = unsafe { pool.as_ref() };
+        let ptr = p.slot_ptr(idx);
         // Pools refuse buffer sizes over `u32::MAX`.
-        let len = pool.buf_size() as u32;
+        let len = p.buf_size() as u32;
         DmaBuf {
             ptr,
             pool,
@@ -81,10 +86,17 @@ impl DmaBuf {
             NonNull::new(arena.base()).ok_or(MemError::InvalidArgument("arena base is null"))?;
         Ok(DmaBuf {
             ptr,
-            pool: PoolShared::standalone(arena, len),
+            pool: PoolShared::standalone(arena, len).into_slot_ref(),
             idx: 0,
             len: len32,
         })
+    }
+
+    /// The pool this buffer's slot belongs to.
+    #[inline]
+    fn pool(&self) -> &PoolShared {
+        // SAFETY: the slot's reference keeps the pool alive (INVARIANT).
+        unsafe { self.pool.as_ref() }
     }
 
     /// The first `len()` bytes.
@@ -135,7 +147,7 @@ impl DmaBuf {
     /// Bytes available in the buffer.
     #[inline]
     pub fn capacity(&self) -> usize {
-        self.pool.buf_size()
+        self.pool().buf_size()
     }
 
     /// Set the length in use.
@@ -154,7 +166,7 @@ impl DmaBuf {
 
     /// The arena the buffer lives in.
     pub fn arena(&self) -> &Arc<DmaArena> {
-        self.pool.arena_of(self.idx).0
+        self.pool().arena_of(self.idx).0
     }
 
     /// Id of the arena the buffer lives in.
@@ -164,7 +176,7 @@ impl DmaBuf {
 
     /// Offset of the first byte from the arena's base.
     pub fn arena_offset(&self) -> usize {
-        self.pool.arena_of(self.idx).1
+        self.pool().arena_of(self.idx).1
     }
 }
 
@@ -182,8 +194,12 @@ impl fmt::Debug for DmaBuf {
 impl Drop for DmaBuf {
     #[inline]
     fn drop(&mut self) {
-        if !self.pool.is_standalone() {
-            cache::return_slot(&self.pool, self.idx);
+        if self.pool().is_standalone() {
+            // SAFETY: the buffer's one reference, not used again.
+            unsafe { pool::release(self.pool, 1) };
+        } else {
+            // SAFETY: the slot's reference is handed on with the slot.
+            unsafe { cache::return_slot(self.pool, self.idx) };
         }
     }
 }

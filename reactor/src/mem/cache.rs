@@ -16,10 +16,10 @@ use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::fmt;
 use std::rc::Rc;
-use std::sync::Arc;
+use std::ptr::NonNull;
 
 use super::buf::DmaBuf;
-use super::pool::{BufPool, PoolShared};
+use super::pool::{self, BufPool, PoolRef, PoolShared};
 
 thread_local! {
     /// The caches living on this thread (control path: changed only when a
@@ -51,7 +51,8 @@ struct CacheState {
 }
 
 struct CacheInner {
-    pool: Arc<PoolShared>,
+    /// The cache's one reference to its pool (its slots hold theirs).
+    pool: PoolRef,
     state: RefCell<CacheState>,
     stats: Cell<CacheStats>,
 }
@@ -79,9 +80,13 @@ impl CacheInner {
     fn put(&self, st: &mut CacheState, idx: u32) {
         if st.free.len() == st.free.capacity() {
             let keep = st.free.len().saturating_sub(self.batch());
+            let n = st.free.len() - keep;
             for i in st.free.drain(keep..) {
                 self.pool.put_shared(i);
             }
+            // SAFETY: the drained slots' references; `self.pool` keeps the
+            // pool alive past this.
+            unsafe { pool::release(self.pool.ptr(), n) };
             self.bump(|s| s.drains += 1);
         }
         st.free.push(idx);
@@ -91,7 +96,13 @@ impl CacheInner {
 /// Return slot `idx` of `pool` (called by `DmaBuf::drop`): to a cache of this
 /// thread for that pool if one can take it (preferring one with waiters),
 /// else to the shared queue.
-pub(super) fn return_slot(pool: &Arc<PoolShared>, idx: u32) {
+///
+/// # Safety
+/// The caller holds the slot's reference to the pool (a live buffer's) and
+/// hands it over: it goes with the slot into a cache, or is given back.
+pub(super) unsafe fn return_slot(pool_ptr: NonNull<PoolShared>, idx: u32) {
+    // SAFETY: the slot's reference keeps the pool alive until released below.
+    let pool = unsafe { pool_ptr.as_ref() };
     let done = CACHES
         .try_with(|caches| {
             let Ok(caches) = caches.try_borrow() else {
@@ -126,6 +137,8 @@ pub(super) fn return_slot(pool: &Arc<PoolShared>, idx: u32) {
         .unwrap_or(false);
     if !done {
         pool.put_shared(idx);
+        // SAFETY: the slot's reference, not used after this.
+        unsafe { pool::release(pool_ptr, 1) };
     }
 }
 
@@ -161,7 +174,7 @@ impl BufCache {
     /// list and the waiter queue, with room for `waiters_hint` waiters before
     /// the queue has to grow).
     pub fn new(pool: &BufPool, waiters_hint: usize) -> BufCache {
-        let shared = Arc::clone(pool.shared());
+        let shared = pool.shared().clone();
         let inner = Rc::new(CacheInner {
             state: RefCell::new(CacheState {
                 free: Vec::with_capacity(shared.cache_size()),
@@ -183,7 +196,7 @@ impl BufCache {
             c.take(&mut st)
         };
         match slot {
-            Some(idx) => Some(DmaBuf::from_pool(Arc::clone(&c.pool), idx)),
+            Some(idx) => Some(DmaBuf::from_pool(c.pool.ptr(), idx)),
             None => {
                 c.bump(|s| s.misses += 1);
                 None
@@ -240,7 +253,7 @@ impl BufCache {
             let Some((token, idx)) = next else {
                 break;
             };
-            on_ready(token, DmaBuf::from_pool(Arc::clone(&c.pool), idx));
+            on_ready(token, DmaBuf::from_pool(c.pool.ptr(), idx));
             served += 1;
         }
         served
@@ -276,8 +289,14 @@ impl Drop for BufCache {
                 st.waiters.len()
             );
         }
+        let n = st.free.len();
         for i in st.free.drain(..) {
             self.inner.pool.put_shared(i);
+        }
+        if n > 0 {
+            // SAFETY: the cached slots' references; the cache's own
+            // (`inner.pool`) keeps the pool alive past this.
+            unsafe { pool::release(self.inner.pool.ptr(), n) };
         }
     }
 }
@@ -314,6 +333,27 @@ mod tests {
         assert_eq!(p.available() + c.cached(), 64);
         drop(c);
         assert_eq!(p.available(), 64, "dropping the cache drains it");
+    }
+
+    #[test]
+    fn buffers_outlive_their_cache_and_pool_and_free_it_last() {
+        let p = pool(16, 8);
+        let arena = std::sync::Arc::downgrade(&p.arenas()[0]);
+        let c = BufCache::new(&p, 0);
+        let mut a = c.get().unwrap();
+        let b = p.get().unwrap();
+        // One reference per handle and cache, one per slot off the shared
+        // queue (a batch of 4 for the cache, 1 for `b`).
+        assert_eq!(p.shared().refs(), 2 + 4 + 1);
+        drop(c);
+        assert_eq!(p.shared().refs(), 1 + 1 + 1, "drained slots gave theirs back");
+        drop(p);
+        a.as_mut_slice().fill(7);
+        assert!(a.as_slice().iter().all(|&x| x == 7));
+        drop(a);
+        assert!(arena.upgrade().is_some(), "`b` still holds the pool");
+        drop(b);
+        assert!(arena.upgrade().is_none(), "the last buffer freed the pool");
     }
 
     #[test]

@@ -7,7 +7,7 @@
 
 use std::fmt;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{fence, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use crossbeam_queue::ArrayQueue;
@@ -63,6 +63,14 @@ pub(crate) struct PoolShared {
     // `(i % per_arena) * stride` of `arenas[i / per_arena]`, inside that arena,
     // and every slot index is in exactly one place: `free`, one cache's free
     // list, or one live `DmaBuf`.
+    //
+    // INVARIANT (lifetime): `refs` counts one reference per `PoolRef` (the
+    // `BufPool` handles and the caches) plus one per slot that is not on
+    // `free`; the pool is freed when it reaches zero. A slot's reference is
+    // taken when it leaves `free` and given back when it returns there, in
+    // batches with the cache's refills and drains: a buffer moving between
+    // a cache and its user touches no shared counter.
+    refs: AtomicUsize,
     id: u64,
     name: String,
     arenas: Vec<Arc<DmaArena>>,
@@ -79,8 +87,9 @@ pub(crate) struct PoolShared {
 impl PoolShared {
     /// The one-slot pool of a standalone buffer of `len` bytes filling `arena`
     /// (control path: allocates).
-    pub(crate) fn standalone(arena: Arc<DmaArena>, len: usize) -> Arc<PoolShared> {
-        Arc::new(PoolShared {
+    pub(crate) fn standalone(arena: Arc<DmaArena>, len: usize) -> PoolRef {
+        PoolRef::new(PoolShared {
+            refs: AtomicUsize::new(1),
             id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed),
             name: String::from("pollux-standalone"),
             arenas: vec![arena],
@@ -92,6 +101,12 @@ impl PoolShared {
             free: ArrayQueue::new(1),
             standalone: true,
         })
+    }
+
+    /// References held now (tests).
+    #[cfg(test)]
+    pub(crate) fn refs(&self) -> usize {
+        self.refs.load(Ordering::Relaxed)
     }
 
     #[inline]
@@ -136,7 +151,8 @@ impl PoolShared {
         NonNull::new(p).unwrap_or(NonNull::dangling())
     }
 
-    /// Pop up to `max` slots from the shared queue into `out`.
+    /// Pop up to `max` slots from the shared queue into `out`, taking one
+    /// reference per slot (one atomic add for the batch).
     pub(crate) fn take_batch(&self, out: &mut Vec<u32>, max: usize) -> usize {
         let mut n = 0;
         while n < max && out.len() < out.capacity() {
@@ -148,16 +164,93 @@ impl PoolShared {
                 None => break,
             }
         }
+        if n > 0 {
+            self.refs.fetch_add(n, Ordering::Relaxed);
+        }
         n
     }
 
-    /// Put a slot back on the shared queue.
+    /// Put a slot back on the shared queue (its reference is still to be
+    /// given back with [`release`]).
     pub(crate) fn put_shared(&self, idx: u32) {
         // The queue holds `count` entries and each slot is in one place
         // only, so it is never full; if it were, losing a slot beats a crash.
         if self.free.push(idx).is_err() {
             log::error!("pool `{}`: shared queue full, slot {idx} lost", self.name);
         }
+    }
+}
+
+/// Give back `n` references to the pool at `pool`, freeing it with the last.
+///
+/// # Safety
+/// The caller holds `n` references (see the lifetime INVARIANT of
+/// [`PoolShared`]) and uses none of them, nor `pool`, afterwards.
+pub(crate) unsafe fn release(pool: NonNull<PoolShared>, n: usize) {
+    // SAFETY: the caller's references keep the pool alive until this
+    // subtraction.
+    let before = unsafe { pool.as_ref() }.refs.fetch_sub(n, Ordering::Release);
+    if before == n {
+        // Every other holder's accesses happened before its release.
+        fence(Ordering::Acquire);
+        // SAFETY: that was the last reference; the pool came from
+        // `Box::into_raw` in `PoolRef::new`.
+        drop(unsafe { Box::from_raw(pool.as_ptr()) });
+    }
+}
+
+/// One counted reference to a [`PoolShared`] (a pool handle's or a
+/// cache's): `Clone` adds one, `Drop` gives it back.
+pub(crate) struct PoolRef(NonNull<PoolShared>);
+
+// SAFETY: `PoolShared` is `Send + Sync` (arenas are `Arc`s, the queue is
+// lock-free, the counter atomic) and the reference count is atomic, like an
+// `Arc<PoolShared>`.
+unsafe impl Send for PoolRef {}
+// SAFETY: as for `Send`: `&PoolRef` only gives `&PoolShared`.
+unsafe impl Sync for PoolRef {}
+
+impl PoolRef {
+    /// A new pool with `shared.refs` (1) held by the result.
+    fn new(shared: PoolShared) -> PoolRef {
+        PoolRef(NonNull::from(Box::leak(Box::new(shared))))
+    }
+
+    /// The pool's address (for buffers, which hold a slot's reference).
+    #[inline]
+    pub(crate) fn ptr(&self) -> NonNull<PoolShared> {
+        self.0
+    }
+
+    /// Turn this reference into a slot's (a standalone buffer's).
+    pub(crate) fn into_slot_ref(self) -> NonNull<PoolShared> {
+        let p = self.0;
+        std::mem::forget(self);
+        p
+    }
+}
+
+impl std::ops::Deref for PoolRef {
+    type Target = PoolShared;
+
+    #[inline]
+    fn deref(&self) -> &PoolShared {
+        // SAFETY: this reference keeps the pool alive.
+        unsafe { self.0.as_ref() }
+    }
+}
+
+impl Clone for PoolRef {
+    fn clone(&self) -> Self {
+        self.refs.fetch_add(1, Ordering::Relaxed);
+        PoolRef(self.0)
+    }
+}
+
+impl Drop for PoolRef {
+    fn drop(&mut self) {
+        // SAFETY: we hold one reference and drop it here.
+        unsafe { release(self.0, 1) }
     }
 }
 
@@ -169,7 +262,7 @@ impl PoolShared {
 /// control path, threads without a cache).
 #[derive(Clone)]
 pub struct BufPool {
-    shared: Arc<PoolShared>,
+    shared: PoolRef,
 }
 
 impl fmt::Debug for BufPool {
@@ -232,7 +325,8 @@ impl BufPool {
             // Capacity is exactly `count`: cannot fail.
             let _ = free.push(i);
         }
-        let shared = Arc::new(PoolShared {
+        let shared = PoolRef::new(PoolShared {
+            refs: AtomicUsize::new(1),
             id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed),
             name: opts.name,
             arenas,
@@ -247,17 +341,16 @@ impl BufPool {
         Ok(BufPool { shared })
     }
 
-    pub(crate) fn shared(&self) -> &Arc<PoolShared> {
+    pub(crate) fn shared(&self) -> &PoolRef {
         &self.shared
     }
 
     /// Take a buffer from the shared queue, or `None` when it is empty.
     /// Reactors should use their [`BufCache`](super::BufCache) instead.
     pub fn get(&self) -> Option<DmaBuf> {
-        self.shared
-            .free
-            .pop()
-            .map(|i| DmaBuf::from_pool(Arc::clone(&self.shared), i))
+        let i = self.shared.free.pop()?;
+        self.shared.refs.fetch_add(1, Ordering::Relaxed);
+        Some(DmaBuf::from_pool(self.shared.ptr(), i))
     }
 
     /// The pool's name.
