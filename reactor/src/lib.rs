@@ -75,14 +75,17 @@
 //! One concept per file: [`Reactor`] (`reactor`), pollers (`poller`), the
 //! timer heap (`timer`), messages (`msg`), io_device/channels (`channel`),
 //! the idle policy (`wake`), statistics (`stats`), core sets (`cores`),
-//! control-path locks, counted ([`sync`]), launching (`launch`), the test cluster (`test_cluster`), DMA memory
-//! ([`mem`]) and asynchronous file I/O ([`io`]).
+//! the per-I/O clock ([`IoClock`], `io_clock`), control-path locks,
+//! counted ([`sync`]), launching (`launch`), the test cluster
+//! (`test_cluster`), DMA memory ([`mem`]) and asynchronous file I/O
+//! ([`io`]).
 
 mod channel;
 mod clock;
 mod cores;
 mod current;
 mod error;
+mod io_clock;
 mod launch;
 mod msg;
 mod poller;
@@ -100,6 +103,7 @@ pub mod mem;
 pub use channel::IoDevice;
 pub use cores::{CoreId, Cores, CoresError, MAX_CORE_ID};
 pub use error::{ReactorError, SendError};
+pub use io_clock::{ClockSource, IoClock};
 pub use launch::{
     launch, LaunchConfig, LaunchError, ReactorSet, DEFAULT_INBOX_DEPTH, STATS_TIMEOUT,
 };

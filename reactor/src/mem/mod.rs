@@ -39,6 +39,7 @@ mod pool;
 mod pool_set;
 mod registry;
 mod sg_list;
+pub(crate) mod tsc;
 
 pub use arena::{ArenaId, ArenaOptions, DmaArena, HugepageMode, HUGEPAGE_SIZE, NT_COPY_MIN};
 pub use buf::DmaBuf;
