@@ -2,11 +2,17 @@
 //! each keeping `queue_depth` I/Os in flight on its core's I/O channel for
 //! the run's duration, then reporting per-core and total figures.
 //!
+//! It measures like SPDK's bdevperf by default: the generic path
+//! (`IoChannel::submit` with a fresh request per I/O, the completion
+//! callback submitting the next one) and two timestamps per I/O, at submit
+//! and at completion, from the reactor's calibrated [`IoClock`] (the TSC
+//! where it is invariant, else `CLOCK_MONOTONIC`). `in_place` selects the
+//! in-place path instead (`submit_in_place`, each completion resubmitting
+//! its own request slot), the same timestamps included.
+//!
 //! Per I/O the job does no allocation and takes no lock: each of its slots
 //! owns one DMA buffer that travels with the I/O and comes back in the
-//! completion, and latency is measured with the reactor's per-loop clock
-//! (`Reactor::now_ns`, integer nanoseconds), so an I/O's latency is counted in whole reactor loops,
-//! which is what a polled-mode application can observe anyway.
+//! completion.
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -18,7 +24,9 @@ use pollux_bdev::{
     Bdev, BdevDesc, CompletedIo, InPlaceIo, IoChannel, IoCompletion, IoType, PiAction, SgList,
 };
 use pollux_reactor::mem::{BufPool, BufPoolOptions, DmaBuf};
-use pollux_reactor::{launch, CoreId, Cores, IdleMode, LaunchConfig, PollStatus, Reactor};
+use pollux_reactor::{
+    launch, CoreId, Cores, IdleMode, IoClock, LaunchConfig, PollStatus, Reactor,
+};
 
 use crate::report::{Report, Tally};
 use crate::workload::{check_pattern, fill_pattern, OffsetGen, Workload};
@@ -37,6 +45,21 @@ pub struct PerfParams {
     pub read_pct: u8,
     /// How long to run.
     pub duration: Duration,
+    /// The in-place path (`submit_in_place` and `InPlaceIo::resubmit`)
+    /// instead of the generic one (`submit` with a fresh request and a
+    /// callback per I/O, as SPDK's bdevperf).
+    pub in_place: bool,
+}
+
+impl PerfParams {
+    /// `"in-place"` or `"generic"` (the report's `path`).
+    pub fn path_name(&self) -> &'static str {
+        if self.in_place {
+            "in-place"
+        } else {
+            "generic"
+        }
+    }
 }
 
 /// What the bdev layer does about protection information on every I/O
@@ -217,7 +240,10 @@ pub fn run_with_pi(
         .into_iter()
         .map(|d| (d.core, d.tally, d.busy_pct))
         .collect();
-    Ok(Report::new(seconds, &per_core))
+    let mut report = Report::new(seconds, &per_core);
+    report.path = Some(params.path_name().into());
+    report.clock = Some(IoClock::get().source().as_str().into());
+    Ok(report)
 }
 
 fn check_params(bdevs: &[Arc<Bdev>], p: &PerfParams) -> Result<(), AppError> {
@@ -357,7 +383,7 @@ struct Slot {
     bufs: Option<SgList>,
     /// Separate metadata buffers (`--pi` on a DIX bdev; else empty).
     md: Option<SgList>,
-    /// Submit time, `Reactor::now_ns` (integer nanoseconds, cached per loop).
+    /// Submit time, [`IoClock`] ticks.
     submitted: u64,
     unit: u64,
     phase: Phase,
@@ -366,7 +392,8 @@ struct Slot {
 
 struct JobState {
     ch: IoChannel,
-    reactor: Reactor,
+    clock: IoClock,
+    in_place: bool,
     cb: Option<Rc<dyn IoCompletion>>,
     gen: OffsetGen,
     workload: Workload,
@@ -388,18 +415,9 @@ struct JobState {
 struct Job(RefCell<JobState>);
 
 impl IoCompletion for Job {
-    fn complete(&self, mut io: CompletedIo) {
-        // Only reached for an I/O submitted the slow way (never, today).
-        let mut s = self.0.borrow_mut();
-        let i = io.ctx as usize;
-        let bufs = std::mem::take(&mut io.bufs);
-        let md = std::mem::take(&mut io.md_bufs);
-        if let Some(slot) = s.slots.get_mut(i) {
-            slot.bufs = Some(bufs);
-            slot.md = Some(md);
-        }
-        s.in_flight -= 1;
-        s.maybe_finish();
+    #[inline]
+    fn complete(&self, io: CompletedIo) {
+        self.0.borrow_mut().on_complete_generic(io);
     }
 
     #[inline]
@@ -467,7 +485,7 @@ impl Job {
             slots.push(Slot {
                 bufs: Some(SgList::from_buf(buf)),
                 md: Some(md),
-                submitted: r.now_ns(),
+                submitted: 0,
                 unit: i as u64,
                 phase: Phase::Write,
                 generation: 0,
@@ -475,8 +493,9 @@ impl Job {
         }
         let seed = 0x5EED ^ ((r.core() as u64) << 32) ^ job_index as u64;
         let job = Rc::new(Job(RefCell::new(JobState {
-            reactor: ch.reactor().clone(),
             ch,
+            clock: IoClock::get(),
+            in_place: p.in_place,
             cb: None,
             gen: OffsetGen::new(p.workload, p.read_pct, units, seed),
             workload: p.workload,
@@ -552,14 +571,16 @@ impl JobState {
         (unit, is_read)
     }
 
-    /// First submission of slot `i` (and resubmission after back-pressure):
-    /// the buffers move into the channel's request slot and stay there.
+    /// Submit slot `i`'s next I/O as a fresh request (the generic path's
+    /// every I/O; the in-place path's first one, and any after
+    /// back-pressure): its buffers move into the channel's request slot.
+    #[inline]
     fn submit(&mut self, i: usize) {
         let Some(mut bufs) = self.slots[i].bufs.take() else {
             return;
         };
         let (unit, is_read) = self.next_io(i, Some(&mut bufs));
-        let now = self.ch.reactor().now_ns();
+        let now = self.clock.now();
         let slot = &mut self.slots[i];
         slot.unit = unit;
         slot.submitted = now;
@@ -569,22 +590,19 @@ impl JobState {
         };
         let lba = self.first_block + unit * self.io_blocks;
         let t = if is_read { IoType::Read } else { IoType::Write };
-        let r = match self.pi {
-            None => self
-                .ch
-                .submit_in_place(t, lba, self.io_blocks, bufs, cb, i as u64),
-            Some(a) => {
+        let (n, ctx) = (self.io_blocks, i as u64);
+        let r = match (self.pi, self.in_place) {
+            (None, false) => self.ch.submit(t, lba, n, bufs, cb, ctx),
+            (None, true) => self.ch.submit_in_place(t, lba, n, bufs, cb, ctx),
+            (Some(a), in_place) => {
                 let md = self.slots[i].md.take().unwrap_or_default();
-                self.ch.submit_in_place_with_pi(
-                    t,
-                    lba,
-                    self.io_blocks,
-                    bufs,
-                    md,
-                    Some(a),
-                    cb,
-                    i as u64,
-                )
+                if in_place {
+                    self.ch
+                        .submit_in_place_with_pi(t, lba, n, bufs, md, Some(a), cb, ctx)
+                } else {
+                    self.ch
+                        .submit_with_pi(t, lba, n, bufs, md, Some(a), cb, ctx)
+                }
             }
         };
         match r {
@@ -597,17 +615,14 @@ impl JobState {
         }
     }
 
-    /// A completion, in the channel's slot: count it and resubmit in place.
+    /// Count a completion of slot `i` (latency from its submit timestamp).
     #[inline]
-    fn on_complete(&mut self, io: &mut InPlaceIo<'_>) {
-        let i = io.ctx() as usize;
-        let now = self.reactor.now_ns();
-        let ok = io.status().is_ok();
-        let Some(slot) = self.slots.get_mut(i) else {
+    fn account(&mut self, i: usize, ok: bool) {
+        let now = self.clock.now();
+        let Some(slot) = self.slots.get(i) else {
             return;
         };
-        let latency = now.saturating_sub(slot.submitted);
-        slot.submitted = now;
+        let latency = self.clock.ticks_to_ns(now.wrapping_sub(slot.submitted));
         self.tally.ios += 1;
         self.tally.latency.record(latency);
         if ok {
@@ -615,6 +630,46 @@ impl JobState {
         } else {
             self.tally.errors += 1;
         }
+    }
+
+    /// A completion on the generic path: count it, take the buffers back
+    /// and submit the slot's next I/O as a fresh request.
+    #[inline]
+    fn on_complete_generic(&mut self, io: CompletedIo) {
+        let i = io.ctx as usize;
+        let ok = io.status.is_ok();
+        if i >= self.slots.len() {
+            return;
+        }
+        self.account(i, ok);
+        self.in_flight -= 1;
+        let slot = &mut self.slots[i];
+        slot.bufs = Some(io.bufs);
+        if self.pi.is_some() {
+            slot.md = Some(io.md_bufs);
+        }
+        if self.workload == Workload::Verify {
+            if let Some(bufs) = self.slots[i].bufs.take() {
+                self.verify_account(i, ok, io.offset_blocks, &bufs);
+                self.slots[i].bufs = Some(bufs);
+            }
+        }
+        if self.stopping {
+            self.maybe_finish();
+            return;
+        }
+        self.submit(i);
+    }
+
+    /// A completion, in the channel's slot: count it and resubmit in place.
+    #[inline]
+    fn on_complete(&mut self, io: &mut InPlaceIo<'_>) {
+        let i = io.ctx() as usize;
+        let ok = io.status().is_ok();
+        if i >= self.slots.len() {
+            return;
+        }
+        self.account(i, ok);
         if self.workload == Workload::Verify {
             self.verify_complete(i, ok, io);
             return;
@@ -632,6 +687,7 @@ impl JobState {
         } else {
             IoType::Write
         };
+        self.slots[i].submitted = self.clock.now();
         io.resubmit(
             t,
             self.first_block + unit * self.io_blocks,
@@ -644,31 +700,7 @@ impl JobState {
     /// read returned, move the slot to its next unit, refill and resubmit.
     #[cold]
     fn verify_complete(&mut self, i: usize, ok: bool, io: &mut InPlaceIo<'_>) {
-        let depth = self.slots.len() as u64;
-        let bbs = self.ch.buf_block_size();
-        let Some(slot) = self.slots.get_mut(i) else {
-            return;
-        };
-        if ok {
-            match slot.phase {
-                Phase::Write => slot.phase = Phase::Read,
-                Phase::Read => {
-                    let offset = io.offset_blocks() * bbs;
-                    if let Some(b) = io.bufs().iter().next() {
-                        if check_pattern(b.as_slice(), offset, slot.generation).is_err() {
-                            self.tally.miscompares += 1;
-                        }
-                    }
-                    slot.phase = Phase::Write;
-                    let mut next = slot.unit + depth;
-                    if next >= self.units {
-                        next = i as u64;
-                        slot.generation += 1;
-                    }
-                    slot.unit = next;
-                }
-            }
-        }
+        self.verify_account(i, ok, io.offset_blocks(), io.bufs());
         if self.stopping {
             self.in_flight -= 1;
             self.maybe_finish();
@@ -676,9 +708,42 @@ impl JobState {
         }
         let (unit, is_read) = self.next_io(i, Some(io.bufs_mut()));
         self.slots[i].unit = unit;
+        self.slots[i].submitted = self.clock.now();
         let lba = self.first_block + unit * self.io_blocks;
         let t = if is_read { IoType::Read } else { IoType::Write };
         io.resubmit(t, lba, self.io_blocks, i as u64);
+    }
+
+    /// Check what a verify read of slot `i` at `offset_blocks` returned in
+    /// `bufs`, and move the slot to its next phase and unit.
+    #[cold]
+    fn verify_account(&mut self, i: usize, ok: bool, offset_blocks: u64, bufs: &SgList) {
+        let depth = self.slots.len() as u64;
+        let bbs = self.ch.buf_block_size();
+        let units = self.units;
+        let Some(slot) = self.slots.get_mut(i) else {
+            return;
+        };
+        if ok {
+            match slot.phase {
+                Phase::Write => slot.phase = Phase::Read,
+                Phase::Read => {
+                    let offset = offset_blocks * bbs;
+                    if let Some(b) = bufs.iter().next() {
+                        if check_pattern(b.as_slice(), offset, slot.generation).is_err() {
+                            self.tally.miscompares += 1;
+                        }
+                    }
+                    slot.phase = Phase::Write;
+                    let mut next = slot.unit + depth;
+                    if next >= units {
+                        next = i as u64;
+                        slot.generation += 1;
+                    }
+                    slot.unit = next;
+                }
+            }
+        }
     }
 
     fn maybe_finish(&mut self) {
@@ -731,6 +796,7 @@ mod tests {
             workload,
             read_pct: 50,
             duration: Duration::from_millis(150),
+            in_place: false,
         };
         run_with_pi(
             &[b],

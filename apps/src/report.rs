@@ -114,6 +114,13 @@ pub struct Report {
     /// Times the host reconnected to a lost controller (NVMe-oF runs).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reconnects: Option<u64>,
+    /// The submission path (`pollux-bdevperf`: `"generic"` or `"in-place"`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// The clock of the per-I/O latency timestamps (`"tsc"` or
+    /// `"monotonic"`; absent where latency uses the reactor's loop clock).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub clock: Option<String>,
 }
 
 impl Report {
@@ -135,6 +142,8 @@ impl Report {
             cores,
             target_busy_pct: None,
             reconnects: None,
+            path: None,
+            clock: None,
         }
     }
 

@@ -14,27 +14,39 @@ fn bdevperf(args: &[&str]) -> std::process::Output {
 
 #[test]
 fn json_has_totals_and_per_core_figures() {
-    let out = bdevperf(&[
-        "--bdev",
-        "null:size=64M,block=4096",
-        "-q",
-        "16",
-        "-o",
-        "4096",
-        "-w",
-        "randread",
-        "-t",
-        "0.3",
-        "--cores",
-        "0",
-        "--json",
-    ]);
+    for (extra, path) in [(None, "generic"), (Some("--in-place"), "in-place")] {
+        let mut args = vec![
+            "--bdev",
+            "null:size=64M,block=4096",
+            "-q",
+            "16",
+            "-o",
+            "4096",
+            "-w",
+            "randread",
+            "-t",
+            "0.3",
+            "--cores",
+            "0",
+            "--json",
+        ];
+        args.extend(extra);
+        json_run(&args, path);
+    }
+}
+
+/// One `--json` run: the figures are there, with the path and clock used.
+fn json_run(args: &[&str], path: &str) {
+    let out = bdevperf(args);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(v["path"], path);
+    let clock = v["clock"].as_str().unwrap();
+    assert!(clock == "tsc" || clock == "monotonic", "{clock}");
     for k in ["iops", "mibps", "lat_avg_us", "lat_p99_us"] {
         assert!(v[k].as_f64().unwrap() > 0.0, "{k} = {}", v[k]);
     }

@@ -18,24 +18,34 @@ fn params(workload: Workload, qd: usize, io_size: usize) -> PerfParams {
         workload,
         read_pct: 50,
         duration: Duration::from_millis(300),
+        in_place: false,
     }
 }
 
+/// `verify` through the generic path, then through the in-place path.
 fn verify_on(spec: &str, cores: &str, io_size: usize) {
     let reg = BdevRegistry::new();
     let b = reg.create(spec).unwrap_or_else(|e| panic!("{spec}: {e}"));
-    let rep = run(
-        &[Arc::clone(&b)],
-        Cores::parse(cores).unwrap(),
-        IdleMode::BusyPoll,
-        &params(Workload::Verify, 16, io_size),
-        None,
-    )
-    .unwrap();
-    assert!(rep.total.ios > 100, "{spec}: only {} I/Os", rep.total.ios);
-    assert_eq!(rep.total.errors, 0, "{spec}: I/O errors");
-    assert_eq!(rep.total.miscompares, 0, "{spec}: data miscompares");
-    assert_eq!(rep.cores.len(), Cores::parse(cores).unwrap().len());
+    for in_place in [false, true] {
+        let p = PerfParams {
+            in_place,
+            ..params(Workload::Verify, 16, io_size)
+        };
+        let rep = run(
+            &[Arc::clone(&b)],
+            Cores::parse(cores).unwrap(),
+            IdleMode::BusyPoll,
+            &p,
+            None,
+        )
+        .unwrap();
+        let what = format!("{spec} {}", p.path_name());
+        assert_eq!(rep.path.as_deref(), Some(p.path_name()));
+        assert!(rep.total.ios > 100, "{what}: only {} I/Os", rep.total.ios);
+        assert_eq!(rep.total.errors, 0, "{what}: I/O errors");
+        assert_eq!(rep.total.miscompares, 0, "{what}: data miscompares");
+        assert_eq!(rep.cores.len(), Cores::parse(cores).unwrap().len());
+    }
 }
 
 #[test]
@@ -85,20 +95,27 @@ fn null_randread_counts_io_and_verify_catches_a_lying_disk() {
         (rep.total.mibps - rep.total.iops * 4096.0 / 1048576.0).abs()
             < 1e-6 * rep.total.mibps.max(1.0)
     );
-    // A null disk stores nothing, so verify must report miscompares: this is
-    // the proof that verify can fail.
-    let rep = run(
-        &[b],
-        Cores::parse("0").unwrap(),
-        IdleMode::BusyPoll,
-        &params(Workload::Verify, 8, 4096),
-        None,
-    )
-    .unwrap();
-    assert!(
-        rep.total.miscompares > 0,
-        "verify did not notice a disk that stores nothing"
-    );
+    // A null disk stores nothing, so verify must report miscompares on
+    // either path: this is the proof that verify can fail.
+    for in_place in [false, true] {
+        let p = PerfParams {
+            in_place,
+            ..params(Workload::Verify, 8, 4096)
+        };
+        let rep = run(
+            std::slice::from_ref(&b),
+            Cores::parse("0").unwrap(),
+            IdleMode::BusyPoll,
+            &p,
+            None,
+        )
+        .unwrap();
+        assert!(
+            rep.total.miscompares > 0,
+            "verify ({}) did not notice a disk that stores nothing",
+            p.path_name()
+        );
+    }
 }
 
 #[test]
