@@ -46,6 +46,8 @@ fn spawned_target_json_has_the_bdevperf_shape_and_target_load() {
     }
     assert!(v["iops"].as_f64().unwrap() > 0.0);
     assert!(v["cores"][0]["busy_pct"].is_number());
+    let clock = v["clock"].as_str().unwrap();
+    assert!(clock == "tsc" || clock == "monotonic", "{clock}");
     let tb = v["target_busy_pct"].as_f64().unwrap();
     assert!((0.0..=100.0).contains(&tb));
 }

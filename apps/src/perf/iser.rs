@@ -34,7 +34,9 @@ use pollux_iser::initiator::{
     DataDir, InitiatorOptions, IserInitiator, PiPolicy, SessionState, SubmitError, TaskResult,
 };
 use pollux_reactor::mem::{BufPool, BufPoolOptions, DmaBuf, SgList};
-use pollux_reactor::{launch, CoreId, Cores, IdleMode, LaunchConfig, PollStatus, Reactor};
+use pollux_reactor::{
+    launch, CoreId, Cores, IdleMode, IoClock, LaunchConfig, PollStatus, Reactor,
+};
 use pollux_verbs::Provider;
 
 use super::spawn::busy_pct;
@@ -257,7 +259,9 @@ pub fn run<P: Provider>(
     done.sort_by_key(|d| d.0);
     let seconds = done.iter().map(|d| d.3).fold(0.0, f64::max);
     let per_core: Vec<(u32, Tally, f64)> = done.into_iter().map(|d| (d.0, d.1, d.2)).collect();
-    Ok(Report::new(seconds, &per_core))
+    let mut report = Report::new(seconds, &per_core);
+    report.clock = Some(IoClock::get().source().as_str().into());
+    Ok(report)
 }
 
 /// Poll `ini` until `done` says so or `timeout` passes.
@@ -411,6 +415,7 @@ fn start_core<P: Provider>(
         results: Vec::with_capacity(p.queue_depth + 8),
         tally: Tally::default(),
         start_ns: r.now_ns(),
+        clock: IoClock::get(),
         measure_ns: None,
         busy0: (0, 0),
         measured: (0, 0, 0.0),
@@ -479,6 +484,8 @@ struct IserJob<P: Provider> {
     results: Vec<TaskResult>,
     tally: Tally,
     start_ns: u64,
+    /// Per-I/O timestamps (submit and completion).
+    clock: IoClock,
     measure_ns: Option<u64>,
     busy0: (u64, u64),
     measured: (u64, u64, f64),
@@ -544,7 +551,7 @@ impl<P: Provider> IserJob<P> {
 
     /// Submits `slot`; `false` when the session refused it for now (the
     /// buffer stays in the slot).
-    fn submit(&mut self, slot: usize, now: u64, unit: u64, read: bool) -> bool {
+    fn submit(&mut self, slot: usize, unit: u64, read: bool) -> bool {
         let Some(mut buf) = self.slots[slot].buf.take() else {
             return false;
         };
@@ -568,7 +575,7 @@ impl<P: Provider> IserJob<P> {
         match res {
             Ok(()) => {
                 let s = &mut self.slots[slot];
-                s.submitted = now;
+                s.submitted = self.clock.now();
                 s.unit = unit;
                 s.read = read;
                 self.in_flight += 1;
@@ -588,7 +595,7 @@ impl<P: Provider> IserJob<P> {
         }
     }
 
-    fn complete(&mut self, mut r: TaskResult, now: u64) -> Option<usize> {
+    fn complete(&mut self, mut r: TaskResult) -> Option<usize> {
         self.in_flight = self.in_flight.saturating_sub(1);
         let slot = r.ctx as usize;
         let good = r.is_good();
@@ -598,7 +605,8 @@ impl<P: Provider> IserJob<P> {
             if self.measure_ns.is_some() {
                 self.tally.ios += 1;
                 self.tally.bytes += self.io_bytes;
-                self.tally.latency.record(now.saturating_sub(s.submitted));
+                let ticks = self.clock.now().wrapping_sub(s.submitted);
+                self.tally.latency.record(self.clock.ticks_to_ns(ticks));
             }
             if self.verify {
                 if s.read {
@@ -661,9 +669,9 @@ impl<P: Provider> IserJob<P> {
             }
         }
         for t in results.drain(..) {
-            if let Some(slot) = self.complete(t, now) {
+            if let Some(slot) = self.complete(t) {
                 let unit = self.slots[slot].unit;
-                if self.stopping || !self.submit(slot, now, unit, true) {
+                if self.stopping || !self.submit(slot, unit, true) {
                     self.free.push(slot);
                 }
             }
@@ -673,7 +681,7 @@ impl<P: Provider> IserJob<P> {
             while self.ini.can_submit() {
                 let Some(slot) = self.free.pop() else { break };
                 let (unit, read) = self.unit_for(slot);
-                if !self.submit(slot, now, unit, read) {
+                if !self.submit(slot, unit, read) {
                     self.free.push(slot);
                     break;
                 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use pollux_nvmf::host::{Completion, HostTransport, IoError, Qpair, SubmitErrorKind};
 use pollux_reactor::mem::{DmaBuf, SgList};
-use pollux_reactor::{PollStatus, Reactor};
+use pollux_reactor::{IoClock, PollStatus, Reactor};
 
 use crate::report::Tally;
 use crate::workload::{check_pattern, fill_pattern, OffsetGen, Workload};
@@ -81,6 +81,8 @@ pub struct Job<T: HostTransport> {
     /// Measured figures.
     pub tally: Tally,
     start_ns: u64,
+    /// Per-I/O timestamps (submit and completion).
+    clock: IoClock,
     measure_ns: Option<u64>,
     stopping: bool,
     in_flight: usize,
@@ -115,6 +117,7 @@ impl<T: HostTransport> Job<T> {
             gen,
             tally: Tally::default(),
             start_ns: 0,
+            clock: IoClock::get(),
             measure_ns: None,
             stopping: false,
             in_flight: 0,
@@ -202,7 +205,7 @@ impl<T: HostTransport> Job<T> {
         }
     }
 
-    fn submit_slot(&mut self, slot: usize, now: u64, unit: u64, read: bool) -> bool {
+    fn submit_slot(&mut self, slot: usize, unit: u64, read: bool) -> bool {
         let Some(mut buf) = self.slots[slot].buf.take() else {
             return false;
         };
@@ -229,7 +232,7 @@ impl<T: HostTransport> Job<T> {
                 Ok(()) => {
                     self.next_qp = (qi + 1) % n;
                     let s = &mut self.slots[slot];
-                    s.submitted = now;
+                    s.submitted = self.clock.now();
                     s.unit = unit;
                     s.read = read;
                     self.in_flight += 1;
@@ -273,7 +276,7 @@ impl<T: HostTransport> Job<T> {
         }
     }
 
-    fn on_completion(&mut self, c: Completion, now: u64, resubmit: &mut Vec<(usize, bool)>) {
+    fn on_completion(&mut self, c: Completion, resubmit: &mut Vec<(usize, bool)>) {
         let slot = c.ctx as usize;
         let mut data = c.data;
         self.in_flight -= 1;
@@ -288,7 +291,8 @@ impl<T: HostTransport> Job<T> {
                 if measuring {
                     self.tally.ios += 1;
                     self.tally.bytes += self.p.io_bytes;
-                    self.tally.latency.record(now.saturating_sub(s.submitted));
+                    let ticks = self.clock.now().wrapping_sub(s.submitted);
+                    self.tally.latency.record(self.clock.ticks_to_ns(ticks));
                 }
                 if self.p.verify {
                     if s.read {
@@ -355,11 +359,11 @@ impl<T: HostTransport> Job<T> {
             work += qp.poll(&mut |c| scratch.push(c));
         }
         for c in scratch.drain(..) {
-            self.on_completion(c, now, resubmit);
+            self.on_completion(c, resubmit);
         }
         for &(slot, read) in resubmit.iter() {
             let unit = self.slots[slot].unit;
-            if self.stopping || !self.submit_slot(slot, now, unit, read) {
+            if self.stopping || !self.submit_slot(slot, unit, read) {
                 self.free.push(slot);
             }
         }
@@ -367,7 +371,7 @@ impl<T: HostTransport> Job<T> {
         if !self.stopping && !self.paused {
             while let Some(slot) = self.free.pop() {
                 let (unit, read) = self.unit_for(slot);
-                if !self.submit_slot(slot, now, unit, read) {
+                if !self.submit_slot(slot, unit, read) {
                     self.free.push(slot);
                     break;
                 }

@@ -321,6 +321,7 @@ pub fn run<T: HostTransport + 'static>(
         .collect();
     let mut report = Report::new(seconds, &per_core);
     report.reconnects = Some(link.reconnects());
+    report.clock = Some(pollux_reactor::IoClock::get().source().as_str().into());
     if let (Some(Some(a)), Some(b)) = (load0, load_end) {
         report.target_busy_pct = b.busy_pct_since(&a);
     }
