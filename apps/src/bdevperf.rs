@@ -576,9 +576,14 @@ impl JobState {
     /// back-pressure): its buffers move into the channel's request slot.
     #[inline]
     fn submit(&mut self, i: usize) {
-        let Some(mut bufs) = self.slots[i].bufs.take() else {
-            return;
-        };
+        if let Some(bufs) = self.slots[i].bufs.take() {
+            self.submit_bufs(i, bufs);
+        }
+    }
+
+    /// [`submit`](Self::submit) with the slot's buffers in hand.
+    #[inline]
+    fn submit_bufs(&mut self, i: usize, mut bufs: SgList) {
         let (unit, is_read) = self.next_io(i, Some(&mut bufs));
         let now = self.clock.now();
         let slot = &mut self.slots[i];
@@ -643,22 +648,18 @@ impl JobState {
         }
         self.account(i, ok);
         self.in_flight -= 1;
-        let slot = &mut self.slots[i];
-        slot.bufs = Some(io.bufs);
         if self.pi.is_some() {
-            slot.md = Some(io.md_bufs);
+            self.slots[i].md = Some(io.md_bufs);
         }
         if self.workload == Workload::Verify {
-            if let Some(bufs) = self.slots[i].bufs.take() {
-                self.verify_account(i, ok, io.offset_blocks, &bufs);
-                self.slots[i].bufs = Some(bufs);
-            }
+            self.verify_account(i, ok, io.offset_blocks, &io.bufs);
         }
         if self.stopping {
+            self.slots[i].bufs = Some(io.bufs);
             self.maybe_finish();
             return;
         }
-        self.submit(i);
+        self.submit_bufs(i, io.bufs);
     }
 
     /// A completion, in the channel's slot: count it and resubmit in place.

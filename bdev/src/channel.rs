@@ -20,7 +20,8 @@ use pollux_reactor::{PollStatus, PollerId, Reactor};
 use crate::backend::{BackendChannel, Completions, IoSlot, ReadyQueue, SlotState};
 use crate::bdev::{type_bit, Bdev};
 use crate::io::{
-    BdevError, BdevIo, InPlaceIo, IoCompletion, IoError, IoStatus, IoTag, IoType, Rejected, SgList,
+    BdevError, BdevIo, CompletedIo, InPlaceIo, IoCompletion, IoError, IoStatus, IoTag, IoType,
+    Rejected, SgList,
 };
 use crate::pi::{PiAction, PiFormat};
 
@@ -304,7 +305,7 @@ impl ChannelCore {
     #[inline]
     #[allow(clippy::too_many_arguments)]
     fn submit(
-        &self,
+        self: &Rc<Self>,
         io_type: IoType,
         offset_blocks: u64,
         num_blocks: u64,
@@ -350,6 +351,12 @@ impl ChannelCore {
         slot.in_place = in_place;
         slot.cb = Some(Rc::clone(cb));
         self.start(st, tag, slot);
+        // In flight: the channel outlives its handles until it completes
+        // (here, not in the handle, so the result is returned in place).
+        if !self.pinned.get() {
+            self.pinned.set(true);
+            self.keepalive.set(Some(Rc::clone(self)));
+        }
         Ok(())
     }
 
@@ -433,16 +440,35 @@ impl ChannelCore {
                 drop(cb);
             }
         } else {
-            // Move the I/O out and free the slot first, so that the callback
-            // may reuse it.
+            // Free the slot first, so that the callback may reuse it; its
+            // I/O is moved out straight into the callback's argument (no
+            // other code runs in between).
             let cb = slot.cb.take();
-            let io = InPlaceIo { req: &mut slot.req }.take_completed();
             slot.state = SlotState::Free;
             drop(slot);
             self.state.borrow_mut().free.push(tag);
-            if let Some(cb) = cb {
-                cb.complete(io);
+            match cb {
+                Some(cb) => cb.complete(self.take_completed(tag)),
+                None => drop(self.take_completed(tag)),
             }
+        }
+    }
+
+    /// The I/O of slot `tag` (just freed by delivery), moved out.
+    #[inline(always)]
+    fn take_completed(&self, tag: u32) -> CompletedIo {
+        match self.slots.get(tag as usize).map(RefCell::try_borrow_mut) {
+            Some(Ok(mut slot)) => InPlaceIo { req: &mut slot.req }.take_completed(),
+            // Delivery just released it: neither missing nor borrowed.
+            _ => CompletedIo {
+                ctx: 0,
+                io_type: IoType::Read,
+                offset_blocks: 0,
+                num_blocks: 0,
+                status: Err(IoError::ChannelFull),
+                bufs: SgList::new(),
+                md_bufs: SgList::new(),
+            },
         }
     }
 
@@ -517,7 +543,7 @@ impl IoChannel {
         cb: &Rc<dyn IoCompletion>,
         ctx: u64,
     ) -> Result<(), Rejected> {
-        let r = self.core.submit(
+        self.core.submit(
             io_type,
             offset_blocks,
             num_blocks,
@@ -527,9 +553,7 @@ impl IoChannel {
             ctx,
             self.writable,
             false,
-        );
-        self.pin(r.is_ok());
-        r
+        )
     }
 
     /// Like [`submit`](Self::submit), but the completion is delivered in
@@ -551,7 +575,7 @@ impl IoChannel {
         cb: &Rc<dyn IoCompletion>,
         ctx: u64,
     ) -> Result<(), Rejected> {
-        let r = self.core.submit(
+        self.core.submit(
             io_type,
             offset_blocks,
             num_blocks,
@@ -561,9 +585,7 @@ impl IoChannel {
             ctx,
             self.writable,
             true,
-        );
-        self.pin(r.is_ok());
-        r
+        )
     }
 
     /// [`submit`](Self::submit) with separate metadata buffers (`md_bufs`:
@@ -590,7 +612,7 @@ impl IoChannel {
         cb: &Rc<dyn IoCompletion>,
         ctx: u64,
     ) -> Result<(), Rejected> {
-        let r = self.core.submit(
+        self.core.submit(
             io_type,
             offset_blocks,
             num_blocks,
@@ -600,9 +622,7 @@ impl IoChannel {
             ctx,
             self.writable,
             false,
-        );
-        self.pin(r.is_ok());
-        r
+        )
     }
 
     /// [`submit_with_pi`](Self::submit_with_pi) delivered in place (see
@@ -627,7 +647,7 @@ impl IoChannel {
         cb: &Rc<dyn IoCompletion>,
         ctx: u64,
     ) -> Result<(), Rejected> {
-        let r = self.core.submit(
+        self.core.submit(
             io_type,
             offset_blocks,
             num_blocks,
@@ -637,9 +657,7 @@ impl IoChannel {
             ctx,
             self.writable,
             true,
-        );
-        self.pin(r.is_ok());
-        r
+        )
     }
 
     /// Read with separate metadata (`md_bufs`, may be empty on an
@@ -707,14 +725,6 @@ impl IoChannel {
     /// The bdev's PI layout, if it has PI.
     pub fn pi_format(&self) -> Option<PiFormat> {
         self.core.pi
-    }
-
-    #[inline]
-    fn pin(&self, ok: bool) {
-        if ok && !self.core.pinned.get() {
-            self.core.pinned.set(true);
-            self.core.keepalive.set(Some(Rc::clone(&self.core)));
-        }
     }
 
     /// Read `num_blocks` blocks from `offset_blocks` into `bufs`, whose

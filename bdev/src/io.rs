@@ -438,6 +438,7 @@ impl InPlaceIo<'_> {
 
     /// Moves the I/O out as a [`CompletedIo`] (the slot is freed when the
     /// callback returns; a pending [`resubmit`](Self::resubmit) is cancelled).
+    #[inline(always)]
     pub fn take_completed(&mut self) -> CompletedIo {
         self.req.again = false;
         CompletedIo {
@@ -447,8 +448,19 @@ impl InPlaceIo<'_> {
             num_blocks: self.req.io.num_blocks,
             status: self.req.status,
             bufs: std::mem::take(&mut self.req.io.bufs),
-            md_bufs: std::mem::take(&mut self.req.io.md_bufs),
+            md_bufs: take_md(&mut self.req.io.md_bufs),
         }
+    }
+}
+
+/// Take a metadata list, mostly empty: an empty inline list is left in
+/// place (nothing to move) and an empty one returned.
+#[inline(always)]
+fn take_md(l: &mut SgList) -> SgList {
+    if l.is_empty() && l.is_inline() {
+        SgList::new()
+    } else {
+        std::mem::take(l)
     }
 }
 
