@@ -302,7 +302,9 @@ impl ChannelCore {
     }
 
     // One private entry point shared by the typed wrappers of `IoChannel`.
-    #[inline]
+    // Inlined into each, so that the constant arguments (no metadata, the
+    // path) fold away.
+    #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     fn submit(
         self: &Rc<Self>,
