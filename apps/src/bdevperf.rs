@@ -24,9 +24,7 @@ use pollux_bdev::{
     Bdev, BdevDesc, CompletedIo, InPlaceIo, IoChannel, IoCompletion, IoType, PiAction, SgList,
 };
 use pollux_reactor::mem::{BufPool, BufPoolOptions, DmaBuf};
-use pollux_reactor::{
-    launch, CoreId, Cores, IdleMode, IoClock, LaunchConfig, PollStatus, Reactor,
-};
+use pollux_reactor::{launch, CoreId, Cores, IdleMode, IoClock, LaunchConfig, PollStatus, Reactor};
 
 use crate::report::{Report, Tally};
 use crate::workload::{check_pattern, fill_pattern, OffsetGen, Workload};

@@ -36,7 +36,9 @@ fn ping(r: &Reactor) {
 fn reactor_messages_and_timers_allocate_nothing_and_lock_nothing_under_io() {
     assert_counters_work();
     let reg = BdevRegistry::new();
-    let bdev = reg.create("null:size=64M,block=512,name=rules-reactor").unwrap();
+    let bdev = reg
+        .create("null:size=64M,block=512,name=rules-reactor")
+        .unwrap();
     let desc = bdev.open(true).unwrap();
     let cl = TestCluster::new(2);
     for core in 0..2 {

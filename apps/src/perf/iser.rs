@@ -34,9 +34,7 @@ use pollux_iser::initiator::{
     DataDir, InitiatorOptions, IserInitiator, PiPolicy, SessionState, SubmitError, TaskResult,
 };
 use pollux_reactor::mem::{BufPool, BufPoolOptions, DmaBuf, SgList};
-use pollux_reactor::{
-    launch, CoreId, Cores, IdleMode, IoClock, LaunchConfig, PollStatus, Reactor,
-};
+use pollux_reactor::{launch, CoreId, Cores, IdleMode, IoClock, LaunchConfig, PollStatus, Reactor};
 use pollux_verbs::Provider;
 
 use super::spawn::busy_pct;

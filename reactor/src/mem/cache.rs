@@ -15,8 +15,8 @@
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::fmt;
-use std::rc::Rc;
 use std::ptr::NonNull;
+use std::rc::Rc;
 
 use super::buf::DmaBuf;
 use super::pool::{self, BufPool, PoolRef, PoolShared};
@@ -346,7 +346,11 @@ mod tests {
         // queue (a batch of 4 for the cache, 1 for `b`).
         assert_eq!(p.shared().refs(), 2 + 4 + 1);
         drop(c);
-        assert_eq!(p.shared().refs(), 1 + 1 + 1, "drained slots gave theirs back");
+        assert_eq!(
+            p.shared().refs(),
+            1 + 1 + 1,
+            "drained slots gave theirs back"
+        );
         drop(p);
         a.as_mut_slice().fill(7);
         assert!(a.as_slice().iter().all(|&x| x == 7));

@@ -189,7 +189,9 @@ impl PoolShared {
 pub(crate) unsafe fn release(pool: NonNull<PoolShared>, n: usize) {
     // SAFETY: the caller's references keep the pool alive until this
     // subtraction.
-    let before = unsafe { pool.as_ref() }.refs.fetch_sub(n, Ordering::Release);
+    let before = unsafe { pool.as_ref() }
+        .refs
+        .fetch_sub(n, Ordering::Release);
     if before == n {
         // Every other holder's accesses happened before its release.
         fence(Ordering::Acquire);

@@ -107,8 +107,7 @@ impl BdevJob {
         let cb = cb.as_ref().unwrap();
         let (t, lba) = self.next_io();
         let r = if self.in_place {
-            self.ch
-                .submit_in_place(t, lba, self.io_blocks, bufs, cb, 0)
+            self.ch.submit_in_place(t, lba, self.io_blocks, bufs, cb, 0)
         } else {
             self.ch.submit(t, lba, self.io_blocks, bufs, cb, 0)
         };
