@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::rules::{assert_clean, assert_counters_work, BdevJob, N};
+use common::rules::{assert_clean, assert_counters_work, measure_from_here, BdevJob, N};
 use pollux_bdev::BdevRegistry;
 use pollux_reactor::mem::{CountingAlloc, DataPathCounts};
 use pollux_reactor::TestCluster;
@@ -30,7 +30,7 @@ fn bdev_null_and_malloc_allocate_nothing_and_lock_nothing_per_io() {
             let ch = cl.on(0, |r| desc.channel(r).unwrap());
             let job = BdevJob::new(ch, 32, io_blocks, in_place);
             job.run(&cl, N / 10);
-            let before = DataPathCounts::now();
+            let before = measure_from_here();
             job.run(&cl, N);
             let after = DataPathCounts::now();
             assert_clean(&format!("{spec} in_place={in_place}"), before, after);

@@ -7,7 +7,7 @@
 mod common;
 
 use common::iser::{iscsi_target, unique_addr, Cluster, SPINS};
-use common::rules::{assert_clean, assert_counters_work, N};
+use common::rules::{assert_clean, assert_counters_work, measure_from_here, QueueFill, N};
 use pollux_bdev::BdevRegistry;
 use pollux_iser::initiator::scsi::{parse_read_capacity16, read_capacity16_cdb};
 use pollux_iser::initiator::{
@@ -62,46 +62,23 @@ fn learn_geometry(c: &Cluster, ini: &mut IserInitiator<Soft>, lun: u16) {
 }
 
 /// Keep `DEPTH` I/Os in flight on `lun` until `ios` more completed.
-fn run(
-    c: &Cluster,
-    ini: &mut IserInitiator<Soft>,
-    lun: u16,
-    idle: &mut Vec<SgList>,
-    next: &mut u64,
-    ios: u64,
-) {
-    let blocks = (IO / 512) as u32;
-    let units = (4 << 20) / IO as u64;
-    let until = *next + ios;
-    let mut done = 0;
-    let mut bad = 0;
-    while done < ios {
-        while *next < until {
-            let Some(b) = idle.pop() else { break };
-            let n = *next;
-            let lba = (n.wrapping_mul(0x9E37_79B9) % units) * u64::from(blocks);
-            let sub = if n % 2 == 0 {
-                ini.write(lun, lba, blocks, b, n)
+fn run(c: &Cluster, ini: &mut IserInitiator<Soft>, lun: u16, fill: &mut QueueFill, ios: u64) {
+    fill.run(
+        ini,
+        ios,
+        |ini, io| {
+            let sub = if io.read {
+                ini.read(lun, io.lba, io.blocks, io.bufs, io.n)
             } else {
-                ini.read(lun, lba, blocks, b, n)
+                ini.write(lun, io.lba, io.blocks, io.bufs, io.n)
             };
-            match sub {
-                Ok(()) => *next += 1,
-                Err(e) => panic!("submit refused: {e}"),
-            }
-        }
-        c.cl.poll_once_all();
-        ini.poll(&mut |r| {
-            if !r.is_good() {
-                bad += 1;
-            }
-            done += 1;
-            if let Some(b) = r.bufs {
-                idle.push(b);
-            }
-        });
-    }
-    assert_eq!(bad, 0, "failed tasks");
+            sub.map_err(|e| panic!("submit refused: {e}"))
+        },
+        |ini, done| {
+            c.cl.poll_once_all();
+            ini.poll(&mut |r| done(r.is_good(), r.bufs));
+        },
+    );
 }
 
 #[test]
@@ -118,9 +95,13 @@ fn iser_target_and_initiator_allocate_nothing_and_lock_nothing_per_io() {
     let mut o = BufPoolOptions::new("rules-iser", IO, DEPTH);
     o.hugepages = HugepageMode::Never;
     let pool = BufPool::new(o).unwrap();
-    let mut idle: Vec<SgList> = (0..DEPTH)
-        .map(|_| SgList::from_buf(pool.get().unwrap()))
-        .collect();
+    let mut fill = QueueFill {
+        idle: (0..DEPTH)
+            .map(|_| SgList::from_buf(pool.get().unwrap()))
+            .collect(),
+        next: 0,
+        size: IO,
+    };
     // (LUN, PI policy, PI engine): plain; PI with the signature offload;
     // PI generated and checked in software.
     let cases = [
@@ -135,12 +116,15 @@ fn iser_target_and_initiator_allocate_nothing_and_lock_nothing_per_io() {
         opts.pi_engine = engine;
         let mut ini = connect(&c, opts);
         learn_geometry(&c, &mut ini, lun);
-        let mut next = 0;
-        run(&c, &mut ini, lun, &mut idle, &mut next, N / 10);
-        let before = DataPathCounts::now();
-        run(&c, &mut ini, lun, &mut idle, &mut next, N);
+        run(&c, &mut ini, lun, &mut fill, N / 10);
+        let before = measure_from_here();
+        run(&c, &mut ini, lun, &mut fill, N);
         let after = DataPathCounts::now();
         assert_clean(&format!("lun {lun} {pol:?} {engine:?}"), before, after);
+        // Logged out and torn down on the target too, before the next
+        // case is measured (teardown is control path).
         c.logout(ini);
+        let gone = c.spin(|| (c.conns().iter().sum::<usize>() == 0).then_some(()));
+        assert!(gone.is_some(), "the target kept the connection");
     }
 }

@@ -8,9 +8,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::rules::{assert_clean, assert_counters_work, N};
+use common::rules::{assert_clean, assert_counters_work, measure_from_here, QueueFill, N};
 use pollux_nvmf::host::rdma::{MemMode, RdmaHost, RdmaHostOptions};
-use pollux_nvmf::host::{Controller, CtrlOptions, HostIdentity, DEFAULT_HOSTNQN};
+use pollux_nvmf::host::{Controller, CtrlOptions, HostIdentity, HostQueue, Qpair, DEFAULT_HOSTNQN};
 use pollux_reactor::mem::{
     BufPool, BufPoolOptions, CountingAlloc, DataPathCounts, HugepageMode, SgList,
 };
@@ -24,49 +24,24 @@ static ALLOC: CountingAlloc = CountingAlloc;
 const NQN: &str = "nqn.2024-01.io.pollux:rules";
 const DEPTH: usize = 32;
 
-/// Keep `DEPTH` I/Os of `size` bytes in flight until `ios` more completed:
-/// reads and writes alternate over the namespace's first 4 MiB.
-fn run<Q: pollux_nvmf::host::HostQueue>(
-    r: &Reactor,
-    qp: &mut pollux_nvmf::host::Qpair<Q>,
-    idle: &mut Vec<SgList>,
-    next: &mut u64,
-    size: usize,
-    ios: u64,
-) {
-    let blocks = (size / 512) as u32;
-    let units = (4 << 20) / size as u64;
-    let until = *next + ios;
-    let mut done = 0;
-    let mut errors = 0;
-    while done < ios {
-        while *next < until {
-            let Some(b) = idle.pop() else { break };
-            let n = *next;
-            let lba = (n.wrapping_mul(0x9E37_79B9) % units) * u64::from(blocks);
-            let sub = if n % 2 == 0 {
-                qp.read(1, lba, blocks, b, n)
+/// Keep `DEPTH` I/Os in flight on `qp` until `ios` more completed.
+fn run<Q: HostQueue>(r: &Reactor, qp: &mut Qpair<Q>, fill: &mut QueueFill, ios: u64) {
+    fill.run(
+        qp,
+        ios,
+        |qp, io| {
+            let sub = if io.read {
+                qp.read(1, io.lba, io.blocks, io.bufs, io.n)
             } else {
-                qp.write(1, lba, blocks, b, n)
+                qp.write(1, io.lba, io.blocks, io.bufs, io.n)
             };
-            match sub {
-                Ok(()) => *next += 1,
-                Err(e) => {
-                    idle.push(e.data);
-                    break;
-                }
-            }
-        }
-        qp.poll(&mut |c| {
-            if c.result.is_err() {
-                errors += 1;
-            }
-            done += 1;
-            idle.push(c.data);
-        });
-        r.poll_once();
-    }
-    assert_eq!(errors, 0, "I/O errors");
+            sub.map_err(|e| e.data)
+        },
+        |qp, done| {
+            qp.poll(&mut |c| done(c.result.is_ok(), Some(c.data)));
+            r.poll_once();
+        },
+    );
 }
 
 #[test]
@@ -112,13 +87,16 @@ fn nvmf_target_and_host_allocate_nothing_and_lock_nothing_per_io() {
             let mut o = BufPoolOptions::new("rules-nvmf", size, DEPTH);
             o.hugepages = HugepageMode::Never;
             let pool = BufPool::new(o).unwrap();
-            let mut idle: Vec<SgList> = (0..DEPTH)
-                .map(|_| SgList::from_buf(pool.get().unwrap()))
-                .collect();
-            let mut next = 0;
-            run(r, &mut qp, &mut idle, &mut next, size, N / 10);
-            let before = DataPathCounts::now();
-            run(r, &mut qp, &mut idle, &mut next, size, N);
+            let mut fill = QueueFill {
+                idle: (0..DEPTH)
+                    .map(|_| SgList::from_buf(pool.get().unwrap()))
+                    .collect(),
+                next: 0,
+                size,
+            };
+            run(r, &mut qp, &mut fill, N / 10);
+            let before = measure_from_here();
+            run(r, &mut qp, &mut fill, N);
             let after = DataPathCounts::now();
             let st = qp.transport().stats();
             assert_clean(

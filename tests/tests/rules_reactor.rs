@@ -12,7 +12,7 @@ mod common;
 use std::cell::Cell;
 use std::time::Duration;
 
-use common::rules::{assert_clean, assert_counters_work, BdevJob, N};
+use common::rules::{assert_clean, assert_counters_work, measure_from_here, BdevJob, N};
 use pollux_bdev::BdevRegistry;
 use pollux_reactor::mem::{CountingAlloc, DataPathCounts};
 use pollux_reactor::{PollStatus, Reactor, TestCluster};
@@ -57,7 +57,7 @@ fn reactor_messages_and_timers_allocate_nothing_and_lock_nothing_under_io() {
     let step = || cl.advance(Duration::from_micros(20));
     job.run_with(&cl, N / 10, step);
     let (pings, ticks) = (PINGS.with(Cell::get), TICKS.with(Cell::get));
-    let before = DataPathCounts::now();
+    let before = measure_from_here();
     job.run_with(&cl, N, step);
     let after = DataPathCounts::now();
     let (pings, ticks) = (PINGS.with(Cell::get) - pings, TICKS.with(Cell::get) - ticks);

@@ -11,10 +11,11 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 static ALLOCS: AtomicU64 = AtomicU64::new(0);
-static TRACE: AtomicBool = AtomicBool::new(false);
+/// Backtraces still to print (see [`CountingAlloc::trace`]).
+static TRACE: AtomicU32 = AtomicU32::new(0);
 
 thread_local! {
     /// Set while this thread prints a trace (printing allocates).
@@ -25,9 +26,15 @@ thread_local! {
 #[inline]
 fn count(layout: Layout) {
     ALLOCS.fetch_add(1, Ordering::Relaxed);
-    if TRACE.load(Ordering::Relaxed) && !TRACING.with(|t| t.replace(true)) {
-        let bt = std::backtrace::Backtrace::force_capture();
-        eprintln!("counting allocator: {layout:?} allocated at\n{bt}");
+    if TRACE.load(Ordering::Relaxed) > 0 && !TRACING.with(|t| t.replace(true)) {
+        let take = |n: u32| n.checked_sub(1);
+        if TRACE
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, take)
+            .is_ok()
+        {
+            let bt = std::backtrace::Backtrace::force_capture();
+            eprintln!("counting allocator: {layout:?} allocated at\n{bt}");
+        }
         TRACING.with(|t| t.set(false));
     }
 }
@@ -44,11 +51,11 @@ impl CountingAlloc {
         ALLOCS.load(Ordering::Relaxed)
     }
 
-    /// While on, print a backtrace of every counted allocation to stderr
-    /// (to find the one a rule test reports; run the test with
-    /// `--nocapture`).
-    pub fn trace(on: bool) {
-        TRACE.store(on, Ordering::Relaxed);
+    /// Print a backtrace of each of the next `first` counted allocations
+    /// to stderr (0: stop), so that a failing rule test shows where its
+    /// allocations come from (shown with the test's output).
+    pub fn trace(first: u32) {
+        TRACE.store(first, Ordering::Relaxed);
     }
 }
 

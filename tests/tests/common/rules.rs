@@ -9,15 +9,23 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use pollux_bdev::{CompletedIo, InPlaceIo, IoChannel, IoCompletion, IoType, SgList};
-use pollux_reactor::mem::{BufPool, BufPoolOptions, DataPathCounts, HugepageMode};
+use pollux_reactor::mem::{BufPool, BufPoolOptions, CountingAlloc, DataPathCounts, HugepageMode};
 use pollux_reactor::TestCluster;
 
 /// I/Os per measured run (the rule is checked over at least this many).
 pub const N: u64 = 100_000;
 
+/// The counts now, with the first allocations after this traced (their
+/// backtraces show in a failing test's output).
+pub fn measure_from_here() -> DataPathCounts {
+    CountingAlloc::trace(8);
+    DataPathCounts::now()
+}
+
 /// Assert that nothing was allocated and no lock taken between `before` and
-/// `after` (take `after` before formatting anything).
+/// `after` (take `after` before formatting anything; it stops the tracing).
 pub fn assert_clean(what: &str, before: DataPathCounts, after: DataPathCounts) {
+    CountingAlloc::trace(0);
     let d = DataPathCounts {
         allocations: after.allocations - before.allocations,
         locks: after.locks - before.locks,
@@ -174,5 +182,77 @@ impl IoCompletion for BdevJob {
         } else {
             self.idle.borrow_mut().push(io.take_bufs());
         }
+    }
+}
+
+/// A queue kept full of alternating reads and writes over the first 4 MiB
+/// of a device, by any host (NVMe-oF, iSER): `idle` buffers wait for a
+/// slot, `next` numbers the I/Os.
+pub struct QueueFill {
+    /// Buffers not in flight.
+    pub idle: Vec<SgList>,
+    /// The next I/O's number (even: read, odd: write).
+    pub next: u64,
+    /// Bytes per I/O (512-byte blocks).
+    pub size: usize,
+}
+
+/// One I/O to submit: read or write, first block, blocks, buffers, number.
+pub struct Io {
+    /// Read (else write).
+    pub read: bool,
+    /// First 512-byte block.
+    pub lba: u64,
+    /// Blocks.
+    pub blocks: u32,
+    /// The buffers.
+    pub bufs: SgList,
+    /// The I/O's number (its context value).
+    pub n: u64,
+}
+
+impl QueueFill {
+    /// Run `ios` more I/Os on `host`: `submit` hands the buffers back when
+    /// the host refuses one for now, `reap` polls everything once and
+    /// reports each completion (success, buffers).
+    pub fn run<H>(
+        &mut self,
+        host: &mut H,
+        ios: u64,
+        mut submit: impl FnMut(&mut H, Io) -> Result<(), SgList>,
+        mut reap: impl FnMut(&mut H, &mut dyn FnMut(bool, Option<SgList>)),
+    ) {
+        let blocks = (self.size / 512) as u32;
+        let units = (4 << 20) / self.size as u64;
+        let until = self.next + ios;
+        let (mut done, mut failed) = (0, 0);
+        while done < ios {
+            while self.next < until {
+                let Some(bufs) = self.idle.pop() else { break };
+                let n = self.next;
+                let lba = (n.wrapping_mul(0x9E37_79B9) % units) * u64::from(blocks);
+                let io = Io {
+                    read: n % 2 == 0,
+                    lba,
+                    blocks,
+                    bufs,
+                    n,
+                };
+                match submit(host, io) {
+                    Ok(()) => self.next += 1,
+                    Err(bufs) => {
+                        self.idle.push(bufs);
+                        break;
+                    }
+                }
+            }
+            let idle = &mut self.idle;
+            reap(host, &mut |ok, bufs| {
+                done += 1;
+                failed += u64::from(!ok);
+                idle.extend(bufs);
+            });
+        }
+        assert_eq!(failed, 0, "failed I/Os");
     }
 }
