@@ -6,9 +6,11 @@
 
 mod common;
 
-use common::rules::{assert_clean, assert_counters_work, measure_from_here, BdevJob, N};
+use common::rules::{
+    assert_clean, assert_counters_work, measure_from_here, measure_to_here, BdevJob, N,
+};
 use pollux_bdev::BdevRegistry;
-use pollux_reactor::mem::{CountingAlloc, DataPathCounts};
+use pollux_reactor::mem::CountingAlloc;
 use pollux_reactor::TestCluster;
 
 #[global_allocator]
@@ -32,7 +34,7 @@ fn bdev_null_and_malloc_allocate_nothing_and_lock_nothing_per_io() {
             job.run(&cl, N / 10);
             let before = measure_from_here();
             job.run(&cl, N);
-            let after = DataPathCounts::now();
+            let after = measure_to_here();
             assert_clean(&format!("{spec} in_place={in_place}"), before, after);
             job.close();
         }

@@ -7,16 +7,16 @@
 mod common;
 
 use common::iser::{iscsi_target, unique_addr, Cluster, SPINS};
-use common::rules::{assert_clean, assert_counters_work, measure_from_here, QueueFill, N};
+use common::rules::{
+    assert_clean, assert_counters_work, measure_from_here, measure_to_here, QueueFill, N,
+};
 use pollux_bdev::BdevRegistry;
 use pollux_iser::initiator::scsi::{parse_read_capacity16, read_capacity16_cdb};
 use pollux_iser::initiator::{
     DataDir, InitiatorOptions, IserInitiator, PiEngine, PiPolicy, SessionState,
 };
 use pollux_iser::target::iser::IserOptions;
-use pollux_reactor::mem::{
-    BufPool, BufPoolOptions, CountingAlloc, DataPathCounts, DmaBuf, HugepageMode, SgList,
-};
+use pollux_reactor::mem::{CountingAlloc, DmaBuf, SgList};
 use pollux_verbs::soft::Soft;
 
 #[global_allocator]
@@ -92,16 +92,7 @@ fn iser_target_and_initiator_allocate_nothing_and_lock_nothing_per_io() {
     let addr = unique_addr("pollux-rules-iser");
     let target = iscsi_target(TGT, &addr, vec![(0, plain), (1, pi)], 64);
     let c = Cluster::start(1, target, addr, IserOptions::for_tests());
-    let mut o = BufPoolOptions::new("rules-iser", IO, DEPTH);
-    o.hugepages = HugepageMode::Never;
-    let pool = BufPool::new(o).unwrap();
-    let mut fill = QueueFill {
-        idle: (0..DEPTH)
-            .map(|_| SgList::from_buf(pool.get().unwrap()))
-            .collect(),
-        next: 0,
-        size: IO,
-    };
+    let mut fill = QueueFill::new("rules-iser", IO, DEPTH);
     // (LUN, PI policy, PI engine): plain; PI with the signature offload;
     // PI generated and checked in software.
     let cases = [
@@ -119,7 +110,7 @@ fn iser_target_and_initiator_allocate_nothing_and_lock_nothing_per_io() {
         run(&c, &mut ini, lun, &mut fill, N / 10);
         let before = measure_from_here();
         run(&c, &mut ini, lun, &mut fill, N);
-        let after = DataPathCounts::now();
+        let after = measure_to_here();
         assert_clean(&format!("lun {lun} {pol:?} {engine:?}"), before, after);
         // Logged out and torn down on the target too, before the next
         // case is measured (teardown is control path).

@@ -8,12 +8,12 @@ mod common;
 
 use std::time::Duration;
 
-use common::rules::{assert_clean, assert_counters_work, measure_from_here, QueueFill, N};
+use common::rules::{
+    assert_clean, assert_counters_work, measure_from_here, measure_to_here, QueueFill, N,
+};
 use pollux_nvmf::host::rdma::{MemMode, RdmaHost, RdmaHostOptions};
 use pollux_nvmf::host::{Controller, CtrlOptions, HostIdentity, HostQueue, Qpair, DEFAULT_HOSTNQN};
-use pollux_reactor::mem::{
-    BufPool, BufPoolOptions, CountingAlloc, DataPathCounts, HugepageMode, SgList,
-};
+use pollux_reactor::mem::CountingAlloc;
 use pollux_reactor::{Reactor, TestCluster};
 use pollux_verbs::soft::Soft;
 use pollux_verbs::CmAddr;
@@ -84,20 +84,11 @@ fn nvmf_target_and_host_allocate_nothing_and_lock_nothing_per_io() {
             )
             .unwrap();
             let mut qp = c.connect_io(&t, 1, 64, inline_cap).unwrap();
-            let mut o = BufPoolOptions::new("rules-nvmf", size, DEPTH);
-            o.hugepages = HugepageMode::Never;
-            let pool = BufPool::new(o).unwrap();
-            let mut fill = QueueFill {
-                idle: (0..DEPTH)
-                    .map(|_| SgList::from_buf(pool.get().unwrap()))
-                    .collect(),
-                next: 0,
-                size,
-            };
+            let mut fill = QueueFill::new("rules-nvmf", size, DEPTH);
             run(r, &mut qp, &mut fill, N / 10);
             let before = measure_from_here();
             run(r, &mut qp, &mut fill, N);
-            let after = DataPathCounts::now();
+            let after = measure_to_here();
             let st = qp.transport().stats();
             assert_clean(
                 &format!("{mode:?} inline_cap={inline_cap:?} size={size} {st:?}"),

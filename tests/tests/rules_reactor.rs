@@ -12,9 +12,11 @@ mod common;
 use std::cell::Cell;
 use std::time::Duration;
 
-use common::rules::{assert_clean, assert_counters_work, measure_from_here, BdevJob, N};
+use common::rules::{
+    assert_clean, assert_counters_work, measure_from_here, measure_to_here, BdevJob, N,
+};
 use pollux_bdev::BdevRegistry;
-use pollux_reactor::mem::{CountingAlloc, DataPathCounts};
+use pollux_reactor::mem::CountingAlloc;
 use pollux_reactor::{PollStatus, Reactor, TestCluster};
 
 #[global_allocator]
@@ -59,7 +61,7 @@ fn reactor_messages_and_timers_allocate_nothing_and_lock_nothing_under_io() {
     let (pings, ticks) = (PINGS.with(Cell::get), TICKS.with(Cell::get));
     let before = measure_from_here();
     job.run_with(&cl, N, step);
-    let after = DataPathCounts::now();
+    let after = measure_to_here();
     let (pings, ticks) = (PINGS.with(Cell::get) - pings, TICKS.with(Cell::get) - ticks);
     assert_clean("reactor messages and timers under I/O", before, after);
     assert!(pings >= 1000, "messages ran: {pings}");

@@ -22,9 +22,14 @@ thread_local! {
     static TRACING: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Count one allocation; while tracing, print where it came from.
+/// Count one allocation (not the tracing's own); while tracing, print
+/// where it came from.
 #[inline]
 fn count(layout: Layout) {
+    if TRACING.with(Cell::get) {
+        // The trace's own printing: not the code under test.
+        return;
+    }
     ALLOCS.fetch_add(1, Ordering::Relaxed);
     if TRACE.load(Ordering::Relaxed) > 0 && !TRACING.with(|t| t.replace(true)) {
         let take = |n: u32| n.checked_sub(1);

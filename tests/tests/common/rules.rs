@@ -22,10 +22,15 @@ pub fn measure_from_here() -> DataPathCounts {
     DataPathCounts::now()
 }
 
-/// Assert that nothing was allocated and no lock taken between `before` and
-/// `after` (take `after` before formatting anything; it stops the tracing).
-pub fn assert_clean(what: &str, before: DataPathCounts, after: DataPathCounts) {
+/// The counts now, tracing stopped (call it before formatting anything).
+pub fn measure_to_here() -> DataPathCounts {
     CountingAlloc::trace(0);
+    DataPathCounts::now()
+}
+
+/// Assert that nothing was allocated and no lock taken between `before` and
+/// `after`.
+pub fn assert_clean(what: &str, before: DataPathCounts, after: DataPathCounts) {
     let d = DataPathCounts {
         allocations: after.allocations - before.allocations,
         locks: after.locks - before.locks,
@@ -52,6 +57,17 @@ pub fn assert_counters_work() {
     assert!(d.allocations >= 1 && d.locks >= 1, "{d:?}");
 }
 
+/// `n` one-buffer lists of `len` bytes from a pool of their own (which
+/// they keep alive).
+pub fn buffers(name: &str, len: usize, n: usize) -> Vec<SgList> {
+    let mut o = BufPoolOptions::new(name, len, n);
+    o.hugepages = HugepageMode::Never;
+    let pool = BufPool::new(o).unwrap();
+    (0..n)
+        .map(|_| SgList::from_buf(pool.get().unwrap()))
+        .collect()
+}
+
 /// One bdev job: `depth` buffers, reads and writes alternating over the
 /// first `span` blocks, `io_blocks` blocks per I/O.
 pub struct BdevJob {
@@ -73,12 +89,7 @@ impl BdevJob {
     /// A job on `ch` with `depth` buffers of `io_blocks` blocks.
     pub fn new(ch: IoChannel, depth: usize, io_blocks: u64, in_place: bool) -> Rc<BdevJob> {
         let len = (io_blocks * ch.buf_block_size()) as usize;
-        let mut o = BufPoolOptions::new("rules-bdev", len, depth);
-        o.hugepages = HugepageMode::Never;
-        let pool = BufPool::new(o).unwrap();
-        let idle = (0..depth)
-            .map(|_| SgList::from_buf(pool.get().unwrap()))
-            .collect();
+        let idle = buffers("rules-bdev", len, depth);
         let span = ch.num_blocks() / io_blocks * io_blocks;
         let job = Rc::new(BdevJob {
             ch,
@@ -212,6 +223,15 @@ pub struct Io {
 }
 
 impl QueueFill {
+    /// `depth` idle buffers of `size` bytes, I/O number 0 next.
+    pub fn new(name: &str, size: usize, depth: usize) -> Self {
+        QueueFill {
+            idle: buffers(name, size, depth),
+            next: 0,
+            size,
+        }
+    }
+
     /// Run `ios` more I/Os on `host`: `submit` hands the buffers back when
     /// the host refuses one for now, `reap` polls everything once and
     /// reports each completion (success, buffers).
