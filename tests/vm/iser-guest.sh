@@ -259,7 +259,7 @@ perf_sw_pi() {
 lio_setup() {
   modprobe -a target_core_mod target_core_file iscsi_target_mod ib_isert || return 1
   if [ ! -S /run/dbus/system_bus_socket ]; then
-    mkdir -p /run/dbus; dbus-daemon --system --fork || return 1
+    dbus-daemon --system --fork || return 1
   fi
   to targetcli <<TCLI
 set global auto_save_on_exit=false
@@ -307,9 +307,8 @@ finish() {
 
 # ------------------------------------------------------------------ checks ---
 sysctl -qw net.core.netdev_max_backlog=100000 || echo "WARNING: cannot raise netdev_max_backlog"
-mkdir -p /etc/iscsi
-grep -q '^InitiatorName=' /etc/iscsi/initiatorname.iscsi 2>/dev/null ||
-  echo "InitiatorName=iqn.1993-08.org.debian:01:pollux-lab" >/etc/iscsi/initiatorname.iscsi
+# /etc/iscsi (InitiatorName), /var/lib/iscsi, /run/lock/iscsi, /run/dbus:
+# made by the lab at boot (tests/vm/lab guest_state).
 say "pollux-tgt $TGT, kernel $(uname -r), modules failed: '${LAB_MODULES_FAILED:-}', work dir $W"
 kib() { echo $(( $1 * SCALE ))k; }
 D0=$(dmesg | wc -l)
