@@ -277,7 +277,7 @@ impl Reservations {
                 Ok(())
             }
             out_sa::RESERVE | out_sa::RELEASE | out_sa::CLEAR | out_sa::PREEMPT => {
-                if mine.is_none_or(|k| k != key) {
+                if mine != Some(key) {
                     return Err(Sense::RESERVATION_CONFLICT);
                 }
                 let ty = || {

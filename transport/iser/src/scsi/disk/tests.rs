@@ -424,7 +424,7 @@ fn new_block_commands_plan_their_io() {
     caw[9] = 7;
     caw[13] = 1;
     let r = run(&d, &caw).0;
-    assert_eq!(io(r.clone()), (BlockOp::CompareAndWrite, 7, 1));
+    assert_eq!(io(r), (BlockOp::CompareAndWrite, 7, 1));
     if let Ok(Action::Io(b)) = r {
         assert_eq!(b.wire_len(&d.info), 1024, "verify block + write block");
     }
