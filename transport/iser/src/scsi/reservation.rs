@@ -438,9 +438,16 @@ impl Reservations {
 #[derive(Debug, Default)]
 pub struct LunShared {
     state: Mutex<Reservations>,
-    epoch: AtomicU64,
-    caw: AtomicBool,
+    /// Read by every media command: on a line of its own, apart from the
+    /// mutex and the gate that other cores write.
+    epoch: Line<AtomicU64>,
+    caw: Line<AtomicBool>,
 }
+
+/// A value alone on its cache lines.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct Line<T>(T);
 
 impl LunShared {
     /// The state, for a change or a PERSISTENT RESERVE IN (control path).
@@ -455,13 +462,13 @@ impl LunShared {
     pub fn change<T>(&self, f: impl FnOnce(&mut Reservations) -> T) -> T {
         let mut g = self.lock();
         let r = f(&mut g);
-        self.epoch.fetch_add(1, Ordering::Release);
+        self.epoch.0.fetch_add(1, Ordering::Release);
         r
     }
 
     /// The current epoch (one load; the data-path check).
     pub fn epoch(&self) -> u64 {
-        self.epoch.load(Ordering::Acquire)
+        self.epoch.0.load(Ordering::Acquire)
     }
 
     /// Take the COMPARE AND WRITE gate: `false` when another COMPARE AND
@@ -470,13 +477,14 @@ impl LunShared {
     /// (its per-device CAW semaphore); other commands are not held up.
     pub fn try_caw(&self) -> bool {
         self.caw
+            .0
             .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
             .is_ok()
     }
 
     /// Release the COMPARE AND WRITE gate.
     pub fn end_caw(&self) {
-        self.caw.store(false, Ordering::Release);
+        self.caw.0.store(false, Ordering::Release);
     }
 }
 
