@@ -514,6 +514,20 @@ impl Cdb {
     }
 }
 
+/// CDBs the tests of several modules build.
+#[cfg(test)]
+pub(crate) mod build {
+    /// WRITE SAME(16) with byte 1 `flags`.
+    pub(crate) fn write_same16(flags: u8, lba: u64, blocks: u32) -> [u8; 16] {
+        let mut c = [0u8; 16];
+        c[0] = super::op::WRITE_SAME_16;
+        c[1] = flags;
+        c[2..10].copy_from_slice(&lba.to_be_bytes());
+        c[10..14].copy_from_slice(&blocks.to_be_bytes());
+        c
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

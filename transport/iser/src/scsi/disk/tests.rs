@@ -236,14 +236,7 @@ fn unmap_write_same_sync_and_misc() {
     assert_eq!((r, b[0]), (Ok(Action::DataIn(18)), 0x70));
 }
 
-fn ws16(flags: u8, lba: u64, blocks: u32) -> [u8; 16] {
-    let mut c = [0u8; 16];
-    c[0] = 0x93;
-    c[1] = flags;
-    c[2..10].copy_from_slice(&lba.to_be_bytes());
-    c[10..14].copy_from_slice(&blocks.to_be_bytes());
-    c
-}
+use crate::scsi::cdb::build::write_same16 as ws16;
 
 #[test]
 fn inquiry_claims_sam5_spc4_sbc3_iscsi() {

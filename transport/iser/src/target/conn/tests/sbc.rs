@@ -6,14 +6,7 @@
 
 use super::*;
 
-fn ws16(flags: u8, lba: u64, blocks: u32) -> [u8; 16] {
-    let mut c = [0u8; 16];
-    c[0] = 0x93;
-    c[1] = flags;
-    c[2..10].copy_from_slice(&lba.to_be_bytes());
-    c[10..14].copy_from_slice(&blocks.to_be_bytes());
-    c
-}
+use crate::scsi::cdb::build::write_same16 as ws16;
 
 fn caw(lba: u64, blocks: u8) -> [u8; 16] {
     let mut c = [0u8; 16];
