@@ -25,7 +25,7 @@ out=target/iser-interop
 rm -rf "$out" && mkdir -p "$out" || exit 125
 tests/vm/build-bins.sh "$out" pollux-tgt pollux-perf || exit 1
 t0=$SECONDS
-"$LAB" -t 600 --out "$out" "$@" run tests/vm/iser-guest.sh "$PWD/$out/pollux-tgt" "$PWD/$out/pollux-perf"
+"$LAB" -t 1500 --out "$out" "$@" run tests/vm/iser-guest.sh "$PWD/$out/pollux-tgt" "$PWD/$out/pollux-perf"
 rc=$?
 echo "iser-interop: exit $rc after $((SECONDS - t0)) s (boot included)" >&2
 exit $rc
