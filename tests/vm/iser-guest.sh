@@ -14,7 +14,16 @@
 #      LUN 1 --pi both/write-generate/read-verify --verify (software PI);
 #   4. pollux-perf -> LIO isert (targetcli, ramdisk, portal enable_iser):
 #      write + read back --verify at 4 and 64 KiB, a randread run; LIO PI
-#      over rxe: SKIP (same reason).
+#      over rxe: SKIP (same reason);
+#   5. SCSI conformance with sg3-utils through open-iscsi over iSER, first
+#      against pollux-tgt's LUN 0 (a second login after step 1), then
+#      against LIO in the same boot as the reference: sg_inq (version
+#      descriptors, Block Limits VPD), sg_write_same (pattern, 10/16, 0 =
+#      to the end, ANCHOR refused), sg_compare_and_write (match and
+#      miscompare), sg_verify (BYTCHK 0 and 1), sg_persist (register,
+#      reserve, read keys/reservation, capabilities, release, unregister),
+#      RESERVE(6)/RELEASE(6) (sg_raw), sg_opcodes (all and one),
+#      sg_get_lba_status. A check LIO fails is a WARN (reference only).
 # Kernel-initiator writes on Debian 6.1 rxe may show "iser_err_comp: memreg
 # failure" and session recoveries (a known rxe/ib_iser issue, see
 # tests/vm/README.md): tolerated as a WARN with the evidence when every fio
@@ -238,6 +247,143 @@ iser_errors() {
   return 1
 }
 
+# ------------------------------------------------------------- sg3-utils ---
+# The checks run on DEV (sdX, 512-byte blocks) from LBA $SGLBA on, far
+# from the fio ranges. Exit statuses of sg3-utils: 5 ILLEGAL REQUEST,
+# 14 MISCOMPARE, 24 RESERVATION CONFLICT.
+SGLBA=40000
+expect_rc() {  # expect_rc WANT CMD...
+  local want=$1 rc; shift
+  to "$@"; rc=$?
+  [ "$rc" = "$want" ] || { echo "'$*' exited $rc, expected $want"; return 1; }
+}
+blocks_of() {  # blocks_of DEV LBA N FILE: read N blocks with O_DIRECT
+  dd if="/dev/$1" of="$4" bs=512 skip="$2" count="$3" iflag=direct status=none
+}
+sg_inquiry() {  # sg_inquiry DEV [MAX_UNMAP WSNZ]
+  local dev=/dev/$1 out v
+  out=$(to sg_inq -d "$dev") || return 1
+  echo "$out" | sed -n '/[Vv]ersion descriptors/,$p'
+  for v in SAM-5 SPC-4 SBC-3 iSCSI; do
+    grep -q "$v" <<<"$out" || { echo "no $v version descriptor"; return 1; }
+  done
+  out=$(to sg_vpd -p bl "$dev") || return 1
+  echo "$out"
+  [ -n "${2:-}" ] || return 0
+  grep -qE "Maximum unmap LBA count: $2\b" <<<"$out" || { echo "max unmap LBA count is not $2"; return 1; }
+  grep -qE "Write same non-zero \(WSNZ\): $3\b" <<<"$out" || { echo "WSNZ is not $3"; return 1; }
+}
+sg_ws() {  # sg_ws DEV: WRITE SAME(16)/(10) with a pattern, 0 = to the end, ANCHOR
+  local dev=$1 last i
+  head -c 512 /dev/urandom >"$W/ws.bin"
+  for i in $(seq 64); do cat "$W/ws.bin"; done >"$W/ws.exp"
+  expect_rc 0 sg_write_same --16 --in="$W/ws.bin" --lba=$SGLBA --num=64 "/dev/$dev" || return 1
+  blocks_of "$dev" $SGLBA 64 "$W/ws.out" && cmp "$W/ws.exp" "$W/ws.out" || { echo "WRITE SAME(16) pattern not on the medium"; return 1; }
+  head -c 512 /dev/urandom >"$W/ws.bin"
+  for i in $(seq 8); do cat "$W/ws.bin"; done >"$W/ws.exp"
+  expect_rc 0 sg_write_same --10 --in="$W/ws.bin" --lba=$((SGLBA + 64)) --num=8 "/dev/$dev" || return 1
+  blocks_of "$dev" $((SGLBA + 64)) 8 "$W/ws.out" && cmp "$W/ws.exp" "$W/ws.out" || { echo "WRITE SAME(10) pattern not on the medium"; return 1; }
+  # NUMBER OF LOGICAL BLOCKS 0: the last 4 blocks.
+  last=$(( $(blockdev --getsz "/dev/$dev") - 1 ))
+  head -c 4096 "$W/ws.exp" | head -c 2048 >"$W/ws.end"
+  expect_rc 0 sg_write_same --16 --in="$W/ws.bin" --lba=$((last - 3)) --num=0 "/dev/$dev" || return 1
+  blocks_of "$dev" $((last - 3)) 4 "$W/ws.out" && cmp "$W/ws.end" "$W/ws.out" || { echo "WRITE SAME 0 blocks did not reach the end"; return 1; }
+  echo "WRITE SAME 16/10/0-to-end: pattern on the medium"
+  expect_rc 5 sg_write_same --16 --anchor --in="$W/ws.bin" --lba=$SGLBA --num=1 "/dev/$dev" || return 1
+  echo "ANCHOR: ILLEGAL REQUEST"
+}
+sg_caw() {  # sg_caw DEV: COMPARE AND WRITE, match then miscompare
+  local dev=$1 l=$((SGLBA + 100)) out rc
+  blocks_of "$dev" $l 1 "$W/caw.cur" || return 1
+  head -c 512 /dev/urandom >"$W/caw.new"
+  cat "$W/caw.cur" "$W/caw.new" >"$W/caw.in"
+  expect_rc 0 sg_compare_and_write --in="$W/caw.in" --lba=$l --num=1 "/dev/$dev" || return 1
+  blocks_of "$dev" $l 1 "$W/caw.out" && cmp "$W/caw.new" "$W/caw.out" || { echo "write part not on the medium"; return 1; }
+  echo "match: written"
+  # The medium now holds caw.new: comparing against caw.cur miscompares.
+  out=$(to sg_compare_and_write -v --in="$W/caw.in" --lba=$l --num=1 "/dev/$dev" 2>&1); rc=$?
+  echo "$out" | tail -n 4
+  [ $rc = 14 ] || { echo "miscompare exited $rc, expected 14"; return 1; }
+  blocks_of "$dev" $l 1 "$W/caw.out" && cmp "$W/caw.new" "$W/caw.out" || { echo "medium changed on a miscompare"; return 1; }
+  echo "miscompare: MISCOMPARE, medium unchanged"
+}
+sg_vfy() {  # sg_vfy DEV: VERIFY BYTCHK 0, BYTCHK 1 equal and different
+  local dev=$1
+  expect_rc 0 sg_verify --lba=$SGLBA --count=8 "/dev/$dev" || return 1
+  blocks_of "$dev" $SGLBA 8 "$W/v.bin" || return 1
+  expect_rc 0 sg_verify --lba=$SGLBA --count=8 --ndo=4096 --in="$W/v.bin" "/dev/$dev" || return 1
+  # Flip byte 1000 of the compare data.
+  local b; b=$(od -An -tu1 -j1000 -N1 "$W/v.bin" | tr -d ' ')
+  printf "\\$(printf %03o $(( b ^ 255 )))" | dd of="$W/v.bin" bs=1 seek=1000 conv=notrunc status=none
+  expect_rc 14 sg_verify --lba=$SGLBA --count=8 --ndo=4096 --in="$W/v.bin" "/dev/$dev" || return 1
+  echo "VERIFY: BYTCHK 0 good, BYTCHK 1 equal good, different MISCOMPARE"
+}
+sg_pr() {  # sg_pr DEV: persistent reservations, then RESERVE(6)/RELEASE(6)
+  local dev=/dev/$1 k=0x5a5a0001 out
+  expect_rc 0 sg_persist -n --out --register --param-sark=$k "$dev" || return 1
+  out=$(to sg_persist -n --in --read-keys "$dev") || return 1; echo "$out"
+  grep -qi "$k" <<<"$out" || { echo "key $k not read back"; return 1; }
+  expect_rc 0 sg_persist -n --out --reserve --param-rk=$k --prout-type=1 "$dev" || return 1
+  out=$(to sg_persist -n --in --read-reservation "$dev") || return 1; echo "$out"
+  grep -qi "Key=$k" <<<"$out" && grep -qi "Write Exclusive" <<<"$out" || { echo "reservation not read back"; return 1; }
+  to sg_persist -n --in --report-capabilities "$dev" || return 1
+  # The holder still writes.
+  dd if=/dev/zero of="$dev" bs=512 seek=$((SGLBA + 200)) count=1 oflag=direct status=none || { echo "holder's write failed"; return 1; }
+  expect_rc 0 sg_persist -n --out --release --param-rk=$k --prout-type=1 "$dev" || return 1
+  out=$(to sg_persist -n --in --read-reservation "$dev") || return 1
+  grep -qi "NO reservation" <<<"$out" || { echo "reservation still held: $out"; return 1; }
+  expect_rc 0 sg_persist -n --out --register --param-rk=$k --param-sark=0 "$dev" || return 1
+  out=$(to sg_persist -n --in --read-keys "$dev") || return 1; echo "$out"
+  grep -qi "NO registered" <<<"$out" || { echo "key still registered"; return 1; }
+  expect_rc 0 sg_raw "$dev" 16 00 00 00 00 00 || return 1
+  expect_rc 0 sg_raw "$dev" 17 00 00 00 00 00 || return 1
+  echo "PR register/reserve/read/release/unregister and RESERVE(6)/RELEASE(6): good"
+}
+sg_opc() {  # sg_opc DEV: REPORT SUPPORTED OPERATION CODES, all and one
+  local dev=/dev/$1 out c
+  out=$(to sg_opcodes -n "$dev") || return 1
+  echo "$out" | head -n 60
+  for c in 'Compare and write' 'Write same(16)' 'Persistent reserve in' 'Verify(16)' 'Read(12)'; do
+    grep -qi "$c" <<<"$out" || { echo "'$c' not listed"; return 1; }
+  done
+  to sg_opcodes -n --opcode=0x89 "$dev" || return 1
+}
+sg_lbas() {  # sg_lbas DEV: GET LBA STATUS
+  to sg_get_lba_status --lba=$SGLBA "/dev/$1"
+}
+# sg_suite DEV [MAX_UNMAP WSNZ]: every check; on RUN=lio* a failure is a
+# WARN (LIO is the reference, not under test)
+sg_check() {
+  local name=$1
+  if [[ $RUN == lio* ]]; then
+    if LIM=$2; "${@:3}" >"$W/$RUN-$name.log" 2>&1; then pass "$name" 0
+    else warn "$name" "LIO differs: $(tail -n 1 "$W/$RUN-$name.log")"; fi
+  else
+    check "$@"
+  fi
+}
+sg_suite() {
+  local dev=$1
+  sg_check sg_inq 60 sg_inquiry "$dev" "${2:-}" "${3:-}"
+  sg_check sg_write_same 120 sg_ws "$dev"
+  sg_check sg_compare_and_write 60 sg_caw "$dev"
+  sg_check sg_verify 60 sg_vfy "$dev"
+  sg_check sg_persist 90 sg_pr "$dev"
+  sg_check sg_opcodes 60 sg_opc "$dev"
+  sg_check sg_get_lba_status 60 sg_lbas "$dev"
+  say "  sg3-utils answers of $RUN: $W/$RUN-sg_*.log"
+}
+lio_login() {
+  discovery "$LIQN" || return 1
+  to iscsiadm -m node -T "$LIQN" -p "$T:$PORT" -I $IFACE --login || return 1
+  for _ in $(seq 150); do
+    LDISK=$(lun_disk "$LIQN" 0) && [ -b "/dev/$LDISK" ] && break
+    sleep 0.2
+  done
+  [ -b "/dev/${LDISK:-none}" ] || { echo "LIO disk not found"; return 1; }
+  echo "LIO LUN 0: /dev/$LDISK ($(blockdev --getsize64 /dev/$LDISK) bytes)"
+}
+
 # ------------------------------------------------------------ pollux-perf ---
 # perf NAME LUN PI ARGS...: our initiator against $T (pollux-tgt or LIO)
 perf() {
@@ -259,7 +405,7 @@ perf_sw_pi() {
 lio_setup() {
   modprobe -a target_core_mod target_core_file iscsi_target_mod ib_isert || return 1
   if [ ! -S /run/dbus/system_bus_socket ]; then
-    mkdir -p /run/dbus; dbus-daemon --system --fork || return 1
+    dbus-daemon --system --fork || return 1
   fi
   to targetcli <<TCLI
 set global auto_save_on_exit=false
@@ -307,9 +453,8 @@ finish() {
 
 # ------------------------------------------------------------------ checks ---
 sysctl -qw net.core.netdev_max_backlog=100000 || echo "WARNING: cannot raise netdev_max_backlog"
-mkdir -p /etc/iscsi
-grep -q '^InitiatorName=' /etc/iscsi/initiatorname.iscsi 2>/dev/null ||
-  echo "InitiatorName=iqn.1993-08.org.debian:01:pollux-lab" >/etc/iscsi/initiatorname.iscsi
+# /etc/iscsi (InitiatorName), /var/lib/iscsi, /run/lock/iscsi, /run/dbus:
+# made by the lab at boot (tests/vm/lab guest_state).
 say "pollux-tgt $TGT, kernel $(uname -r), modules failed: '${LAB_MODULES_FAILED:-}', work dir $W"
 kib() { echo $(( $1 * SCALE ))k; }
 D0=$(dmesg | wc -l)
@@ -348,6 +493,14 @@ if start_tgt; then
        head -n 4 "$W/kernel-iser-errors.log" | sed 's/^/    | /' ;;
     *) fail no-iser-errors 0 "iSCSI/iSER errors in dmesg"; sed 's/^/    | /' "$W/kernel-iser-errors.log" ;;
   esac
+  # sg3-utils against pollux-tgt, in a session of its own (after the
+  # dmesg check: the checks provoke ILLEGAL REQUEST and MISCOMPARE).
+  RUN=kernel-sg
+  if check login 90 login; then
+    sg_suite "$DISK0" 1048576 0
+    check logout 60 logout
+  fi
+  iscsiadm -m node -T "$IQN" -p "$T:$PORT" -I $IFACE --logout >/dev/null 2>&1
   RUN=kernel-pi
   if pi_evidence "$D0" >"$W/pi-evidence.log" 2>&1; then
     skip pi-over-iser "rxe has no signature offload (IBK_INTEGRITY_HANDOVER): kernel says '$(grep -m1 -o 'T10-PI requested.*' "$W/pi-evidence.log")'; sd: '$(grep -m1 -oE '(En|Dis)abling DIF Type [0-9] protection' "$W/pi-evidence.log")'"
@@ -373,6 +526,13 @@ if check targetcli 120 lio_setup; then
   check randread-16k 90 perf "$LIQN" 0 off -w randread -q 16 -o 16k -t 2
   lio_pi_evidence >"$W/lio-pi.log" 2>&1
   skip pi-over-iser "LIO isert offers T10-PI only with signature offload, rxe has none ($(tr '\n' ' ' <"$W/lio-pi.log"))"
+  # The same sg3-utils checks against LIO through open-iscsi: the reference.
+  RUN=lio-sg LDISK=""
+  if sg_check login 90 lio_login; then
+    [ -n "$LDISK" ] || LDISK=$(lun_disk "$LIQN" 0)
+    sg_suite "$LDISK"
+  fi
+  to iscsiadm -m node -T "$LIQN" -p "$T:$PORT" -I $IFACE --logout >/dev/null 2>&1
   LIM=120; to targetcli clearconfig confirm=True >/dev/null 2>&1 || say "WARN: targetcli clearconfig failed"
 fi
 finish

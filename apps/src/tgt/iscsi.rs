@@ -22,7 +22,7 @@
 //! max_burst = "1M"                 # MaxBurstLength [1M]
 //! recv_dsl = 8192                  # TargetRecvDataSegmentLength, 512..=8192 [8192]
 //! immediate_data = true            # ImmediateData [true]
-//! initial_r2t = false              # InitialR2T [false]
+//! initial_r2t = true               # InitialR2T [true]; see README "InitialR2T"
 //! task_buffers = 512               # task buffers shared by all sessions [4 x queue_depth]
 //! max_srq_depth = 1024             # receive buffers per iSER poll group [1024]
 //! num_cqe = 16384                  # CQ entries per iSER poll group [16384]

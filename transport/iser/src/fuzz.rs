@@ -45,7 +45,7 @@ pub fn fuzz_cdb(data: &[u8]) {
     if let Ok(crate::scsi::Action::NeedData(_)) = d.exec(cdb, &mut out) {
         let _ = d.exec_with_data(cdb, rest);
     }
-    let _ = crate::scsi::commands::unmap::parse(rest);
+    let _ = crate::scsi::commands::unmap::parse(rest, u32::MAX);
     let mut v = [0u8; 4 * 520];
     let n = rest.len().min(v.len());
     v[..n].copy_from_slice(&rest[..n]);

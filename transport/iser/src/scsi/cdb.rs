@@ -10,8 +10,16 @@ pub mod op {
     pub const TEST_UNIT_READY: u8 = 0x00;
     /// REQUEST SENSE.
     pub const REQUEST_SENSE: u8 = 0x03;
+    /// READ(6).
+    pub const READ_6: u8 = 0x08;
+    /// WRITE(6).
+    pub const WRITE_6: u8 = 0x0A;
     /// INQUIRY.
     pub const INQUIRY: u8 = 0x12;
+    /// RESERVE(6).
+    pub const RESERVE_6: u8 = 0x16;
+    /// RELEASE(6).
+    pub const RELEASE_6: u8 = 0x17;
     /// MODE SENSE(6).
     pub const MODE_SENSE_6: u8 = 0x1A;
     /// START STOP UNIT.
@@ -22,24 +30,61 @@ pub mod op {
     pub const READ_10: u8 = 0x28;
     /// WRITE(10).
     pub const WRITE_10: u8 = 0x2A;
+    /// WRITE AND VERIFY(10).
+    pub const WRITE_VERIFY_10: u8 = 0x2E;
+    /// VERIFY(10).
+    pub const VERIFY_10: u8 = 0x2F;
     /// SYNCHRONIZE CACHE(10).
     pub const SYNC_CACHE_10: u8 = 0x35;
+    /// WRITE SAME(10).
+    pub const WRITE_SAME_10: u8 = 0x41;
     /// UNMAP.
     pub const UNMAP: u8 = 0x42;
     /// MODE SENSE(10).
     pub const MODE_SENSE_10: u8 = 0x5A;
+    /// PERSISTENT RESERVE IN.
+    pub const PR_IN: u8 = 0x5E;
+    /// PERSISTENT RESERVE OUT.
+    pub const PR_OUT: u8 = 0x5F;
     /// READ(16).
     pub const READ_16: u8 = 0x88;
+    /// COMPARE AND WRITE.
+    pub const COMPARE_AND_WRITE: u8 = 0x89;
     /// WRITE(16).
     pub const WRITE_16: u8 = 0x8A;
+    /// WRITE AND VERIFY(16).
+    pub const WRITE_VERIFY_16: u8 = 0x8E;
+    /// VERIFY(16).
+    pub const VERIFY_16: u8 = 0x8F;
     /// SYNCHRONIZE CACHE(16).
     pub const SYNC_CACHE_16: u8 = 0x91;
     /// WRITE SAME(16).
     pub const WRITE_SAME_16: u8 = 0x93;
-    /// SERVICE ACTION IN(16) (READ CAPACITY(16) is SA 0x10).
+    /// SERVICE ACTION IN(16) (READ CAPACITY(16) is SA 0x10, GET LBA
+    /// STATUS SA 0x12).
     pub const SERVICE_ACTION_IN_16: u8 = 0x9E;
     /// REPORT LUNS.
     pub const REPORT_LUNS: u8 = 0xA0;
+    /// MAINTENANCE IN (REPORT SUPPORTED OPERATION CODES is SA 0x0C).
+    pub const MAINTENANCE_IN: u8 = 0xA3;
+    /// READ(12).
+    pub const READ_12: u8 = 0xA8;
+    /// WRITE(12).
+    pub const WRITE_12: u8 = 0xAA;
+    /// WRITE AND VERIFY(12).
+    pub const WRITE_VERIFY_12: u8 = 0xAE;
+    /// VERIFY(12).
+    pub const VERIFY_12: u8 = 0xAF;
+}
+
+/// Service actions.
+pub mod sa {
+    /// READ CAPACITY(16) (SERVICE ACTION IN(16)).
+    pub const READ_CAPACITY_16: u16 = 0x10;
+    /// GET LBA STATUS (SERVICE ACTION IN(16)).
+    pub const GET_LBA_STATUS: u16 = 0x12;
+    /// REPORT SUPPORTED OPERATION CODES (MAINTENANCE IN).
+    pub const REPORT_OPCODES: u16 = 0x0C;
 }
 
 /// A decoded CDB.
@@ -85,10 +130,67 @@ pub enum Cdb {
         /// Allocation length.
         alloc: u32,
     },
-    /// READ(10/16).
+    /// READ(6/10/12/16).
     Read(Rw),
-    /// WRITE(10/16).
+    /// WRITE(6/10/12/16).
     Write(Rw),
+    /// VERIFY(10/12/16).
+    Verify {
+        /// LBA, blocks and VRPROTECT.
+        rw: Rw,
+        /// BYTCHK 01b: the data-out is compared with the medium.
+        bytchk: bool,
+    },
+    /// WRITE AND VERIFY(10/12/16).
+    WriteVerify {
+        /// LBA, blocks and WRPROTECT.
+        rw: Rw,
+        /// BYTCHK 01b: the medium is read back and compared.
+        bytchk: bool,
+    },
+    /// COMPARE AND WRITE.
+    CompareAndWrite {
+        /// LBA, blocks (NUMBER OF LOGICAL BLOCKS) and WRPROTECT.
+        rw: Rw,
+    },
+    /// GET LBA STATUS.
+    GetLbaStatus {
+        /// Starting LBA.
+        lba: u64,
+        /// Allocation length.
+        alloc: u32,
+    },
+    /// PERSISTENT RESERVE IN.
+    PrIn {
+        /// Service action.
+        sa: u8,
+        /// Allocation length.
+        alloc: u32,
+    },
+    /// PERSISTENT RESERVE OUT.
+    PrOut {
+        /// Service action.
+        sa: u8,
+        /// SCOPE (high nibble) and TYPE (low nibble).
+        scope_type: u8,
+        /// Parameter list length.
+        param_len: u32,
+    },
+    /// RESERVE(6).
+    Reserve6,
+    /// RELEASE(6).
+    Release6,
+    /// REPORT SUPPORTED OPERATION CODES.
+    ReportOpcodes {
+        /// REPORTING OPTIONS.
+        options: u8,
+        /// Requested operation code.
+        opcode: u8,
+        /// Requested service action.
+        sa: u16,
+        /// Allocation length.
+        alloc: u32,
+    },
     /// SYNCHRONIZE CACHE(10/16).
     SyncCache {
         /// First LBA.
@@ -101,16 +203,19 @@ pub enum Cdb {
         /// Parameter list length.
         param_len: u32,
     },
-    /// WRITE SAME(16).
-    WriteSame16 {
+    /// WRITE SAME(10/16).
+    WriteSame {
         /// First LBA.
         lba: u64,
-        /// Blocks.
+        /// NUMBER OF LOGICAL BLOCKS (0: to the end of the medium, WSNZ=0).
         blocks: u32,
         /// UNMAP bit.
         unmap: bool,
-        /// NDOB: no data-out buffer (zeroes).
+        /// NDOB: no data-out buffer (zeroes; WRITE SAME(16) only).
         ndob: bool,
+        /// LBDATA: the low 4 bytes of each block's LBA replace the first
+        /// 4 bytes of the pattern.
+        lbdata: bool,
     },
     /// REPORT LUNS.
     ReportLuns {
@@ -151,6 +256,24 @@ pub fn cdb_len(opcode: u8) -> Option<usize> {
         4 => Some(16),
         5 => Some(12),
         _ => None,
+    }
+}
+
+/// LBA, length, PROTECT and FUA of the 10-, 12- and 16-byte READ, WRITE,
+/// VERIFY and WRITE AND VERIFY forms.
+fn rw_fields(b: &[u8; 16], opcode: u8) -> Rw {
+    let (lba, blocks) = match opcode >> 5 {
+        // 16-byte group.
+        4 => (be64(b, 2), be32(b, 10)),
+        // 12-byte group.
+        5 => (u64::from(be32(b, 2)), be32(b, 6)),
+        _ => (u64::from(be32(b, 2)), be16(b, 7)),
+    };
+    Rw {
+        lba,
+        blocks,
+        protect: b[1] >> 5,
+        fua: b[1] & 0x08 != 0,
     }
 }
 
@@ -209,33 +332,96 @@ impl Cdb {
                 }
                 Cdb::ReadCapacity10
             }
-            op::SERVICE_ACTION_IN_16 => {
-                if b[1] & 0x1F != 0x10 {
+            op::SERVICE_ACTION_IN_16 => match u16::from(b[1] & 0x1F) {
+                sa::READ_CAPACITY_16 => Cdb::ReadCapacity16 {
+                    alloc: be32(&b, 10),
+                },
+                sa::GET_LBA_STATUS => Cdb::GetLbaStatus {
+                    lba: be64(&b, 2),
+                    alloc: be32(&b, 10),
+                },
+                _ => return Err(Sense::INVALID_FIELD_IN_CDB.at_cdb(1, Some(4))),
+            },
+            op::MAINTENANCE_IN => {
+                if u16::from(b[1] & 0x1F) != sa::REPORT_OPCODES {
                     return Err(Sense::INVALID_FIELD_IN_CDB.at_cdb(1, Some(4)));
                 }
-                Cdb::ReadCapacity16 {
-                    alloc: be32(&b, 10),
+                if b[2] & 0x80 != 0 {
+                    // RCTD: command timeouts descriptors are not kept.
+                    return Err(Sense::INVALID_FIELD_IN_CDB.at_cdb(2, Some(7)));
+                }
+                Cdb::ReportOpcodes {
+                    options: b[2] & 0x07,
+                    opcode: b[3],
+                    sa: be16(&b, 4) as u16,
+                    alloc: be32(&b, 6),
                 }
             }
-            op::READ_10 | op::WRITE_10 | op::READ_16 | op::WRITE_16 => {
-                let sixteen = opcode == op::READ_16 || opcode == op::WRITE_16;
-                if b[1] & 0x03 != 0 {
-                    return Err(bad(1));
-                }
+            op::READ_6 | op::WRITE_6 => {
                 let rw = Rw {
-                    lba: if sixteen {
-                        be64(&b, 2)
-                    } else {
-                        u64::from(be32(&b, 2))
-                    },
-                    blocks: if sixteen { be32(&b, 10) } else { be16(&b, 7) },
-                    protect: b[1] >> 5,
-                    fua: b[1] & 0x08 != 0,
+                    lba: u64::from(be32(&b, 0) & 0x001F_FFFF),
+                    // 0 means 256 blocks in the 6-byte form.
+                    blocks: if b[4] == 0 { 256 } else { u32::from(b[4]) },
+                    protect: 0,
+                    fua: false,
                 };
-                if opcode == op::READ_10 || opcode == op::READ_16 {
+                if opcode == op::READ_6 {
                     Cdb::Read(rw)
                 } else {
                     Cdb::Write(rw)
+                }
+            }
+            op::READ_10
+            | op::WRITE_10
+            | op::READ_12
+            | op::WRITE_12
+            | op::READ_16
+            | op::WRITE_16 => {
+                if b[1] & 0x03 != 0 {
+                    return Err(bad(1));
+                }
+                let rw = rw_fields(&b, opcode);
+                if matches!(opcode, op::READ_10 | op::READ_12 | op::READ_16) {
+                    Cdb::Read(rw)
+                } else {
+                    Cdb::Write(rw)
+                }
+            }
+            op::VERIFY_10
+            | op::VERIFY_12
+            | op::VERIFY_16
+            | op::WRITE_VERIFY_10
+            | op::WRITE_VERIFY_12
+            | op::WRITE_VERIFY_16 => {
+                // BYTCHK (bits 2-1): 00b verify the medium, 01b compare
+                // with the data-out; 10b/11b are not supported.
+                let bytchk = match (b[1] >> 1) & 0x03 {
+                    0 => false,
+                    1 => true,
+                    _ => return Err(Sense::INVALID_FIELD_IN_CDB.at_cdb(1, Some(2))),
+                };
+                if b[1] & 0x01 != 0 {
+                    return Err(Sense::INVALID_FIELD_IN_CDB.at_cdb(1, Some(0)));
+                }
+                let mut rw = rw_fields(&b, opcode);
+                rw.fua = false;
+                if matches!(opcode, op::VERIFY_10 | op::VERIFY_12 | op::VERIFY_16) {
+                    Cdb::Verify { rw, bytchk }
+                } else {
+                    Cdb::WriteVerify { rw, bytchk }
+                }
+            }
+            op::COMPARE_AND_WRITE => {
+                if b[1] & 0x01 != 0 {
+                    return Err(bad(1));
+                }
+                Cdb::CompareAndWrite {
+                    rw: Rw {
+                        lba: be64(&b, 2),
+                        blocks: u32::from(b[13]),
+                        protect: b[1] >> 5,
+                        fua: b[1] & 0x08 != 0,
+                    },
                 }
             }
             op::SYNC_CACHE_10 => Cdb::SyncCache {
@@ -248,23 +434,69 @@ impl Cdb {
             },
             op::UNMAP => {
                 if b[1] & 0x01 != 0 {
-                    // ANCHOR is not supported.
+                    // ANCHOR: anchoring is not advertised (ANC_SUP=0).
                     return Err(Sense::INVALID_FIELD_IN_CDB.at_cdb(1, Some(0)));
                 }
                 Cdb::Unmap {
                     param_len: be16(&b, 7),
                 }
             }
-            op::WRITE_SAME_16 => {
-                if b[1] & 0xE6 != 0 {
-                    // WRPROTECT, ANCHOR and reserved bits are not supported.
+            op::WRITE_SAME_10 | op::WRITE_SAME_16 => {
+                let sixteen = opcode == op::WRITE_SAME_16;
+                if b[1] & 0xE0 != 0 {
+                    // WRPROTECT: the pattern carries no PI.
+                    return Err(Sense::INVALID_FIELD_IN_CDB.at_cdb(1, Some(7)));
+                }
+                if b[1] & 0x10 != 0 {
+                    // ANCHOR: anchoring is not advertised (ANC_SUP=0).
+                    return Err(Sense::INVALID_FIELD_IN_CDB.at_cdb(1, Some(4)));
+                }
+                if b[1] & 0x04 != 0 {
+                    // PBDATA: physical sector addresses are not inserted.
+                    return Err(Sense::INVALID_FIELD_IN_CDB.at_cdb(1, Some(2)));
+                }
+                if !sixteen && b[1] & 0x01 != 0 {
+                    // Obsolete in WRITE SAME(10).
+                    return Err(Sense::INVALID_FIELD_IN_CDB.at_cdb(1, Some(0)));
+                }
+                let unmap = b[1] & 0x08 != 0;
+                let lbdata = b[1] & 0x02 != 0;
+                let ndob = sixteen && b[1] & 0x01 != 0;
+                if lbdata && (unmap || ndob) {
+                    // LBDATA changes the pattern per block: no unmapping,
+                    // and there is no pattern without a data-out buffer.
+                    return Err(Sense::INVALID_FIELD_IN_CDB.at_cdb(1, Some(1)));
+                }
+                Cdb::WriteSame {
+                    lba: if sixteen {
+                        be64(&b, 2)
+                    } else {
+                        u64::from(be32(&b, 2))
+                    },
+                    blocks: if sixteen { be32(&b, 10) } else { be16(&b, 7) },
+                    unmap,
+                    ndob,
+                    lbdata,
+                }
+            }
+            op::PR_IN => Cdb::PrIn {
+                sa: b[1] & 0x1F,
+                alloc: be16(&b, 7),
+            },
+            op::PR_OUT => Cdb::PrOut {
+                sa: b[1] & 0x1F,
+                scope_type: b[2],
+                param_len: be32(&b, 5),
+            },
+            op::RESERVE_6 | op::RELEASE_6 => {
+                if b[1] & 0x1F != 0 {
+                    // Third-party and extent reservations (SPC-2) are not supported.
                     return Err(bad(1));
                 }
-                Cdb::WriteSame16 {
-                    lba: be64(&b, 2),
-                    blocks: be32(&b, 10),
-                    unmap: b[1] & 0x08 != 0,
-                    ndob: b[1] & 0x01 != 0,
+                if opcode == op::RESERVE_6 {
+                    Cdb::Reserve6
+                } else {
+                    Cdb::Release6
                 }
             }
             op::REPORT_LUNS => {
@@ -279,6 +511,20 @@ impl Cdb {
             }
             _ => return Err(Sense::INVALID_OPCODE),
         })
+    }
+}
+
+/// CDBs the tests of several modules build.
+#[cfg(test)]
+pub(crate) mod build {
+    /// WRITE SAME(16) with byte 1 `flags`.
+    pub(crate) fn write_same16(flags: u8, lba: u64, blocks: u32) -> [u8; 16] {
+        let mut c = [0u8; 16];
+        c[0] = super::op::WRITE_SAME_16;
+        c[1] = flags;
+        c[2..10].copy_from_slice(&lba.to_be_bytes());
+        c[10..14].copy_from_slice(&blocks.to_be_bytes());
+        c
     }
 }
 

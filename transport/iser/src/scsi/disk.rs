@@ -3,10 +3,14 @@
 //! Commands that touch the medium come back as a [`BlockIo`] plan that
 //! the target core runs on the bdev `IoChannel`.
 
+use std::cell::Cell;
+use std::sync::Arc;
+
 use pollux_bdev::{BdevInfo, PiType};
 
 use super::cdb::{Cdb, Rw};
-use super::commands::{capacity, inquiry, mode_sense};
+use super::commands::{capacity, inquiry, mode_sense, opcodes};
+use super::reservation::{conflicts, Access, Class, ItNexus, LunShared, PR_OUT_PARAM_LEN};
 use super::sense::Sense;
 
 /// Vendor identification (8 bytes, space padded).
@@ -77,6 +81,11 @@ impl DiskInfo {
         }
     }
 
+    /// VPD B0 MAXIMUM UNMAP LBA COUNT: [`UNMAP_MAX_BYTES`] of blocks.
+    pub fn max_unmap_blocks(&self) -> u32 {
+        u32::try_from(UNMAP_MAX_BYTES / u64::from(self.block_size.max(1))).unwrap_or(u32::MAX)
+    }
+
     /// Bytes of one block on the wire when PI travels with it.
     pub fn wire_block(&self, pi_on_wire: bool) -> u32 {
         self.block_size + if pi_on_wire { 8 } else { 0 }
@@ -123,6 +132,45 @@ pub enum BlockOp {
     Unmap,
     /// Write zeroes.
     WriteZeroes,
+    /// Read the blocks and check them (PI), without data-in: VERIFY with
+    /// BYTCHK 0.
+    VerifyMedium,
+    /// Compare the data-out with the medium: VERIFY with BYTCHK 1.
+    Compare,
+    /// Write, then read back and compare: WRITE AND VERIFY with BYTCHK 1.
+    WriteCompare,
+    /// COMPARE AND WRITE: the data-out holds the verify blocks, then the
+    /// write blocks; the write happens only when the medium matches.
+    CompareAndWrite,
+    /// WRITE SAME with a pattern: the data-out is one block, written to
+    /// every block of the range.
+    WriteSame {
+        /// LBDATA: each block carries its LBA in its first 4 bytes.
+        lbdata: bool,
+    },
+}
+
+impl BlockOp {
+    /// Whether the target runs it as several bdev operations on the task
+    /// buffer (see `target::steps`).
+    pub fn is_multi_step(self) -> bool {
+        matches!(
+            self,
+            BlockOp::VerifyMedium
+                | BlockOp::Compare
+                | BlockOp::WriteCompare
+                | BlockOp::CompareAndWrite
+                | BlockOp::WriteSame { .. }
+        )
+    }
+
+    /// Whether the command's blocks come from the initiator.
+    pub fn has_data_out(self) -> bool {
+        matches!(
+            self,
+            BlockOp::Write | BlockOp::Compare | BlockOp::WriteCompare | BlockOp::CompareAndWrite
+        )
+    }
 }
 
 /// A medium operation planned by [`Disk::exec`].
@@ -145,6 +193,8 @@ impl BlockIo {
             BlockOp::Read | BlockOp::Write => {
                 self.blocks * u64::from(info.wire_block(self.pi.on_wire()))
             }
+            BlockOp::Compare | BlockOp::WriteCompare => self.blocks * u64::from(info.block_size),
+            BlockOp::CompareAndWrite => 2 * self.blocks * u64::from(info.block_size),
             _ => 0,
         }
     }
@@ -164,11 +214,17 @@ pub enum Action {
     NeedData(u32),
 }
 
-/// The SCSI side of one LUN.
+/// The SCSI side of one LUN as one I_T nexus sees it.
 #[derive(Debug, Clone)]
 pub struct Disk {
     /// What it advertises.
     pub info: DiskInfo,
+    /// What the sessions of the LU share (reservations, COMPARE AND WRITE).
+    shared: Arc<LunShared>,
+    /// This session's I_T nexus.
+    nexus: ItNexus,
+    /// This nexus's access and the reservation epoch it was computed at.
+    access: Cell<(u64, Access)>,
 }
 
 fn check_range(info: &DiskInfo, lba: u64, blocks: u64) -> Result<(), Sense> {
@@ -178,10 +234,136 @@ fn check_range(info: &DiskInfo, lba: u64, blocks: u64) -> Result<(), Sense> {
     }
 }
 
+/// How a command meets a reservation (SPC-4 §5.13.1, table of commands
+/// allowed in the presence of reservations).
+fn class_of(cmd: &Cdb) -> Class {
+    match cmd {
+        Cdb::Inquiry { .. }
+        | Cdb::ReportLuns { .. }
+        | Cdb::RequestSense { .. }
+        | Cdb::ReportOpcodes { .. }
+        | Cdb::Release6 => Class::Exempt,
+        Cdb::TestUnitReady
+        | Cdb::ReadCapacity10
+        | Cdb::ReadCapacity16 { .. }
+        | Cdb::ModeSense { .. }
+        | Cdb::PrIn { .. }
+        | Cdb::PrOut { .. }
+        | Cdb::Reserve6 => Class::Status,
+        Cdb::Read(_) | Cdb::Verify { .. } | Cdb::GetLbaStatus { .. } => Class::Read,
+        Cdb::Write(_)
+        | Cdb::WriteVerify { .. }
+        | Cdb::CompareAndWrite { .. }
+        | Cdb::WriteSame { .. }
+        | Cdb::Unmap { .. }
+        | Cdb::SyncCache { .. }
+        | Cdb::StartStopUnit => Class::Write,
+    }
+}
+
+/// Blocks a WRITE SAME covers: NUMBER OF LOGICAL BLOCKS, or with 0
+/// (WSNZ=0) every block from `lba` to the end of the medium.
+fn write_same_blocks(info: &DiskInfo, lba: u64, blocks: u32) -> Result<u64, Sense> {
+    if lba >= info.num_blocks {
+        return Err(Sense::LBA_OUT_OF_RANGE.with_info(lba));
+    }
+    if blocks == 0 {
+        return Ok(info.num_blocks - lba);
+    }
+    if blocks > WRITE_SAME_MAX_BLOCKS {
+        return Err(Sense::INVALID_FIELD_IN_CDB.at_cdb(10, None));
+    }
+    check_range(info, lba, u64::from(blocks))?;
+    Ok(u64::from(blocks))
+}
+
 impl Disk {
-    /// A disk advertising `info`.
+    /// A disk advertising `info`, alone on its LU (its own reservations).
     pub fn new(info: DiskInfo) -> Disk {
-        Disk { info }
+        Disk::shared(info, Arc::new(LunShared::default()), ItNexus::default())
+    }
+
+    /// A disk advertising `info` to I_T nexus `nexus`, on the LU whose
+    /// sessions share `shared`.
+    pub fn shared(info: DiskInfo, shared: Arc<LunShared>, nexus: ItNexus) -> Disk {
+        Disk {
+            info,
+            shared,
+            nexus,
+            access: Cell::new((u64::MAX, Access::All)),
+        }
+    }
+
+    /// What the sessions of this LU share.
+    pub fn lun(&self) -> &Arc<LunShared> {
+        &self.shared
+    }
+
+    /// This session ends: its RESERVE(6) reservation goes (control path).
+    pub fn end_nexus(&self) {
+        self.shared.change(|r| r.nexus_lost(&self.nexus));
+    }
+
+    /// This nexus's access: one atomic load while no reservation changed;
+    /// the shared state is read (under its mutex) only after a change.
+    fn access(&self) -> Access {
+        let epoch = self.shared.epoch();
+        let (seen, a) = self.access.get();
+        if seen == epoch {
+            return a;
+        }
+        let a = self.shared.lock().access(&self.nexus);
+        self.access.set((epoch, a));
+        a
+    }
+
+    /// The PI handling of a command that moves plain blocks only (VERIFY
+    /// with BYTCHK, WRITE AND VERIFY with BYTCHK, COMPARE AND WRITE):
+    /// PROTECT must be 000b.
+    fn plain_pi(&self, protect: u8) -> Result<PiMode, Sense> {
+        if protect != 0 {
+            return Err(Sense::INVALID_FIELD_IN_CDB.at_cdb(1, Some(7)));
+        }
+        Ok(if self.info.pi_type == 0 {
+            PiMode::None
+        } else {
+            PiMode::Strip
+        })
+    }
+
+    /// Blocks of one compare step: the data-out and the read-back both fit
+    /// in a task buffer (VPD B0 MAXIMUM TRANSFER LENGTH bytes of 520-byte
+    /// blocks).
+    pub fn max_compare_blocks(&self) -> u32 {
+        let cap =
+            u64::from(self.info.max_transfer_blocks) * u64::from(self.info.block_size) / 512 * 520;
+        let per = u64::from(self.info.block_size) + u64::from(self.info.buf_block_size);
+        u32::try_from(cap / per).unwrap_or(u32::MAX).max(1)
+    }
+
+    fn compare_io(&self, rw: &Rw, op: BlockOp, write: bool) -> Result<Action, Sense> {
+        if write && !self.info.writable {
+            return Err(Sense::WRITE_PROTECTED);
+        }
+        let pi = self.plain_pi(rw.protect)?;
+        let len_byte = if matches!(op, BlockOp::CompareAndWrite) {
+            13
+        } else {
+            7
+        };
+        if rw.blocks > self.max_compare_blocks() {
+            return Err(Sense::INVALID_FIELD_IN_CDB.at_cdb(len_byte, None));
+        }
+        check_range(&self.info, rw.lba, u64::from(rw.blocks))?;
+        if rw.blocks == 0 {
+            return Ok(Action::Good);
+        }
+        Ok(Action::Io(BlockIo {
+            op,
+            lba: rw.lba,
+            blocks: u64::from(rw.blocks),
+            pi,
+        }))
     }
 
     fn pi_mode(&self, protect: u8) -> Result<PiMode, Sense> {
@@ -247,6 +429,9 @@ impl Disk {
     /// The sense to report with CHECK CONDITION.
     pub fn exec(&self, cdb: &[u8], out: &mut [u8]) -> Result<Action, Sense> {
         let cmd = Cdb::parse(cdb)?;
+        if conflicts(self.access(), class_of(&cmd)) {
+            return Err(Sense::RESERVATION_CONFLICT);
+        }
         let info = &self.info;
         let fit = |n: usize, alloc: u32| n.min(alloc as usize).min(out.len());
         match cmd {
@@ -333,34 +518,124 @@ impl Disk {
                     n => Ok(Action::NeedData(n.min(8 + 16 * UNMAP_MAX_DESCRIPTORS))),
                 }
             }
-            Cdb::WriteSame16 {
+            Cdb::WriteSame {
                 lba,
                 blocks,
                 unmap,
                 ndob,
+                ..
             } => {
                 if !info.writable {
                     return Err(Sense::WRITE_PROTECTED);
                 }
-                if (unmap && !info.unmap) || blocks == 0 || blocks > WRITE_SAME_MAX_BLOCKS {
+                if unmap && !info.unmap {
                     return Err(Sense::INVALID_FIELD_IN_CDB.at_cdb(1, Some(3)));
                 }
-                check_range(info, lba, u64::from(blocks))?;
-                let io = BlockIo {
-                    op: if unmap {
-                        BlockOp::Unmap
-                    } else {
-                        BlockOp::WriteZeroes
-                    },
-                    lba,
-                    blocks: u64::from(blocks),
-                    pi: PiMode::None,
-                };
+                let n = write_same_blocks(info, lba, blocks)?;
                 if ndob {
-                    Ok(Action::Io(io))
+                    Ok(Action::Io(BlockIo {
+                        op: if unmap {
+                            BlockOp::Unmap
+                        } else {
+                            BlockOp::WriteZeroes
+                        },
+                        lba,
+                        blocks: n,
+                        pi: PiMode::None,
+                    }))
                 } else {
                     Ok(Action::NeedData(info.block_size))
                 }
+            }
+            Cdb::Verify { rw, bytchk: true } => self.compare_io(&rw, BlockOp::Compare, false),
+            Cdb::Verify { rw, bytchk: false } => {
+                let pi = self.plain_pi(rw.protect)?;
+                if rw.blocks > info.max_transfer_blocks {
+                    return Err(Sense::INVALID_FIELD_IN_CDB.at_cdb(7, None));
+                }
+                check_range(info, rw.lba, u64::from(rw.blocks))?;
+                if rw.blocks == 0 {
+                    return Ok(Action::Good);
+                }
+                Ok(Action::Io(BlockIo {
+                    op: BlockOp::VerifyMedium,
+                    lba: rw.lba,
+                    blocks: u64::from(rw.blocks),
+                    pi,
+                }))
+            }
+            Cdb::WriteVerify { rw, bytchk: true } => {
+                self.compare_io(&rw, BlockOp::WriteCompare, true)
+            }
+            // The write completes on the medium (FUA) before GOOD: the
+            // medium verification BYTCHK 0 asks for.
+            Cdb::WriteVerify { rw, bytchk: false } => self.rw(&Rw { fua: true, ..rw }, true),
+            Cdb::CompareAndWrite { rw } => {
+                if rw.blocks > COMPARE_AND_WRITE_MAX_BLOCKS {
+                    return Err(Sense::INVALID_FIELD_IN_CDB.at_cdb(13, None));
+                }
+                self.compare_io(&rw, BlockOp::CompareAndWrite, true)
+            }
+            Cdb::GetLbaStatus { lba, alloc } => {
+                if lba >= info.num_blocks {
+                    return Err(Sense::LBA_OUT_OF_RANGE.with_info(lba));
+                }
+                // One descriptor: the blocks from `lba` on are mapped or
+                // of unknown state (provisioning status 0h): the bdevs do
+                // not report what they have deallocated.
+                let mut b = [0u8; 24];
+                b[..4].copy_from_slice(&20u32.to_be_bytes());
+                b[8..16].copy_from_slice(&lba.to_be_bytes());
+                let n = u32::try_from(info.num_blocks - lba).unwrap_or(u32::MAX);
+                b[16..20].copy_from_slice(&n.to_be_bytes());
+                let n2 = fit(b.len(), alloc);
+                out[..n2].copy_from_slice(&b[..n2]);
+                Ok(Action::DataIn(n2))
+            }
+            Cdb::PrIn { sa, alloc } => {
+                let mut buf = [0u8; 512];
+                let n = self.shared.lock().read(sa, &mut buf)?;
+                let n2 = fit(n.min(buf.len()), alloc);
+                out[..n2].copy_from_slice(&buf[..n2]);
+                Ok(Action::DataIn(n2))
+            }
+            Cdb::PrOut { sa, param_len, .. } => {
+                use super::reservation::out_sa;
+                if !matches!(
+                    sa,
+                    out_sa::REGISTER
+                        | out_sa::RESERVE
+                        | out_sa::RELEASE
+                        | out_sa::CLEAR
+                        | out_sa::PREEMPT
+                        | out_sa::REGISTER_AND_IGNORE
+                ) {
+                    return Err(Sense::INVALID_FIELD_IN_CDB.at_cdb(1, Some(4)));
+                }
+                if param_len != PR_OUT_PARAM_LEN {
+                    return Err(Sense::PARAM_LIST_LENGTH);
+                }
+                Ok(Action::NeedData(param_len))
+            }
+            Cdb::Reserve6 => {
+                self.shared.change(|r| r.reserve6(&self.nexus))?;
+                Ok(Action::Good)
+            }
+            Cdb::Release6 => {
+                self.shared.change(|r| r.release6(&self.nexus))?;
+                Ok(Action::Good)
+            }
+            Cdb::ReportOpcodes {
+                options,
+                opcode,
+                sa,
+                alloc,
+            } => {
+                let mut buf = [0u8; 512];
+                let n = opcodes::report(options, opcode, sa, info.unmap, &mut buf)?;
+                let n2 = fit(n, alloc);
+                out[..n2].copy_from_slice(&buf[..n2]);
+                Ok(Action::DataIn(n2))
             }
             Cdb::ReportLuns { .. } => Err(Sense::INVALID_OPCODE), // answered by the target, which knows the LUNs
         }
@@ -374,7 +649,9 @@ impl Disk {
     pub fn exec_with_data(&self, cdb: &[u8], data: &[u8]) -> Result<Action, Sense> {
         match Cdb::parse(cdb)? {
             Cdb::Unmap { .. } => {
-                let Some((lba, blocks)) = super::commands::unmap::parse(data)? else {
+                let Some((lba, blocks)) =
+                    super::commands::unmap::parse(data, self.info.max_unmap_blocks())?
+                else {
                     return Ok(Action::Good);
                 };
                 check_range(&self.info, lba, blocks)?;
@@ -385,23 +662,41 @@ impl Disk {
                     pi: PiMode::None,
                 }))
             }
-            Cdb::WriteSame16 {
-                lba, blocks, unmap, ..
+            Cdb::WriteSame {
+                lba,
+                blocks,
+                unmap,
+                lbdata,
+                ..
             } => {
-                if data.iter().any(|&b| b != 0) {
-                    // Only the zero pattern is supported (documented limit).
-                    return Err(Sense::INVALID_FIELD_IN_PARAM);
+                let n = write_same_blocks(&self.info, lba, blocks)?;
+                if data.len() < self.info.block_size as usize {
+                    return Err(Sense::PARAM_LIST_LENGTH);
                 }
+                let zero = !lbdata && data.iter().all(|&b| b == 0);
+                let op = match (zero, unmap) {
+                    // Unmapped blocks read back as zeroes (LBPRZ).
+                    (true, true) => BlockOp::Unmap,
+                    (true, false) => BlockOp::WriteZeroes,
+                    // Any other pattern is written, UNMAP or not.
+                    (false, _) => BlockOp::WriteSame { lbdata },
+                };
+                let pi = if matches!(op, BlockOp::WriteSame { .. }) && self.info.pi_type != 0 {
+                    PiMode::Strip
+                } else {
+                    PiMode::None
+                };
                 Ok(Action::Io(BlockIo {
-                    op: if unmap {
-                        BlockOp::Unmap
-                    } else {
-                        BlockOp::WriteZeroes
-                    },
+                    op,
                     lba,
-                    blocks: u64::from(blocks),
-                    pi: PiMode::None,
+                    blocks: n,
+                    pi,
                 }))
+            }
+            Cdb::PrOut { sa, scope_type, .. } => {
+                self.shared
+                    .change(|r| r.out(&self.nexus, sa, scope_type, data))?;
+                Ok(Action::Good)
             }
             _ => Err(Sense::INVALID_OPCODE),
         }
@@ -410,10 +705,18 @@ impl Disk {
 
 /// UNMAP block descriptors accepted per command (VPD B0).
 pub const UNMAP_MAX_DESCRIPTORS: u32 = 1;
-/// Largest UNMAP range in blocks (VPD B0).
-pub const UNMAP_MAX_BLOCKS: u32 = 1 << 22;
+/// Largest UNMAP in bytes: VPD B0 MAXIMUM UNMAP LBA COUNT is this many
+/// bytes of blocks (1,048,576 blocks of 512 B, 131,072 of 4 KiB). Linux
+/// keeps a discard in one bio whose size is a 32-bit byte count, so a
+/// count above 4 GiB of blocks (the former 4,194,304 blocks of 4 KiB)
+/// cannot be used as advertised; 512 MiB is what LIO's default
+/// (`max_unmap_lba_count` of its file backend, 2^20 blocks of 512 B) lets
+/// initiators send, and Linux, ESXi and Windows accept it.
+pub const UNMAP_MAX_BYTES: u64 = 512 << 20;
 /// Largest WRITE SAME range in blocks (VPD B0).
 pub const WRITE_SAME_MAX_BLOCKS: u32 = 1 << 22;
+/// Largest COMPARE AND WRITE in blocks (VPD B0, as Linux's LIO: one).
+pub const COMPARE_AND_WRITE_MAX_BLOCKS: u32 = 1;
 
 #[cfg(test)]
 mod tests;

@@ -6,6 +6,7 @@ pub mod cdb;
 pub mod commands;
 pub mod disk;
 pub mod pi;
+pub mod reservation;
 pub mod sense;
 
 pub use cdb::{Cdb, Rw};

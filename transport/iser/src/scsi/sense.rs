@@ -6,6 +6,8 @@ pub const GOOD: u8 = 0x00;
 pub const CHECK_CONDITION: u8 = 0x02;
 /// SCSI status: BUSY.
 pub const BUSY: u8 = 0x08;
+/// SCSI status: RESERVATION CONFLICT.
+pub const RESERVATION_CONFLICT: u8 = 0x18;
 /// SCSI status: TASK SET FULL.
 pub const TASK_SET_FULL: u8 = 0x28;
 /// SCSI status: TASK ABORTED.
@@ -95,6 +97,25 @@ impl Sense {
     pub const TRANSFER_FAILED: Sense = Sense::new(key::ABORTED_COMMAND, 0x47, 0x05);
     /// UNIT ATTENTION 29/00: power on, reset.
     pub const POWER_ON: Sense = Sense::new(key::UNIT_ATTENTION, 0x29, 0x00);
+    /// MISCOMPARE 1D/00: miscompare during verify operation (INFORMATION:
+    /// the offset of the first differing byte in the data-out buffer).
+    pub const MISCOMPARE: Sense = Sense::new(key::MISCOMPARE, 0x1D, 0x00);
+    /// ILLEGAL REQUEST 26/04: invalid release of persistent reservation.
+    pub const INVALID_RELEASE: Sense = Sense::new(key::ILLEGAL_REQUEST, 0x26, 0x04);
+    /// Not a sense condition: the RESERVATION CONFLICT status (0x18),
+    /// answered without sense data. Carried where a command's error goes
+    /// so that every command path can return it; [`Sense::status`] tells.
+    pub const RESERVATION_CONFLICT: Sense = Sense::new(0xFF, 0, 0);
+
+    /// The SCSI status this condition is answered with: CHECK CONDITION
+    /// (with sense data), or RESERVATION CONFLICT (without).
+    pub fn status(&self) -> u8 {
+        if *self == Sense::RESERVATION_CONFLICT {
+            RESERVATION_CONFLICT
+        } else {
+            CHECK_CONDITION
+        }
+    }
 
     /// The same condition with the INFORMATION field set.
     pub const fn with_info(mut self, info: u64) -> Sense {

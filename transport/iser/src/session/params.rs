@@ -42,7 +42,12 @@ impl Default for TargetLimits {
         TargetLimits {
             max_burst: 1 << 20,
             first_burst: 64 << 10,
-            initial_r2t: false,
+            // InitialR2T=Yes (the RFC 7143 default, and LIO's): the
+            // initiator sends no unsolicited Data-Out; everything past the
+            // immediate data is solicited (an RDMA READ on iSER). A common
+            // iSER initiator crashed on its first write larger than the
+            // immediate data with InitialR2T=No.
+            initial_r2t: true,
             immediate_data: true,
             recv_dsl: 8192,
             queue_depth: 128,
@@ -351,7 +356,8 @@ mod tests {
         assert_eq!(answer("MaxBurstLength", "16776192").2, "1048576");
         assert_eq!(answer("MaxBurstLength", "4096").2, "4096");
         assert_eq!(answer("FirstBurstLength", "262144").2, "65536");
-        assert_eq!(answer("InitialR2T", "No").2, "No");
+        // The default target wants InitialR2T=Yes: OR gives Yes.
+        assert_eq!(answer("InitialR2T", "No").2, "Yes");
         assert_eq!(answer("InitialR2T", "Yes").2, "Yes");
         assert_eq!(answer("ImmediateData", "No").2, "No");
         assert_eq!(answer("ErrorRecoveryLevel", "2").2, "0");
@@ -366,6 +372,27 @@ mod tests {
         let (_, p, v) = answer("TargetRecvDataSegmentLength", "65536");
         assert_eq!((p.initiator_send_dsl, v.as_str()), (8192, "8192"));
         assert_eq!(answer("TargetAlias", "x").0, Ok(false));
+    }
+
+    #[test]
+    fn initial_r2t_defaults_to_yes_and_negotiates_by_or() {
+        assert!(TargetLimits::default().initial_r2t);
+        let no = TargetLimits {
+            initial_r2t: false,
+            ..TargetLimits::default()
+        };
+        for (ours, theirs, result) in [
+            (&no, "No", "No"),
+            (&no, "Yes", "Yes"),
+            (&TargetLimits::default(), "No", "Yes"),
+            (&TargetLimits::default(), "Yes", "Yes"),
+        ] {
+            let mut p = SessionParams::default();
+            let mut out = Vec::new();
+            assert_eq!(p.negotiate("InitialR2T", theirs, ours, &mut out), Ok(true));
+            assert_eq!(parse_text(&out).unwrap()[0].1, result, "{theirs}");
+            assert_eq!(p.initial_r2t, result == "Yes");
+        }
     }
 
     #[test]
@@ -430,7 +457,7 @@ mod tests {
         }
         assert_eq!(ip.max_burst, tp.max_burst);
         assert_eq!(ip.first_burst, 65536);
-        assert!(!ip.initial_r2t && ip.immediate_data && ip.rdma_extensions);
+        assert!(ip.initial_r2t && ip.immediate_data && ip.rdma_extensions);
         assert_eq!(ip.initiator_send_dsl, 8192);
         assert!(ip.apply_answer("RDMAExtensions", "No").is_err());
         assert!(ip.apply_answer("Foo", "NotUnderstood").is_err());

@@ -16,6 +16,7 @@ use thiserror::Error;
 
 use super::sessions::{Nexus, SessionTable};
 
+use crate::scsi::reservation::LunShared;
 use crate::session::{LoginEnv, LoginStatus, LoginTargetInfo, TargetLimits};
 
 /// A control-path error.
@@ -90,6 +91,9 @@ pub struct IscsiTarget {
     sessions: Mutex<SessionTable>,
     reinstated: AtomicU64,
     pool: BufPool,
+    /// What the sessions of each (node, LUN) share (reservations, the
+    /// COMPARE AND WRITE gate): looked up at login, never per I/O.
+    lun_shared: Mutex<Vec<(String, u16, Arc<LunShared>)>>,
 }
 
 impl IscsiTarget {
@@ -119,6 +123,7 @@ impl IscsiTarget {
             sessions: Mutex::new(SessionTable::default()),
             reinstated: AtomicU64::new(0),
             pool,
+            lun_shared: Mutex::new(Vec::new()),
         }))
     }
 
@@ -219,6 +224,18 @@ impl IscsiTarget {
         }
         nodes.push(Arc::new(node));
         Ok(())
+    }
+
+    /// What the sessions of LUN `lun` of node `node` share (made at the
+    /// first login that sees it; control path).
+    pub fn lun_shared(&self, node: &str, lun: u16) -> Arc<LunShared> {
+        let mut all = Self::lock(&self.lun_shared);
+        if let Some((_, _, s)) = all.iter().find(|(n, l, _)| n == node && *l == lun) {
+            return Arc::clone(s);
+        }
+        let s = Arc::new(LunShared::default());
+        all.push((node.to_string(), lun, Arc::clone(&s)));
+        s
     }
 
     /// The node named `name`.

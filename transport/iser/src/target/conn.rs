@@ -38,6 +38,7 @@ use crate::pdu::{
 };
 use crate::scsi::commands::report_luns::report_luns;
 use crate::scsi::disk::{Action, BlockIo, BlockOp, Disk, DiskInfo, PiMode};
+use crate::scsi::reservation::ItNexus;
 use crate::scsi::sense::{self, Sense};
 use crate::scsi::{cdb::op, pi};
 use crate::session::{CmdSnCheck, CmdWindow, LoginOutcome, LoginStep, SessionType, TargetLogin};
@@ -63,6 +64,8 @@ enum TaskState {
     /// RDMA WRITE of Data-In in flight: the task buffer is the source
     /// until it completes, so the response (and the task's reuse) waits.
     Writing,
+    /// A COMPARE AND WRITE waiting for its LU's gate (another one runs).
+    AwaitGate,
     /// At the bdev.
     Bdev,
     /// Data and response to send (retried on back-pressure).
@@ -99,6 +102,14 @@ struct Task {
     immediate: bool,
     /// Answer TASK SET FULL (no buffer for its unsolicited data).
     full: bool,
+    /// Step of a multi-step medium command (verify, compare, WRITE SAME).
+    step: u8,
+    /// Blocks done of a WRITE SAME with a pattern.
+    done: u64,
+    /// The last bdev operation: (write, LBA, blocks).
+    last: (bool, u64, usize),
+    /// Holds its LU's COMPARE AND WRITE gate.
+    caw: bool,
 }
 
 impl Task {
@@ -125,6 +136,10 @@ impl Task {
             final_: false,
             immediate: false,
             full: false,
+            step: 0,
+            done: 0,
+            last: (false, 0, 0),
+            caw: false,
         }
     }
 }
@@ -432,9 +447,17 @@ impl Connection {
                     unmap,
                     self.target.options().max_io_bytes,
                 );
+                let nexus = ItNexus {
+                    initiator: o.initiator_name.clone(),
+                    isid: o.isid,
+                    tpgt: o.info.tpgt,
+                };
+                let shared = self
+                    .target
+                    .lun_shared(o.target_name.as_deref().unwrap_or(""), id);
                 self.luns.push(LunState {
                     id,
-                    disk: Disk::new(info),
+                    disk: Disk::shared(info, shared, nexus),
                     ch,
                 });
             }
@@ -633,6 +656,9 @@ impl Connection {
         t.final_ = cmd.final_;
         t.immediate = cmd.immediate;
         t.full = false;
+        t.step = 0;
+        t.done = 0;
+        t.caw = false;
         if cmd.immediate {
             self.unexpected += 1;
         }
@@ -714,7 +740,7 @@ impl Connection {
             }
             Ok(Action::Io(io)) => {
                 t.io = Some(io);
-                if io.op == BlockOp::Write {
+                if io.op.has_data_out() {
                     let info = &self.luns[lun.unwrap_or(0)].disk.info;
                     let wire = io.wire_len(info);
                     if u64::from(edtl) != wire || !wflag {
@@ -849,6 +875,19 @@ impl Connection {
         if t.result.is_err() || t.io.is_none() {
             return self.respond(idx, ops);
         }
+        if t.io.is_some_and(|io| io.op == BlockOp::CompareAndWrite) && !t.caw {
+            let Some(lun) = t.lun.and_then(|l| self.luns.get(l)) else {
+                t.result = Err(Sense::LUN_NOT_SUPPORTED);
+                return self.respond(idx, ops);
+            };
+            if !lun.disk.lun().try_caw() {
+                // Another COMPARE AND WRITE on this LU: retried at each poll.
+                t.state = TaskState::AwaitGate;
+                self.retry.push_back(idx);
+                return;
+            }
+            t.caw = true;
+        }
         self.submit_io(idx, ops);
     }
 
@@ -857,6 +896,9 @@ impl Connection {
         let (Some(io), Some(l)) = (t.io, t.lun) else {
             return self.respond(idx, ops);
         };
+        if io.op.is_multi_step() {
+            return self.advance(idx, ops);
+        }
         let lun = &self.luns[l];
         let info = &lun.disk.info;
         let bbs = info.buf_block_size as usize;
@@ -889,6 +931,10 @@ impl Connection {
             BlockOp::Flush => pollux_bdev::IoType::Flush,
             BlockOp::Unmap => pollux_bdev::IoType::Unmap,
             BlockOp::WriteZeroes => pollux_bdev::IoType::WriteZeroes,
+            _ => {
+                t.result = Err(Sense::INTERNAL_FAILURE);
+                return self.respond(idx, ops);
+            }
         };
         t.state = TaskState::Bdev;
         let ctx = u64::from(idx);
@@ -930,7 +976,8 @@ impl Connection {
         }
         let io = t.io;
         if let Err(e) = status {
-            let read = io.is_some_and(|i| i.op == BlockOp::Read);
+            let read =
+                io.is_some_and(|i| i.op == BlockOp::Read || (i.op.is_multi_step() && !t.last.0));
             t.result = Err(if let Some(s) = pi::sense_of(&e) {
                 // Found by the bdev's write-verify or read-verify.
                 self.stats.pi_errors += 1;
@@ -945,6 +992,9 @@ impl Connection {
                 }
             });
             return self.respond(idx, ops);
+        }
+        if io.is_some_and(|i| i.op.is_multi_step()) {
+            return self.advance(idx, ops);
         }
         if let (Some(io), Some(l)) = (io, t.lun) {
             if io.op == BlockOp::Read {
@@ -1019,6 +1069,7 @@ impl Connection {
                 }
                 sense::GOOD
             }
+            Err(s) if s.status() != sense::CHECK_CONDITION => s.status(),
             Err(s) => {
                 self.stats.check_conditions += 1;
                 let f = s.fixed();
@@ -1073,6 +1124,12 @@ impl Connection {
         t.state = TaskState::Free;
         t.slot = false;
         t.buf = None;
+        if t.caw {
+            t.caw = false;
+            if let Some(lun) = t.lun.and_then(|l| self.luns.get(l)) {
+                lun.disk.lun().end_caw();
+            }
+        }
         if t.immediate {
             t.immediate = false;
             self.unexpected = self.unexpected.saturating_sub(1);
@@ -1126,6 +1183,7 @@ impl Connection {
             busy = true;
             match self.tasks[usize::from(idx)].state {
                 TaskState::AwaitDataOut => self.continue_data(idx, ops),
+                TaskState::AwaitGate => self.data_ready(idx, ops),
                 TaskState::Respond => self.respond(idx, ops),
                 _ => {}
             }
@@ -1140,6 +1198,17 @@ impl Connection {
 
 impl Drop for Connection {
     fn drop(&mut self) {
+        for t in &mut self.tasks {
+            if t.caw {
+                t.caw = false;
+                if let Some(lun) = t.lun.and_then(|l| self.luns.get(l)) {
+                    lun.disk.lun().end_caw();
+                }
+            }
+        }
+        for l in &self.luns {
+            l.disk.end_nexus();
+        }
         if let Some(tsih) = self.tsih.take() {
             self.target.end_session(tsih);
             // A retirement that raced with this connection's own end.
@@ -1147,6 +1216,8 @@ impl Drop for Connection {
         }
     }
 }
+
+mod steps;
 
 #[cfg(test)]
 mod tests;

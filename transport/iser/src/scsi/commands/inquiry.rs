@@ -1,7 +1,7 @@
 //! INQUIRY: standard data and the VPD pages 00h, 80h, 83h, B0h, B1h, B2h.
 
 use crate::scsi::disk::{
-    DiskInfo, UNMAP_MAX_BLOCKS, UNMAP_MAX_DESCRIPTORS, VENDOR, WRITE_SAME_MAX_BLOCKS,
+    DiskInfo, COMPARE_AND_WRITE_MAX_BLOCKS, UNMAP_MAX_DESCRIPTORS, VENDOR, WRITE_SAME_MAX_BLOCKS,
 };
 use crate::scsi::sense::Sense;
 
@@ -21,8 +21,17 @@ pub fn standard(info: &DiskInfo, b: &mut [u8]) -> usize {
     b[8..16].copy_from_slice(VENDOR);
     b[16..32].copy_from_slice(&info.product);
     b[32..36].copy_from_slice(b"0001");
+    // Version descriptors (SPC-4 §6.4.2, each "no version claimed"):
+    // without them an initiator takes the SBC-3 pages (Block Limits,
+    // thin provisioning) as unclaimed.
+    for (i, d) in VERSION_DESCRIPTORS.iter().enumerate() {
+        b[58 + 2 * i..60 + 2 * i].copy_from_slice(&d.to_be_bytes());
+    }
     LEN
 }
+
+/// Standard INQUIRY version descriptors: SAM-5, SPC-4, SBC-3, iSCSI.
+pub const VERSION_DESCRIPTORS: [u16; 4] = [0x00A0, 0x0460, 0x04C0, 0x0960];
 
 fn be16(b: &mut [u8], o: usize, v: u16) {
     b[o..o + 2].copy_from_slice(&v.to_be_bytes());
@@ -66,10 +75,15 @@ pub fn vpd(info: &DiskInfo, page: u8, b: &mut [u8]) -> Result<usize, Sense> {
             20 + 4 + n
         }
         0xB0 => {
+            // WSNZ=0: WRITE SAME with 0 blocks writes to the end of the
+            // medium.
+            b[4] = 0;
+            b[5] = COMPARE_AND_WRITE_MAX_BLOCKS as u8;
+            be16(b, 6, 1); // OPTIMAL TRANSFER LENGTH GRANULARITY
             be32(b, 8, info.max_transfer_blocks);
             be32(b, 12, info.max_transfer_blocks);
             if info.unmap {
-                be32(b, 20, UNMAP_MAX_BLOCKS);
+                be32(b, 20, info.max_unmap_blocks());
                 be32(b, 24, UNMAP_MAX_DESCRIPTORS);
                 be32(b, 28, 1);
             }

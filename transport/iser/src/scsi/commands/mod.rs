@@ -3,5 +3,6 @@
 pub mod capacity;
 pub mod inquiry;
 pub mod mode_sense;
+pub mod opcodes;
 pub mod report_luns;
 pub mod unmap;

@@ -1,16 +1,16 @@
 //! UNMAP parameter list.
 
-use crate::scsi::disk::{UNMAP_MAX_BLOCKS, UNMAP_MAX_DESCRIPTORS};
+use crate::scsi::disk::UNMAP_MAX_DESCRIPTORS;
 use crate::scsi::sense::Sense;
 
 /// Parse the parameter list: header (data length, descriptor length) and
-/// at most [`UNMAP_MAX_DESCRIPTORS`] descriptors. `None` when it has no
-/// descriptor.
+/// at most [`UNMAP_MAX_DESCRIPTORS`] descriptors of at most `max_blocks`
+/// blocks. `None` when it has no descriptor.
 ///
 /// # Errors
 /// ILLEGAL REQUEST 26/00 (inconsistent lengths, too many descriptors or
 /// blocks), 1A/00 (short list).
-pub fn parse(d: &[u8]) -> Result<Option<(u64, u64)>, Sense> {
+pub fn parse(d: &[u8], max_blocks: u32) -> Result<Option<(u64, u64)>, Sense> {
     if d.len() < 8 {
         return Err(Sense::PARAM_LIST_LENGTH);
     }
@@ -31,7 +31,7 @@ pub fn parse(d: &[u8]) -> Result<Option<(u64, u64)>, Sense> {
     l.copy_from_slice(&e[..8]);
     let lba = u64::from_be_bytes(l);
     let blocks = u32::from_be_bytes([e[8], e[9], e[10], e[11]]);
-    if blocks > UNMAP_MAX_BLOCKS {
+    if blocks > max_blocks {
         return Err(Sense::INVALID_FIELD_IN_PARAM);
     }
     if blocks == 0 {

@@ -2,6 +2,9 @@
 
 use super::*;
 use pollux_bdev::BdevInfo;
+use std::sync::Arc;
+
+use crate::scsi::reservation::{ItNexus, LunShared};
 
 fn disk(pi: PiType, unmap: bool, writable: bool) -> Disk {
     let mut info = BdevInfo::new("d0", "Malloc disk", 512, 1 << 20).unwrap();
@@ -211,10 +214,13 @@ fn unmap_write_same_sync_and_misc() {
             ..
         }))
     ));
-    assert_eq!(
-        d.exec_with_data(&ws, &[1u8; 512]).unwrap_err().code(),
-        (5, 0x26, 0)
-    );
+    assert!(matches!(
+        d.exec_with_data(&ws, &[1u8; 512]),
+        Ok(Action::Io(BlockIo {
+            op: BlockOp::WriteSame { lbdata: false },
+            ..
+        }))
+    ));
     let nou = disk(PiType::None, false, true);
     assert_eq!(
         code(run(&nou, &unmap).0),
@@ -228,4 +234,290 @@ fn unmap_write_same_sync_and_misc() {
     );
     let (r, b) = run(&d, &[0x03, 0, 0, 0, 18, 0]);
     assert_eq!((r, b[0]), (Ok(Action::DataIn(18)), 0x70));
+}
+
+use crate::scsi::cdb::build::write_same16 as ws16;
+
+#[test]
+fn inquiry_claims_sam5_spc4_sbc3_iscsi() {
+    let d = disk(PiType::None, true, true);
+    let (_, b) = run(&d, &[0x12, 0, 0, 0, 96, 0]);
+    let v: Vec<u16> = b[58..74]
+        .chunks(2)
+        .map(|c| u16::from_be_bytes([c[0], c[1]]))
+        .collect();
+    assert_eq!(v, [0x00A0, 0x0460, 0x04C0, 0x0960, 0, 0, 0, 0]);
+}
+
+#[test]
+fn block_limits_values_initiators_accept() {
+    let d = disk(PiType::None, true, true);
+    let (_, b) = run(&d, &[0x12, 1, 0xB0, 0, 255, 0]);
+    let be32 = |o: usize| u32::from_be_bytes(b[o..o + 4].try_into().unwrap());
+    assert_eq!(b[4] & 1, 0, "WSNZ=0: 0 blocks means to the end");
+    assert_eq!(b[5], 1, "MAXIMUM COMPARE AND WRITE LENGTH");
+    assert_eq!(be32(20), 1 << 20, "MAXIMUM UNMAP LBA COUNT (512 MiB)");
+    assert_eq!(be32(24), 1, "MAXIMUM UNMAP BLOCK DESCRIPTOR COUNT");
+    let mut info = BdevInfo::new("d4k", "Malloc disk", 4096, 1 << 18).unwrap();
+    info = info.clone();
+    let d4 = Disk::new(DiskInfo::from_bdev(&info, true, true, 128 * 1024));
+    let (_, b) = run(&d4, &[0x12, 1, 0xB0, 0, 255, 0]);
+    assert_eq!(
+        u32::from_be_bytes(b[20..24].try_into().unwrap()),
+        1 << 17,
+        "512 MiB of 4 KiB blocks"
+    );
+    // An UNMAP descriptor above the advertised count is refused.
+    let mut pl = [0u8; 24];
+    pl[1] = 22;
+    pl[3] = 16;
+    pl[16..20].copy_from_slice(&((1u32 << 20) + 1).to_be_bytes());
+    let unmap = [0x42, 0, 0, 0, 0, 0, 0, 0, 24, 0];
+    assert_eq!(
+        d.exec_with_data(&unmap, &pl).map_err(|s| s.code()),
+        Err((5, 0x26, 0))
+    );
+}
+
+#[test]
+fn write_same_pattern_zero_length_and_refusals() {
+    let d = disk(PiType::None, true, true);
+    let last = (1u64 << 20) - 1;
+    // Any pattern is accepted and planned as a pattern write.
+    assert_eq!(run(&d, &ws16(0, 8, 4)).0, Ok(Action::NeedData(512)));
+    let pat = [0x5Au8; 512];
+    assert_eq!(
+        d.exec_with_data(&ws16(0, 8, 4), &pat),
+        Ok(Action::Io(BlockIo {
+            op: BlockOp::WriteSame { lbdata: false },
+            lba: 8,
+            blocks: 4,
+            pi: PiMode::None
+        }))
+    );
+    // A zero pattern becomes write zeroes, with UNMAP an unmap.
+    let zero = [0u8; 512];
+    let op = |r: Result<Action, Sense>| match r {
+        Ok(Action::Io(io)) => (io.op, io.lba, io.blocks),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        op(d.exec_with_data(&ws16(0, 8, 4), &zero)),
+        (BlockOp::WriteZeroes, 8, 4)
+    );
+    assert_eq!(
+        op(d.exec_with_data(&ws16(0x08, 8, 4), &zero)),
+        (BlockOp::Unmap, 8, 4)
+    );
+    // UNMAP with another pattern writes it.
+    assert_eq!(
+        op(d.exec_with_data(&ws16(0x08, 8, 4), &pat)).0,
+        BlockOp::WriteSame { lbdata: false }
+    );
+    // LBDATA: the pattern with the LBA in it.
+    assert_eq!(
+        op(d.exec_with_data(&ws16(0x02, 8, 4), &zero)).0,
+        BlockOp::WriteSame { lbdata: true }
+    );
+    // NUMBER OF LOGICAL BLOCKS 0: to the end of the medium (WSNZ=0).
+    assert_eq!(run(&d, &ws16(0, last - 1, 0)).0, Ok(Action::NeedData(512)));
+    assert_eq!(op(d.exec_with_data(&ws16(0, last - 1, 0), &pat)).2, 2);
+    assert_eq!(
+        op(run(&d, &ws16(0x01, 10, 0)).0),
+        (BlockOp::WriteZeroes, 10, last - 9)
+    );
+    // Out of range, 0 blocks included: 21/00 with the LBA.
+    let e = run(&d, &ws16(0, last + 1, 0)).0.unwrap_err();
+    assert_eq!((e.code(), e.info), ((5, 0x21, 0), Some(last + 1)));
+    assert_eq!(code(run(&d, &ws16(0, last, 2)).0), (5, 0x21, 0));
+    // ANCHOR (not advertised), PBDATA, WRPROTECT, LBDATA with UNMAP: 24/00.
+    for flags in [0x10, 0x04, 0x20, 0x0A, 0x03] {
+        assert_eq!(
+            code(run(&d, &ws16(flags, 0, 1)).0),
+            (5, 0x24, 0),
+            "{flags:#x}"
+        );
+    }
+    // WRITE SAME(10).
+    let ws10 = [0x41, 0x00, 0, 0, 0, 8, 0, 0, 4, 0];
+    assert_eq!(run(&d, &ws10).0, Ok(Action::NeedData(512)));
+    assert_eq!(
+        op(d.exec_with_data(&ws10, &pat)),
+        (BlockOp::WriteSame { lbdata: false }, 8, 4)
+    );
+    assert_eq!(
+        code(run(&d, &[0x41, 0x10, 0, 0, 0, 8, 0, 0, 4, 0]).0),
+        (5, 0x24, 0),
+        "WRITE SAME(10) ANCHOR"
+    );
+}
+
+#[test]
+fn new_block_commands_plan_their_io() {
+    let d = disk(PiType::None, true, true);
+    let io = |r: Result<Action, Sense>| match r {
+        Ok(Action::Io(io)) => (io.op, io.lba, io.blocks),
+        other => panic!("{other:?}"),
+    };
+    // READ(6) with 0 = 256 blocks, READ(12), WRITE(12), WRITE(6).
+    assert_eq!(
+        io(run(&d, &[0x08, 0x01, 0x00, 0x10, 0, 0]).0),
+        (BlockOp::Read, 0x10010, 256)
+    );
+    assert_eq!(
+        io(run(&d, &[0xA8, 0, 0, 0, 1, 0, 0, 0, 0, 8, 0, 0]).0),
+        (BlockOp::Read, 256, 8)
+    );
+    assert_eq!(
+        io(run(&d, &[0xAA, 0, 0, 0, 1, 0, 0, 0, 0, 8, 0, 0]).0),
+        (BlockOp::Write, 256, 8)
+    );
+    assert_eq!(
+        io(run(&d, &[0x0A, 0, 0, 5, 2, 0]).0),
+        (BlockOp::Write, 5, 2)
+    );
+    // VERIFY(10/12/16) with BYTCHK 0 and 1, WRITE AND VERIFY.
+    assert_eq!(
+        io(run(&d, &[0x2F, 0, 0, 0, 0, 9, 0, 0, 3, 0]).0),
+        (BlockOp::VerifyMedium, 9, 3)
+    );
+    assert_eq!(
+        io(run(&d, &[0x2F, 0x02, 0, 0, 0, 9, 0, 0, 3, 0]).0),
+        (BlockOp::Compare, 9, 3)
+    );
+    assert_eq!(
+        io(run(&d, &[0xAF, 0x02, 0, 0, 0, 9, 0, 0, 0, 3, 0, 0]).0),
+        (BlockOp::Compare, 9, 3)
+    );
+    let mut v16 = [0u8; 16];
+    v16[0] = 0x8F;
+    v16[9] = 9;
+    v16[13] = 3;
+    assert_eq!(io(run(&d, &v16).0), (BlockOp::VerifyMedium, 9, 3));
+    assert_eq!(
+        code(run(&d, &[0x2F, 0x04, 0, 0, 0, 9, 0, 0, 3, 0]).0),
+        (5, 0x24, 0),
+        "BYTCHK 10b"
+    );
+    assert_eq!(
+        run(&d, &[0x2F, 0, 0, 0, 0, 9, 0, 0, 0, 0]).0,
+        Ok(Action::Good)
+    );
+    assert_eq!(
+        io(run(&d, &[0x2E, 0x02, 0, 0, 0, 9, 0, 0, 3, 0]).0),
+        (BlockOp::WriteCompare, 9, 3)
+    );
+    assert_eq!(
+        io(run(&d, &[0x2E, 0, 0, 0, 0, 9, 0, 0, 3, 0]).0),
+        (BlockOp::Write, 9, 3)
+    );
+    // COMPARE AND WRITE: one block at most, 0 is a no-op.
+    let mut caw = [0u8; 16];
+    caw[0] = 0x89;
+    caw[9] = 7;
+    caw[13] = 1;
+    let r = run(&d, &caw).0;
+    assert_eq!(io(r), (BlockOp::CompareAndWrite, 7, 1));
+    if let Ok(Action::Io(b)) = r {
+        assert_eq!(b.wire_len(&d.info), 1024, "verify block + write block");
+    }
+    caw[13] = 2;
+    assert_eq!(code(run(&d, &caw).0), (5, 0x24, 0));
+    caw[13] = 0;
+    assert_eq!(run(&d, &caw).0, Ok(Action::Good));
+    let ro = disk(PiType::None, true, false);
+    caw[13] = 1;
+    assert_eq!(code(run(&ro, &caw).0), (7, 0x27, 0));
+}
+
+#[test]
+fn get_lba_status_reports_the_rest_mapped() {
+    let d = disk(PiType::None, true, true);
+    let mut c = [0u8; 16];
+    c[0] = 0x9E;
+    c[1] = 0x12;
+    c[2..10].copy_from_slice(&1000u64.to_be_bytes());
+    c[13] = 32;
+    let (_, b) = run(&d, &c);
+    assert_eq!(b.len(), 24);
+    assert_eq!(&b[..4], &20u32.to_be_bytes());
+    assert_eq!(u64::from_be_bytes(b[8..16].try_into().unwrap()), 1000);
+    assert_eq!(
+        u32::from_be_bytes(b[16..20].try_into().unwrap()),
+        (1 << 20) - 1000
+    );
+    assert_eq!(b[20] & 0x0F, 0, "mapped or unknown");
+    c[2..10].copy_from_slice(&(1u64 << 20).to_be_bytes());
+    assert_eq!(code(run(&d, &c).0), (5, 0x21, 0));
+}
+
+#[test]
+fn reservations_conflict_on_media_commands() {
+    let info = disk(PiType::None, true, true).info;
+    let lu = Arc::new(LunShared::default());
+    let nx = |i: u8| ItNexus {
+        initiator: "iqn.2024-01.io.pollux:host".into(),
+        isid: [0x80, 0, 0, 0, 0, i],
+        tpgt: 1,
+    };
+    let a = Disk::shared(info.clone(), lu.clone(), nx(1));
+    let b = Disk::shared(info, lu, nx(2));
+    let read = [0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0];
+    let write = [0x2A, 0, 0, 0, 0, 0, 0, 0, 1, 0];
+    assert!(matches!(run(&b, &write).0, Ok(Action::Io(_))));
+    // A: REGISTER key 0xA, RESERVE Exclusive Access.
+    let pr_out = |sa: u8, ty: u8| [0x5F, sa, ty, 0, 0, 0, 0, 0, 24, 0];
+    let mut p = [0u8; 24];
+    p[8..16].copy_from_slice(&0xAu64.to_be_bytes());
+    assert_eq!(run(&a, &pr_out(0, 0)).0, Ok(Action::NeedData(24)));
+    assert_eq!(a.exec_with_data(&pr_out(0, 0), &p), Ok(Action::Good));
+    let mut p = [0u8; 24];
+    p[..8].copy_from_slice(&0xAu64.to_be_bytes());
+    assert_eq!(a.exec_with_data(&pr_out(1, 3), &p), Ok(Action::Good));
+    // B: reads and writes conflict; INQUIRY, TEST UNIT READY and PR IN do not.
+    assert_eq!(run(&b, &read).0, Err(Sense::RESERVATION_CONFLICT));
+    assert_eq!(run(&b, &write).0, Err(Sense::RESERVATION_CONFLICT));
+    assert_eq!(Sense::RESERVATION_CONFLICT.status(), 0x18);
+    assert!(matches!(
+        run(&b, &[0x12, 0, 0, 0, 36, 0]).0,
+        Ok(Action::DataIn(_))
+    ));
+    assert_eq!(run(&b, &[0, 0, 0, 0, 0, 0]).0, Ok(Action::Good));
+    let (r, keys) = run(&b, &[0x5E, 0, 0, 0, 0, 0, 0, 0, 64, 0]);
+    assert_eq!(r, Ok(Action::DataIn(16)));
+    assert_eq!(&keys[8..16], &0xAu64.to_be_bytes());
+    // A itself is unaffected; after RELEASE B writes again.
+    assert!(matches!(run(&a, &write).0, Ok(Action::Io(_))));
+    assert_eq!(a.exec_with_data(&pr_out(2, 3), &p), Ok(Action::Good));
+    assert!(matches!(run(&b, &write).0, Ok(Action::Io(_))));
+    // PR OUT: bad length, unsupported service action (PREEMPT AND ABORT).
+    assert_eq!(
+        code(run(&a, &[0x5F, 0, 0, 0, 0, 0, 0, 0, 20, 0]).0),
+        (5, 0x1A, 0)
+    );
+    assert_eq!(code(run(&a, &pr_out(5, 3)).0), (5, 0x24, 0));
+    // RESERVE(6) by A: B's TEST UNIT READY conflicts, its INQUIRY not;
+    // A persistent registration exists, so first CLEAR it.
+    assert_eq!(a.exec_with_data(&pr_out(3, 0), &p), Ok(Action::Good));
+    assert_eq!(run(&a, &[0x16, 0, 0, 0, 0, 0]).0, Ok(Action::Good));
+    assert_eq!(
+        run(&b, &[0, 0, 0, 0, 0, 0]).0,
+        Err(Sense::RESERVATION_CONFLICT)
+    );
+    assert_eq!(
+        run(&b, &[0x16, 0, 0, 0, 0, 0]).0,
+        Err(Sense::RESERVATION_CONFLICT)
+    );
+    assert!(matches!(
+        run(&b, &[0x12, 0, 0, 0, 36, 0]).0,
+        Ok(Action::DataIn(_))
+    ));
+    assert_eq!(run(&b, &[0x17, 0, 0, 0, 0, 0]).0, Ok(Action::Good));
+    assert_eq!(
+        run(&b, &[0, 0, 0, 0, 0, 0]).0,
+        Err(Sense::RESERVATION_CONFLICT)
+    );
+    // A's session ends: its RESERVE(6) goes.
+    a.end_nexus();
+    assert_eq!(run(&b, &[0, 0, 0, 0, 0, 0]).0, Ok(Action::Good));
 }

@@ -326,6 +326,7 @@ fn rw10(opc: u8, protect: u8, lba: u32, blocks: u16) -> [u8; 10] {
 
 mod buffers;
 mod reinstatement;
+mod sbc;
 mod unexpected;
 
 #[test]
