@@ -353,12 +353,17 @@ kato_expiry() {
 }
 # le FILE OFFSET BYTES: the unsigned little-endian integer at OFFSET
 le() { od -An -t u"$3" -j "$2" -N "$3" "$1" | tr -d ' \n'; }
+# id_dump CMD DEV FIELDS: `nvme CMD DEV` raw into $W/CMD.bin, and the
+# lines of FIELDS (a regex) as nvme-cli decodes them (-H)
+id_dump() {
+  to nvme "$1" "$2" -o binary >"$W/$1.bin" || return 1
+  to nvme "$1" "$2" -H >"$W/$1-H.txt" || return 1
+  grep -iE "$3" "$W/$1-H.txt"
+}
 # id_conformance: Identify Controller/Namespace fields of NVMe 1.4, read
 # raw (nvme-cli -o binary) and as nvme-cli decodes them (-H)
 id_conformance() {
-  to nvme id-ctrl "/dev/$CTRL" -o binary >"$W/id-ctrl.bin" || return 1
-  to nvme id-ctrl "/dev/$CTRL" -H >"$W/id-ctrl-H.txt" || return 1
-  grep -E '^(ver|cntrltype|ctratt|oaes|lpa|vwc|sgls|mdts) ' "$W/id-ctrl-H.txt"
+  id_dump id-ctrl "/dev/$CTRL" '^(ver|cntrltype|ctratt|oaes|lpa|vwc|sgls|mdts) ' || return 1
   local ver ct ctratt oaes lpa vwc
   ver=$(le "$W/id-ctrl.bin" 80 4) ct=$(le "$W/id-ctrl.bin" 111 1) ctratt=$(le "$W/id-ctrl.bin" 96 4)
   oaes=$(le "$W/id-ctrl.bin" 92 4) lpa=$(le "$W/id-ctrl.bin" 261 1) vwc=$(le "$W/id-ctrl.bin" 525 1)
@@ -369,9 +374,7 @@ id_conformance() {
   [ $((oaes & 0x100)) != 0 ] || { echo "OAES lacks namespace attribute notices"; return 1; }
   [ $((lpa & 2)) = 2 ] || { echo "LPA lacks the effects log"; return 1; }
   [ "$vwc" = 5 ] || { echo "VWC $vwc != 5"; return 1; }
-  to nvme id-ns "/dev/$NS" -o binary >"$W/id-ns.bin" || return 1
-  to nvme id-ns "/dev/$NS" -H >"$W/id-ns-H.txt" || return 1
-  grep -iE '^(nsfeat|npwg|npwa|npdg|npda|nows) |Optimal|NPWG' "$W/id-ns-H.txt"
+  id_dump id-ns "/dev/$NS" '^(nsfeat|npwg|npwa|npdg|npda|nows) |Optimal|NPWG' || return 1
   local nsfeat npwg npwa npdg npda nows
   nsfeat=$(le "$W/id-ns.bin" 24 1) npwg=$(le "$W/id-ns.bin" 64 2) npwa=$(le "$W/id-ns.bin" 66 2)
   npdg=$(le "$W/id-ns.bin" 68 2) npda=$(le "$W/id-ns.bin" 70 2) nows=$(le "$W/id-ns.bin" 72 2)

@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use pollux_nvmf::loopback_host::HostData;
+use pollux_nvmf::loopback_host::{HostData, HostQueue};
 use pollux_nvmf::spec::cmd::{AdminOpcode, FabricsType, NvmeCmd};
 use pollux_nvmf::spec::connect::{parse_invalid_param_dw0, ConnectCmd, CNTLID_DYNAMIC};
 use pollux_nvmf::spec::cpl::NvmeStatus;
@@ -149,9 +149,8 @@ fn property_rules() {
     assert_eq!(c.cpl.status, NvmeStatus::COMMAND_SEQUENCE_ERROR);
 }
 
-#[test]
-fn bad_cc_sets_fatal_status() {
-    let fx = Fx::new();
+/// An admin queue on core 0 after a successful Connect, not enabled.
+fn connected_admin(fx: &Fx) -> HostQueue {
     let d = fx.drive();
     let r = fx.cluster.reactor(0);
     let mut q = fx
@@ -163,6 +162,14 @@ fn bad_cc_sets_fatal_status() {
         .unwrap()
         .ok()
         .unwrap();
+    q
+}
+
+#[test]
+fn bad_cc_sets_fatal_status() {
+    let fx = Fx::new();
+    let d = fx.drive();
+    let mut q = connected_admin(&fx);
     let mut cc = Cc::linux_default(0);
     cc.iosqes = 7;
     cc.en = true;
@@ -171,15 +178,7 @@ fn bad_cc_sets_fatal_status() {
     assert!(csts.cfs && !csts.rdy);
 
     // CC.CSS = 110b needs CAP.CSS bit 6, which this 1.4 controller clears.
-    let mut q = fx
-        .host
-        .open(&r, &fx.trid, LoopbackQueueOptions::admin())
-        .unwrap();
-    fx.host
-        .connect(&mut q, SUB1, 0, 31, 0, CNTLID_DYNAMIC, &d)
-        .unwrap()
-        .ok()
-        .unwrap();
+    let mut q = connected_admin(&fx);
     let mut cc = Cc::linux_default(6);
     cc.en = true;
     q.property_set(ofst::CC, cc.to_u32(), &d).unwrap();

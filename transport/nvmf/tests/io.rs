@@ -100,34 +100,16 @@ fn flush_write_zeroes_and_deallocate() {
         },
     ];
     let bytes: Vec<u8> = ranges.iter().flat_map(|r| r.encode()).collect();
-    let (c10, c11) = DsmCmd {
-        nr: 3,
-        idr: false,
-        idw: false,
-        ad: true,
-    }
-    .cdw10_11();
-    let mut dsm = NvmeCmd::new(IoOpcode::DatasetManagement.code(), 0);
-    dsm.nsid = 1;
-    dsm.cdw10 = c10;
-    dsm.cdw11 = c11;
     assert_eq!(
-        fx.exec(&mut io, dsm, HostData::Write(&bytes)).cpl.status,
+        fx.exec(&mut io, dsm_cmd(3), HostData::Write(&bytes))
+            .cpl
+            .status,
         NvmeStatus::SUCCESS
     );
     let got = fx.read(&mut io, 1, 0, 64).data.unwrap();
-    for blk in 0..64usize {
-        let s = &got[blk * 512..(blk + 1) * 512];
-        let zero = (4..12).contains(&blk) || (20..22).contains(&blk) || (40..43).contains(&blk);
-        if zero {
-            assert!(
-                s.iter().all(|&b| b == 0),
-                "block {blk} should be deallocated"
-            );
-        } else {
-            assert_eq!(s, &data[blk * 512..(blk + 1) * 512], "block {blk}");
-        }
-    }
+    assert_zeroed_where(&got, &data, |blk| {
+        (4..12).contains(&blk) || (20..22).contains(&blk) || (40..43).contains(&blk)
+    });
 
     // A DSM range out of range fails the whole command, nothing unmapped.
     let bad = [
@@ -143,15 +125,7 @@ fn flush_write_zeroes_and_deallocate() {
         },
     ];
     let bytes: Vec<u8> = bad.iter().flat_map(|r| r.encode()).collect();
-    let (c10, c11) = DsmCmd {
-        nr: 2,
-        idr: false,
-        idw: false,
-        ad: true,
-    }
-    .cdw10_11();
-    dsm.cdw10 = c10;
-    dsm.cdw11 = c11;
+    let mut dsm = dsm_cmd(2);
     assert_eq!(
         fx.exec(&mut io, dsm, HostData::Write(&bytes)).cpl.status,
         NvmeStatus::LBA_OUT_OF_RANGE
@@ -395,7 +369,19 @@ fn sq_head_advances_and_can_be_disabled() {
     assert_eq!(fx.read(&mut q2, 1, 0, 1).cpl.sqhd, 0xFFFF);
 }
 
-/// A DSM command deallocating `ranges` (AD set).
+/// `got` (512-byte blocks) is zero in the blocks `zero` names and `data`
+/// elsewhere.
+fn assert_zeroed_where(got: &[u8], data: &[u8], zero: impl Fn(usize) -> bool) {
+    for (blk, s) in got.chunks(512).enumerate() {
+        if zero(blk) {
+            assert!(s.iter().all(|&b| b == 0), "block {blk} deallocated");
+        } else {
+            assert_eq!(s, &data[blk * 512..(blk + 1) * 512], "block {blk} kept");
+        }
+    }
+}
+
+/// A Dataset Management command with `nr` ranges, AD set, on namespace 1.
 fn dsm_cmd(nr: u16) -> NvmeCmd {
     let (c10, c11) = DsmCmd {
         nr,
@@ -443,14 +429,7 @@ fn dsm_takes_its_ranges_from_a_longer_buffer_as_linux_sends() {
     io.poll();
     assert_eq!(io.take(cid).unwrap().cpl.status, NvmeStatus::SUCCESS);
     let got = fx.read(&mut io, 1, 0, 16).data.unwrap();
-    for blk in 0..16usize {
-        let s = &got[blk * 512..(blk + 1) * 512];
-        if (2..6).contains(&blk) {
-            assert!(s.iter().all(|&b| b == 0), "block {blk} deallocated");
-        } else {
-            assert_eq!(s, &data[blk * 512..(blk + 1) * 512], "block {blk} kept");
-        }
-    }
+    assert_zeroed_where(&got, &data, |blk| (2..6).contains(&blk));
     // In-capsule: one range in 64 bytes of capsule data.
     let mut icd = vec![0u8; 64];
     icd[..16].copy_from_slice(&junk.encode());
