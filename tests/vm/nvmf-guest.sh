@@ -32,8 +32,9 @@
 # for fio, default 1), LAB_USER_NVMF_IDLE (pollux-tgt --idle, default busy),
 # LAB_USER_NVMF_RUNS (subset of "base inline16 nosrq kaaer stalls"),
 # LAB_USER_NVMF_STALL_SECS (fio seconds per stall measurement, default 20),
-# LAB_USER_NVMF_STALL_VARIANTS (subset of "nvmet busy nice noinv adaptive":
-# the kernel target; pollux-tgt as configured; at nice 19, below the
+# LAB_USER_NVMF_STALL_VARIANTS (subset of "nvmet busy yield nice noinv
+# adaptive": the kernel target; pollux-tgt as configured; with --idle yield
+# (sched_yield after an idle loop); at nice 19, below the
 # kernel's softirq threads; without SEND_WITH_INVALIDATE; --idle adaptive,
 # not in the default set: the RDMA poll group registers no wake fd).
 set -u
@@ -387,10 +388,14 @@ id_conformance() {
   [ "$opt" = 131072 ] || { echo "optimal_io_size $opt != 131072"; return 1; }
 }
 # effects_log: `nvme effects-log` works; Write and DSM change block content
+# (--csi=0: without it Debian's nvme-cli 2.4 reads CAP from a PCI BAR, finds
+# none on a fabrics controller and prints nothing, with status 0, or 1 for
+# -o binary, against any target)
 effects_log() {
-  to nvme effects-log "/dev/$CTRL" >"$W/effects.txt" || return 1
+  to nvme effects-log "/dev/$CTRL" --csi=0 >"$W/effects.txt" || return 1
   cat "$W/effects.txt"
-  to nvme effects-log "/dev/$CTRL" -o binary >"$W/effects.bin" || return 1
+  grep -q . "$W/effects.txt" || { echo "empty effects log output"; return 1; }
+  to nvme effects-log "/dev/$CTRL" --csi=0 -o binary >"$W/effects.bin" || return 1
   local sz; sz=$(stat -c %s "$W/effects.bin")
   if [ "$sz" -lt 4096 ]; then echo "binary effects log of $sz bytes"; return 1; fi
   local idn w r dsm cre
@@ -467,6 +472,17 @@ nvmet_down() {
   return 0
 }
 STALLS=()
+# counter_delta BEFORE AFTER: the counters (NAME=VALUE words) that moved, as
+# NAME+DELTA
+counter_delta() {
+  local w x n v b out=""
+  for w in $2; do
+    n=${w%%=*} v=${w#*=} b=0
+    for x in $1; do [ "${x%%=*}" = "$n" ] && b=${x#*=}; done
+    [ "$v" != "$b" ] && out+="$n+$((v - b)) "
+  done
+  echo "${out:-none}"
+}
 # stall_measure LABEL NQN PORT: fio randrw 4k-128k QD 16 for STALL_SECS s;
 # counts the host's error recoveries (each a 30 s I/O timeout or a flushed
 # queue, then a reconnect) per 1,000 I/Os, and the kernel's REG_MR replay
@@ -486,7 +502,7 @@ stall_measure() {
   grep -E 'IOPS=|issued rwts' "$W/stall-$label.fio"
   if [ "$label" = nvmet ]; then
     echo "--- reference: nvmet's effects log and SMART log"
-    to nvme effects-log "/dev/$CTRL" | head -n 30; to nvme smart-log "/dev/$CTRL"
+    to nvme effects-log "/dev/$CTRL" --csi=0 | head -n 30; to nvme smart-log "/dev/$CTRL"
   fi
   to nvme disconnect -n "$NQN"
   c1=$(counters | tr '\n' ' ')
@@ -496,8 +512,8 @@ stall_measure() {
   rec=$(grep -c 'starting error recovery' <<<"$new") tmo=$(grep -cE 'I/O [0-9]+ QID [0-9]+ timeout' <<<"$new")
   regmr=$(grep -c 'rxe_reg_fast_mr: mr->lkey = .* not free' <<<"$new") fl=$(grep -c 'WR flushed' <<<"$new")
   local per; per=$(awk -v r="$rec" -v n="$ios" 'BEGIN { if (n > 0) printf "%.2f", r * 1000 / n; else print "n/a" }')
-  STALLS+=("$(printf '%-10s %8d I/Os  %3d stalls  %6s per 1,000 I/Os  (%d I/O timeouts, %d flushed WRs, %d rxe_reg_fast_mr not free; rxe: %s)' \
-    "$label" "$ios" "$rec" "$per" "$tmo" "$fl" "$regmr" "${c1:-none}")")
+  STALLS+=("$(printf '%-12s %6d I/Os  %3d stalls  %6s per 1,000 I/Os  (%d I/O timeouts, %d flushed WRs, %d rxe_reg_fast_mr not free; rxe counters moved: %s)' \
+    "$label" "$ios" "$rec" "$per" "$tmo" "$fl" "$regmr" "$(counter_delta "$c0" "$c1")")")
   say "  stalls $label: ${STALLS[-1]}"
   [ "$c0" = "$c1" ] || echo "rxe counters before: ${c0:-none}"
   [ $rc = 0 ] && [ "$ios" -gt 0 ]
@@ -512,9 +528,10 @@ stall_runs() {
           check measure 400 stall_measure nvmet "$KNQN" "$KPORT"
         fi
         nvmet_down ;;
-      busy|nice|adaptive|noinv)
+      busy|yield|nice|adaptive|noinv)
         local idle=$IDLE extra="" nice=0
         [ $v = adaptive ] && idle=adaptive
+        [ $v = yield ] && idle=yield
         [ $v = nice ] && nice=19
         [ $v = noinv ] && extra="send_with_invalidate = false"
         if RUN_NICE=$nice RUN_IDLE=$idle start_tgt "stalls-$v" 4096 false "$extra"; then
@@ -530,6 +547,7 @@ want() { [[ " $RUNS " == *" $1 "* ]]; }
 finish() {
   stop_tgt quiet
   dmesg >"$OUTDIR/dmesg.log" 2>/dev/null
+  cp "$W"/*.log "$W"/*.fio "$OUTDIR/" 2>/dev/null
   nvme disconnect -n "$NQN" >/dev/null 2>&1
   echo
   echo "=================== pollux-tgt NVMe-oF/RDMA interop summary ==================="
