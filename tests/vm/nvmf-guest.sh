@@ -535,6 +535,11 @@ stall_runs() {
         [ $v = nice ] && nice=19
         [ $v = noinv ] && extra="send_with_invalidate = false"
         if RUN_NICE=$nice RUN_IDLE=$idle start_tgt "stalls-$v" 4096 false "$extra"; then
+          if [ $v = busy ] && ! want base && check connect 60 connect; then
+            # (a run without `base` still checks the effects log once)
+            check effects-log 30 effects_log
+            check disconnect 60 disconnect
+          fi
           check measure 400 stall_measure "pollux-$v" "$NQN" "$PORT"
           stop_tgt
         fi ;;
