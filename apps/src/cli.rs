@@ -17,11 +17,9 @@ pub struct ReactorArgs {
     /// Cores as a hexadecimal mask, as SPDK's `-m` (e.g. `0x3`).
     #[arg(short = 'm', long = "mask", value_name = "MASK")]
     pub mask: Option<String>,
-    /// Idle policy: `busy` (poll forever, the default), `yield` (poll
-    /// forever, yielding the CPU after a loop without work: for cores
-    /// shared with soft-RoCE) or `adaptive[:US]` (sleep after US
-    /// microseconds idle, default 1000, and wake on a message, a timer or a
-    /// registered file descriptor).
+    /// Idle policy: `busy` (poll forever, the default) or `adaptive[:US]`
+    /// (sleep after US microseconds idle, default 1000, and wake on a
+    /// message, a timer or a registered file descriptor).
     #[arg(long, default_value = "busy", value_name = "POLICY")]
     pub idle: String,
 }
@@ -50,20 +48,15 @@ impl ReactorArgs {
     }
 }
 
-/// Parses `busy`, `yield` or `adaptive[:US]`.
+/// Parses `busy` or `adaptive[:US]`.
 ///
 /// # Errors
 ///
 /// [`AppError::Usage`] for anything else.
 pub fn parse_idle(s: &str) -> Result<IdleMode, AppError> {
-    let bad = || {
-        AppError::Usage(format!(
-            "idle policy '{s}': expected busy, yield or adaptive[:US]"
-        ))
-    };
+    let bad = || AppError::Usage(format!("idle policy '{s}': expected busy or adaptive[:US]"));
     match s.split_once(':') {
         None if s == "busy" => Ok(IdleMode::BusyPoll),
-        None if s == "yield" => Ok(IdleMode::YieldPoll),
         None if s == "adaptive" => Ok(IdleMode::Adaptive {
             sleep_after: Duration::from_micros(1000),
         }),
@@ -97,8 +90,6 @@ mod tests {
     #[test]
     fn idle_policies_parse() {
         assert_eq!(parse_idle("busy").unwrap(), IdleMode::BusyPoll);
-        assert_eq!(parse_idle("yield").unwrap(), IdleMode::YieldPoll);
-        assert!(parse_idle("yield:5").is_err());
         assert_eq!(
             parse_idle("adaptive:50").unwrap(),
             IdleMode::Adaptive {

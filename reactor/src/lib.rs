@@ -55,9 +55,7 @@
 //!
 //! # Idle policy and wake latency
 //!
-//! [`IdleMode::BusyPoll`] (default) polls forever; [`IdleMode::YieldPoll`]
-//! too, calling `sched_yield` after a loop without work so that other
-//! threads of the core (soft-RoCE's softirq work) run. [`IdleMode::Adaptive`]
+//! [`IdleMode::BusyPoll`] (default) polls forever. [`IdleMode::Adaptive`]
 //! sleeps in `epoll_wait` after `sleep_after` idle and wakes on a message
 //! (the sender writes an eventfd only when the reactor says it sleeps), on
 //! the next timed-poller deadline, or on an fd registered with

@@ -105,7 +105,7 @@ impl Reactor {
         clock: Clock,
     ) -> Result<Self, ReactorError> {
         let sleeper = match idle {
-            IdleMode::BusyPoll | IdleMode::YieldPoll => None,
+            IdleMode::BusyPoll => None,
             IdleMode::Adaptive { .. } => Some(Sleeper::new(&inbox.wake)?),
         };
         let now = clock.now();
@@ -396,21 +396,17 @@ impl Reactor {
     }
 
     /// Runs [`poll_once`](Self::poll_once) until the reactor stops, sleeping
-    /// when idle in [`IdleMode::Adaptive`] and yielding the CPU after an
-    /// idle loop in [`IdleMode::YieldPoll`], then tears the reactor down on
+    /// when idle in [`IdleMode::Adaptive`], then tears the reactor down on
     /// this thread (pollers, pending replies, channel cache, queued
     /// messages are dropped here).
     pub fn run(&self) {
         let _current = CurrentGuard::enter(self);
         while !self.0.stopping.get() {
             let status = self.poll_once();
-            if status.is_busy() || self.0.stopping.get() {
-                continue;
-            }
-            match self.0.idle {
-                IdleMode::Adaptive { sleep_after } => self.maybe_sleep(sleep_after),
-                IdleMode::YieldPoll => std::thread::yield_now(),
-                IdleMode::BusyPoll => {}
+            if let IdleMode::Adaptive { sleep_after } = self.0.idle {
+                if !status.is_busy() && !self.0.stopping.get() {
+                    self.maybe_sleep(sleep_after);
+                }
             }
         }
         self.teardown();

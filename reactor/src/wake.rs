@@ -24,13 +24,6 @@ pub enum IdleMode {
     /// Poll forever, one core at 100% (SPDK's default; lowest latency).
     #[default]
     BusyPoll,
-    /// Poll forever, but give the CPU to any other runnable thread of the
-    /// core (`sched_yield`) after a loop that found no work: for a core
-    /// shared with kernel work the I/O depends on, such as soft-RoCE
-    /// (`rdma_rxe`), whose packet processing runs in softirq threads that a
-    /// busy-polling process would otherwise hold off. On a dedicated core
-    /// the yield returns at once.
-    YieldPoll,
     /// After `sleep_after` without a busy loop, sleep in `epoll_wait` until
     /// a message, the next timed-poller deadline or a registered wake fd.
     ///
@@ -61,7 +54,7 @@ pub(crate) struct WakeSignal {
 impl WakeSignal {
     pub(crate) fn new(mode: IdleMode) -> Result<Self, ReactorError> {
         let eventfd = match mode {
-            IdleMode::BusyPoll | IdleMode::YieldPoll => None,
+            IdleMode::BusyPoll => None,
             IdleMode::Adaptive { .. } => Some(
                 eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)
                     .map_err(|e| ReactorError::os("eventfd", e))?,

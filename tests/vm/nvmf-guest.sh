@@ -32,9 +32,8 @@
 # for fio, default 1), LAB_USER_NVMF_IDLE (pollux-tgt --idle, default busy),
 # LAB_USER_NVMF_RUNS (subset of "base inline16 nosrq kaaer stalls"),
 # LAB_USER_NVMF_STALL_SECS (fio seconds per stall measurement, default 20),
-# LAB_USER_NVMF_STALL_VARIANTS (subset of "nvmet busy yield nice noinv
-# adaptive": the kernel target; pollux-tgt as configured; with --idle yield
-# (sched_yield after an idle loop); at nice 19, below the
+# LAB_USER_NVMF_STALL_VARIANTS (subset of "nvmet busy nice noinv adaptive":
+# the kernel target; pollux-tgt as configured; at nice 19, below the
 # kernel's softirq threads; without SEND_WITH_INVALIDATE; --idle adaptive,
 # not in the default set: the RDMA poll group registers no wake fd).
 set -u
@@ -528,10 +527,9 @@ stall_runs() {
           check measure 400 stall_measure nvmet "$KNQN" "$KPORT"
         fi
         nvmet_down ;;
-      busy|yield|nice|adaptive|noinv)
+      busy|nice|adaptive|noinv)
         local idle=$IDLE extra="" nice=0
         [ $v = adaptive ] && idle=adaptive
-        [ $v = yield ] && idle=yield
         [ $v = nice ] && nice=19
         [ $v = noinv ] && extra="send_with_invalidate = false"
         if RUN_NICE=$nice RUN_IDLE=$idle start_tgt "stalls-$v" 4096 false "$extra"; then

@@ -1,7 +1,7 @@
 //! `pollux-tgt`: the Pollux NVMe-oF RDMA target.
 //!
 //! ```text
-//! pollux-tgt -c apps/config/tgt-null.toml [--cores 0 | -m 0x1] [--idle busy|yield|adaptive[:US]]
+//! pollux-tgt -c apps/config/tgt-null.toml [--cores 0 | -m 0x1] [--idle busy|adaptive[:US]]
 //!            [--stats-file PATH] [--check]
 //! ```
 //!

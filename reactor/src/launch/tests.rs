@@ -43,7 +43,7 @@ fn cfg(cores: Cores, idle: IdleMode) -> LaunchConfig {
 #[test]
 fn messages_and_calls_cross_real_threads() {
     let Some(cores) = two_cores() else { return };
-    for idle in [IdleMode::BusyPoll, IdleMode::YieldPoll, adaptive()] {
+    for idle in [IdleMode::BusyPoll, adaptive()] {
         let set = launch(cfg(cores.clone(), idle), |_| {}).unwrap();
         let (tx, rx) = bounded(1);
         set.messenger()
