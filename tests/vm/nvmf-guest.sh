@@ -15,11 +15,27 @@
 #            reconnect); the host silent > KATO (netem loss 100%): the target
 #            tears the controller down (keep_alive_timeouts), the host
 #            reconnects once its traffic flows again and a fio verify passes
+#   The base run also checks conformance as nvme-cli and the block layer see
+#   it: id-ctrl VER 1.4 and the fields 1.4 needs (CNTRLTYPE, CTRATT, OAES,
+#   LPA, VWC), id-ns NSFEAT bit 4 with NPWG/NPWA/NPDG/NPDA/NOWS, the
+#   discovery entry's TREQ decoded by nvme-cli, `nvme effects-log`, `nvme
+#   smart-log` counters moving with I/O, `blkdiscard`, and ext4 on the
+#   namespace with `fstrim` (Dataset Management with Linux's 4 KiB buffer).
+#   stalls   the same fio mix (randrw 4k-128k, QD 16, STALL_SECS s) against
+#            the kernel target (nvmet-rdma, a 64 MiB ramdisk, port 4421) and
+#            against pollux-tgt variants: stalls (host error recoveries) per
+#            1,000 I/Os each, with the rxe counters and the kernel's
+#            `rxe_reg_fast_mr ... not free` lines (a measurement: printed)
 # Prints one PASS/FAIL line per check and a summary; exits 1 on any failure
 # (with the tails of the target log and of dmesg).
 # Knobs (env, via --env or LAB_USER_*): LAB_USER_NVMF_SCALE (size multiplier
 # for fio, default 1), LAB_USER_NVMF_IDLE (pollux-tgt --idle, default busy),
-# LAB_USER_NVMF_RUNS (subset of "base inline16 nosrq kaaer").
+# LAB_USER_NVMF_RUNS (subset of "base inline16 nosrq kaaer stalls"),
+# LAB_USER_NVMF_STALL_SECS (fio seconds per stall measurement, default 20),
+# LAB_USER_NVMF_STALL_VARIANTS (subset of "nvmet busy nice noinv adaptive":
+# the kernel target; pollux-tgt as configured; at nice 19, below the
+# kernel's softirq threads; without SEND_WITH_INVALIDATE; --idle adaptive,
+# not in the default set: the RDMA poll group registers no wake fd).
 set -u
 [ "${LAB_IN_GUEST:-}" = 1 ] || { echo "run inside tests/vm/lab" >&2; exit 2; }
 TGT=${1:?usage: nvmf-guest.sh PATH/TO/pollux-tgt}
@@ -28,7 +44,9 @@ T=$LAB_TARGET_ADDR H=$LAB_HOST_ADDR PORT=4420
 NQN=nqn.2016-06.io.pollux:interop0
 SCALE=${LAB_USER_NVMF_SCALE:-1}
 IDLE=${LAB_USER_NVMF_IDLE:-busy}
-RUNS=${LAB_USER_NVMF_RUNS:-base inline16 nosrq kaaer}
+RUNS=${LAB_USER_NVMF_RUNS:-base inline16 nosrq kaaer stalls}
+STALL_SECS=${LAB_USER_NVMF_STALL_SECS:-20}
+STALL_VARIANTS=${LAB_USER_NVMF_STALL_VARIANTS:-nvmet busy nice noinv}
 W=$(mktemp -d /tmp/pollux-nvmf.XXXXXX)
 OUTDIR=${LAB_OUT:-$W}
 T_ALL=$SECONDS
@@ -69,7 +87,7 @@ check() {
 }
 
 # ------------------------------------------------------------------ target ---
-start_tgt() {  # start_tgt RUN IN_CAPSULE NO_SRQ
+start_tgt() {  # start_tgt RUN IN_CAPSULE NO_SRQ [EXTRA_TRANSPORT_LINE] (IDLE from $RUN_IDLE or $IDLE)
   RUN=$1
   cat >"$W/$RUN.toml" <<EOF
 cores = "0"
@@ -84,6 +102,7 @@ num_shared_buffers = 1024
 max_srq_depth = 1024
 no_srq = $3
 device = "$LAB_TARGET_DEV"
+${4:-}
 
 [[bdev]]
 spec = "malloc:name=Malloc0,size=64M,block=512"
@@ -103,7 +122,7 @@ traddr = "$T"
 trsvcid = "$PORT"
 EOF
   local t0=$SECONDS
-  "$TGT" -c "$W/$RUN.toml" --cores 0 --idle "$IDLE" --stats-file "$W/$RUN.stats.json" \
+  nice -n "${RUN_NICE:-0}" "$TGT" -c "$W/$RUN.toml" --cores 0 --idle "${RUN_IDLE:-$IDLE}" --stats-file "$W/$RUN.stats.json" \
     >"$W/$RUN.tgt.log" 2>&1 </dev/null &
   TPID=$!
   for _ in $(seq 300); do
@@ -142,6 +161,12 @@ discover() {
   grep -q '"trtype" *: *"rdma"' <<<"$log" || { echo "discovery log: trtype not rdma"; return 1; }
   grep -q "\"traddr\" *: *\"$T\"" <<<"$log" || { echo "discovery log: traddr not $T"; return 1; }
   grep -q "\"trsvcid\" *: *\"$PORT\"" <<<"$log" || { echo "discovery log: trsvcid not $PORT"; return 1; }
+  # TREQ as nvme-cli decodes it (4: "not specified, sq flow control disable
+  # supported", the Linux target's default; 6 would print "unrecognized")
+  local treq; treq=$(grep -o '"treq" *: *"[^"]*"' <<<"$log" | sort -u)
+  echo "treq: $treq"
+  [ -n "$treq" ] && ! grep -qi unrecognized <<<"$treq" || { echo "TREQ not decoded by nvme-cli"; return 1; }
+  grep -q 'sq flow control disable supported' <<<"$treq" || { echo "TREQ lacks SQ flow control disable"; return 1; }
 }
 find_dev() {  # sets CTRL (nvmeX) and NS (block device name)
   local c s
@@ -255,16 +280,20 @@ pkts_per_write() {
 # which stalls the queue (a kernel bug on the host side; see
 # tests/vm/README.md, "rxe replays local operations"). When the replayed
 # REG_MR fails outright the host's queue is flushed instead of timing out
-# (`SEND for CQE ... failed with status WR flushed`): tolerated too, but
-# only with that kernel line (`rxe_reg_fast_mr ... not free`) as evidence.
+# (`SEND for CQE ... failed with status WR flushed`). Either pattern is
+# tolerated only with the kernel's own evidence of the replay in the same
+# run: the `rxe_reg_fast_mr: mr->lkey = ... not free` line. Without it a
+# timeout or a flush fails the run.
 no_nvme_errors() {
   local new; new=$(dmesg | tail -n +"$(( $1 + 1 ))" | grep -iE 'nvme.*(error|reset|reconnect|timeout|failed|abort)|rdma.*err' )
   [ -z "$new" ] && return 0
   echo "$new" | head -n 40
   dmesg | tail -n +"$(( $1 + 1 ))" | grep -E 'rdma_rxe|Successfully reconnected'
-  local flushed=''
-  dmesg | tail -n +"$(( $1 + 1 ))" | grep -q 'rxe_reg_fast_mr: mr->lkey = .* not free' &&
-    flushed='|(SEND|RECV|MEMREG|LOCAL_INV) for CQE 0x[0-9a-f]+ failed with status WR flushed'
+  if ! dmesg | tail -n +"$(( $1 + 1 ))" | grep -q 'rxe_reg_fast_mr: mr->lkey = .* not free'; then
+    echo "nvme errors without the kernel's rxe_reg_fast_mr replay line: not tolerated"
+    return 1
+  fi
+  local flushed='|(SEND|RECV|MEMREG|LOCAL_INV) for CQE 0x[0-9a-f]+ failed with status WR flushed'
   if [ "$(counters | tr '\n' ' ')" != "$2" ] && ! grep -qE '^FAIL  '"$RUN"'/fio' <(printf '%s\n' "${RESULTS[@]}") &&
      dmesg | tail -n +"$(( $1 + 1 ))" | grep -q 'Successfully reconnected' &&
      ! grep -viE 'I/O [0-9]+ QID [0-9]+ timeout|starting error recovery|Reconnecting in|Successfully reconnected|I/O Error \(sct 0x3 / sc 0x71\)|I/O error, dev|path - requeuing'"$flushed" <<<"$new" | grep -q .; then
@@ -322,12 +351,206 @@ kato_expiry() {
   dmesg | grep -iE 'nvme.*(keep-alive|reconnect|reset)' | tail -n 6
   [ "$(cat /sys/class/nvme/$CTRL/state)" = live ]
 }
+# le FILE OFFSET BYTES: the unsigned little-endian integer at OFFSET
+le() { od -An -t u"$3" -j "$2" -N "$3" "$1" | tr -d ' \n'; }
+# id_dump CMD DEV FIELDS: `nvme CMD DEV` raw into $W/CMD.bin, and the
+# lines of FIELDS (a regex) as nvme-cli decodes them (-H)
+id_dump() {
+  to nvme "$1" "$2" -o binary >"$W/$1.bin" || return 1
+  to nvme "$1" "$2" -H >"$W/$1-H.txt" || return 1
+  grep -iE "$3" "$W/$1-H.txt"
+}
+# id_conformance: Identify Controller/Namespace fields of NVMe 1.4, read
+# raw (nvme-cli -o binary) and as nvme-cli decodes them (-H)
+id_conformance() {
+  id_dump id-ctrl "/dev/$CTRL" '^(ver|cntrltype|ctratt|oaes|lpa|vwc|sgls|mdts) ' || return 1
+  local ver ct ctratt oaes lpa vwc
+  ver=$(le "$W/id-ctrl.bin" 80 4) ct=$(le "$W/id-ctrl.bin" 111 1) ctratt=$(le "$W/id-ctrl.bin" 96 4)
+  oaes=$(le "$W/id-ctrl.bin" 92 4) lpa=$(le "$W/id-ctrl.bin" 261 1) vwc=$(le "$W/id-ctrl.bin" 525 1)
+  printf 'VER %#x CNTRLTYPE %d CTRATT %#x OAES %#x LPA %#x VWC %#x\n' "$ver" "$ct" "$ctratt" "$oaes" "$lpa" "$vwc"
+  [ "$ver" = $((0x10400)) ] || { echo "VER is not 1.4.0"; return 1; }
+  [ "$ct" = 1 ] || { echo "CNTRLTYPE $ct != 1 (I/O controller)"; return 1; }
+  [ $((ctratt & 1)) = 1 ] || { echo "CTRATT lacks the 128-bit host id"; return 1; }
+  [ $((oaes & 0x100)) != 0 ] || { echo "OAES lacks namespace attribute notices"; return 1; }
+  [ $((lpa & 2)) = 2 ] || { echo "LPA lacks the effects log"; return 1; }
+  [ "$vwc" = 5 ] || { echo "VWC $vwc != 5"; return 1; }
+  id_dump id-ns "/dev/$NS" '^(nsfeat|npwg|npwa|npdg|npda|nows) |Optimal|NPWG' || return 1
+  local nsfeat npwg npwa npdg npda nows
+  nsfeat=$(le "$W/id-ns.bin" 24 1) npwg=$(le "$W/id-ns.bin" 64 2) npwa=$(le "$W/id-ns.bin" 66 2)
+  npdg=$(le "$W/id-ns.bin" 68 2) npda=$(le "$W/id-ns.bin" 70 2) nows=$(le "$W/id-ns.bin" 72 2)
+  echo "NSFEAT $nsfeat NPWG $npwg NPWA $npwa NPDG $npdg NPDA $npda NOWS $nows"
+  [ $((nsfeat & 16)) = 16 ] || { echo "NSFEAT bit 4 clear"; return 1; }
+  [ "$npwg $npwa $npdg $npda $nows" = "7 7 7 7 255" ] || { echo "optimal-I/O hints not 4 KiB / 128 KiB"; return 1; }
+  # the kernel took NOWS as the optimal I/O size ((NOWS + 1) * 512)
+  local opt; opt=$(cat "/sys/block/$NS/queue/optimal_io_size")
+  echo "block layer: optimal_io_size $opt, physical_block_size $(cat "/sys/block/$NS/queue/physical_block_size")"
+  [ "$opt" = 131072 ] || { echo "optimal_io_size $opt != 131072"; return 1; }
+}
+# effects_log: `nvme effects-log` works; Write and DSM change block content
+# (--csi=0: without it Debian's nvme-cli 2.4 reads CAP from a PCI BAR, finds
+# none on a fabrics controller and prints nothing, with status 0, or 1 for
+# -o binary, against any target)
+effects_log() {
+  to nvme effects-log "/dev/$CTRL" --csi=0 >"$W/effects.txt" || return 1
+  cat "$W/effects.txt"
+  grep -q . "$W/effects.txt" || { echo "empty effects log output"; return 1; }
+  to nvme effects-log "/dev/$CTRL" --csi=0 -o binary >"$W/effects.bin" || return 1
+  local sz; sz=$(stat -c %s "$W/effects.bin")
+  if [ "$sz" -lt 4096 ]; then echo "binary effects log of $sz bytes"; return 1; fi
+  local idn w r dsm cre
+  idn=$(le "$W/effects.bin" $((4 * 6)) 4) cre=$(le "$W/effects.bin" $((4 * 1)) 4)
+  w=$(le "$W/effects.bin" $((1024 + 4 * 1)) 4) r=$(le "$W/effects.bin" $((1024 + 4 * 2)) 4)
+  dsm=$(le "$W/effects.bin" $((1024 + 4 * 9)) 4)
+  echo "admin Identify $idn, Create I/O SQ $cre; I/O Write $w, Read $r, DSM $dsm"
+  [ "$idn $cre $w $r $dsm" = "1 0 3 1 3" ] || { echo "unexpected effects"; return 1; }
+}
+# smart_moves: the SMART / Health counters follow host I/O (4 MiB written
+# and read back in 128 KiB commands: at least 8 data units and 32 commands
+# each way; data units are thousands of 512 B units, rounded up)
+smart_moves() {
+  to nvme smart-log "/dev/$CTRL" -o binary >"$W/smart0.bin" || return 1
+  to fio --name=smartw --filename="/dev/$NS" --ioengine=libaio --direct=1 --rw=write --bs=128k \
+     --size=4M --iodepth=8 >/dev/null || return 1
+  to fio --name=smartr --filename="/dev/$NS" --ioengine=libaio --direct=1 --rw=read --bs=128k \
+     --size=4M --iodepth=8 >/dev/null || return 1
+  to nvme smart-log "/dev/$CTRL" -o binary >"$W/smart1.bin" || return 1
+  to nvme smart-log "/dev/$CTRL"
+  local f o v a b
+  for f in "temperature 1 2" "data_units_read 32 8" "data_units_written 48 8" "host_reads 64 8" \
+           "host_writes 80 8" "busy_minutes 96 8" "power_on_hours 128 8" "unsafe_shutdowns 144 8"; do
+    set -- $f
+    a=$(le "$W/smart0.bin" "$2" "$3") b=$(le "$W/smart1.bin" "$2" "$3")
+    echo "$1: $a -> $b"
+    eval "S_$1=\$((b - a)) T_$1=\$b"
+  done
+  [ "$S_data_units_written" -ge 8 ] && [ "$S_data_units_read" -ge 8 ] || { echo "data units did not move"; return 1; }
+  [ "$S_host_writes" -ge 32 ] && [ "$S_host_reads" -ge 32 ] || { echo "host commands did not move"; return 1; }
+  [ "$T_temperature" -gt 200 ] || { echo "temperature $T_temperature K"; return 1; }
+}
+# discard_fs: Linux discards (Dataset Management, one range in a 4 KiB
+# buffer) through blkdiscard, mkfs.ext4 and fstrim on a mounted ext4
+discard_fs() {
+  echo "discard_max_bytes $(cat "/sys/block/$NS/queue/discard_max_bytes"), granularity $(cat "/sys/block/$NS/queue/discard_granularity")"
+  to blkdiscard -v "/dev/$NS" || return 1
+  to mkfs.ext4 -q -F "/dev/$NS" || return 1
+  local m=$W/mnt; mkdir -p "$m"
+  to mount "/dev/$NS" "$m" || return 1
+  to dd if=/dev/urandom of="$m/f" bs=1M count=8 conv=fsync status=none; rm -f "$m/f"; sync
+  local out rc; out=$(to fstrim -v "$m"); rc=$?
+  echo "fstrim: $out (rc $rc)"
+  to umount "$m" || return 1
+  [ $rc = 0 ] || return 1
+  to fsck.ext4 -n -f "/dev/$NS"
+}
+
+# ------------------------------------------------------- stall measurement ---
+# The kernel target as the reference: nvmet-rdma on port 4421 serving a
+# 64 MiB ramdisk (brd; null_blk of 1 GiB if brd is missing).
+KNQN=nqn.2016-06.io.pollux:nvmet-ref KPORT=4421 CFG=/sys/kernel/config/nvmet
+nvmet_up() {
+  modprobe -a nvmet nvmet-rdma || return 1
+  local dev=/dev/ram0
+  [ -b $dev ] || modprobe brd rd_nr=1 rd_size=65536 2>/dev/null
+  if ! [ -b $dev ]; then dev=/dev/nullb0; [ -b $dev ] || modprobe null_blk nr_devices=1 gb=1; fi
+  [ -b $dev ] || { echo "no ramdisk"; return 1; }
+  mkdir "$CFG/subsystems/$KNQN" || return 1
+  echo 1 >"$CFG/subsystems/$KNQN/attr_allow_any_host"
+  mkdir "$CFG/subsystems/$KNQN/namespaces/1" || return 1
+  echo -n $dev >"$CFG/subsystems/$KNQN/namespaces/1/device_path" || return 1
+  echo 1 >"$CFG/subsystems/$KNQN/namespaces/1/enable" || return 1
+  mkdir "$CFG/ports/2" || return 1
+  echo rdma >"$CFG/ports/2/addr_trtype"; echo ipv4 >"$CFG/ports/2/addr_adrfam"
+  echo "$T" >"$CFG/ports/2/addr_traddr"; echo "$KPORT" >"$CFG/ports/2/addr_trsvcid"
+  ln -s "$CFG/subsystems/$KNQN" "$CFG/ports/2/subsystems/$KNQN" || return 1
+  echo "nvmet: $KNQN ($dev, $(blockdev --getsize64 $dev) bytes) on rdma $T:$KPORT"
+}
+nvmet_down() {
+  rm -f "$CFG/ports/2/subsystems/$KNQN"; rmdir "$CFG/ports/2" 2>/dev/null
+  echo 0 >"$CFG/subsystems/$KNQN/namespaces/1/enable" 2>/dev/null
+  rmdir "$CFG/subsystems/$KNQN/namespaces/1" "$CFG/subsystems/$KNQN" 2>/dev/null
+  return 0
+}
+STALLS=()
+# counter_delta BEFORE AFTER: the counters (NAME=VALUE words) that moved, as
+# NAME+DELTA
+counter_delta() {
+  local w x n v b out=""
+  for w in $2; do
+    n=${w%%=*} v=${w#*=} b=0
+    for x in $1; do [ "${x%%=*}" = "$n" ] && b=${x#*=}; done
+    [ "$v" != "$b" ] && out+="$n+$((v - b)) "
+  done
+  echo "${out:-none}"
+}
+# stall_measure LABEL NQN PORT: fio randrw 4k-128k QD 16 for STALL_SECS s;
+# counts the host's error recoveries (each a 30 s I/O timeout or a flushed
+# queue, then a reconnect) per 1,000 I/Os, and the kernel's REG_MR replay
+# lines, in dmesg since the connect
+stall_measure() {
+  local label=$1 NQN=$2 port=$3 d0 c0 c1 ios rec tmo regmr fl
+  d0=$(dmesg | wc -l) c0=$(counters | tr '\n' ' ')
+  to nvme connect -t rdma -n "$NQN" -a "$T" -s "$port" -w "$H" --reconnect-delay=2 --ctrl-loss-tmo=120 || return 1
+  for _ in $(seq 150); do find_dev && break; sleep 0.2; done
+  [ -n "$NS" ] || { echo "no namespace for $NQN"; return 1; }
+  LIM=$((STALL_SECS + 200))
+  to fio --name="stall-$label" --filename="/dev/$NS" --ioengine=libaio --direct=1 --rw=randrw \
+     --bsrange=4k-128k --iodepth=16 --time_based --runtime="$STALL_SECS" --size=64M \
+     --group_reporting >"$W/stall-$label.fio" 2>&1
+  local rc=$?
+  LIM=60
+  grep -E 'IOPS=|issued rwts' "$W/stall-$label.fio"
+  if [ "$label" = nvmet ]; then
+    echo "--- reference: nvmet's effects log and SMART log"
+    to nvme effects-log "/dev/$CTRL" --csi=0 | head -n 30; to nvme smart-log "/dev/$CTRL"
+  fi
+  to nvme disconnect -n "$NQN"
+  c1=$(counters | tr '\n' ' ')
+  ios=$(grep -oE 'issued rwts: total=[0-9]+,[0-9]+' "$W/stall-$label.fio" | sed -E 's/.*=([0-9]+),([0-9]+)/\1 + \2/' | head -1)
+  ios=$((${ios:-0}))
+  local new; new=$(dmesg | tail -n +"$((d0 + 1))")
+  rec=$(grep -c 'starting error recovery' <<<"$new") tmo=$(grep -cE 'I/O [0-9]+ QID [0-9]+ timeout' <<<"$new")
+  regmr=$(grep -c 'rxe_reg_fast_mr: mr->lkey = .* not free' <<<"$new") fl=$(grep -c 'WR flushed' <<<"$new")
+  local per; per=$(awk -v r="$rec" -v n="$ios" 'BEGIN { if (n > 0) printf "%.2f", r * 1000 / n; else print "n/a" }')
+  STALLS+=("$(printf '%-12s %6d I/Os  %3d stalls  %6s per 1,000 I/Os  (%d I/O timeouts, %d flushed WRs, %d rxe_reg_fast_mr not free; rxe counters moved: %s)' \
+    "$label" "$ios" "$rec" "$per" "$tmo" "$fl" "$regmr" "$(counter_delta "$c0" "$c1")")")
+  say "  stalls $label: ${STALLS[-1]}"
+  [ "$c0" = "$c1" ] || echo "rxe counters before: ${c0:-none}"
+  [ $rc = 0 ] && [ "$ios" -gt 0 ]
+}
+stall_runs() {
+  local v
+  for v in $STALL_VARIANTS; do
+    case $v in
+      nvmet)
+        RUN=stalls-nvmet
+        if check nvmet-up 60 nvmet_up; then
+          check measure 400 stall_measure nvmet "$KNQN" "$KPORT"
+        fi
+        nvmet_down ;;
+      busy|nice|adaptive|noinv)
+        local idle=$IDLE extra="" nice=0
+        [ $v = adaptive ] && idle=adaptive
+        [ $v = nice ] && nice=19
+        [ $v = noinv ] && extra="send_with_invalidate = false"
+        if RUN_NICE=$nice RUN_IDLE=$idle start_tgt "stalls-$v" 4096 false "$extra"; then
+          if [ $v = busy ] && ! want base && check connect 60 connect; then
+            # (a run without `base` still checks the effects log once)
+            check effects-log 30 effects_log
+            check disconnect 60 disconnect
+          fi
+          check measure 400 stall_measure "pollux-$v" "$NQN" "$PORT"
+          stop_tgt
+        fi ;;
+    esac
+  done
+}
 kib() { echo $(( $1 * SCALE ))k; }
 want() { [[ " $RUNS " == *" $1 "* ]]; }
 
 finish() {
   stop_tgt quiet
   dmesg >"$OUTDIR/dmesg.log" 2>/dev/null
+  cp "$W"/*.log "$W"/*.fio "$OUTDIR/" 2>/dev/null
   nvme disconnect -n "$NQN" >/dev/null 2>&1
   echo
   echo "=================== pollux-tgt NVMe-oF/RDMA interop summary ==================="
@@ -335,6 +558,10 @@ finish() {
   local np nf
   np=$(printf '%s\n' "${RESULTS[@]}" | grep -c '^PASS')
   nf=$(printf '%s\n' "${RESULTS[@]}" | grep -c '^FAIL')
+  if [ ${#STALLS[@]} -gt 0 ]; then
+    echo "--- stalls per 1,000 I/Os (fio randrw 4k-128k, QD 16, ${STALL_SECS} s each; pollux-busy is the default)"
+    printf '%s\n' "${STALLS[@]}"
+  fi
   echo "total: $np passed, $nf failed, $((SECONDS - T_ALL)) s (kernel $(uname -r), $LAB_ACCEL)"
   if [ "$FAILED" != 0 ]; then
     echo "--- pollux-tgt logs (tail)"; for f in "$W"/*.tgt.log; do echo "# $f"; tail -n 30 "$f"; done
@@ -363,11 +590,15 @@ if want base && start_tgt base 4096 false; then
   if check connect 60 connect; then
     WANT_IOCCSZ=$(( (64 + 4096) / 16 )) check id-ctrl 30 id_ctrl
     check id-ns 30 id_ns
+    check id-conformance 60 id_conformance
+    check effects-log 30 effects_log
     check fio-512 240 fio_verify 512 "$(kib 512)"
     check fio-4k 240 fio_verify 4k "$(kib 2048)"
     check fio-16k 240 fio_verify 16k "$(kib 4096)"
     check fio-128k 240 fio_verify 128k "$(kib 8192)"
     check fio-randread-4k-3s 60 fio_timed 4k 3
+    check smart-log-moves 120 smart_moves
+    check discard-ext4-fstrim 240 discard_fs
     check pkts-16k-write 120 pkts_per_write 16k 256 && PPW_READ=$(cat "$W/ppw")
     check disconnect 60 disconnect
     if check reconnect 60 connect; then
@@ -427,4 +658,7 @@ if want kaaer && start_tgt kaaer 4096 false; then
   fi
   stop_tgt
 fi
+# 5. stalls per 1,000 I/Os, kernel target and pollux-tgt (measurement; the
+#    host's recoveries are expected here, no no-nvme-errors check)
+want stalls && stall_runs
 finish

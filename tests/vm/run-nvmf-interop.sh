@@ -15,7 +15,7 @@ out=target/nvmf-interop
 rm -rf "$out" && mkdir -p "$out" || exit 125
 tests/vm/build-bins.sh "$out" pollux-tgt || exit 1
 t0=$SECONDS
-"$LAB" -t 600 --out "$out" "$@" run tests/vm/nvmf-guest.sh "$PWD/$out/pollux-tgt"
+"$LAB" -t 1500 --out "$out" "$@" run tests/vm/nvmf-guest.sh "$PWD/$out/pollux-tgt"
 rc=$?
 echo "nvmf-interop: exit $rc after $((SECONDS - t0)) s (boot included)" >&2
 exit $rc

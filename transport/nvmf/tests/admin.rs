@@ -197,10 +197,17 @@ fn logs_smart_error_and_bad_requests() {
     assert_eq!((e.sqid, e.cid, e.opcode), (0, bad.cpl.cid, 0x7E));
     assert_eq!(e.status, NvmeStatus::INVALID_OPCODE.to_field());
     assert_eq!(e.trtype, 254);
+    assert_eq!(e.param_error_location, 0, "the opcode byte");
 
     let c = log(&fx, &mut q, lid::SMART, 512, false);
     let s = SmartLog::parse(&c.data.unwrap()).unwrap();
-    assert_eq!((s.temperature, s.available_spare), (313, 100));
+    assert_eq!(s.available_spare, 100);
+    assert!(
+        (200..400).contains(&s.temperature),
+        "a machine temperature in kelvin: {}",
+        s.temperature
+    );
+    assert_eq!(s.critical_warning & 2, u8::from(s.temperature >= 343) << 1);
     assert_eq!(s.num_err_log_entries, 1);
 
     // Offsets: a slice at LPO 16 of the SMART log, unaligned LPO, past the end.
@@ -218,15 +225,37 @@ fn logs_smart_error_and_bad_requests() {
         fx.exec(&mut q, cmd, HostData::Read(16)).cpl.status,
         NvmeStatus::INVALID_FIELD
     );
-    // Unknown and discovery-only logs.
+    // Unknown and discovery-only logs, and ANA without ANA reporting
+    // (CMIC bit 3 clear): Invalid Log Page.
+    for id in [0x55, lid::DISCOVERY, lid::ANA] {
+        assert_eq!(
+            log(&fx, &mut q, id, 1024, false).cpl.status,
+            NvmeStatus::INVALID_LOG_PAGE,
+            "log {id:#x}"
+        );
+    }
+    // The error log points at the field in error: the LID (CDW10), the
+    // unaligned offset (CDW12), the CNS (CDW10).
+    let c = log(&fx, &mut q, lid::ERROR, 64 * 6, false);
+    let d = c.data.unwrap();
+    let e: Vec<ErrorLogEntry> = d
+        .chunks(64)
+        .map(|b| ErrorLogEntry::parse(b).unwrap())
+        .collect();
+    assert_eq!(e[0].status, NvmeStatus::INVALID_LOG_PAGE.to_field());
+    assert_eq!(e[0].param_error_location, 40);
+    assert_eq!(e[3].status, NvmeStatus::INVALID_FIELD.to_field());
+    // Past the end and unaligned: the offset.
     assert_eq!(
-        log(&fx, &mut q, 0x55, 64, false).cpl.status,
-        NvmeStatus::INVALID_FIELD
+        (e[3].param_error_location, e[4].param_error_location),
+        (48, 48)
     );
-    assert_eq!(
-        log(&fx, &mut q, lid::DISCOVERY, 1024, false).cpl.status,
-        NvmeStatus::INVALID_FIELD
-    );
+    assert_eq!(e[5].status, NvmeStatus::INVALID_OPCODE.to_field());
+    let bad_cns = fx.identify(&mut q, 0x42, 0);
+    assert_eq!(bad_cns.cpl.status, NvmeStatus::INVALID_FIELD);
+    let c = log(&fx, &mut q, lid::ERROR, 64, false);
+    let e = ErrorLogEntry::parse(&c.data.unwrap()).unwrap();
+    assert_eq!((e.cid, e.param_error_location), (bad_cns.cpl.cid, 40));
 }
 
 #[test]
@@ -400,4 +429,129 @@ fn keep_alive_without_kato_is_invalid() {
     fx.cluster.advance(Duration::from_millis(1500));
     fx.drive()();
     assert!(fx.sub1.controller(cntlid).is_none());
+}
+
+#[test]
+fn effects_log_lists_exactly_what_executes() {
+    use pollux_nvmf::spec::log_page::{cmd_effects_of, effects};
+    let fx = Fx::new();
+    let mut q = fx.admin();
+    let mut io = fx.io_on(&mut q, 0);
+    let c = log(&fx, &mut q, lid::CMD_EFFECTS, 4096, false);
+    assert_eq!(c.cpl.status, NvmeStatus::SUCCESS);
+    let b = c.data.unwrap();
+    assert_eq!(
+        cmd_effects_of(&b, false, 0x01).unwrap(),
+        effects::CSUPP | effects::LBCC,
+        "Write changes block content"
+    );
+    for op in 0..=255u8 {
+        // Fabrics commands are not in the log; an AER would wait.
+        if op == 0x7F || op == AdminOpcode::AsyncEventRequest.code() {
+            continue;
+        }
+        let supported = cmd_effects_of(&b, true, op).unwrap() & effects::CSUPP != 0;
+        let st = fx
+            .exec(&mut q, NvmeCmd::new(op, 0), HostData::None)
+            .cpl
+            .status;
+        assert_eq!(
+            st != NvmeStatus::INVALID_OPCODE,
+            supported,
+            "admin {op:#x}: {st:?}"
+        );
+        let supported = cmd_effects_of(&b, false, op).unwrap() & effects::CSUPP != 0;
+        let mut cmd = NvmeCmd::new(op, 0);
+        cmd.nsid = 1;
+        let st = fx.exec(&mut io, cmd, HostData::None).cpl.status;
+        assert_eq!(
+            st != NvmeStatus::INVALID_OPCODE,
+            supported,
+            "I/O {op:#x}: {st:?}"
+        );
+    }
+}
+
+#[test]
+fn identify_namespace_optimal_io_hints() {
+    use pollux_nvmf::spec::identify::NSFEAT_OPTPERF;
+    let fx = Fx::new();
+    let mut q = fx.admin();
+    let ns =
+        IdentifyNamespace::parse(&fx.identify(&mut q, cns::NAMESPACE, 1).data.unwrap()).unwrap();
+    assert_eq!(ns.nsfeat & NSFEAT_OPTPERF, NSFEAT_OPTPERF);
+    let o = ns.opt_io;
+    // 4 KiB units of 512-byte blocks (0-based), NOWS = MDTS (128 KiB).
+    assert_eq!((o.npwg, o.npwa, o.npdg, o.npda), (7, 7, 7, 7));
+    assert_eq!(o.nows, 255);
+    let m2 = fx
+        .registry
+        .create("malloc:size=64K,block=4096,name=m2")
+        .unwrap();
+    fx.sub1
+        .add_namespace(NamespaceConfig::new(m2).with_nsid(2))
+        .unwrap();
+    let ns =
+        IdentifyNamespace::parse(&fx.identify(&mut q, cns::NAMESPACE, 2).data.unwrap()).unwrap();
+    assert_eq!((ns.opt_io.npwg, ns.opt_io.nows), (0, 31));
+}
+
+#[test]
+fn temperature_threshold_and_unsafe_shutdowns() {
+    use pollux_nvmf::spec::property::{ofst, Cc, PropertySize};
+    let fx = Fx::new();
+    let d = fx.drive();
+    let mut q = fx.admin();
+    let smart = |q: &mut HostQueue| {
+        SmartLog::parse(&log(&fx, q, lid::SMART, 512, false).data.unwrap()).unwrap()
+    };
+    let get = |q: &mut HostQueue, cdw11: u32| {
+        let mut c = FeatureCmd::get(fid::TEMPERATURE_THRESHOLD, 0);
+        c.cdw11 = cdw11;
+        fx.exec(q, c, HostData::None).cpl
+    };
+    assert_eq!(get(&mut q, 0).dw0, 343, "over: 70 °C by default");
+    assert_eq!(get(&mut q, 1 << 20).dw0, 0, "under: none");
+    let s = smart(&mut q);
+    assert_eq!(s.critical_warning & 2, u8::from(s.temperature >= 343) << 1);
+    // An over threshold at or below the temperature raises the warning.
+    let set = FeatureCmd::set(fid::TEMPERATURE_THRESHOLD, 1, 0);
+    assert_eq!(
+        fx.exec(&mut q, set, HostData::None).cpl.status,
+        NvmeStatus::SUCCESS
+    );
+    assert_eq!(get(&mut q, 0).dw0, 1);
+    assert_eq!(smart(&mut q).critical_warning & 2, 2);
+    // Sensor 1 is not implemented; a longer Get Features buffer is fine.
+    let bad = FeatureCmd::set(fid::TEMPERATURE_THRESHOLD, 1 << 16, 0);
+    assert_eq!(
+        fx.exec(&mut q, bad, HostData::None).cpl.status,
+        NvmeStatus::INVALID_FIELD
+    );
+    let c = fx.exec(
+        &mut q,
+        FeatureCmd::get(fid::TEMPERATURE_THRESHOLD, 0),
+        HostData::Read(4096),
+    );
+    assert_eq!(c.cpl.status, NvmeStatus::SUCCESS);
+    assert_eq!(smart(&mut q).unsafe_shutdowns, 0);
+
+    // Gone without a shutdown notification: one unsafe shutdown.
+    q.endpoint().disconnect();
+    d();
+    let mut q = fx.admin();
+    assert_eq!(smart(&mut q).unsafe_shutdowns, 1);
+    // Shut down (CC.SHN) first: not unsafe.
+    let mut cc = Cc::linux_default(0);
+    cc.en = true;
+    cc.shn = 1;
+    q.property_set(ofst::CC, cc.to_u32(), &d).unwrap();
+    assert_eq!(
+        q.property_get(ofst::CSTS, PropertySize::Four, &d).unwrap() >> 2 & 3,
+        2
+    );
+    q.endpoint().disconnect();
+    d();
+    let mut q = fx.admin();
+    assert_eq!(smart(&mut q).unsafe_shutdowns, 1);
 }

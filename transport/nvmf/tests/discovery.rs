@@ -86,6 +86,13 @@ fn discovery_log_lists_subsystems_times_listeners_per_host() {
     assert_eq!(h.genctr, fx.target.discovery_genctr());
     let e = entries(&log);
     assert_eq!(e[0].subtype, SUBTYPE_CURRENT_DISCOVERY);
+    // TREQ as the Linux target: secure channel not specified, SQ flow
+    // control disable supported (4, which nvme-cli decodes; 6 is not).
+    assert!(
+        e.iter().all(|x| x.treq == 4),
+        "TREQ {:?}",
+        e.iter().map(|x| x.treq).collect::<Vec<_>>()
+    );
     assert_eq!(e[0].subnqn, DISCOVERY_NQN);
     assert_eq!(e[0].trtype, TrType::Loop);
     assert_eq!(e[0].traddr, "lo0");
@@ -123,11 +130,12 @@ fn discovery_log_lists_subsystems_times_listeners_per_host() {
         fx.exec(&mut q2, cmd, HostData::Read(1024)).cpl.status,
         NvmeStatus::INVALID_FIELD
     );
-    // Only the discovery log on a discovery controller.
+    // Only the discovery log on a discovery controller: any other LID is
+    // Invalid Log Page.
     let cmd = GetLogPageCmd::to_cmd(lid::SMART, 0, 512, 0, false, 0).unwrap();
     assert_eq!(
         fx.exec(&mut q2, cmd, HostData::Read(512)).cpl.status,
-        NvmeStatus::INVALID_FIELD
+        NvmeStatus::INVALID_LOG_PAGE
     );
     // No I/O-controller features.
     let c = fx.exec(

@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use pollux_nvmf::loopback_host::HostData;
+use pollux_nvmf::loopback_host::{HostData, HostQueue};
 use pollux_nvmf::spec::cmd::{AdminOpcode, FabricsType, NvmeCmd};
 use pollux_nvmf::spec::connect::{parse_invalid_param_dw0, ConnectCmd, CNTLID_DYNAMIC};
 use pollux_nvmf::spec::cpl::NvmeStatus;
@@ -45,11 +45,13 @@ fn connect_enable_identify_controller() {
     let cap = Cap::from_u64(q.property_get(ofst::CAP, PropertySize::Eight, &d).unwrap());
     assert_eq!(cap.mqes, 127);
     assert_eq!(cap.to, 15);
-    assert_eq!(cap.css & 1, 1, "NVM command set");
+    assert_eq!(cap.css, 1, "NVM command set only: no 2.0 I/O command sets");
+    assert!(cap.cqr, "NVMe over Fabrics requires contiguous queues");
     assert_eq!(cap.mpsmin, 0);
     assert_eq!(
         q.property_get(ofst::VS, PropertySize::Four, &d).unwrap(),
-        0x0001_0300
+        0x0001_0400,
+        "NVMe 1.4"
     );
     q.enable(&d).unwrap();
     let csts = Csts::from_u32(q.property_get(ofst::CSTS, PropertySize::Four, &d).unwrap() as u32);
@@ -61,7 +63,14 @@ fn connect_enable_identify_controller() {
     assert_eq!(id.cntlid, cntlid, "must match the Connect");
     assert_eq!(id.subnqn, SUB1);
     assert_eq!(id.cntrltype, 1);
-    assert_eq!(id.ver, 0x0001_0300);
+    assert_eq!(id.ver, 0x0001_0400, "VER matches VS");
+    assert_eq!(id.ctratt, 1, "128-bit host identifier");
+    assert_eq!(id.oaes, 1 << 8, "namespace attribute notices");
+    assert_eq!(id.lpa & 0x6, 0x6, "effects log and extended data");
+    assert_eq!(
+        id.vwc, 0x5,
+        "cache present; no broadcast Flush (1.4 VWC 2:1 = 10b)"
+    );
     assert_eq!(id.sqes, 0x66);
     assert_eq!(id.cqes, 0x44);
     assert_eq!(id.kas, 10);
@@ -140,9 +149,8 @@ fn property_rules() {
     assert_eq!(c.cpl.status, NvmeStatus::COMMAND_SEQUENCE_ERROR);
 }
 
-#[test]
-fn bad_cc_sets_fatal_status() {
-    let fx = Fx::new();
+/// An admin queue on core 0 after a successful Connect, not enabled.
+fn connected_admin(fx: &Fx) -> HostQueue {
     let d = fx.drive();
     let r = fx.cluster.reactor(0);
     let mut q = fx
@@ -154,12 +162,28 @@ fn bad_cc_sets_fatal_status() {
         .unwrap()
         .ok()
         .unwrap();
+    q
+}
+
+#[test]
+fn bad_cc_sets_fatal_status() {
+    let fx = Fx::new();
+    let d = fx.drive();
+    let mut q = connected_admin(&fx);
     let mut cc = Cc::linux_default(0);
     cc.iosqes = 7;
     cc.en = true;
     q.property_set(ofst::CC, cc.to_u32(), &d).unwrap();
     let csts = Csts::from_u32(q.property_get(ofst::CSTS, PropertySize::Four, &d).unwrap() as u32);
     assert!(csts.cfs && !csts.rdy);
+
+    // CC.CSS = 110b needs CAP.CSS bit 6, which this 1.4 controller clears.
+    let mut q = connected_admin(&fx);
+    let mut cc = Cc::linux_default(6);
+    cc.en = true;
+    q.property_set(ofst::CC, cc.to_u32(), &d).unwrap();
+    let csts = Csts::from_u32(q.property_get(ofst::CSTS, PropertySize::Four, &d).unwrap() as u32);
+    assert!(csts.cfs && !csts.rdy, "CSS 6 refused");
 }
 
 #[test]

@@ -100,34 +100,16 @@ fn flush_write_zeroes_and_deallocate() {
         },
     ];
     let bytes: Vec<u8> = ranges.iter().flat_map(|r| r.encode()).collect();
-    let (c10, c11) = DsmCmd {
-        nr: 3,
-        idr: false,
-        idw: false,
-        ad: true,
-    }
-    .cdw10_11();
-    let mut dsm = NvmeCmd::new(IoOpcode::DatasetManagement.code(), 0);
-    dsm.nsid = 1;
-    dsm.cdw10 = c10;
-    dsm.cdw11 = c11;
     assert_eq!(
-        fx.exec(&mut io, dsm, HostData::Write(&bytes)).cpl.status,
+        fx.exec(&mut io, dsm_cmd(3), HostData::Write(&bytes))
+            .cpl
+            .status,
         NvmeStatus::SUCCESS
     );
     let got = fx.read(&mut io, 1, 0, 64).data.unwrap();
-    for blk in 0..64usize {
-        let s = &got[blk * 512..(blk + 1) * 512];
-        let zero = (4..12).contains(&blk) || (20..22).contains(&blk) || (40..43).contains(&blk);
-        if zero {
-            assert!(
-                s.iter().all(|&b| b == 0),
-                "block {blk} should be deallocated"
-            );
-        } else {
-            assert_eq!(s, &data[blk * 512..(blk + 1) * 512], "block {blk}");
-        }
-    }
+    assert_zeroed_where(&got, &data, |blk| {
+        (4..12).contains(&blk) || (20..22).contains(&blk) || (40..43).contains(&blk)
+    });
 
     // A DSM range out of range fails the whole command, nothing unmapped.
     let bad = [
@@ -143,15 +125,7 @@ fn flush_write_zeroes_and_deallocate() {
         },
     ];
     let bytes: Vec<u8> = bad.iter().flat_map(|r| r.encode()).collect();
-    let (c10, c11) = DsmCmd {
-        nr: 2,
-        idr: false,
-        idw: false,
-        ad: true,
-    }
-    .cdw10_11();
-    dsm.cdw10 = c10;
-    dsm.cdw11 = c11;
+    let mut dsm = dsm_cmd(2);
     assert_eq!(
         fx.exec(&mut io, dsm, HostData::Write(&bytes)).cpl.status,
         NvmeStatus::LBA_OUT_OF_RANGE
@@ -393,4 +367,158 @@ fn sq_head_advances_and_can_be_disabled() {
     assert_eq!(c.cpl.status, NvmeStatus::SUCCESS);
     assert_eq!(c.cpl.sqhd, 0xFFFF);
     assert_eq!(fx.read(&mut q2, 1, 0, 1).cpl.sqhd, 0xFFFF);
+}
+
+/// `got` (512-byte blocks) is zero in the blocks `zero` names and `data`
+/// elsewhere.
+fn assert_zeroed_where(got: &[u8], data: &[u8], zero: impl Fn(usize) -> bool) {
+    for (blk, s) in got.chunks(512).enumerate() {
+        if zero(blk) {
+            assert!(s.iter().all(|&b| b == 0), "block {blk} deallocated");
+        } else {
+            assert_eq!(s, &data[blk * 512..(blk + 1) * 512], "block {blk} kept");
+        }
+    }
+}
+
+/// A Dataset Management command with `nr` ranges, AD set, on namespace 1.
+fn dsm_cmd(nr: u16) -> NvmeCmd {
+    let (c10, c11) = DsmCmd {
+        nr,
+        idr: false,
+        idw: false,
+        ad: true,
+    }
+    .cdw10_11();
+    let mut dsm = NvmeCmd::new(IoOpcode::DatasetManagement.code(), 0);
+    dsm.nsid = 1;
+    dsm.cdw10 = c10;
+    dsm.cdw11 = c11;
+    dsm
+}
+
+#[test]
+fn dsm_takes_its_ranges_from_a_longer_buffer_as_linux_sends() {
+    let fx = Fx::new();
+    let mut admin = fx.admin();
+    let mut io = fx.io_on(&mut admin, 0);
+    let data = pattern(16 * BLOCK as usize, 3);
+    assert_eq!(fx.write(&mut io, 1, 0, &data), NvmeStatus::SUCCESS);
+    // One range in a 4096-byte keyed buffer (what the Linux host sends for
+    // blkdiscard / fstrim); the bytes after NR+1 ranges are ignored, even
+    // if they look like ranges.
+    let mut buf = vec![0u8; 4096];
+    let r = DsmRange {
+        attributes: 0,
+        nlb: 4,
+        slba: 2,
+    };
+    buf[..16].copy_from_slice(&r.encode());
+    let junk = DsmRange {
+        attributes: 0,
+        nlb: 1,
+        slba: 10,
+    };
+    buf[16..32].copy_from_slice(&junk.encode());
+    let mut c = dsm_cmd(1);
+    c.cid = io.alloc_cid();
+    let key = io.register(buf.clone());
+    c.set_sgl(&SglDescriptor::keyed(0, 4096, key, true).unwrap());
+    let cid = io.submit_with_sgl(c, &[], Some(key)).unwrap();
+    fx.drive()();
+    io.poll();
+    assert_eq!(io.take(cid).unwrap().cpl.status, NvmeStatus::SUCCESS);
+    let got = fx.read(&mut io, 1, 0, 16).data.unwrap();
+    assert_zeroed_where(&got, &data, |blk| (2..6).contains(&blk));
+    // In-capsule: one range in 64 bytes of capsule data.
+    let mut icd = vec![0u8; 64];
+    icd[..16].copy_from_slice(&junk.encode());
+    let mut c = dsm_cmd(1);
+    c.cid = io.alloc_cid();
+    c.set_sgl(&SglDescriptor::in_capsule(0, 64));
+    let cid = io.submit_with_sgl(c, &icd, None).unwrap();
+    fx.drive()();
+    io.poll();
+    assert_eq!(io.take(cid).unwrap().cpl.status, NvmeStatus::SUCCESS);
+    assert!(fx
+        .read(&mut io, 1, 10, 1)
+        .data
+        .unwrap()
+        .iter()
+        .all(|&b| b == 0));
+    // Shorter than NR+1 ranges: still Data SGL Length Invalid.
+    let mut c = dsm_cmd(2);
+    c.cid = io.alloc_cid();
+    let key = io.register(vec![0u8; 16]);
+    c.set_sgl(&SglDescriptor::keyed(0, 16, key, true).unwrap());
+    let cid = io.submit_with_sgl(c, &[], Some(key)).unwrap();
+    fx.drive()();
+    io.poll();
+    assert_eq!(
+        io.take(cid).unwrap().cpl.status,
+        NvmeStatus::DATA_SGL_LENGTH_INVALID
+    );
+    // Reads and writes still need the exact length.
+    assert_eq!(
+        fx.exec(&mut io, rw(IoOpcode::Read, 1, 0, 1), HostData::Read(1024))
+            .cpl
+            .status,
+        NvmeStatus::DATA_SGL_LENGTH_INVALID
+    );
+}
+
+#[test]
+fn smart_log_counts_io_per_queue_summed_on_the_admin_queue() {
+    use pollux_nvmf::spec::log_page::{lid, GetLogPageCmd, SmartLog};
+    let fx = Fx::new();
+    let mut admin = fx.admin();
+    let mut io = fx.io_on(&mut admin, 0);
+    let smart = |admin: &mut _| {
+        let cmd = GetLogPageCmd::to_cmd(lid::SMART, 0xFFFF_FFFF, 512, 0, false, 0).unwrap();
+        SmartLog::parse(&fx.exec(admin, cmd, HostData::Read(512)).data.unwrap()).unwrap()
+    };
+    let s0 = smart(&mut admin);
+    assert_eq!(
+        (
+            s0.data_units_read,
+            s0.data_units_written,
+            s0.host_reads,
+            s0.host_writes
+        ),
+        (0, 0, 0, 0)
+    );
+    // 3 writes of 8 blocks (24 units), 2 reads of 256 blocks (512 units),
+    // 1 write zeroes (a write command, no data units), 1 failed read.
+    for i in 0..3 {
+        let d = pattern(8 * 512, i);
+        assert_eq!(
+            fx.write(&mut io, 1, u64::from(i) * 8, &d),
+            NvmeStatus::SUCCESS
+        );
+    }
+    for _ in 0..2 {
+        assert_eq!(fx.read(&mut io, 1, 0, 256).cpl.status, NvmeStatus::SUCCESS);
+    }
+    let wz = fx.exec(&mut io, rw(IoOpcode::WriteZeroes, 1, 0, 8), HostData::None);
+    assert_eq!(wz.cpl.status, NvmeStatus::SUCCESS);
+    assert_eq!(
+        fx.read(&mut io, 1, BLOCKS, 1).cpl.status,
+        NvmeStatus::LBA_OUT_OF_RANGE
+    );
+    let s = smart(&mut admin);
+    assert_eq!(s.host_reads, 2);
+    assert_eq!(s.host_writes, 4);
+    assert_eq!(s.data_units_read, 1, "512 units: one thousand, rounded up");
+    assert_eq!(s.data_units_written, 1, "24 units: rounded up");
+    // The queue's counts stay in the sums after it disconnects.
+    let big = pattern(128 * 1024, 1);
+    for _ in 0..4 {
+        assert_eq!(fx.write(&mut io, 1, 0, &big), NvmeStatus::SUCCESS);
+    }
+    io.endpoint().disconnect();
+    fx.drive()();
+    let s = smart(&mut admin);
+    assert_eq!(s.host_writes, 8);
+    assert_eq!(s.data_units_written, 2, "24 + 1024 units");
+    assert_eq!(s.power_on_hours, 0);
 }

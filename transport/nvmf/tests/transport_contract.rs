@@ -201,7 +201,7 @@ fn busy_parks_and_the_next_poll_retries_in_order() {
     qp.poll(&mut ops);
     let cids: Vec<u16> = ops.sent.iter().map(|s| s.1.cid).collect();
     assert_eq!(cids, vec![1, 2, 3], "oldest first");
-    assert_eq!(ops.sent[2].1.dw0, 0x0001_0300);
+    assert_eq!(ops.sent[2].1.dw0, 0x0001_0400);
     assert_eq!(qp.outstanding(), 0);
     assert!(qp.stats().parked >= 2);
 }

@@ -167,6 +167,13 @@ pub const ONCS_DSM: u16 = 1 << 2;
 /// ONCS bit 3: Write Zeroes.
 pub const ONCS_WRITE_ZEROES: u16 = 1 << 3;
 
+/// LPA bit 1: Commands Supported and Effects log page.
+pub const LPA_CMD_EFFECTS: u8 = 1 << 1;
+/// VWC bit 0: a volatile write cache is present.
+pub const VWC_PRESENT: u8 = 1 << 0;
+/// VWC bits 2:1 = 10b: Flush with NSID FFFFFFFFh is not supported (Invalid
+/// Namespace), NVMe 1.4.
+pub const VWC_NO_BROADCAST_FLUSH: u8 = 0b10 << 1;
 /// LPA bit 2: extended data for Get Log Page (NUMDU, LPO).
 pub const LPA_EXTENDED: u8 = 1 << 2;
 
@@ -413,6 +420,16 @@ pub mod ns_off {
     pub const NMIC: usize = 30;
     /// Deallocate logical block features.
     pub const DLFEAT: usize = 33;
+    /// Namespace preferred write granularity (0-based blocks).
+    pub const NPWG: usize = 64;
+    /// Namespace preferred write alignment.
+    pub const NPWA: usize = 66;
+    /// Namespace preferred deallocate granularity.
+    pub const NPDG: usize = 68;
+    /// Namespace preferred deallocate alignment.
+    pub const NPDA: usize = 70;
+    /// Namespace optimal write size.
+    pub const NOWS: usize = 72;
     /// Namespace globally unique identifier (16 bytes).
     pub const NGUID: usize = 104;
     /// IEEE extended unique identifier (8 bytes).
@@ -423,6 +440,25 @@ pub mod ns_off {
 
 const _: () = assert!(ns_off::NGUID + 16 == ns_off::EUI64);
 const _: () = assert!(ns_off::LBAF0 + 64 * 4 <= IDENTIFY_DATA_SIZE);
+
+/// NSFEAT bit 4 (OPTPERF): NPWG, NPWA, NPDG, NPDA and NOWS are valid.
+pub const NSFEAT_OPTPERF: u8 = 1 << 4;
+
+/// The optimal-I/O hints of a namespace, every one a 0-based count of
+/// logical blocks (NVMe 1.4 Identify Namespace bytes 64-73).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct OptimalIo {
+    /// Preferred write granularity.
+    pub npwg: u16,
+    /// Preferred write alignment.
+    pub npwa: u16,
+    /// Preferred deallocate granularity.
+    pub npdg: u16,
+    /// Preferred deallocate alignment.
+    pub npda: u16,
+    /// Optimal write size.
+    pub nows: u16,
+}
 
 /// The Identify Namespace fields this target fills.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -447,6 +483,8 @@ pub struct IdentifyNamespace {
     pub nmic: u8,
     /// Deallocate features.
     pub dlfeat: u8,
+    /// The optimal-I/O hints (valid with NSFEAT bit 4).
+    pub opt_io: OptimalIo,
     /// NGUID.
     pub nguid: [u8; 16],
     /// EUI-64.
@@ -471,6 +509,11 @@ impl IdentifyNamespace {
         b[o::DPS] = self.dps;
         b[o::NMIC] = self.nmic;
         b[o::DLFEAT] = self.dlfeat;
+        put16(b, o::NPWG, self.opt_io.npwg);
+        put16(b, o::NPWA, self.opt_io.npwa);
+        put16(b, o::NPDG, self.opt_io.npdg);
+        put16(b, o::NPDA, self.opt_io.npda);
+        put16(b, o::NOWS, self.opt_io.nows);
         put(b, o::NGUID, &self.nguid);
         put(b, o::EUI64, &self.eui64);
         for (i, f) in self.lbaf.iter().take(64).enumerate() {
@@ -498,6 +541,13 @@ impl IdentifyNamespace {
             dps: b[o::DPS],
             nmic: b[o::NMIC],
             dlfeat: b[o::DLFEAT],
+            opt_io: OptimalIo {
+                npwg: le16(b, o::NPWG),
+                npwa: le16(b, o::NPWA),
+                npdg: le16(b, o::NPDG),
+                npda: le16(b, o::NPDA),
+                nows: le16(b, o::NOWS),
+            },
             nguid: bytes(b, o::NGUID),
             eui64: bytes(b, o::EUI64),
             lbaf: (0..n)

@@ -19,6 +19,8 @@ pub mod lid {
     pub const CHANGED_NS_LIST: u8 = 0x04;
     /// Commands Supported and Effects.
     pub const CMD_EFFECTS: u8 = 0x05;
+    /// Asymmetric Namespace Access (only with ANA reporting, CMIC bit 3).
+    pub const ANA: u8 = 0x0C;
     /// Discovery.
     pub const DISCOVERY: u8 = 0x70;
 }
@@ -185,6 +187,8 @@ pub struct SmartLog {
     pub host_reads: u128,
     /// Host write commands.
     pub host_writes: u128,
+    /// Controller busy time, minutes.
+    pub ctrl_busy_minutes: u128,
     /// Power-on hours.
     pub power_on_hours: u128,
     /// Unsafe shutdowns.
@@ -208,6 +212,7 @@ impl SmartLog {
         put128(&mut b, 48, self.data_units_written);
         put128(&mut b, 64, self.host_reads);
         put128(&mut b, 80, self.host_writes);
+        put128(&mut b, 96, self.ctrl_busy_minutes);
         put128(&mut b, 128, self.power_on_hours);
         put128(&mut b, 144, self.unsafe_shutdowns);
         put128(&mut b, 160, self.media_errors);
@@ -232,12 +237,58 @@ impl SmartLog {
             data_units_written: le128(b, 48),
             host_reads: le128(b, 64),
             host_writes: le128(b, 80),
+            ctrl_busy_minutes: le128(b, 96),
             power_on_hours: le128(b, 128),
             unsafe_shutdowns: le128(b, 144),
             media_errors: le128(b, 160),
             num_err_log_entries: le128(b, 176),
         })
     }
+}
+
+/// Size of the Commands Supported and Effects log: 256 admin and 256 I/O
+/// command entries of 4 bytes.
+pub const CMD_EFFECTS_LOG_SIZE: usize = 4096;
+/// Byte offset of the I/O command entries in the effects log.
+pub const CMD_EFFECTS_IO_OFFSET: usize = 1024;
+
+/// Commands Supported and Effects entry bits.
+pub mod effects {
+    /// CSUPP: the command is supported.
+    pub const CSUPP: u32 = 1 << 0;
+    /// LBCC: the command may change logical block content.
+    pub const LBCC: u32 = 1 << 1;
+    /// NCC: the command may change namespace capabilities.
+    pub const NCC: u32 = 1 << 2;
+    /// NIC: the command may change the namespace inventory.
+    pub const NIC: u32 = 1 << 3;
+    /// CCC: the command may change controller capabilities.
+    pub const CCC: u32 = 1 << 4;
+}
+
+/// Encode a Commands Supported and Effects log from `(opcode, effects)`
+/// pairs of admin and of I/O commands (opcodes not listed: not supported).
+pub fn encode_cmd_effects(admin: &[(u8, u32)], io: &[(u8, u32)]) -> [u8; CMD_EFFECTS_LOG_SIZE] {
+    let mut b = [0u8; CMD_EFFECTS_LOG_SIZE];
+    for &(op, e) in admin {
+        put32(&mut b, 4 * usize::from(op), e);
+    }
+    for &(op, e) in io {
+        put32(&mut b, CMD_EFFECTS_IO_OFFSET + 4 * usize::from(op), e);
+    }
+    b
+}
+
+/// The effects of admin opcode `op` (`admin`) or I/O opcode `op` in an
+/// effects log.
+///
+/// # Errors
+///
+/// [`WireError::Short`] under 4096 bytes.
+pub fn cmd_effects_of(b: &[u8], admin: bool, op: u8) -> Result<u32, WireError> {
+    let b: &[u8; CMD_EFFECTS_LOG_SIZE] = need(b, "commands supported and effects log")?;
+    let base = if admin { 0 } else { CMD_EFFECTS_IO_OFFSET };
+    Ok(super::le32(b, base + 4 * usize::from(op)))
 }
 
 /// Size of the changed namespace list log.
@@ -309,6 +360,12 @@ pub const SUBTYPE_CURRENT_DISCOVERY: u8 = 3;
 pub const TREQ_SECURE_CHANNEL_NOT_REQUIRED: u8 = 2;
 /// TREQ bit 2: SQ flow control disable supported.
 pub const TREQ_SQFLOW_DISABLE: u8 = 1 << 2;
+/// The TREQ of this target's entries: secure channel "not specified"
+/// (bits 1:0 = 0) with SQ flow control disable supported (bit 2), the
+/// Linux target's default (`NVMF_TREQ_DISABLE_SQFLOW`). nvme-cli decodes
+/// only 0, 1, 2 and 4 (6, "not required" with bit 2, prints as
+/// "unrecognized"), and a host enables `disable_sqflow` from bit 2.
+pub const TREQ_DEFAULT: u8 = TREQ_SQFLOW_DISABLE;
 
 /// RDMA transport specific address subtype (TSAS) of a discovery entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -539,5 +596,19 @@ mod tests {
         assert_eq!(&c[..8], &[3, 0, 0, 0, 1, 0, 0, 0]);
         encode_changed_ns_list(&[], true, &mut c);
         assert_eq!(&c[..4], &[0xFF; 4]);
+    }
+
+    #[test]
+    fn cmd_effects_layout() {
+        let b = encode_cmd_effects(
+            &[(0x06, effects::CSUPP)],
+            &[(0x01, effects::CSUPP | effects::LBCC)],
+        );
+        assert_eq!(&b[24..28], &[1, 0, 0, 0]);
+        assert_eq!(&b[1028..1032], &[3, 0, 0, 0]);
+        assert_eq!(cmd_effects_of(&b, true, 0x06).unwrap(), 1);
+        assert_eq!(cmd_effects_of(&b, false, 0x01).unwrap(), 3);
+        assert_eq!(cmd_effects_of(&b, false, 0x06).unwrap(), 0);
+        assert!(cmd_effects_of(&b[..100], true, 0).is_err());
     }
 }

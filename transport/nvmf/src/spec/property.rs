@@ -148,8 +148,10 @@ pub const fn version(major: u16, minor: u8, tertiary: u8) -> u32 {
     ((major as u32) << 16) | ((minor as u32) << 8) | tertiary as u32
 }
 
-/// NVMe 1.3, the version this target reports.
+/// NVMe 1.3.
 pub const VS_1_3: u32 = version(1, 3, 0);
+/// NVMe 1.4.
+pub const VS_1_4: u32 = version(1, 4, 0);
 
 /// Controller Configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -293,6 +295,7 @@ mod tests {
         assert_eq!(st.to_u32(), 0b1001);
         assert_eq!(Csts::from_u32(st.to_u32()), st);
         assert_eq!(VS_1_3, 0x0001_0300);
+        assert_eq!(VS_1_4, 0x0001_0400);
     }
 
     #[test]

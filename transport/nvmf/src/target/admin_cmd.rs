@@ -3,9 +3,12 @@
 //! They run on the admin queue's reactor and take the controller's and the
 //! subsystem's locks (control path).
 
+use super::conformance::NVME_VERSION;
 use super::ctrlr::ERROR_LOG_ENTRIES;
+use super::health::{composite_temperature_k, data_units, temperature_warning};
 use super::qpair::{ExecOutcome, QueuePair, AER_LIMIT};
 use super::req::{Dir, Exec, ParkQ, Plan};
+use super::subsystem::Namespace;
 use crate::spec::cmd::{AbortCmd, AdminOpcode, NvmeCmd};
 use crate::spec::cpl::NvmeStatus;
 use crate::spec::features::{
@@ -13,22 +16,36 @@ use crate::spec::features::{
 };
 use crate::spec::identify::{
     cns, encode_ns_id_descriptors, encode_ns_list, IdentifyCmd, IdentifyController,
-    IdentifyNamespace, LbaFormat, NsIdDescriptor, CMIC_MULTI_CTRL, CNTRLTYPE_DISCOVERY,
-    CNTRLTYPE_IO, CTRATT_HOSTID_128, IDENTIFY_DATA_SIZE, LPA_EXTENDED, ONCS_DSM, ONCS_WRITE_ZEROES,
-    SGLS_KEYED, SGLS_OFFSET, SGLS_SUPPORTED,
+    IdentifyNamespace, LbaFormat, NsIdDescriptor, OptimalIo, CMIC_MULTI_CTRL, CNTRLTYPE_DISCOVERY,
+    CNTRLTYPE_IO, CTRATT_HOSTID_128, IDENTIFY_DATA_SIZE, LPA_CMD_EFFECTS, LPA_EXTENDED,
+    NSFEAT_OPTPERF, ONCS_DSM, ONCS_WRITE_ZEROES, SGLS_KEYED, SGLS_OFFSET, SGLS_SUPPORTED,
+    VWC_NO_BROADCAST_FLUSH, VWC_PRESENT,
 };
 use crate::spec::log_page::{
     encode_changed_ns_list, lid, GetLogPageCmd, SmartLog, CHANGED_NS_LIST_SIZE,
     ERROR_LOG_ENTRY_SIZE, SMART_LOG_SIZE,
 };
-use crate::spec::property::VS_1_3;
 
 /// Host identifier size (Get Features 0x81 with EXHID).
 const HOST_ID_SIZE: u32 = 16;
-/// Composite temperature reported in SMART (kelvin).
-const SMART_TEMPERATURE_K: u16 = 313;
+/// The preferred write and deallocate unit: 4 KiB, the page of the
+/// target's data buffers and the alignment the aio backend's O_DIRECT
+/// I/O needs; smaller or unaligned writes still work.
+const PREFERRED_IO_BYTES: u32 = 4096;
 /// NSID meaning "all namespaces".
 const NSID_ALL: u32 = 0xFFFF_FFFF;
+
+/// Temperature Threshold CDW11: `(under, TMPTH)` for the composite sensor
+/// (TMPSEL 0); `None` for another sensor (this controller reports only the
+/// composite temperature) or a reserved THSEL.
+fn temp_threshold_target(cdw11: u32) -> Option<(bool, u16)> {
+    let tmpsel = (cdw11 >> 16) & 0xF;
+    let thsel = (cdw11 >> 20) & 0x3;
+    if tmpsel != 0 || thsel > 1 {
+        return None;
+    }
+    Some((thsel == 1, cdw11 as u16))
+}
 
 impl QueuePair {
     /// Admin queue: what a command needs.
@@ -66,12 +83,23 @@ impl QueuePair {
                 let ok = if disc {
                     g.lid == lid::DISCOVERY
                 } else {
+                    // Not ANA (0x0C): CMIC bit 3 is clear, so the log is
+                    // unsupported and answered as every unsupported LID.
                     matches!(
                         g.lid,
-                        lid::ERROR | lid::SMART | lid::FW_SLOT | lid::CHANGED_NS_LIST
+                        lid::ERROR
+                            | lid::SMART
+                            | lid::FW_SLOT
+                            | lid::CHANGED_NS_LIST
+                            | lid::CMD_EFFECTS
                     )
                 };
-                if !ok || g.lpo % 4 != 0 || g.len() > u64::from(self.target.options().max_io_size) {
+                if !ok {
+                    // NVMe 1.4 Get Log Page status 09h: "the log page
+                    // indicated is invalid" (reserved or unsupported).
+                    return Err(NvmeStatus::INVALID_LOG_PAGE);
+                }
+                if g.lpo % 4 != 0 || g.len() > u64::from(self.target.options().max_io_size) {
                     return Err(NvmeStatus::INVALID_FIELD);
                 }
                 Ok(Plan::new(exec, Dir::ToHost, g.len() as u32))
@@ -81,7 +109,9 @@ impl QueuePair {
                 if f.fid == fid::HOST_IDENTIFIER {
                     return Err(NvmeStatus::COMMAND_SEQUENCE_ERROR);
                 }
-                Ok(Plan::no_data(exec))
+                // No feature set here takes data; a data buffer is
+                // ignored (nvmet: `nvmet_check_data_len_lte(req, 0)`).
+                Ok(Plan::no_data(exec).sgl_may_exceed())
             }
             AdminOpcode::GetFeatures => {
                 let f = FeatureCmd::from_cmd(cmd);
@@ -89,9 +119,9 @@ impl QueuePair {
                     if f.cdw11 & 1 == 0 {
                         return Err(NvmeStatus::INVALID_FIELD);
                     }
-                    return Ok(Plan::new(exec, Dir::ToHost, HOST_ID_SIZE));
+                    return Ok(Plan::new(exec, Dir::ToHost, HOST_ID_SIZE).sgl_may_exceed());
                 }
-                Ok(Plan::no_data(exec))
+                Ok(Plan::no_data(exec).sgl_may_exceed())
             }
             AdminOpcode::AsyncEventRequest | AdminOpcode::KeepAlive => Ok(Plan::no_data(exec)),
             AdminOpcode::Abort if !disc => Ok(Plan::no_data(exec)),
@@ -134,6 +164,8 @@ impl QueuePair {
                         nsze: ns.num_blocks(),
                         ncap: ns.num_blocks(),
                         nuse: ns.num_blocks(),
+                        nsfeat: NSFEAT_OPTPERF,
+                        opt_io: self.optimal_io(&ns),
                         nmic: 1,
                         nguid: ns.nguid(),
                         eui64: ns.eui64(),
@@ -178,6 +210,24 @@ impl QueuePair {
         NvmeStatus::SUCCESS
     }
 
+    /// The optimal-I/O hints of `ns` (0-based block counts): write and
+    /// deallocate in [`PREFERRED_IO_BYTES`] units aligned to them, and
+    /// write up to the largest transfer (MDTS) at once, which the target
+    /// never splits.
+    fn optimal_io(&self, ns: &Namespace) -> OptimalIo {
+        let bs = ns.block_size().max(1);
+        let unit = (PREFERRED_IO_BYTES / bs).max(1);
+        let unit0 = u16::try_from(unit - 1).unwrap_or(u16::MAX);
+        let nows = (self.target.options().max_io_size / bs).max(1) - 1;
+        OptimalIo {
+            npwg: unit0,
+            npwa: unit0,
+            npdg: unit0,
+            npda: unit0,
+            nows: u16::try_from(nows).unwrap_or(u16::MAX),
+        }
+    }
+
     /// Identify Controller data for this queue's controller.
     pub(crate) fn identify_controller(&self) -> IdentifyController {
         let opts = self.target.options();
@@ -199,7 +249,7 @@ impl QueuePair {
             cmic: if disc { 0 } else { CMIC_MULTI_CTRL },
             mdts: opts.mdts(),
             cntlid,
-            ver: VS_1_3,
+            ver: NVME_VERSION,
             oaes: if disc {
                 AEN_DISCOVERY_CHANGE
             } else {
@@ -214,7 +264,11 @@ impl QueuePair {
             acl: 3,
             aerl: (AER_LIMIT - 1) as u8,
             frmw: 0x3,
-            lpa: LPA_EXTENDED,
+            lpa: if disc {
+                LPA_EXTENDED
+            } else {
+                LPA_EXTENDED | LPA_CMD_EFFECTS
+            },
             elpe: (ERROR_LOG_ENTRIES - 1) as u8,
             kas: 10,
             sqes: 0x66,
@@ -226,7 +280,11 @@ impl QueuePair {
             } else {
                 ONCS_DSM | ONCS_WRITE_ZEROES
             },
-            vwc: u8::from(!disc),
+            vwc: if disc {
+                0
+            } else {
+                VWC_PRESENT | VWC_NO_BROADCAST_FLUSH
+            },
             sgls,
             subnqn: subsys.nqn().to_owned(),
             ioccsz: (64 + icd) / 16,
@@ -258,17 +316,32 @@ impl QueuePair {
                 v
             }
             lid::SMART => {
-                let errs = ctrl.lock().error_count;
+                let (errs, over, under) = {
+                    let st = ctrl.lock();
+                    (st.error_count, st.over_temp_k, st.under_temp_k)
+                };
+                let h = ctrl.subsystem().health();
+                let io = h.io_totals();
+                let temperature = composite_temperature_k();
                 SmartLog {
-                    temperature: SMART_TEMPERATURE_K,
+                    critical_warning: temperature_warning(temperature, over, under),
+                    temperature,
                     available_spare: 100,
                     spare_threshold: 10,
+                    data_units_read: data_units(io.read_units),
+                    data_units_written: data_units(io.write_units),
+                    host_reads: u128::from(io.read_cmds),
+                    host_writes: u128::from(io.write_cmds),
+                    ctrl_busy_minutes: u128::from(io.busy_ns / 60_000_000_000),
+                    power_on_hours: u128::from(h.power_on_hours()),
+                    unsafe_shutdowns: u128::from(h.unsafe_shutdowns()),
                     num_err_log_entries: u128::from(errs),
                     ..SmartLog::default()
                 }
                 .encode()
                 .to_vec()
             }
+            lid::CMD_EFFECTS => super::cmd_effects::cmd_effects_log().to_vec(),
             lid::FW_SLOT => {
                 let mut v = vec![0u8; SMART_LOG_SIZE];
                 v[0] = 1; // active firmware: slot 1
@@ -297,7 +370,7 @@ impl QueuePair {
                 }
                 log
             }
-            _ => return NvmeStatus::INVALID_FIELD,
+            _ => return NvmeStatus::INVALID_LOG_PAGE,
         };
         let Ok(lpo) = usize::try_from(g.lpo) else {
             return NvmeStatus::INVALID_FIELD;
@@ -351,10 +424,21 @@ impl QueuePair {
                 self.reqs[si].dw0 = num_queues_value(nsq, ncq);
                 NvmeStatus::SUCCESS
             }
-            fid::VOLATILE_WRITE_CACHE
-            | fid::ARBITRATION
-            | fid::POWER_MANAGEMENT
-            | fid::TEMPERATURE_THRESHOLD => NvmeStatus::SUCCESS,
+            fid::TEMPERATURE_THRESHOLD => {
+                let Some((under, k)) = temp_threshold_target(f.cdw11) else {
+                    return NvmeStatus::INVALID_FIELD;
+                };
+                let mut st = ctrl.lock();
+                if under {
+                    st.under_temp_k = k;
+                } else {
+                    st.over_temp_k = k;
+                }
+                NvmeStatus::SUCCESS
+            }
+            fid::VOLATILE_WRITE_CACHE | fid::ARBITRATION | fid::POWER_MANAGEMENT => {
+                NvmeStatus::SUCCESS
+            }
             _ => NvmeStatus::INVALID_FIELD,
         }
     }
@@ -376,7 +460,17 @@ impl QueuePair {
             }
             fid::VOLATILE_WRITE_CACHE => 1,
             fid::ARBITRATION | fid::POWER_MANAGEMENT => 0,
-            fid::TEMPERATURE_THRESHOLD => 343,
+            fid::TEMPERATURE_THRESHOLD => {
+                let Some((under, _)) = temp_threshold_target(f.cdw11) else {
+                    return NvmeStatus::INVALID_FIELD;
+                };
+                let st = ctrl.lock();
+                u32::from(if under {
+                    st.under_temp_k
+                } else {
+                    st.over_temp_k
+                })
+            }
             fid::HOST_IDENTIFIER => {
                 self.reqs[si].write_data(&ctrl.hostid());
                 0

@@ -16,6 +16,7 @@ use pollux_reactor::sync::{Mutex, MutexGuard};
 
 use pollux_reactor::CoreId;
 
+use super::health::{DEFAULT_OVER_TEMP_K, DEFAULT_UNDER_TEMP_K};
 use super::subsystem::Subsystem;
 use crate::spec::features::{AsyncEvent, AEN_NS_ATTR};
 use crate::spec::log_page::{ErrorLogEntry, CHANGED_NS_MAX};
@@ -51,6 +52,12 @@ pub(crate) struct CtrlrState {
     pub(crate) changed_ns_overflow: bool,
     pub(crate) error_log: VecDeque<ErrorLogEntry>,
     pub(crate) error_count: u64,
+    /// CSTS.RDY went to 1 and no shutdown notification followed yet: the
+    /// controller going away now is an unsafe shutdown.
+    pub(crate) unsafe_if_lost: bool,
+    /// Temperature Threshold feature, composite sensor: over and under (K).
+    pub(crate) over_temp_k: u16,
+    pub(crate) under_temp_k: u16,
 }
 
 /// A controller.
@@ -104,6 +111,9 @@ impl Controller {
                 changed_ns_overflow: false,
                 error_log: VecDeque::with_capacity(ERROR_LOG_ENTRIES),
                 error_count: 0,
+                unsafe_if_lost: false,
+                over_temp_k: DEFAULT_OVER_TEMP_K,
+                under_temp_k: DEFAULT_UNDER_TEMP_K,
             }),
         })
     }
@@ -186,11 +196,12 @@ impl Controller {
         st.cc = new;
         if new.en && !old.en {
             let io_ok = self.subsys.is_discovery() || (new.iosqes == 6 && new.iocqes == 4);
-            let css_ok = new.css == 0 || new.css == 6;
+            let css_ok = super::conformance::css_supported(new.css);
             if !io_ok || new.mps != 0 || new.ams != 0 || !css_ok {
                 st.csts.cfs = true;
             } else {
                 st.csts.rdy = true;
+                st.unsafe_if_lost = true;
             }
         }
         if !new.en && old.en {
@@ -202,6 +213,7 @@ impl Controller {
             st.csts.rdy = false;
             st.csts.shst = SHST_COMPLETE;
             st.cc.en = false;
+            st.unsafe_if_lost = false;
         }
         if new.shn == 0 && old.shn != 0 {
             st.csts.shst = 0;
@@ -231,6 +243,9 @@ impl Controller {
     pub(crate) fn destroy(&self) {
         self.ready.store(false, Ordering::Release);
         if !self.dead.swap(true, Ordering::AcqRel) {
+            if std::mem::take(&mut self.lock().unsafe_if_lost) {
+                self.subsys.health().unsafe_shutdown();
+            }
             self.subsys.unregister_controller(self.cntlid);
             log::debug!(
                 "nvmf: controller {} of {} destroyed",

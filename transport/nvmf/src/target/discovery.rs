@@ -5,7 +5,7 @@ use super::target::Target;
 use crate::spec::connect::CNTLID_DYNAMIC;
 use crate::spec::log_page::{
     DiscoveryLogEntry, DiscoveryLogHeader, DISCOVERY_RECORD_SIZE, SUBTYPE_CURRENT_DISCOVERY,
-    SUBTYPE_NVME, TREQ_SECURE_CHANNEL_NOT_REQUIRED, TREQ_SQFLOW_DISABLE,
+    SUBTYPE_NVME, TREQ_DEFAULT,
 };
 use crate::spec::rdma_cm::ADMIN_QUEUE_MAX_DEPTH;
 use crate::spec::transport_id::TransportId;
@@ -29,7 +29,7 @@ pub(crate) fn build_log(target: &Target, hostnqn: &str, current: Option<&Transpo
         trtype: l.trid.trtype,
         adrfam: l.trid.adrfam,
         subtype,
-        treq: TREQ_SECURE_CHANNEL_NOT_REQUIRED | TREQ_SQFLOW_DISABLE,
+        treq: TREQ_DEFAULT,
         portid: l.portid,
         cntlid: CNTLID_DYNAMIC,
         asqsz: ADMIN_QUEUE_MAX_DEPTH,

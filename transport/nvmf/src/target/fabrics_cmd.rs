@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use pollux_reactor::{PollStatus, Reactor};
 
+use super::conformance::{self, NVME_VERSION};
 use super::ctrlr::Controller;
 use super::qpair::QueuePair;
 use super::req::{Dir, Exec, Plan};
@@ -17,11 +18,9 @@ use crate::spec::connect::{
     CONNECT_DATA_SIZE,
 };
 use crate::spec::cpl::NvmeStatus;
-use crate::spec::property::{ofst, Cap, Cc, PropertyCmd, PropertySize, CAP_CSS_NVM, VS_1_3};
+use crate::spec::property::{ofst, Cap, Cc, PropertyCmd, PropertySize};
 use crate::spec::WireError;
 
-/// CAP.TO: 7.5 s ready timeout (500 ms units), as the Linux target.
-const CAP_TO: u8 = 15;
 /// The keep-alive timer checks at least this often.
 const KEEP_ALIVE_MIN_PERIOD: Duration = Duration::from_millis(100);
 
@@ -158,6 +157,7 @@ impl QueuePair {
             if !ctrl.add_io_qid(cc.qid) {
                 return (NvmeStatus::COMMAND_SEQUENCE_ERROR, 0);
             }
+            ctrl.subsystem().health().register(&self.io_counters);
             self.ctrlr = Some(Arc::clone(&ctrl));
             self.qid = Some(cc.qid);
             self.refresh_ns_view();
@@ -233,7 +233,7 @@ impl QueuePair {
         };
         let value: u64 = match (p.offset, p.size) {
             (ofst::CAP, Some(PropertySize::Eight)) => self.cap().to_u64(),
-            (ofst::VS, Some(PropertySize::Four)) => u64::from(VS_1_3),
+            (ofst::VS, Some(PropertySize::Four)) => u64::from(NVME_VERSION),
             (ofst::CC, Some(PropertySize::Four)) => u64::from(ctrl.cc().to_u32()),
             (ofst::CSTS, Some(PropertySize::Four)) => u64::from(ctrl.csts().to_u32()),
             _ => return NvmeStatus::INVALID_FIELD,
@@ -260,12 +260,6 @@ impl QueuePair {
 
     /// This target's CAP.
     pub(crate) fn cap(&self) -> Cap {
-        Cap {
-            mqes: self.target.options().max_queue_depth - 1,
-            cqr: true,
-            to: CAP_TO,
-            css: CAP_CSS_NVM,
-            ..Cap::default()
-        }
+        conformance::cap(self.target.options().max_queue_depth)
     }
 }

@@ -115,7 +115,9 @@ impl QueuePair {
             IoOpcode::Flush => Ok(Plan::no_data(Exec::Flush)),
             IoOpcode::DatasetManagement => {
                 let d = DsmCmd::from_cmd(&req.cmd);
-                Ok(Plan::new(Exec::Dsm, Dir::ToCtrl, d.data_len() as u32))
+                // NR+1 ranges from a buffer that may be longer (Linux
+                // sends 4096 bytes for one range).
+                Ok(Plan::new(Exec::Dsm, Dir::ToCtrl, d.data_len() as u32).sgl_may_exceed())
             }
             IoOpcode::Fabrics => Err(NvmeStatus::INVALID_OPCODE),
         }

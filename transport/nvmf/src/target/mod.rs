@@ -20,13 +20,17 @@
 //! from the core than what [`transport`] describes.
 
 mod admin_cmd;
+mod cmd_effects;
+pub mod conformance;
 mod core_ctx;
 mod ctrlr;
 mod ctrlr_stats;
 mod discovery;
 mod error;
+pub mod error_loc;
 mod exec;
 mod fabrics_cmd;
+pub mod health;
 mod io_cmd;
 mod loopback;
 mod qpair;

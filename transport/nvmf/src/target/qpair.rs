@@ -16,6 +16,7 @@ use pollux_reactor::{PollStatus, PollerId, Reactor};
 use super::core_ctx::CoreCtx;
 use super::ctrlr::Controller;
 use super::error::{CapsuleError, TargetError};
+use super::health::IoCounters;
 use super::req::{Dir, ParkQ, ReqState, Request};
 use super::subsystem::Namespace;
 use super::target::Target;
@@ -162,6 +163,10 @@ pub struct QueuePair {
     disconnect_sent: bool,
     in_flight: usize,
     pub(crate) stats: QpairStats,
+    /// SMART counters of this I/O queue (it is their only writer).
+    pub(crate) io_counters: Arc<IoCounters>,
+    /// `reactor.now_ns()` when this I/O queue last went from idle to busy.
+    busy_since: Option<u64>,
     _slot_pool: BufPool,
 }
 
@@ -258,6 +263,8 @@ impl QueuePair {
             disconnect_sent: false,
             in_flight: 0,
             stats: QpairStats::default(),
+            io_counters: Arc::new(IoCounters::default()),
+            busy_since: None,
             _slot_pool: slot_pool,
         })
     }
@@ -385,6 +392,10 @@ impl QueuePair {
         let Some(sqe) = sqe.first_chunk::<SQE_SIZE>() else {
             return Err(CapsuleError::Malformed(sqe.len() + icd.len()));
         };
+        if self.free.len() == self.reqs.len() && self.qid.is_some_and(|q| q != 0) {
+            // Idle to busy: the controller busy time starts.
+            self.busy_since = Some(self.reactor.now_ns());
+        }
         let slot = self.free.pop().ok_or(CapsuleError::QueueFull)?;
         self.stats.commands += 1;
         let si = usize::from(slot);
@@ -420,12 +431,14 @@ impl QueuePair {
                 key,
                 invalidate,
             } => {
-                if len != plan.len {
+                if !plan.sgl_len_ok(len) {
                     return Err(NvmeStatus::DATA_SGL_LENGTH_INVALID);
                 }
+                // Only what the command uses moves (a longer SGL's tail
+                // is never touched).
                 req.remote = Some(super::transport::RemoteBuf {
                     addr,
-                    len,
+                    len: plan.len,
                     key,
                     invalidate,
                 });
@@ -440,11 +453,11 @@ impl QueuePair {
                 if end.map_or(true, |e| e > avail as u64) {
                     return Err(NvmeStatus::SGL_OFFSET_INVALID);
                 }
-                if len != plan.len {
+                if !plan.sgl_len_ok(len) {
                     return Err(NvmeStatus::DATA_SGL_LENGTH_INVALID);
                 }
                 let start = offset as usize;
-                let n = len as usize;
+                let n = plan.len as usize;
                 let lent = match icd {
                     Icd::Lend(buf, _) if start == 0 && n > 0 => {
                         // In place: the receive buffer becomes the data.
@@ -682,6 +695,9 @@ impl QueuePair {
                     sqid,
                     cid: req.cmd.cid,
                     status: req.status.to_field(),
+                    param_error_location: super::error_loc::param_error_location(
+                        &req.cmd, req.status,
+                    ),
                     nsid: req.cmd.nsid,
                     opcode: req.cmd.opcode,
                     ..ErrorLogEntry::default()
@@ -697,6 +713,12 @@ impl QueuePair {
         r.state = ReqState::Free;
         r.parked_in = None;
         self.free.push(slot);
+        if self.free.len() == self.reqs.len() {
+            if let Some(t0) = self.busy_since.take() {
+                let ns = self.reactor.now_ns().saturating_sub(t0);
+                self.io_counters.busy_for(ns);
+            }
+        }
     }
 
     /// The transport finished a `Pending` [`QpairOps::data_from_host`].
@@ -870,8 +892,19 @@ impl QueuePair {
             self.process(slot, ops);
         } else {
             req.state = ReqState::Executed;
-            if let super::req::Exec::Read = req.plan.exec {
-                req.out_len = req.plan.len;
+            let ok = req.status.is_success();
+            match req.plan.exec {
+                super::req::Exec::Read => {
+                    req.out_len = req.plan.len;
+                    if ok {
+                        self.io_counters.read_done(u64::from(req.plan.len));
+                    }
+                }
+                super::req::Exec::Write if ok => {
+                    self.io_counters.write_done(u64::from(req.plan.len))
+                }
+                super::req::Exec::WriteZeroes if ok => self.io_counters.write_done(0),
+                _ => {}
             }
             // What `process` does for `Executed`, without its frame.
             self.respond(slot, ops);
@@ -889,6 +922,7 @@ impl Drop for QueuePair {
                 c.destroy();
             } else {
                 c.remove_io_qid(qid);
+                c.subsystem().health().retire(&self.io_counters);
             }
         }
     }

@@ -84,11 +84,23 @@ pub(crate) struct Plan {
     pub(crate) dir: Dir,
     /// Data bytes the command moves.
     pub(crate) len: u32,
+    /// The data SGL may be longer than `len` (only `len` bytes move):
+    /// commands whose data is a structure the command sizes itself
+    /// (Dataset Management: NR+1 ranges in whatever buffer the host
+    /// gives, which Linux makes 4096 bytes; Get/Set Features). Shorter
+    /// is still Data SGL Length Invalid. The Linux target checks these
+    /// with `nvmet_check_data_len_lte` and every other command exactly.
+    pub(crate) sgl_may_exceed: bool,
 }
 
 impl Plan {
     pub(crate) const fn new(exec: Exec, dir: Dir, len: u32) -> Self {
-        Plan { exec, dir, len }
+        Plan {
+            exec,
+            dir,
+            len,
+            sgl_may_exceed: false,
+        }
     }
 
     pub(crate) const fn no_data(exec: Exec) -> Self {
@@ -96,7 +108,19 @@ impl Plan {
             exec,
             dir: Dir::None,
             len: 0,
+            sgl_may_exceed: false,
         }
+    }
+
+    /// This plan, accepting a data SGL longer than `len`.
+    pub(crate) const fn sgl_may_exceed(mut self) -> Self {
+        self.sgl_may_exceed = true;
+        self
+    }
+
+    /// Whether an SGL of `sgl_len` bytes fits this plan.
+    pub(crate) const fn sgl_len_ok(&self, sgl_len: u32) -> bool {
+        sgl_len == self.len || (self.sgl_may_exceed && sgl_len > self.len)
     }
 }
 

@@ -18,6 +18,7 @@ use pollux_bdev::{Bdev, BdevDesc, IoType};
 use super::ctrlr::Controller;
 use super::ctrlr_stats::CtrlCounters;
 use super::error::TargetError;
+use super::health::HealthCounters;
 use crate::spec::connect::is_valid_nqn;
 use crate::spec::features::{AsyncEvent, AEN_DISCOVERY_CHANGE};
 
@@ -227,6 +228,7 @@ pub struct Subsystem {
     state: Mutex<SubsysState>,
     disc: Arc<DiscoveryGen>,
     counters: CtrlCounters,
+    health: HealthCounters,
 }
 
 impl Subsystem {
@@ -282,12 +284,18 @@ impl Subsystem {
             }),
             disc,
             counters: CtrlCounters::default(),
+            health: HealthCounters::default(),
         }))
     }
 
     /// Its controllers' Keep Alive, keep-alive timeout and event counters.
     pub fn counters(&self) -> &CtrlCounters {
         &self.counters
+    }
+
+    /// Its SMART / Health counters.
+    pub fn health(&self) -> &HealthCounters {
+        &self.health
     }
 
     fn lock(&self) -> MutexGuard<'_, SubsysState> {
