@@ -2,6 +2,7 @@
 //! test binary uses only part of it).
 #![allow(dead_code)]
 
+pub mod churn;
 pub mod iser;
 
 use std::sync::Arc;

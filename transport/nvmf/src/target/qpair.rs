@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use pollux_bdev::{CompletedIo, InPlaceIo, IoChannel, IoCompletion, IoStatus, SgList};
-use pollux_reactor::mem::{BufPool, BufPoolOptions, DmaBuf};
+use pollux_reactor::mem::{BufPool, DmaBuf};
 use pollux_reactor::{PollStatus, PollerId, Reactor};
 
 use super::core_ctx::CoreCtx;
@@ -27,9 +27,6 @@ use crate::spec::cpl::{NvmeCompletion, NvmeStatus, SQHD_DISABLED};
 use crate::spec::log_page::ErrorLogEntry;
 use crate::spec::sgl::{SglDescriptor, SglError};
 
-/// Each request's own buffer: holds Identify data, Connect data, DSM
-/// ranges and small I/O without touching the shared pool.
-const SLOT_BUF_MIN: usize = 4096;
 /// Most AERs outstanding per controller (Identify AERL + 1).
 pub(crate) const AER_LIMIT: usize = 4;
 
@@ -162,7 +159,6 @@ pub struct QueuePair {
     disconnect_sent: bool,
     in_flight: usize,
     pub(crate) stats: QpairStats,
-    _slot_pool: BufPool,
 }
 
 impl std::fmt::Debug for QueuePair {
@@ -214,15 +210,12 @@ impl QueuePair {
         let icd_size = params.in_capsule_data_size.min(opts.in_capsule_data_size);
         // In-capsule data does not need the slot: the RDMA transport lends
         // its receive buffer, and a copy larger than a slot takes pool
-        // buffers.
-        let slot_size = SLOT_BUF_MIN;
-        let mut po = BufPoolOptions::new("nvmf-qp-slots", slot_size, usize::from(nreq));
-        po.hugepages = opts.hugepages;
-        po.cache_size = 1;
-        let slot_pool = BufPool::new(po)?;
+        // buffers. Slot buffers come from the target's shared pool and go
+        // back to it with the queue (no memory of the queue's own).
+        let slot_pool = target.slot_pool();
         let mut reqs = Vec::with_capacity(usize::from(nreq));
         for _ in 0..nreq {
-            reqs.push(Request::new(slot_pool.get()));
+            reqs.push(Request::new(slot_pool.and_then(BufPool::get)));
         }
         let inbox = Rc::new(IoInbox {
             q: RefCell::new(VecDeque::with_capacity(usize::from(nreq) + 16)),
@@ -258,7 +251,6 @@ impl QueuePair {
             disconnect_sent: false,
             in_flight: 0,
             stats: QpairStats::default(),
-            _slot_pool: slot_pool,
         })
     }
 
