@@ -130,7 +130,7 @@ fn soak_connect_io_disconnect_returns_everything() {
                     tally[3] += 1;
                 }
                 Kind::Killed => {
-                    let (child, ok) = start_host_child("child_host", &tgt.addr, 1);
+                    let (child, ok) = start_host_child("child_host", &tgt.addr, 1, 1, true);
                     assert_eq!(ok, 1, "cycle {n}: the host child could not connect");
                     sigkill(child.0.id());
                     drop(child);
@@ -181,6 +181,9 @@ fn soak_connect_io_disconnect_returns_everything() {
 fn storm_of_256_hosts_then_all_killed() {
     const PROCS: usize = 8;
     const PER_PROC: usize = 32;
+    // Connecting from a thread spins; 2 per process keeps a small machine
+    // able to run the target.
+    const THREADS: usize = 2;
     const MAX_QPAIRS: usize = 384;
     let mut tgt = TargetProc::start("child_target", "storm", MAX_QPAIRS);
     let cl = pollux_reactor::TestCluster::new(1);
@@ -195,7 +198,7 @@ fn storm_of_256_hosts_then_all_killed() {
     let starters: Vec<_> = (0..PROCS)
         .map(|_| {
             let a = addr.clone();
-            std::thread::spawn(move || start_host_child("child_host", &a, PER_PROC))
+            std::thread::spawn(move || start_host_child("child_host", &a, PER_PROC, THREADS, false))
         })
         .collect();
     let children: Vec<_> = starters.into_iter().map(|t| t.join().unwrap()).collect();

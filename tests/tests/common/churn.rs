@@ -356,7 +356,7 @@ pub fn connect(
         } else {
             MemMode::Pool
         },
-        connect_timeout: Duration::from_secs(20),
+        connect_timeout: Duration::from_secs(120),
         ..RdmaHostOptions::default()
     };
     let host = RdmaHost::<Soft>::open(None, CmAddr::new(addr.to_string()), opts)
@@ -367,8 +367,8 @@ pub fn connect(
         CtrlOptions {
             kato,
             io_queues: 1,
-            timeout: Duration::from_secs(20),
-            io_timeout: Duration::from_secs(20),
+            timeout: Duration::from_secs(120),
+            io_timeout: Duration::from_secs(120),
             ..CtrlOptions::default()
         },
     )
@@ -497,61 +497,97 @@ impl Hosts {
     }
 }
 
-/// The body of a host child: connect `HOSTS` controllers to `ADDR` from
-/// as many threads at once, print `POLLUX-CHURN-HOST-READY ok refused`,
-/// then keep I/O going until killed (bounded). Returns at once unless
-/// [`HOST_ENV`] is set.
+/// The body of a host child (`ADDR,HOSTS,THREADS[,io]`): THREADS threads
+/// at once connect HOSTS controllers in all (each its share, one after the
+/// other, KATO 0), each with one verified I/O; prints
+/// `POLLUX-CHURN-HOST-READY ok refused`, then holds the connections until
+/// killed (bounded), idle or, with `io`, running I/O. Returns at once unless [`HOST_ENV`] is
+/// set.
 pub fn run_host_child() {
     let Ok(v) = std::env::var(HOST_ENV) else {
         return;
     };
-    let mut it = v.splitn(2, ',');
+    let mut it = v.split(',');
     let addr = it.next().unwrap_or_default().to_string();
     let hosts: u64 = it.next().and_then(|h| h.parse().ok()).unwrap_or(1);
-    let ready = Arc::new(std::sync::Barrier::new(hosts as usize + 1));
+    let threads: u64 = it
+        .next()
+        .and_then(|h| h.parse().ok())
+        .unwrap_or(1)
+        .clamp(1, hosts.max(1));
+    let busy = it.next() == Some("io");
     let (tx, rx) = std::sync::mpsc::channel::<bool>();
-    for i in 0..hosts {
+    for t in 0..threads {
         let addr = addr.clone();
-        let ready = ready.clone();
         let tx = tx.clone();
+        let share = hosts / threads + u64::from(t < hosts % threads);
         std::thread::spawn(move || {
             let cl = pollux_reactor::TestCluster::new(1);
             cl.on(0, |r| {
                 let h = Hosts::new();
-                let seed = u64::from(std::process::id()) * 1000 + i;
-                match connect(&addr, NQN, seed, Duration::from_secs(10)) {
-                    Ok((_host, _ctrl, mut qp)) => {
-                        let ok = h.verified_io(r, &mut qp, (seed % 2048) * 8, seed).is_ok();
-                        let _ = tx.send(ok);
-                        ready.wait();
-                        let start = Instant::now();
-                        while start.elapsed() < Duration::from_secs(120) {
-                            let _ = h.verified_io(r, &mut qp, (seed % 2048) * 8, seed);
+                let mut held = Vec::new();
+                for k in 0..share {
+                    let seed = u64::from(std::process::id()) * 1000 + t * 100 + k;
+                    let res = connect(&addr, NQN, seed, Duration::ZERO).and_then(
+                        |(host, ctrl, mut qp)| {
+                            h.verified_io(r, &mut qp, (seed % 2048) * 8, seed)?;
+                            Ok((host, ctrl, qp))
+                        },
+                    );
+                    match res {
+                        Ok(c) => {
+                            held.push(c);
+                            let _ = tx.send(true);
+                        }
+                        Err(e) => {
+                            eprintln!("POLLUX-CHURN-HOST-REFUSED {e}");
+                            let _ = tx.send(false);
                         }
                     }
-                    Err(_) => {
-                        let _ = tx.send(false);
-                        ready.wait();
+                }
+                // Hold the connections until killed: idle, or with I/O
+                // in flight (4 KiB writes and reads, one at a time).
+                let start = Instant::now();
+                while start.elapsed() < Duration::from_secs(300) {
+                    if !busy || held.is_empty() {
+                        std::thread::sleep(Duration::from_millis(100));
+                        continue;
+                    }
+                    for (k, (_, _, qp)) in held.iter_mut().enumerate() {
+                        let _ = h.verified_io(r, qp, k as u64 * 8, k as u64);
                     }
                 }
+                drop(held);
             });
         });
     }
     drop(tx);
     let results: Vec<bool> = rx.iter().take(hosts as usize).collect();
     let ok = results.iter().filter(|&&b| b).count();
-    ready.wait();
     println!("POLLUX-CHURN-HOST-READY {ok} {}", results.len() - ok);
-    std::thread::sleep(Duration::from_secs(120));
+    std::thread::sleep(Duration::from_secs(300));
 }
 
-/// Start a host child running `hosts` hosts against `addr` (the test
-/// binary's `entry` test); returns it and, once all connected or were
-/// refused, how many connected.
-pub fn start_host_child(entry: &str, addr: &str, hosts: usize) -> (Reaper, usize) {
+/// Start a host child running `hosts` hosts from `threads` threads
+/// against `addr` (the test binary's `entry` test; `io`: keep I/O going);
+/// returns it and, once all connected or were refused, how many
+/// connected.
+pub fn start_host_child(
+    entry: &str,
+    addr: &str,
+    hosts: usize,
+    threads: usize,
+    io: bool,
+) -> (Reaper, usize) {
     let mut child = Command::new(std::env::current_exe().expect("exe"))
         .args(["--exact", entry, "--nocapture", "--test-threads", "1"])
-        .env(HOST_ENV, format!("{addr},{hosts}"))
+        .env(
+            HOST_ENV,
+            format!(
+                "{addr},{hosts},{threads},{}",
+                if io { "io" } else { "idle" }
+            ),
+        )
         .stdout(Stdio::piped())
         .spawn()
         .expect("spawn a host child");
