@@ -309,7 +309,7 @@ pub enum End {
 
 /// The connections of a host kept past its cycle ([`End::Stall`]).
 pub struct HeldHost {
-    _qp: Qpair<<RdmaHost<Soft> as pollux_nvmf::host::HostTransport>::Queue>,
+    _qp: HeldQp,
     _ctrl: Controller<RdmaHost<Soft>>,
     _host: RdmaHost<Soft>,
 }
@@ -344,12 +344,7 @@ fn pattern(seed: u64, b: &mut [u8]) {
 }
 
 /// Connect a host to `addr` (KATO `kato`) with one I/O queue.
-pub fn connect(
-    addr: &str,
-    subnqn: &str,
-    n: u64,
-    kato: Duration,
-) -> Result<(RdmaHost<Soft>, Controller<RdmaHost<Soft>>, HeldQp), String> {
+pub fn connect(addr: &str, subnqn: &str, n: u64, kato: Duration) -> Result<Connected, String> {
     let opts = RdmaHostOptions {
         mem_mode: if n % 2 == 0 {
             MemMode::RegisterAlways
@@ -381,6 +376,9 @@ pub fn connect(
 
 /// The host's I/O queue type.
 pub type HeldQp = Qpair<<RdmaHost<Soft> as pollux_nvmf::host::HostTransport>::Queue>;
+
+/// A connected host: its transport, controller and I/O queue.
+pub type Connected = (RdmaHost<Soft>, Controller<RdmaHost<Soft>>, HeldQp);
 
 impl Hosts {
     /// A host side (call on the thread that runs the cycles).
