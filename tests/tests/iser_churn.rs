@@ -158,9 +158,9 @@ fn iser_churn_returns_everything() {
         match n % 10 {
             3 => {
                 // Refused: no such target node.
-                let e = login(&c, "iqn.2024-01.io.pollux:no-such-node")
-                    .err()
-                    .expect("a login to an unknown node was accepted");
+                let Err(e) = login(&c, "iqn.2024-01.io.pollux:no-such-node") else {
+                    panic!("cycle {n}: a login to an unknown node was accepted");
+                };
                 assert!(!e.is_empty());
                 tally[3] += 1;
             }
