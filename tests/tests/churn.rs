@@ -6,7 +6,8 @@
 //!   (default 1,000) cycles of connect → verified write/read → end, the end
 //!   mixing clean disconnects, hosts dropped without a word, hosts that stop
 //!   sending keep-alives (the target's KATO ends them), SIGKILLed host
-//!   processes and refused connects. Every `SAMPLE_EVERY` cycles, once the
+//!   processes and refused connects. Every `POLLUX_SOAK_SAMPLE_EVERY` (50)
+//!   cycles, once the
 //!   target serves no queue, it samples the target's descriptors, mappings
 //!   and RSS (and this process's, the host side) and prints a CSV line; after
 //!   the warm-up, a sample above the warm-up's highest plus the stated slack
@@ -26,10 +27,9 @@ use common::churn::{
     TargetProc,
 };
 
-/// Cycles between samples.
-const SAMPLE_EVERY: u64 = 50;
-/// Cycles of warm-up (caches, pools, allocator arenas fill).
-const WARMUP: u64 = 200;
+/// Samples of the warm-up (caches, pools, allocator arenas fill): the
+/// first 4 (200 cycles at the default `POLLUX_SOAK_SAMPLE_EVERY` of 50).
+const WARMUP_SAMPLES: u64 = 4;
 /// Slack over the warm-up's highest sample: descriptors.
 const FD_SLACK: usize = 4;
 /// Slack over the warm-up's highest sample: mappings.
@@ -52,11 +52,12 @@ fn child_host() {
     run_host_child();
 }
 
-fn cycles() -> u64 {
-    std::env::var("POLLUX_SOAK_CYCLES")
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(1000)
+        .filter(|&v| v > 0)
+        .unwrap_or(default)
 }
 
 /// What cycle `n` does.
@@ -100,7 +101,8 @@ fn check(label: &str, n: u64, s: Sample, warm: Sample) {
 
 #[test]
 fn soak_connect_io_disconnect_returns_everything() {
-    let total = cycles().max(WARMUP + SAMPLE_EVERY);
+    let every = env_or("POLLUX_SOAK_SAMPLE_EVERY", 50);
+    let total = env_or("POLLUX_SOAK_CYCLES", 1000).max(every * (WARMUP_SAMPLES + 1));
     let mut tgt = TargetProc::start("child_target", "soak", 4096);
     let start = tgt.sample();
     println!("soak: target pid {}, {total} cycles", tgt.pid());
@@ -137,7 +139,7 @@ fn soak_connect_io_disconnect_returns_everything() {
                     tally[4] += 1;
                 }
             }
-            if n % SAMPLE_EVERY == 0 {
+            if n % every == 0 {
                 // Quiescent point: the stalled hosts' KATO ended them, the
                 // killed and dropped ones were noticed.
                 let c = tgt.wait_idle(NOTICE);
@@ -156,7 +158,7 @@ fn soak_connect_io_disconnect_returns_everything() {
                     c.destroyed,
                     c.rejected
                 );
-                if n <= WARMUP {
+                if n <= every * WARMUP_SAMPLES {
                     warm_t = Some(warm_t.map_or(t, |w| w.max(t)));
                     warm_h = Some(warm_h.map_or(h, |w| w.max(h)));
                 } else {

@@ -1,7 +1,7 @@
 //! iSER connection churn in one process over the soft provider: sessions
 //! log in, write and read back, and go (logout, dropped without a word, or
-//! killed mid-I/O), with refused logins mixed in; every `SAMPLE_EVERY`
-//! cycles, with no session left, the process's descriptors, mappings and
+//! killed mid-I/O), with refused logins mixed in; every
+//! `POLLUX_SOAK_SAMPLE_EVERY` (50) cycles, with no session left, the process's descriptors, mappings and
 //! RSS must stay within the stated slack of the warm-up's highest, and the
 //! target's task buffers must all be back. Also: the transport's
 //! connection limit refuses the connection beyond it cleanly, and serves
@@ -26,17 +26,19 @@ use pollux_verbs::soft::Soft;
 
 const TGT: &str = "iqn.2024-01.io.pollux:iser-churn";
 const INI: &str = "iqn.2024-01.io.pollux:iser-churn-host";
-const SAMPLE_EVERY: u64 = 50;
-const WARMUP: u64 = 200;
+/// Samples of the warm-up: the first 4 (200 cycles at the default
+/// `POLLUX_SOAK_SAMPLE_EVERY` of 50).
+const WARMUP_SAMPLES: u64 = 4;
 const FD_SLACK: usize = 4;
 const MAPS_SLACK: usize = 8;
 const RSS_SLACK_KIB: u64 = 8 * 1024;
 
-fn cycles() -> u64 {
-    std::env::var("POLLUX_SOAK_CYCLES")
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(1000)
+        .filter(|&v| v > 0)
+        .unwrap_or(default)
 }
 
 fn fixture(opts: IserOptions) -> Cluster {
@@ -149,7 +151,8 @@ fn check(n: u64, s: Sample, warm: Sample) {
 
 #[test]
 fn iser_churn_returns_everything() {
-    let total = cycles().max(WARMUP + SAMPLE_EVERY);
+    let every = env_or("POLLUX_SOAK_SAMPLE_EVERY", 50);
+    let total = env_or("POLLUX_SOAK_CYCLES", 1000).max(every * (WARMUP_SAMPLES + 1));
     let c = fixture(IserOptions::for_tests());
     let mut warm: Option<Sample> = None;
     let mut tally = [0u64; 4];
@@ -190,7 +193,7 @@ fn iser_churn_returns_everything() {
                 }
             }
         }
-        if n % SAMPLE_EVERY == 0 {
+        if n % every == 0 {
             settle(&c);
             let s = Sample::of(None);
             let st = c.transport.stats();
@@ -199,7 +202,7 @@ fn iser_churn_returns_everything() {
                 s.fds, s.maps, s.rss_kib, st.accepted, st.destroyed
             );
             assert_eq!(st.accepted, st.destroyed);
-            if n <= WARMUP {
+            if n <= every * WARMUP_SAMPLES {
                 warm = Some(warm.map_or(s, |w| w.max(s)));
             } else {
                 check(n, s, warm.unwrap());
