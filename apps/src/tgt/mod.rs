@@ -338,11 +338,18 @@ fn run<P: Provider>(
         write_stats(p, started, &first, &first, &first, set, built)?;
     }
     banner(plan, opts, built, out).map_err(|e| AppError::Setup(format!("stdout: {e}")))?;
-    let r = built.transport.options();
+    let iser_max = built
+        .iscsi
+        .as_ref()
+        .map_or(0, |i| i.transport.options().max_connections);
     fd_limit::warn_if_short(
         out,
-        "max_qpairs",
-        r.max_qpairs as u64,
+        if iser_max > 0 {
+            "max_qpairs and the iSCSI max_connections"
+        } else {
+            "max_qpairs"
+        },
+        (built.transport.options().max_qpairs + iser_max) as u64,
         fd_limit::fds_per_connection(plan.provider == config::ProviderKind::Soft),
         fd_limit::current_limit(),
     );
