@@ -219,14 +219,14 @@ fn warns_when_the_descriptor_limit_cannot_hold_the_connection_limit() {
         let _ = std::fs::remove_file(&cfg);
         tgt.seen.clone()
     };
-    // The default max_qpairs (4096) cannot fit in 256 descriptors.
+    // The default max_qpairs (1024) cannot fit in 256 descriptors.
     let seen = run(None);
     assert!(
         seen.iter()
             .any(|l| l.contains("RLIMIT_NOFILE 256") && l.contains("max_qpairs")),
         "{seen:#?}"
     );
-    assert!(seen.iter().any(|l| l.contains("limits: max_qpairs 4096")));
+    assert!(seen.iter().any(|l| l.contains("limits: max_qpairs 1024")));
     // Four queue pairs do.
     let seen = run(Some(4));
     assert!(

@@ -18,7 +18,7 @@
 //! send_with_invalidate = true  # [true]
 //! max_read_depth = 16          # RDMA READs in flight per queue [16]
 //! acceptor_backlog = 100       # [100]
-//! max_qpairs = 4096            # queue pairs served at once, all cores [4096]
+//! max_qpairs = 1024            # queue pairs served at once, all cores [1024]
 //! max_qpairs_per_core = 1024   # queue pairs one core serves at once [1024]
 //! num_slot_buffers = 2048      # 4 KiB per-request buffers shared by all queues [2048]
 //! pin_queues_to_listener_core = false  # no spreading over cores (debug) [false]

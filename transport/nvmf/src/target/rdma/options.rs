@@ -63,7 +63,7 @@ impl Default for RdmaOptions {
             max_read_depth: 16,
             hugepages: pollux_reactor::mem::HugepageMode::Auto,
             placement: QueuePlacement::LeastConnections,
-            max_qpairs: 4096,
+            max_qpairs: 1024,
             max_qpairs_per_core: 1024,
         }
     }
