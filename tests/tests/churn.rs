@@ -64,6 +64,8 @@ fn env_or(name: &str, default: u64) -> u64 {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     End(End),
+    /// A clean cycle through the host transport kept across cycles.
+    LongLived,
     Refused,
     Killed,
 }
@@ -74,6 +76,7 @@ fn kind(n: u64) -> Kind {
         7 => Kind::End(End::Stall),
         11 => Kind::Refused,
         17 if n % 100 == 17 => Kind::Killed,
+        k if k % 2 == 0 => Kind::LongLived,
         _ => Kind::End(End::Clean),
     }
 }
@@ -112,7 +115,7 @@ fn soak_connect_io_disconnect_returns_everything() {
     let mut warm_t: Option<Sample> = None;
     let mut warm_h: Option<Sample> = None;
     let mut stalled: Vec<HeldHost> = Vec::new();
-    let mut tally = [0u64; 5];
+    let mut tally = [0u64; 6];
     cl.on(0, |r| {
         let hosts = Hosts::new();
         for n in 1..=total {
@@ -124,6 +127,12 @@ fn soak_connect_io_disconnect_returns_everything() {
                         Err(e) => panic!("cycle {n} ({end:?}): {e}"),
                     }
                     tally[end as usize] += 1;
+                }
+                Kind::LongLived => {
+                    hosts
+                        .cycle_long_lived(r, &tgt.addr, n)
+                        .unwrap_or_else(|e| panic!("cycle {n} (long-lived host): {e}"));
+                    tally[5] += 1;
                 }
                 Kind::Refused => {
                     hosts
@@ -170,8 +179,8 @@ fn soak_connect_io_disconnect_returns_everything() {
         }
     });
     println!(
-        "soak: {} clean, {} dropped, {} stalled, {} refused, {} killed",
-        tally[0], tally[1], tally[2], tally[3], tally[4]
+        "soak: {} clean, {} clean through the long-lived host, {} dropped, {} stalled, {} refused, {} killed",
+        tally[0], tally[5], tally[1], tally[2], tally[3], tally[4]
     );
     assert!(
         tally.iter().all(|&t| t > 0),

@@ -318,6 +318,9 @@ pub struct HeldHost {
 /// I/O buffers for every cycle.
 pub struct Hosts {
     pool: BufPool,
+    /// One host transport kept across cycles (as `pollux-perf` keeps its
+    /// own while it reconnects): opened on first use.
+    long_lived: std::cell::RefCell<Option<RdmaHost<Soft>>>,
 }
 
 impl Default for Hosts {
@@ -345,6 +348,14 @@ fn pattern(seed: u64, b: &mut [u8]) {
 
 /// Connect a host to `addr` (KATO `kato`) with one I/O queue.
 pub fn connect(addr: &str, subnqn: &str, n: u64, kato: Duration) -> Result<Connected, String> {
+    let host = open_host(addr, n)?;
+    let (ctrl, qp) = connect_on(&host, subnqn, n, kato)?;
+    Ok((host, ctrl, qp))
+}
+
+/// A host transport to `addr` (`register-always` for even `n`, `pool` for
+/// odd).
+pub fn open_host(addr: &str, n: u64) -> Result<RdmaHost<Soft>, String> {
     let opts = RdmaHostOptions {
         mem_mode: if n % 2 == 0 {
             MemMode::RegisterAlways
@@ -354,10 +365,19 @@ pub fn connect(addr: &str, subnqn: &str, n: u64, kato: Duration) -> Result<Conne
         connect_timeout: Duration::from_secs(120),
         ..RdmaHostOptions::default()
     };
-    let host = RdmaHost::<Soft>::open(None, CmAddr::new(addr.to_string()), opts)
-        .map_err(|e| format!("open: {e}"))?;
+    RdmaHost::<Soft>::open(None, CmAddr::new(addr.to_string()), opts)
+        .map_err(|e| format!("open: {e}"))
+}
+
+/// Connect a controller with one I/O queue through `host`.
+pub fn connect_on(
+    host: &RdmaHost<Soft>,
+    subnqn: &str,
+    n: u64,
+    kato: Duration,
+) -> Result<(Controller<RdmaHost<Soft>>, HeldQp), String> {
     let ctrl = Controller::connect(
-        &host,
+        host,
         who(subnqn, n),
         CtrlOptions {
             kato,
@@ -369,9 +389,9 @@ pub fn connect(addr: &str, subnqn: &str, n: u64, kato: Duration) -> Result<Conne
     )
     .map_err(|e| format!("connect: {e}"))?;
     let qp = ctrl
-        .connect_io(&host, 1, 16, None)
+        .connect_io(host, 1, 16, None)
         .map_err(|e| format!("I/O queue: {e}"))?;
-    Ok((host, ctrl, qp))
+    Ok((ctrl, qp))
 }
 
 /// The host's I/O queue type.
@@ -385,6 +405,7 @@ impl Hosts {
     pub fn new() -> Hosts {
         Hosts {
             pool: BufPool::new(BufPoolOptions::new("churn-host", IO, 8)).expect("host pool"),
+            long_lived: std::cell::RefCell::new(None),
         }
     }
 
@@ -439,6 +460,21 @@ impl Hosts {
         let c = got.ok_or("no completion")?;
         c.result.map_err(|e| format!("I/O failed: {e:?}"))?;
         check(&c.data)
+    }
+
+    /// A clean cycle through the long-lived host transport: connect,
+    /// verified I/O, disconnect and shut down, the transport kept.
+    pub fn cycle_long_lived(&self, r: &Reactor, addr: &str, n: u64) -> Result<(), String> {
+        let mut slot = self.long_lived.borrow_mut();
+        if slot.is_none() {
+            *slot = Some(open_host(addr, 0)?);
+        }
+        let host = slot.as_ref().ok_or("no host")?;
+        let (ctrl, mut qp) = connect_on(host, NQN, n, Duration::from_secs(10))?;
+        self.verified_io(r, &mut qp, (n % 2048) * 8, n)?;
+        qp.disconnect();
+        drop(qp);
+        ctrl.shutdown().map_err(|e| format!("shutdown: {e}"))
     }
 
     /// One cycle: connect, verified I/O, end as `end`. A stalled host is
