@@ -40,6 +40,10 @@ const RSS_SLACK_KIB: u64 = 8 * 1024;
 /// stalled hosts, plus its keep-alive poll period).
 const NOTICE: Duration = Duration::from_secs(60);
 
+/// The soak samples this process too (the host side): the storm must not
+/// run beside it.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Not a test on its own: the target child's body.
 #[test]
 fn child_target() {
@@ -104,6 +108,7 @@ fn check(label: &str, n: u64, s: Sample, warm: Sample) {
 
 #[test]
 fn soak_connect_io_disconnect_returns_everything() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let every = env_or("POLLUX_SOAK_SAMPLE_EVERY", 50);
     let total = env_or("POLLUX_SOAK_CYCLES", 1000).max(every * (WARMUP_SAMPLES + 1));
     let mut tgt = TargetProc::start("child_target", "soak", 4096);
@@ -190,6 +195,7 @@ fn soak_connect_io_disconnect_returns_everything() {
 
 #[test]
 fn storm_of_256_hosts_then_all_killed() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     const PROCS: usize = 8;
     const PER_PROC: usize = 32;
     // Connecting from a thread spins; 2 per process keeps a small machine
