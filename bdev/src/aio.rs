@@ -394,31 +394,46 @@ mod tests {
         assert_eq!(rec.len(), n, "more completions than I/Os");
     }
 
+    type AioFixture = (
+        TestCluster,
+        Arc<crate::Bdev>,
+        crate::BdevDesc,
+        crate::IoChannel,
+    );
+
+    /// An aio bdev from `spec`, opened, and its channel on a one-reactor
+    /// cluster; `None` (with a SKIP line naming `what`) when the engine is
+    /// unavailable here.
+    fn aio_channel(spec: &str, engine: &str, what: &str) -> Option<AioFixture> {
+        let bdev = match BdevRegistry::new().create(spec) {
+            Ok(b) => b,
+            Err(e) => panic!("{spec}: {e}"),
+        };
+        let desc = bdev.open(true).unwrap();
+        let cluster = TestCluster::new(1);
+        match cluster.on(0, |r| desc.channel(r)) {
+            Ok(ch) => Some((cluster, bdev, desc, ch)),
+            Err(BdevError::Engine(e)) => {
+                println!("SKIP aio {what} with engine={engine}: {e}");
+                None
+            }
+            Err(e) => panic!("channel: {e}"),
+        }
+    }
+
     fn round_trip(engine: &str) {
         let Some(tmp) = direct_temp_file(engine) else {
             return;
         };
-        let reg = BdevRegistry::new();
         let spec = format!(
             "aio:path={},size=1M,block=4096,engine={engine},depth=8",
             tmp.0.display()
         );
-        let bdev = match reg.create(&spec) {
-            Ok(b) => b,
-            Err(e) => panic!("{spec}: {e}"),
+        let Some((cluster, bdev, _desc, ch)) = aio_channel(&spec, engine, "round trip") else {
+            return;
         };
         assert_eq!(bdev.info().num_blocks(), 256);
-        let desc = bdev.open(true).unwrap();
-        let cluster = TestCluster::new(1);
         let (rec, cb) = Recorder::new();
-        let ch = match cluster.on(0, |r| desc.channel(r)) {
-            Ok(ch) => ch,
-            Err(BdevError::Engine(e)) => {
-                println!("SKIP aio round trip with engine={engine}: {e}");
-                return;
-            }
-            Err(e) => panic!("channel: {e}"),
-        };
         let data = pattern(4 * 4096, 9);
         cluster.on(0, |_| {
             ch.write(3, 4, sg_with(&data, &[4096, 8192, 4096]), &cb, 0)
@@ -472,23 +487,15 @@ mod tests {
         let Some(tmp) = direct_temp_file(&format!("falloc-{engine}")) else {
             return;
         };
-        let reg = BdevRegistry::new();
         let spec = format!(
             "aio:path={},size=4M,block=4096,engine={engine},depth=16",
             tmp.0.display()
         );
-        let bdev = reg.create(&spec).unwrap();
-        let desc = bdev.open(true).unwrap();
-        let cluster = TestCluster::new(1);
-        let (rec, cb) = Recorder::new();
-        let ch = match cluster.on(0, |r| desc.channel(r)) {
-            Ok(ch) => ch,
-            Err(BdevError::Engine(e)) => {
-                println!("SKIP aio fallocate check with engine={engine}: {e}");
-                return;
-            }
-            Err(e) => panic!("channel: {e}"),
+        let Some((cluster, _bdev, _desc, ch)) = aio_channel(&spec, engine, "fallocate check")
+        else {
+            return;
         };
+        let (rec, cb) = Recorder::new();
         let gate = crate::aio_fallocate::test_gate::install(&File::open(&tmp.0).unwrap());
         cluster.on(0, |_| {
             ch.write_zeroes(16, 512, &cb, 1000).unwrap();

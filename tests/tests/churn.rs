@@ -23,19 +23,13 @@ mod common;
 use std::time::Duration;
 
 use common::churn::{
-    run_host_child, serve_target_child, sigkill, start_host_child, End, HeldHost, Hosts, Sample,
-    TargetProc,
+    env_or, run_host_child, serve_target_child, sigkill, start_host_child, End, HeldHost, Hosts,
+    Sample, TargetProc, SLACK,
 };
 
 /// Samples of the warm-up (caches, pools, allocator arenas fill): the
 /// first 4 (200 cycles at the default `POLLUX_SOAK_SAMPLE_EVERY` of 50).
 const WARMUP_SAMPLES: u64 = 4;
-/// Slack over the warm-up's highest sample: descriptors.
-const FD_SLACK: usize = 4;
-/// Slack over the warm-up's highest sample: mappings.
-const MAPS_SLACK: usize = 8;
-/// Slack over the warm-up's highest sample: RSS, KiB (allocator noise).
-const RSS_SLACK_KIB: u64 = 8 * 1024;
 /// How long the target may take to notice hosts that went (KATO 1 s for
 /// stalled hosts, plus its keep-alive poll period).
 const NOTICE: Duration = Duration::from_secs(60);
@@ -54,14 +48,6 @@ fn child_target() {
 #[test]
 fn child_host() {
     run_host_child();
-}
-
-fn env_or(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|&v| v > 0)
-        .unwrap_or(default)
 }
 
 /// What cycle `n` does.
@@ -83,27 +69,6 @@ fn kind(n: u64) -> Kind {
         k if k % 2 == 0 => Kind::LongLived,
         _ => Kind::End(End::Clean),
     }
-}
-
-fn check(label: &str, n: u64, s: Sample, warm: Sample) {
-    assert!(
-        s.fds <= warm.fds + FD_SLACK,
-        "{label}: descriptors grew to {} after {n} cycles (warm-up highest {}, slack {FD_SLACK})",
-        s.fds,
-        warm.fds
-    );
-    assert!(
-        s.maps <= warm.maps + MAPS_SLACK,
-        "{label}: mappings grew to {} after {n} cycles (warm-up highest {}, slack {MAPS_SLACK})",
-        s.maps,
-        warm.maps
-    );
-    assert!(
-        s.rss_kib <= warm.rss_kib + RSS_SLACK_KIB,
-        "{label}: RSS grew to {} KiB after {n} cycles (warm-up highest {}, slack {RSS_SLACK_KIB} KiB)",
-        s.rss_kib,
-        warm.rss_kib
-    );
 }
 
 #[test]
@@ -176,8 +141,8 @@ fn soak_connect_io_disconnect_returns_everything() {
                     warm_t = Some(warm_t.map_or(t, |w| w.max(t)));
                     warm_h = Some(warm_h.map_or(h, |w| w.max(h)));
                 } else {
-                    check("target", n, t, warm_t.unwrap());
-                    check("host side", n, h, warm_h.unwrap());
+                    t.check("target", n, warm_t.unwrap(), SLACK);
+                    h.check("host side", n, warm_h.unwrap(), SLACK);
                 }
                 assert_eq!(c.accepted, c.destroyed, "every accepted queue is destroyed");
             }
@@ -259,11 +224,11 @@ fn storm_of_256_hosts_then_all_killed() {
         after.fds, after.maps, after.rss_kib, before.fds, before.maps, before.rss_kib
     );
     assert!(
-        after.fds <= before.fds + FD_SLACK,
+        after.fds <= before.fds + SLACK.fds,
         "{before:?} -> {after:?}"
     );
     assert!(
-        after.maps <= before.maps + MAPS_SLACK,
+        after.maps <= before.maps + SLACK.maps,
         "{before:?} -> {after:?}"
     );
 }

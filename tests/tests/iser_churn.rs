@@ -15,7 +15,7 @@ mod common;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use common::churn::Sample;
+use common::churn::{env_or, Sample, SLACK};
 use common::iser::{iscsi_target, unique_addr, Cluster, SPINS};
 use pollux_bdev::BdevRegistry;
 use pollux_iser::initiator::scsi::{parse_read_capacity16, read_capacity16_cdb};
@@ -29,17 +29,6 @@ const INI: &str = "iqn.2024-01.io.pollux:iser-churn-host";
 /// Samples of the warm-up: the first 4 (200 cycles at the default
 /// `POLLUX_SOAK_SAMPLE_EVERY` of 50).
 const WARMUP_SAMPLES: u64 = 4;
-const FD_SLACK: usize = 4;
-const MAPS_SLACK: usize = 8;
-const RSS_SLACK_KIB: u64 = 8 * 1024;
-
-fn env_or(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .filter(|&v| v > 0)
-        .unwrap_or(default)
-}
 
 fn fixture(opts: IserOptions) -> Cluster {
     let lun = BdevRegistry::new()
@@ -136,19 +125,6 @@ fn settle(c: &Cluster) {
     );
 }
 
-fn check(n: u64, s: Sample, warm: Sample) {
-    assert!(
-        s.fds <= warm.fds + FD_SLACK && s.maps <= warm.maps + MAPS_SLACK,
-        "after {n} cycles: {s:?}, warm-up highest {warm:?}"
-    );
-    assert!(
-        s.rss_kib <= warm.rss_kib + RSS_SLACK_KIB,
-        "after {n} cycles: RSS {} KiB, warm-up highest {} KiB",
-        s.rss_kib,
-        warm.rss_kib
-    );
-}
-
 #[test]
 fn iser_churn_returns_everything() {
     let every = env_or("POLLUX_SOAK_SAMPLE_EVERY", 50);
@@ -205,7 +181,7 @@ fn iser_churn_returns_everything() {
             if n <= every * WARMUP_SAMPLES {
                 warm = Some(warm.map_or(s, |w| w.max(s)));
             } else {
-                check(n, s, warm.unwrap());
+                s.check("process", n, warm.unwrap(), SLACK);
             }
         }
     }

@@ -14,12 +14,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pollux_bdev::BdevRegistry;
 use pollux_nvmf::host::rdma::{MemMode, RdmaHost, RdmaHostOptions};
 use pollux_nvmf::host::{Controller, CtrlOptions, HostIdentity, Qpair, DEFAULT_HOSTNQN};
-use pollux_nvmf::spec::transport_id::{AdrFam, TrType, TransportId};
-use pollux_nvmf::target::rdma::{RdmaOptions, RdmaTransport};
-use pollux_nvmf::target::{NamespaceConfig, SubsystemConfig, Target, TargetOptions};
+use pollux_nvmf::target::rdma::RdmaOptions;
+use pollux_nvmf::target::TargetOptions;
 use pollux_reactor::mem::{BufPool, BufPoolOptions, SgList};
 use pollux_reactor::{launch, Cores, LaunchConfig, PollStatus, Reactor};
 use pollux_verbs::soft::Soft;
@@ -78,6 +76,49 @@ impl Sample {
             rss_kib: self.rss_kib.max(o.rss_kib),
         }
     }
+
+    /// Panic unless this sample of `label`, after `n` cycles, is within
+    /// `slack` of the warm-up's highest `warm`.
+    pub fn check(self, label: &str, n: u64, warm: Sample, slack: Sample) {
+        assert!(
+            self.fds <= warm.fds + slack.fds,
+            "{label}: descriptors grew to {} after {n} cycles (warm-up highest {}, slack {})",
+            self.fds,
+            warm.fds,
+            slack.fds
+        );
+        assert!(
+            self.maps <= warm.maps + slack.maps,
+            "{label}: mappings grew to {} after {n} cycles (warm-up highest {}, slack {})",
+            self.maps,
+            warm.maps,
+            slack.maps
+        );
+        assert!(
+            self.rss_kib <= warm.rss_kib + slack.rss_kib,
+            "{label}: RSS grew to {} KiB after {n} cycles (warm-up highest {} KiB, slack {} KiB)",
+            self.rss_kib,
+            warm.rss_kib,
+            slack.rss_kib
+        );
+    }
+}
+
+/// The slack of the soak tests over the warm-up's highest sample: 4
+/// descriptors, 8 mappings, 8 MiB of RSS (allocator noise).
+pub const SLACK: Sample = Sample {
+    fds: 4,
+    maps: 8,
+    rss_kib: 8 * 1024,
+};
+
+/// A positive number from the environment variable `name`, or `default`.
+pub fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&v| v > 0)
+        .unwrap_or(default)
 }
 
 /// Kills and reaps a child when dropped, whatever happened.
@@ -215,39 +256,23 @@ pub fn serve_target_child() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(4096);
-    let target = Target::new(TargetOptions {
-        num_slot_buffers: 4096,
-        ..TargetOptions::for_tests()
-    })
-    .expect("target");
-    let mut sc = SubsystemConfig::new(NQN);
-    sc.allow_any_host = true;
-    let sub = target.add_subsystem(sc).expect("subsystem");
-    let bdev = BdevRegistry::new()
-        .create("malloc:size=16M,block=512,name=churn")
-        .expect("bdev");
-    sub.add_namespace(NamespaceConfig::new(bdev).with_nsid(1))
-        .expect("namespace");
-    let opts = RdmaOptions {
-        num_cqe: 1 << 20,
-        max_srq_depth: 1024,
-        max_qpairs,
-        max_qpairs_per_core: max_qpairs,
-        acceptor_backlog: 1024,
-        ..RdmaOptions::for_tests()
-    };
-    let transport = RdmaTransport::<Soft>::new(&target, opts).expect("transport");
-    target
-        .add_transport(transport.clone())
-        .expect("add transport");
-    target
-        .add_listener(TransportId {
-            trtype: TrType::Rdma,
-            adrfam: AdrFam::IntraHost,
-            traddr: addr,
-            trsvcid: String::new(),
-        })
-        .expect("listener");
+    let (_target, transport) = super::soft_rdma_target_with(
+        NQN,
+        "malloc:size=16M,block=512,name=churn",
+        &addr,
+        TargetOptions {
+            num_slot_buffers: 4096,
+            ..TargetOptions::for_tests()
+        },
+        RdmaOptions {
+            num_cqe: 1 << 20,
+            max_srq_depth: 1024,
+            max_qpairs,
+            max_qpairs_per_core: max_qpairs,
+            acceptor_backlog: 1024,
+            ..RdmaOptions::for_tests()
+        },
+    );
     let (tx, rx) = std::sync::mpsc::channel::<()>();
     let tx = std::sync::Mutex::new(tx);
     let t2 = transport.clone();
