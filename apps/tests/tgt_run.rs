@@ -195,6 +195,50 @@ fn sigint_without_hosts_exits_zero() {
 }
 
 #[test]
+fn warns_when_the_descriptor_limit_cannot_hold_the_connection_limit() {
+    let run = |max_qpairs: Option<u32>| {
+        let addr = format!(
+            "@pollux-tgt-nofile-test-{}-{}",
+            std::process::id(),
+            max_qpairs.unwrap_or(0)
+        );
+        let cfg = tmp(&format!("tgt-nofile-{}.toml", max_qpairs.unwrap_or(0)));
+        let mut text = config(&addr);
+        if let Some(m) = max_qpairs {
+            text = text.replace(
+                "[transport]\n",
+                &format!("[transport]\nmax_qpairs = {m}\nmax_qpairs_per_core = {m}\n"),
+            );
+        }
+        std::fs::write(&cfg, text).unwrap();
+        let mut tgt = Tgt::start_with_nofile(&cfg, 256);
+        tgt.wait_line("pollux-tgt: ready");
+        tgt.signal(Signal::INT);
+        assert!(tgt.wait_exit().success());
+        tgt.wait_line("pollux-tgt: stopped");
+        let _ = std::fs::remove_file(&cfg);
+        tgt.seen.clone()
+    };
+    // The default max_qpairs (1024) cannot fit in 256 descriptors.
+    let seen = run(None);
+    assert!(
+        seen.iter()
+            .any(|l| l.contains("RLIMIT_NOFILE 256") && l.contains("max_qpairs")),
+        "{seen:#?}"
+    );
+    assert!(seen.iter().any(|l| l.contains("limits: max_qpairs 1024")));
+    // Four queue pairs do.
+    let seen = run(Some(4));
+    assert!(
+        !seen.iter().any(|l| l.contains("RLIMIT_NOFILE")),
+        "{seen:#?}"
+    );
+    assert!(seen
+        .iter()
+        .any(|l| l.contains("limits: max_qpairs 4 max_qpairs_per_core 4")));
+}
+
+#[test]
 fn config_errors_exit_2_naming_line_and_field() {
     let cfg = tmp("tgt-bad.toml");
     let text = config("@pollux-tgt-bad").replace("bdev = \"Malloc0\"", "bdev = \"Malloc9\"");

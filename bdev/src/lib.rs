@@ -93,6 +93,7 @@
 #![forbid(unsafe_code)]
 
 mod aio;
+mod aio_fallocate;
 mod backend;
 mod bdev;
 mod channel;

@@ -20,4 +20,5 @@ run tests/vm/run-nvmf-interop.sh
 run tests/vm/run-host-interop.sh
 run tests/vm/run-iser-interop.sh
 run tests/vm/run-placement.sh
+run tests/vm/run-soak.sh
 exit $status

@@ -18,6 +18,9 @@
 //! send_with_invalidate = true  # [true]
 //! max_read_depth = 16          # RDMA READs in flight per queue [16]
 //! acceptor_backlog = 100       # [100]
+//! max_qpairs = 1024            # queue pairs served at once, all cores [1024]
+//! max_qpairs_per_core = 1024   # queue pairs one core serves at once [1024]
+//! num_slot_buffers = 2048      # 4 KiB per-request buffers shared by all queues [2048]
 //! pin_queues_to_listener_core = false  # no spreading over cores (debug) [false]
 //! device = "mlx5_0"            # verbs device [the provider's first]
 //! hugepages = "auto"           # auto | require | never [auto]
@@ -198,6 +201,12 @@ pub struct TransportSection {
     pub acceptor_backlog: Option<Spanned<u32>>,
     /// Keep every queue on its listener's core (no placement over cores).
     pub pin_queues_to_listener_core: Option<Spanned<bool>>,
+    /// Queue pairs served at once (all cores); more are rejected.
+    pub max_qpairs: Option<Spanned<usize>>,
+    /// Queue pairs one core serves at once.
+    pub max_qpairs_per_core: Option<Spanned<usize>>,
+    /// Small per-request buffers shared by every queue.
+    pub num_slot_buffers: Option<Spanned<usize>>,
     /// Verbs device name.
     pub device: Option<Spanned<String>>,
     /// Hugepage policy.
@@ -500,6 +509,18 @@ fn plan(text: &str, file: TgtFile) -> Result<TgtPlan, AppError> {
                 QueuePlacement::LeastConnections
             };
             seen("pin_queues_to_listener_core", v.span());
+        }
+        if let Some(v) = &t.max_qpairs {
+            rdma.max_qpairs = *v.get_ref();
+            seen("max_qpairs", v.span());
+        }
+        if let Some(v) = &t.max_qpairs_per_core {
+            rdma.max_qpairs_per_core = *v.get_ref();
+            seen("max_qpairs_per_core", v.span());
+        }
+        if let Some(v) = &t.num_slot_buffers {
+            target.num_slot_buffers = *v.get_ref();
+            seen("num_slot_buffers", v.span());
         }
         if let Some(v) = &t.device {
             rdma.device = Some(v.get_ref().clone());
@@ -861,6 +882,7 @@ impl TgtPlan {
             num_data_buffers: 1,
             buffer_cache_size: 1,
             hugepages: HugepageMode::Never,
+            num_slot_buffers: 0,
             ..self.target.clone()
         };
         Target::new(probe).map_err(|e| self.option_error(e))?;

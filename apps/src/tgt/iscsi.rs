@@ -30,6 +30,8 @@
 //! max_read_depth = 16              # RDMA READs in flight per connection [16]
 //! hugepages = "auto"               # auto | require | never [auto]
 //! pin_connections_to_listener_core = false # no spreading of connections over the cores [false]
+//! max_connections = 1024           # connections served at once, all cores; more are rejected [1024]
+//! max_connections_per_core = 1024  # connections one core serves at once [1024]
 //! ```
 //!
 //! Errors read `line L, column C: iscsi.target[0].luns[1].bdev: ...` like
@@ -138,6 +140,10 @@ pub struct OptionsSection {
     pub initial_r2t: Option<Spanned<bool>>,
     /// Task buffers.
     pub task_buffers: Option<Spanned<usize>>,
+    /// Connections served at once (all cores).
+    pub max_connections: Option<Spanned<usize>>,
+    /// Connections one core serves at once.
+    pub max_connections_per_core: Option<Spanned<usize>>,
     /// Receive buffers per poll group.
     pub max_srq_depth: Option<Spanned<u32>>,
     /// CQ entries per poll group.
@@ -315,6 +321,18 @@ pub fn plan(
                 return Err(at(text, v, &f("task_buffers")).err("must be at least 1"));
             }
             task_buffers = Some(*v.get_ref());
+        }
+        if let Some(v) = &o.max_connections {
+            if *v.get_ref() == 0 {
+                return Err(at(text, v, &f("max_connections")).err("must be at least 1"));
+            }
+            iser.max_connections = *v.get_ref();
+        }
+        if let Some(v) = &o.max_connections_per_core {
+            if *v.get_ref() == 0 {
+                return Err(at(text, v, &f("max_connections_per_core")).err("must be at least 1"));
+            }
+            iser.max_connections_per_core = *v.get_ref();
         }
         if let Some(v) = &o.max_srq_depth {
             if *v.get_ref() < 16 {
@@ -775,6 +793,11 @@ pub fn banner<P: Provider>(
         i.num_cqe,
         i.send_with_invalidate,
         i.max_read_depth
+    )?;
+    writeln!(
+        out,
+        "             max_connections {} max_connections_per_core {} (more are rejected)",
+        i.max_connections, i.max_connections_per_core
     )?;
     for g in &plan.portal_groups {
         writeln!(

@@ -43,6 +43,7 @@
 #![forbid(unsafe_code)]
 
 pub mod config;
+pub mod fd_limit;
 pub mod iscsi;
 pub mod reload;
 
@@ -337,6 +338,21 @@ fn run<P: Provider>(
         write_stats(p, started, &first, &first, &first, set, built)?;
     }
     banner(plan, opts, built, out).map_err(|e| AppError::Setup(format!("stdout: {e}")))?;
+    let iser_max = built
+        .iscsi
+        .as_ref()
+        .map_or(0, |i| i.transport.options().max_connections);
+    fd_limit::warn_if_short(
+        out,
+        if iser_max > 0 {
+            "max_qpairs and the iSCSI max_connections"
+        } else {
+            "max_qpairs"
+        },
+        (built.transport.options().max_qpairs + iser_max) as u64,
+        fd_limit::fds_per_connection(plan.provider == config::ProviderKind::Soft),
+        fd_limit::current_limit(),
+    );
     let mut next = Instant::now() + opts.stats_period;
     while !stop.load(Ordering::SeqCst) {
         if let Some(r) = &opts.reload {
@@ -442,6 +458,11 @@ fn banner<P: Provider>(
             .as_deref()
             .map(|d| format!(" device {d}"))
             .unwrap_or_default()
+    )?;
+    writeln!(
+        out,
+        "  limits: max_qpairs {} max_qpairs_per_core {} (more are rejected: no resources); num_slot_buffers {}",
+        r.max_qpairs, r.max_qpairs_per_core, t.num_slot_buffers
     )?;
     writeln!(
         out,

@@ -33,10 +33,25 @@ pub struct Tgt {
 impl Tgt {
     /// Starts `pollux-tgt -c config EXTRA...`.
     pub fn start(config: &PathBuf, extra: &[&str]) -> Tgt {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_pollux-tgt"))
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_pollux-tgt"));
+        cmd.arg("-c").arg(config).args(extra);
+        Tgt::spawn(cmd)
+    }
+
+    /// Starts `pollux-tgt -c config` under a descriptor limit
+    /// (`RLIMIT_NOFILE`) of `nofile`.
+    pub fn start_with_nofile(config: &PathBuf, nofile: u64) -> Tgt {
+        let mut cmd = Command::new("bash");
+        cmd.arg("-c")
+            .arg(format!("ulimit -n {nofile} && exec \"$0\" \"$@\""))
+            .arg(env!("CARGO_BIN_EXE_pollux-tgt"))
             .arg("-c")
-            .arg(config)
-            .args(extra)
+            .arg(config);
+        Tgt::spawn(cmd)
+    }
+
+    fn spawn(mut cmd: Command) -> Tgt {
+        let mut child = cmd
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()

@@ -2,6 +2,7 @@
 //! test binary uses only part of it).
 #![allow(dead_code)]
 
+pub mod churn;
 pub mod iser;
 pub mod rules;
 
@@ -21,15 +22,31 @@ pub fn soft_rdma_target(
     bdev_spec: &str,
     traddr: &str,
 ) -> (Arc<Target>, Arc<RdmaTransport<Soft>>) {
-    let target = Target::new(TargetOptions::for_tests()).expect("target");
+    soft_rdma_target_with(
+        nqn,
+        bdev_spec,
+        traddr,
+        TargetOptions::for_tests(),
+        RdmaOptions::for_tests(),
+    )
+}
+
+/// [`soft_rdma_target`] with the target's and the transport's options.
+pub fn soft_rdma_target_with(
+    nqn: &str,
+    bdev_spec: &str,
+    traddr: &str,
+    topts: TargetOptions,
+    ropts: RdmaOptions,
+) -> (Arc<Target>, Arc<RdmaTransport<Soft>>) {
+    let target = Target::new(topts).expect("target");
     let mut sc = SubsystemConfig::new(nqn);
     sc.allow_any_host = true;
     let sub = target.add_subsystem(sc).expect("subsystem");
     let bdev = BdevRegistry::new().create(bdev_spec).expect("bdev");
     sub.add_namespace(NamespaceConfig::new(bdev).with_nsid(1))
         .expect("namespace");
-    let transport =
-        RdmaTransport::<Soft>::new(&target, RdmaOptions::for_tests()).expect("transport");
+    let transport = RdmaTransport::<Soft>::new(&target, ropts).expect("transport");
     target
         .add_transport(transport.clone())
         .expect("add transport");

@@ -52,7 +52,7 @@ pub use subsystem::{
     Namespace, NamespaceConfig, Subsystem, SubsystemConfig, SubsystemKind, DEFAULT_CNTLID_RANGE,
     DEFAULT_MAX_NAMESPACES, DISCOVERY_NQN,
 };
-pub use target::{Listener, Target, TargetOptions};
+pub use target::{Listener, Target, TargetOptions, SLOT_BUF_SIZE};
 pub use transport::{
     QpairOps, QpairParams, RemoteBuf, ReqTag, Response, ResponseData, TargetTransport, Transfer,
     TransportError,

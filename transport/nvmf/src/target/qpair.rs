@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use pollux_bdev::{CompletedIo, InPlaceIo, IoChannel, IoCompletion, IoStatus, SgList};
-use pollux_reactor::mem::{BufPool, BufPoolOptions, DmaBuf};
+use pollux_reactor::mem::{BufPool, DmaBuf};
 use pollux_reactor::{PollStatus, PollerId, Reactor};
 
 use super::core_ctx::CoreCtx;
@@ -28,9 +28,6 @@ use crate::spec::cpl::{NvmeCompletion, NvmeStatus, SQHD_DISABLED};
 use crate::spec::log_page::ErrorLogEntry;
 use crate::spec::sgl::{SglDescriptor, SglError};
 
-/// Each request's own buffer: holds Identify data, Connect data, DSM
-/// ranges and small I/O without touching the shared pool.
-const SLOT_BUF_MIN: usize = 4096;
 /// Most AERs outstanding per controller (Identify AERL + 1).
 pub(crate) const AER_LIMIT: usize = 4;
 
@@ -167,7 +164,6 @@ pub struct QueuePair {
     pub(crate) io_counters: Arc<IoCounters>,
     /// `reactor.now_ns()` when this I/O queue last went from idle to busy.
     busy_since: Option<u64>,
-    _slot_pool: BufPool,
 }
 
 impl std::fmt::Debug for QueuePair {
@@ -219,15 +215,12 @@ impl QueuePair {
         let icd_size = params.in_capsule_data_size.min(opts.in_capsule_data_size);
         // In-capsule data does not need the slot: the RDMA transport lends
         // its receive buffer, and a copy larger than a slot takes pool
-        // buffers.
-        let slot_size = SLOT_BUF_MIN;
-        let mut po = BufPoolOptions::new("nvmf-qp-slots", slot_size, usize::from(nreq));
-        po.hugepages = opts.hugepages;
-        po.cache_size = 1;
-        let slot_pool = BufPool::new(po)?;
+        // buffers. Slot buffers come from the target's shared pool and go
+        // back to it with the queue (no memory of the queue's own).
+        let slot_pool = target.slot_pool();
         let mut reqs = Vec::with_capacity(usize::from(nreq));
         for _ in 0..nreq {
-            reqs.push(Request::new(slot_pool.get()));
+            reqs.push(Request::new(slot_pool.and_then(BufPool::get)));
         }
         let inbox = Rc::new(IoInbox {
             q: RefCell::new(VecDeque::with_capacity(usize::from(nreq) + 16)),
@@ -265,7 +258,6 @@ impl QueuePair {
             stats: QpairStats::default(),
             io_counters: Arc::new(IoCounters::default()),
             busy_since: None,
-            _slot_pool: slot_pool,
         })
     }
 

@@ -32,6 +32,13 @@ pub struct TargetOptions {
     pub num_data_buffers: usize,
     /// Buffers each core's cache keeps.
     pub buffer_cache_size: usize,
+    /// Small (4 KiB) per-request buffers shared by every queue pair of the
+    /// target: a queue takes one per request from this pool when it is
+    /// created and gives them back when it is destroyed. A queue created
+    /// when the pool is short runs its small transfers from the shared
+    /// data pool instead. One pool for the target, so connecting and
+    /// disconnecting queues opens no descriptor and maps nothing.
+    pub num_slot_buffers: usize,
     /// Hugepage policy of the pools.
     pub hugepages: HugepageMode,
     /// KATO used for discovery controllers that connect with KATO 0 (Linux: 120 s).
@@ -47,6 +54,7 @@ impl Default for TargetOptions {
             in_capsule_data_size: 4096,
             num_data_buffers: 1024,
             buffer_cache_size: 32,
+            num_slot_buffers: 2048,
             hugepages: HugepageMode::Auto,
             discovery_kato_ms: 120_000,
         }
@@ -59,6 +67,7 @@ impl TargetOptions {
         TargetOptions {
             num_data_buffers: 64,
             buffer_cache_size: 8,
+            num_slot_buffers: 512,
             hugepages: HugepageMode::Never,
             ..TargetOptions::default()
         }
@@ -116,6 +125,9 @@ struct TargetState {
     next_portid: u16,
 }
 
+/// Size of a per-request slot buffer ([`TargetOptions::num_slot_buffers`]).
+pub const SLOT_BUF_SIZE: usize = 4096;
+
 /// The NVMe-oF target: a control-plane object shared by every core.
 ///
 /// Configuration (subsystems, namespaces, hosts, transports, listeners) and
@@ -125,6 +137,7 @@ struct TargetState {
 pub struct Target {
     opts: TargetOptions,
     data_pool: BufPool,
+    slot_pool: Option<BufPool>,
     disc: Arc<DiscoveryGen>,
     discovery: Arc<Subsystem>,
     state: Mutex<TargetState>,
@@ -156,6 +169,14 @@ impl Target {
         po.cache_size = opts.buffer_cache_size.max(1);
         po.hugepages = opts.hugepages;
         let data_pool = BufPool::new(po)?;
+        let slot_pool = if opts.num_slot_buffers == 0 {
+            None
+        } else {
+            let mut po = BufPoolOptions::new("nvmf-qp-slots", SLOT_BUF_SIZE, opts.num_slot_buffers);
+            po.hugepages = opts.hugepages;
+            po.cache_size = 1;
+            Some(BufPool::new(po)?)
+        };
         let disc = Arc::new(DiscoveryGen::default());
         let mut dcfg = SubsystemConfig::new(DISCOVERY_NQN);
         dcfg.model = "Pollux discovery controller".into();
@@ -164,6 +185,7 @@ impl Target {
         Ok(Arc::new(Target {
             opts,
             data_pool,
+            slot_pool,
             disc,
             discovery,
             state: Mutex::new(TargetState {
@@ -185,6 +207,13 @@ impl Target {
     /// The shared data buffer pool.
     pub fn data_pool(&self) -> &BufPool {
         &self.data_pool
+    }
+
+    /// The shared pool of per-request slot buffers
+    /// ([`TargetOptions::num_slot_buffers`]; `None` when 0): transports
+    /// register its arenas with the data pool's.
+    pub fn slot_pool(&self) -> Option<&BufPool> {
+        self.slot_pool.as_ref()
     }
 
     /// Add a transport (one per transport type).

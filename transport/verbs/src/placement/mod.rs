@@ -36,4 +36,4 @@ mod seats;
 pub use handoff::{Handoff, Inbox};
 pub use placer::{Placer, Route};
 pub use policy::PlacementPolicy;
-pub use seats::Seats;
+pub use seats::{SeatLimits, Seats};

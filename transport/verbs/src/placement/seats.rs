@@ -23,12 +23,42 @@ struct Seat {
     open: bool,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Table {
     /// By poll-group index.
     seats: Vec<Option<Seat>>,
     /// Where the next tie-break scan starts (round robin).
     cursor: usize,
+    limits: SeatLimits,
+}
+
+impl Default for Table {
+    fn default() -> Self {
+        Table {
+            seats: Vec::new(),
+            cursor: 0,
+            limits: SeatLimits::UNLIMITED,
+        }
+    }
+}
+
+/// The most connections a transport serves: per poll group (core) and in
+/// all. A connection beyond either is refused by [`Seats::place`], so the
+/// transport rejects it cleanly before it takes any resource.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SeatLimits {
+    /// Most connections one poll group serves.
+    pub per_group: usize,
+    /// Most connections all poll groups serve together.
+    pub total: usize,
+}
+
+impl SeatLimits {
+    /// No limit.
+    pub const UNLIMITED: SeatLimits = SeatLimits {
+        per_group: usize::MAX,
+        total: usize::MAX,
+    };
 }
 
 /// The poll groups of one transport and their connection counts.
@@ -38,6 +68,16 @@ pub struct Seats(Mutex<Table>);
 impl Seats {
     fn lock(&self) -> MutexGuard<'_, Table> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Set the connection limits (control path, normally once at start).
+    pub fn set_limits(&self, limits: SeatLimits) {
+        self.lock().limits = limits;
+    }
+
+    /// The connection limits.
+    pub fn limits(&self) -> SeatLimits {
+        self.lock().limits
     }
 
     /// Poll group `index` on `core` takes new connections (its load starts
@@ -65,18 +105,27 @@ impl Seats {
     /// Place a new connection whose request arrived at group `home`:
     /// returns the chosen group's index and core and counts the connection
     /// there. `None` when no group can take it
-    /// ([`PlacementPolicy::LeastConnections`]: none is open;
-    /// [`PlacementPolicy::ListenerCore`]: `home` has no seat).
+    /// ([`PlacementPolicy::LeastConnections`]: none is open and below its
+    /// [per-group limit](SeatLimits::per_group);
+    /// [`PlacementPolicy::ListenerCore`]: `home` has no seat or is at its
+    /// limit), or when the transport serves its [total](SeatLimits::total).
     pub fn place(&self, home: usize, policy: PlacementPolicy) -> Option<(usize, CoreId)> {
         let mut t = self.lock();
         let n = t.seats.len();
+        let lim = t.limits;
+        let served: usize = t.seats.iter().flatten().map(|s| s.load).sum();
+        if served >= lim.total {
+            return None;
+        }
         let pick = match policy {
-            PlacementPolicy::ListenerCore => Some(home).filter(|&h| h < n),
+            PlacementPolicy::ListenerCore => {
+                Some(home).filter(|&h| h < n && t.seats[h].is_some_and(|s| s.load < lim.per_group))
+            }
             PlacementPolicy::LeastConnections => {
                 let mut best: Option<(usize, usize)> = None;
                 for k in 0..n {
                     let i = (t.cursor + k) % n;
-                    let Some(s) = t.seats[i].filter(|s| s.open) else {
+                    let Some(s) = t.seats[i].filter(|s| s.open && s.load < lim.per_group) else {
                         continue;
                     };
                     if best.map_or(true, |(_, load)| s.load < load) {
@@ -113,6 +162,35 @@ impl Seats {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn limits_refuse_per_group_and_in_total_until_released() {
+        let s = Seats::default();
+        s.join(0, 0);
+        s.join(1, 1);
+        s.set_limits(SeatLimits {
+            per_group: 2,
+            total: 3,
+        });
+        let lc = PlacementPolicy::LeastConnections;
+        assert!(s.place(0, lc).is_some());
+        assert!(s.place(0, lc).is_some());
+        assert!(s.place(0, lc).is_some());
+        assert_eq!(s.place(0, lc), None, "total reached");
+        s.release(0);
+        assert_eq!(s.loads().iter().sum::<usize>(), 2);
+        assert!(s.place(0, lc).is_some());
+        s.set_limits(SeatLimits {
+            per_group: 2,
+            total: 10,
+        });
+        assert!(s.place(0, lc).is_some());
+        assert_eq!(s.loads(), [2, 2]);
+        assert_eq!(s.place(0, lc), None, "every group at its limit");
+        assert_eq!(s.place(1, PlacementPolicy::ListenerCore), None);
+        s.release(1);
+        assert_eq!(s.place(1, PlacementPolicy::ListenerCore), Some((1, 1)));
+    }
 
     #[test]
     fn least_connections_with_round_robin_ties_and_release() {

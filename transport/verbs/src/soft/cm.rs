@@ -24,6 +24,7 @@ use rustix::net::{
     SendAncillaryMessage, SocketAddrUnix, SocketFlags, SocketType,
 };
 
+use super::arena_slots::{slot_index, SlotArena};
 use super::device::SoftDevice;
 use super::link::{Link, PeerArenas};
 use super::mr::{MR_ENTRY_SIZE, MR_TABLE_ENTRIES};
@@ -219,7 +220,7 @@ pub(super) struct RequestParts {
     /// The REQ's fds (link memfd, MR table, CQ eventfds).
     pub(super) fds: Vec<OwnedFd>,
     /// Peer arenas already mapped (if the id was polled before it left).
-    pub(super) peer_arenas: Vec<Option<Arc<DmaArena>>>,
+    pub(super) peer_arenas: Vec<Option<SlotArena>>,
 }
 
 /// One connection (both sides).
@@ -334,23 +335,45 @@ impl Conn {
         for (slot, a) in dev.0.exposed_slots() {
             self.send_arena(slot, &a);
         }
-        dev.0.conns.borrow_mut().push(Rc::downgrade(self));
+        dev.0.add_conn(self);
+    }
+
+    /// Tell the peer that the arena of slot `id` is gone (control path).
+    pub(crate) fn send_arena_gone(&self, id: u64) {
+        if self.hup.get() {
+            return;
+        }
+        if let Err(e) = send_msg(&self.sock, &Msg::ArenaGone { slot: id }, &[]) {
+            log::debug!("soft verbs: could not announce the end of arena slot {id:#x}: {e}");
+        }
     }
 
     fn install_arena(&self, slot: u64, len: u64, mut fds: Vec<OwnedFd>) {
         let Some(fd) = fds.pop() else { return };
-        if slot >= MAX_PEER_SLOTS {
+        let idx = slot_index(slot);
+        if idx as u64 >= MAX_PEER_SLOTS {
             return;
         }
         match DmaArena::map_foreign(fd, len as usize) {
             Ok(a) => {
                 let mut v = self.peer_arenas.borrow_mut();
-                if v.len() <= slot as usize {
-                    v.resize(slot as usize + 1, None);
+                if v.len() <= idx {
+                    v.resize(idx + 1, None);
                 }
-                v[slot as usize] = Some(a);
+                v[idx] = Some(SlotArena { id: slot, arena: a });
             }
-            Err(e) => log::warn!("soft verbs: cannot map peer arena slot {slot}: {e}"),
+            Err(e) => log::warn!("soft verbs: cannot map peer arena slot {slot:#x}: {e}"),
+        }
+    }
+
+    /// The peer let go of the arena of slot `id`: unmap ours (unless the
+    /// index already holds a newer arena).
+    fn drop_arena(&self, id: u64) {
+        let mut v = self.peer_arenas.borrow_mut();
+        if let Some(e) = v.get_mut(slot_index(id)) {
+            if e.as_ref().is_some_and(|s| s.id == id) {
+                *e = None;
+            }
         }
     }
 
@@ -359,6 +382,7 @@ impl Conn {
         loop {
             match recv_msg(&self.sock) {
                 Rx::Msg(Msg::Arena { slot, len }, fds) => self.install_arena(slot, len, fds),
+                Rx::Msg(Msg::ArenaGone { slot }, _) => self.drop_arena(slot),
                 Rx::Msg(m, fds) => self.deferred.borrow_mut().push_back((m, fds)),
                 Rx::Empty => break,
                 Rx::Hup => {
@@ -393,6 +417,7 @@ impl Conn {
     fn handle(self: &Rc<Self>, m: Msg, fds: Vec<OwnedFd>) -> Result<(), VerbsError> {
         match (m, self.state.get()) {
             (Msg::Arena { slot, len }, _) => self.install_arena(slot, len, fds),
+            (Msg::ArenaGone { slot }, _) => self.drop_arena(slot),
             (Msg::Rep(h), St::Connecting) => self.establish_active(h, fds)?,
             (
                 Msg::Rej {

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use pollux_reactor::mem::DmaArena;
 
+use super::arena_slots::{slot_id, slot_index, SlotArena};
 use super::cm::{Conn, SoftCmId, SoftListener};
 use super::cq::SoftCq;
 use super::pd::SoftPd;
@@ -26,6 +27,21 @@ pub const SOFT_MAX_MSG: u32 = 1 << 20;
 /// Async events kept before the oldest is dropped.
 const ASYNC_QUEUE: usize = 1024;
 
+/// Book-keeping of one slot index.
+#[derive(Clone, Default)]
+struct SlotState {
+    /// Regular MRs registered over the slot's arena.
+    mrs: u32,
+    /// Generation of the slot's current id.
+    generation: u32,
+    /// Whether the arena was shipped to peers.
+    exposed: bool,
+    /// No MR left, but the arena may still live (its owner may register
+    /// it again: the slot comes back under the same id, nothing is
+    /// shipped). Swept once the arena is gone.
+    parked: Option<std::sync::Weak<DmaArena>>,
+}
+
 /// An open soft device (`!Send`: belongs to one reactor).
 #[derive(Clone)]
 pub struct SoftDevice(pub(crate) Rc<DeviceInner>);
@@ -35,10 +51,14 @@ pub(crate) struct DeviceInner {
     next_num: Cell<u32>,
     next_tag: Cell<u8>,
     events: RefCell<VecDeque<AsyncEvent>>,
-    /// Arena slots: every arena that holds registered memory, by slot.
-    pub(crate) slots: RefCell<Vec<Option<Arc<DmaArena>>>>,
-    /// Whether a slot's arena may be mapped by peers (trust model).
-    exposed: RefCell<Vec<bool>>,
+    /// Arena slots: every arena that holds registered memory, by slot
+    /// index (see [`super::arena_slots`]).
+    pub(crate) slots: RefCell<Vec<Option<SlotArena>>>,
+    /// Per slot index: regular MRs over its arena, the generation of its
+    /// id, whether peers may map it (trust model).
+    slot_state: RefCell<Vec<SlotState>>,
+    /// Slot indexes free for reuse.
+    free_slots: RefCell<Vec<usize>>,
     /// Expose every registered arena (a fast-reg MR exists: any local MR
     /// may become remotely reachable through REG_MR).
     expose_all: Cell<bool>,
@@ -70,10 +90,20 @@ impl SoftDevice {
             next_tag: Cell::new(1),
             events: RefCell::new(VecDeque::with_capacity(ASYNC_QUEUE)),
             slots: RefCell::new(Vec::new()),
-            exposed: RefCell::new(Vec::new()),
+            slot_state: RefCell::new(Vec::new()),
+            free_slots: RefCell::new(Vec::new()),
             expose_all: Cell::new(false),
             conns: RefCell::new(Vec::new()),
         }))
+    }
+}
+
+impl SoftDevice {
+    /// Arenas the device holds because memory in them is registered: one
+    /// per arena with at least one live regular MR (leak checks: the
+    /// count goes back down as MRs are deregistered).
+    pub fn registered_arenas(&self) -> usize {
+        self.0.slots.borrow().iter().flatten().count()
     }
 }
 
@@ -102,34 +132,117 @@ impl DeviceInner {
         q.push_back(ev);
     }
 
-    /// The slot of `arena`, adding it (control path). Exposes it to peers if
-    /// `remote` (or if every arena is exposed) and ships it to live
-    /// connections that have not seen it.
+    /// The slot id of `arena` for one more regular MR over it, adding it
+    /// (control path). Exposes it to peers if `remote` (or if every arena is
+    /// exposed) and ships it to live connections that have not seen it.
+    /// Every call is paired with one [`release_slot`](Self::release_slot).
     pub(crate) fn slot_for(&self, arena: &Arc<DmaArena>, remote: bool) -> u64 {
+        self.sweep_slots();
         let mut slots = self.slots.borrow_mut();
-        let mut exposed = self.exposed.borrow_mut();
+        let mut st = self.slot_state.borrow_mut();
         let pos = slots
             .iter()
-            .position(|s| s.as_ref().is_some_and(|a| Arc::ptr_eq(a, arena)));
-        let slot = match pos {
-            Some(p) => p,
+            .position(|s| s.as_ref().is_some_and(|a| Arc::ptr_eq(&a.arena, arena)));
+        let parked = || {
+            st.iter().position(|s| {
+                s.parked.as_ref().is_some_and(|w| {
+                    w.strong_count() > 0 && std::ptr::eq(w.as_ptr(), Arc::as_ptr(arena))
+                })
+            })
+        };
+        let idx = match pos.or_else(parked) {
+            Some(p) => {
+                if st[p].parked.take().is_some() {
+                    slots[p] = Some(SlotArena {
+                        id: slot_id(p, st[p].generation),
+                        arena: arena.clone(),
+                    });
+                }
+                p
+            }
             None => {
-                slots.push(Some(arena.clone()));
-                exposed.push(false);
-                slots.len() - 1
+                let idx = match self.free_slots.borrow_mut().pop() {
+                    Some(i) => i,
+                    None => {
+                        slots.push(None);
+                        st.push(SlotState::default());
+                        slots.len() - 1
+                    }
+                };
+                slots[idx] = Some(SlotArena {
+                    id: slot_id(idx, st[idx].generation),
+                    arena: arena.clone(),
+                });
+                idx
             }
         };
+        st[idx].mrs += 1;
+        let id = slot_id(idx, st[idx].generation);
         let expose = remote || self.expose_all.get();
-        let newly = expose && !exposed[slot];
+        let newly = expose && !st[idx].exposed;
         if expose {
-            exposed[slot] = true;
+            st[idx].exposed = true;
         }
-        drop(exposed);
+        drop(st);
         drop(slots);
         if newly {
-            self.ship_slot(slot);
+            self.ship_slot(idx);
         }
-        slot as u64
+        id
+    }
+
+    /// One regular MR over slot `id` is gone: when it was the last, the
+    /// device lets go of the arena (its fd and mapping close once nothing
+    /// else holds it) and parks the slot; once the arena itself is gone
+    /// ([`sweep_slots`](Self::sweep_slots)) the peers are told to unmap it
+    /// and the index is reused under the next generation.
+    pub(crate) fn release_slot(&self, id: u64) {
+        let idx = slot_index(id);
+        {
+            let mut slots = self.slots.borrow_mut();
+            let mut st = self.slot_state.borrow_mut();
+            let live = slots
+                .get(idx)
+                .and_then(|s| s.as_ref())
+                .is_some_and(|s| s.id == id);
+            let Some(s) = st.get_mut(idx).filter(|_| live) else {
+                return;
+            };
+            s.mrs = s.mrs.saturating_sub(1);
+            if s.mrs > 0 {
+                return;
+            }
+            s.parked = slots[idx].take().map(|a| Arc::downgrade(&a.arena));
+        }
+        self.sweep_slots();
+    }
+
+    /// Free the parked slots whose arena is gone: tell the peers to unmap
+    /// their copies and reuse the index (control path: registration,
+    /// deregistration and new connections sweep).
+    pub(crate) fn sweep_slots(&self) {
+        let mut gone = Vec::new();
+        {
+            let mut st = self.slot_state.borrow_mut();
+            for (idx, s) in st.iter_mut().enumerate() {
+                if s.parked.as_ref().is_some_and(|w| w.strong_count() == 0) {
+                    s.parked = None;
+                    if std::mem::replace(&mut s.exposed, false) {
+                        gone.push(slot_id(idx, s.generation));
+                    }
+                    s.generation = s.generation.wrapping_add(1);
+                    self.free_slots.borrow_mut().push(idx);
+                }
+            }
+        }
+        if gone.is_empty() {
+            return;
+        }
+        for c in self.live_conns() {
+            for &id in &gone {
+                c.send_arena_gone(id);
+            }
+        }
     }
 
     /// Expose every registered arena from now on.
@@ -138,41 +251,77 @@ impl DeviceInner {
             return;
         }
         let n = self.slots.borrow().len();
-        for slot in 0..n {
+        for idx in 0..n {
             let newly = {
-                let mut ex = self.exposed.borrow_mut();
-                !std::mem::replace(&mut ex[slot], true)
+                let slots = self.slots.borrow();
+                let mut st = self.slot_state.borrow_mut();
+                let s = &mut st[idx];
+                (slots[idx].is_some() || s.parked.is_some())
+                    && !std::mem::replace(&mut s.exposed, true)
             };
             if newly {
-                self.ship_slot(slot);
+                self.ship_slot(idx);
             }
         }
     }
 
-    fn ship_slot(&self, slot: usize) {
-        let arena = self.slots.borrow().get(slot).cloned().flatten();
-        let Some(arena) = arena else { return };
+    /// Live connections (dropping the ones that are gone).
+    pub(crate) fn live_conns(&self) -> Vec<Rc<Conn>> {
         self.conns.borrow_mut().retain(|c| c.strong_count() > 0);
-        let conns: Vec<Rc<Conn>> = self
-            .conns
+        self.conns
             .borrow()
             .iter()
             .filter_map(Weak::upgrade)
-            .collect();
-        for c in conns {
-            c.send_arena(slot as u64, &arena);
+            .collect()
+    }
+
+    /// Remember a connection to ship newly exposed arenas to (dropping the
+    /// ones that are gone, so the list holds live connections only).
+    pub(crate) fn add_conn(&self, c: &Rc<Conn>) {
+        self.sweep_slots();
+        let mut conns = self.conns.borrow_mut();
+        conns.retain(|c| c.strong_count() > 0);
+        conns.push(Rc::downgrade(c));
+    }
+
+    /// The arena of slot index `idx`, registered or parked (and alive).
+    fn any_slot(&self, idx: usize) -> Option<SlotArena> {
+        if let Some(a) = self.slots.borrow().get(idx).cloned().flatten() {
+            return Some(a);
+        }
+        let st = self.slot_state.borrow();
+        let s = st.get(idx)?;
+        let arena = s.parked.as_ref()?.upgrade()?;
+        Some(SlotArena {
+            id: slot_id(idx, s.generation),
+            arena,
+        })
+    }
+
+    fn ship_slot(&self, idx: usize) {
+        let Some(slot) = self.any_slot(idx) else {
+            return;
+        };
+        for c in self.live_conns() {
+            c.send_arena(slot.id, &slot.arena);
         }
     }
 
     /// Exposed slots and their arenas (control path, at connection setup).
+    /// Parked slots whose arena is alive are included: registered again,
+    /// they come back under the same id without shipping anything.
     pub(crate) fn exposed_slots(&self) -> Vec<(u64, Arc<DmaArena>)> {
-        let slots = self.slots.borrow();
-        let ex = self.exposed.borrow();
-        slots
+        let exposed: Vec<usize> = self
+            .slot_state
+            .borrow()
             .iter()
             .enumerate()
-            .filter(|(i, _)| ex[*i])
-            .filter_map(|(i, a)| a.clone().map(|a| (i as u64, a)))
+            .filter(|(_, s)| s.exposed)
+            .map(|(i, _)| i)
+            .collect();
+        exposed
+            .into_iter()
+            .filter_map(|i| self.any_slot(i).map(|a| (a.id, a.arena)))
             .collect()
     }
 }

@@ -2,14 +2,7 @@
 //! control words), the peer's MR table (read-only) and arenas, and the
 //! peer's CQ eventfds.
 
-use std::cell::{Cell, RefCell};
-use std::os::fd::OwnedFd;
-use std::rc::{Rc, Weak};
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
-
-use pollux_reactor::mem::DmaArena;
-
+use super::arena_slots::SlotArena;
 use super::cm::Conn;
 use super::ring::{
     ctl_off, publish, CTL_CONSUMER_ARMED, CTL_FATAL, CTL_PRODUCER_ARMED, CTL_SIGERR,
@@ -17,6 +10,10 @@ use super::ring::{
 use super::rkey_cache::RemoteKeyCache;
 use super::shm::Shm;
 use crate::sig::{SigErrKind, SigError};
+use std::cell::{Cell, RefCell};
+use std::os::fd::OwnedFd;
+use std::rc::{Rc, Weak};
+use std::sync::atomic::Ordering;
 
 /// Peer-state words (`CTL_FATAL` of the direction a side produces).
 pub(crate) const FATAL_ACCESS: u32 = 1;
@@ -24,7 +21,7 @@ pub(crate) const FATAL_ACCESS: u32 = 1;
 pub(crate) const FATAL_ERR: u32 = 2;
 
 /// The peer's arenas by slot, filled as `ARENA` messages arrive.
-pub(crate) type PeerArenas = Rc<RefCell<Vec<Option<Arc<DmaArena>>>>>;
+pub(crate) type PeerArenas = Rc<RefCell<Vec<Option<SlotArena>>>>;
 
 pub(crate) struct Link {
     pub(crate) shm: Shm,

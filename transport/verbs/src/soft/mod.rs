@@ -65,6 +65,9 @@
 //! checked before every copy, but a peer can read and write all of an
 //! exposed arena through its own mapping. Do not connect untrusted peers.
 
+#[cfg(test)]
+mod arena_release_tests;
+mod arena_slots;
 mod cm;
 mod cq;
 mod device;

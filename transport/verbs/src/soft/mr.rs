@@ -24,6 +24,7 @@ use std::sync::Arc;
 
 use pollux_reactor::mem::DmaArena;
 
+use super::arena_slots::{slot_arena, SlotArena};
 use super::pd::SoftPd;
 use super::shm::{arena_span, Shm, SpanList};
 use crate::error::VerbsError;
@@ -192,7 +193,7 @@ pub(crate) fn resolve(
     addr: u64,
     len: u64,
     need: Access,
-    arenas: &[Option<Arc<DmaArena>>],
+    arenas: &[Option<SlotArena>],
     out: &mut SpanList,
 ) -> Result<(), KeyErr> {
     let idx = key_index(key);
@@ -235,11 +236,7 @@ pub(crate) fn resolve(
             continue;
         }
         let n = (slen - skip).min(left);
-        let arena = usize::try_from(slot)
-            .ok()
-            .and_then(|s| arenas.get(s))
-            .and_then(|a| a.as_ref())
-            .ok_or(KeyErr::UnknownArena)?;
+        let arena = slot_arena(arenas, slot).ok_or(KeyErr::UnknownArena)?;
         let span = arena_span(arena, soff.checked_add(skip).ok_or(KeyErr::Denied)?, n)
             .ok_or(KeyErr::Denied)?;
         if !out.push(span) {
@@ -594,7 +591,7 @@ fn seg_spans(
     segs: std::ops::Range<usize>,
     mut skip: u64,
     mut left: u64,
-    arenas: &[Option<Arc<DmaArena>>],
+    arenas: &[Option<SlotArena>],
     out: &mut SpanList,
 ) -> Result<(), KeyErr> {
     for i in segs {
@@ -610,11 +607,7 @@ fn seg_spans(
             continue;
         }
         let n = (slen - skip).min(left);
-        let arena = usize::try_from(slot)
-            .ok()
-            .and_then(|s| arenas.get(s))
-            .and_then(|a| a.as_ref())
-            .ok_or(KeyErr::UnknownArena)?;
+        let arena = slot_arena(arenas, slot).ok_or(KeyErr::UnknownArena)?;
         let span = arena_span(arena, soff.checked_add(skip).ok_or(KeyErr::Denied)?, n)
             .ok_or(KeyErr::Denied)?;
         if !out.push(span) {
@@ -641,7 +634,7 @@ pub(crate) fn resolve_sig(
     addr: u64,
     len: u64,
     need: Access,
-    arenas: &[Option<Arc<DmaArena>>],
+    arenas: &[Option<SlotArena>],
 ) -> Result<SigSide, KeyErr> {
     let idx = key_index(key);
     if key_tag(key) != tag || idx == 0 || idx >= MR_TABLE_ENTRIES || key == 0 {

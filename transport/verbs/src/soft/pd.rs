@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use pollux_reactor::mem::DmaArena;
 
+use super::arena_slots::slot_arena;
 use super::device::SoftDevice;
 use super::mr::{
     resolve, resolve_segs, resolve_sig, sig_geometry, table_invalidate, table_key, table_write,
@@ -195,8 +196,13 @@ impl PdInner {
 
     pub(crate) fn free_mr(&self, idx: u32) {
         table_invalidate(&self.table, idx);
-        if let Some(f) = self.fast.borrow_mut().get_mut(idx as usize) {
+        let regular_slot = self.fast.borrow_mut().get_mut(idx as usize).and_then(|f| {
+            let slot = (f.key != 0).then_some(f.slot);
             f.key = 0;
+            slot
+        });
+        if let Some(slot) = regular_slot {
+            self.dev.0.release_slot(slot);
         }
         self.key_gen.set(self.key_gen.get().wrapping_add(1));
         if let Some(e) = self.local.borrow_mut().get_mut(idx as usize) {
@@ -285,7 +291,7 @@ impl PdInner {
         let f = fast
             .get(super::mr::key_index(key) as usize)
             .filter(|f| f.key == key)?;
-        let arena = slots.get(usize::try_from(f.slot).ok()?)?.as_ref()?;
+        let arena = slot_arena(&slots, f.slot)?;
         let whole = arena_span(arena, f.off, f.len)?;
         Some(LocalKey {
             key,
@@ -316,10 +322,7 @@ impl PdInner {
                 .filter(|s| s.checked_add(len).is_some_and(|e| e <= f.len))
                 .filter(|_| f.access.contains(need))
                 .and_then(|s| {
-                    let arena = usize::try_from(f.slot)
-                        .ok()
-                        .and_then(|i| slots.get(i))?
-                        .as_ref()?;
+                    let arena = slot_arena(&slots, f.slot)?;
                     arena_span(arena, f.off + s, len)
                 });
             return span.is_some_and(|sp| out.push(sp));

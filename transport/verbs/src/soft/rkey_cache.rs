@@ -22,6 +22,7 @@ use std::sync::Arc;
 
 use pollux_reactor::mem::DmaArena;
 
+use super::arena_slots::{slot_arena, SlotArena};
 use super::mr::{entry_unchanged, snapshot_regular, EntrySnapshot};
 use super::shm::{arena_span, Shm, Span};
 use crate::types::{Access, RemoteAddr};
@@ -77,15 +78,11 @@ impl RemoteKeyCache {
     /// After the full path resolved `key`: remember it if it is a regular
     /// one-segment MR whose arena is mapped (`arenas`, by slot). A key
     /// already cached is refreshed in place (its entry changed).
-    pub(crate) fn learn(&self, t: &Shm, tag: u8, key: u32, arenas: &[Option<Arc<DmaArena>>]) {
+    pub(crate) fn learn(&self, t: &Shm, tag: u8, key: u32, arenas: &[Option<SlotArena>]) {
         let Some(snap) = snapshot_regular(t, tag, key) else {
             return;
         };
-        let Some(arena) = usize::try_from(snap.slot)
-            .ok()
-            .and_then(|s| arenas.get(s))
-            .and_then(|a| a.clone())
-        else {
+        let Some(arena) = slot_arena(arenas, snap.slot).cloned() else {
             return;
         };
         if arena_span(&arena, snap.off, snap.len).is_none() {

@@ -15,6 +15,7 @@ const K_REJ: u8 = 3;
 const K_RTU: u8 = 4;
 const K_ARENA: u8 = 5;
 const K_DREQ: u8 = 6;
+const K_ARENA_GONE: u8 = 7;
 
 /// Connection parameters carried by REQ and REP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,6 +48,9 @@ pub(crate) enum Msg {
     Arena { slot: u64, len: u64 },
     /// Disconnect request.
     Dreq,
+    /// The arena of `slot` (the full slot id, generation included) is no
+    /// longer registered: unmap it.
+    ArenaGone { slot: u64 },
 }
 
 impl Msg {
@@ -94,6 +98,11 @@ impl Msg {
             Msg::Dreq => {
                 b[0] = K_DREQ;
                 1
+            }
+            Msg::ArenaGone { slot } => {
+                b[0] = K_ARENA_GONE;
+                b[1..9].copy_from_slice(&slot.to_le_bytes());
+                9
             }
         }
     }
@@ -145,6 +154,7 @@ impl Msg {
                 slot: u64_at(1)?,
                 len: u64_at(9)?,
             }),
+            K_ARENA_GONE if b.len() == 9 => Some(Msg::ArenaGone { slot: u64_at(1)? }),
             _ => None,
         }
     }
@@ -174,6 +184,9 @@ mod tests {
             Msg::Rtu,
             Msg::Dreq,
             Msg::Arena { slot: 9, len: 4096 },
+            Msg::ArenaGone {
+                slot: 9 | (2 << 32),
+            },
         ] {
             let n = m.encode(&mut b);
             assert_eq!(Msg::decode(&b[..n]), Some(m));

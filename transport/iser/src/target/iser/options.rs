@@ -38,6 +38,13 @@ pub struct IserOptions {
     /// Which poll group (core) serves a new connection (default: the one
     /// with the fewest connections, ties round robin).
     pub placement: PlacementPolicy,
+    /// Most connections (all sessions) the transport serves at once; a
+    /// connect request beyond it is rejected before it takes any resource.
+    pub max_connections: usize,
+    /// Most connections one poll group (core) serves at once (a full
+    /// group's requests go to another group, as for `max_connections` when
+    /// every group is full).
+    pub max_connections_per_core: usize,
 }
 
 impl Default for IserOptions {
@@ -51,6 +58,8 @@ impl Default for IserOptions {
             max_read_depth: 16,
             hugepages: pollux_reactor::mem::HugepageMode::Auto,
             placement: PlacementPolicy::LeastConnections,
+            max_connections: 1024,
+            max_connections_per_core: 1024,
         }
     }
 }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use pollux_reactor::sync::{Mutex, MutexGuard};
 
 use pollux_reactor::Reactor;
-use pollux_verbs::placement::Placer;
+use pollux_verbs::placement::{Placer, SeatLimits};
 use pollux_verbs::{CmAddr, Provider};
 use thiserror::Error;
 
@@ -92,13 +92,18 @@ impl<P: Provider> IserTransport<P> {
     /// group per reactor ([`IserTransport::create_poll_group`]) and listen
     /// ([`IserTransport::listen`] or [`IserTransport::listen_portal_groups`]).
     pub fn new(target: &Arc<IscsiTarget>, opts: IserOptions) -> Arc<Self> {
+        let placer = Placer::new("iser");
+        placer.seats().set_limits(SeatLimits {
+            per_group: opts.max_connections_per_core,
+            total: opts.max_connections,
+        });
         Arc::new(IserTransport {
             target: Arc::clone(target),
             opts,
             listeners: Mutex::new(Vec::new()),
             listen_gen: AtomicU64::new(1),
             groups: AtomicUsize::new(0),
-            placer: Placer::new("iser"),
+            placer,
             stats: SharedStats::default(),
             _p: PhantomData,
         })

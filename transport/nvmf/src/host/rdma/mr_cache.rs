@@ -9,6 +9,11 @@
 //! provider) the provider gives these MRs the window-bind right itself, so
 //! the same access serves both providers; a window covers one contiguous
 //! range of one MR, which a buffer of one arena is.
+//!
+//! An arena nobody else holds any more (a one-off control buffer of a
+//! Connect or an Identify, a pool that was dropped) is deregistered and let
+//! go at the next registration, so a host that reconnects for hours keeps
+//! only the arenas still in use.
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -19,7 +24,10 @@ use pollux_verbs::{Access, MemoryRegion, ProtectionDomain, Provider};
 
 use super::super::HostError;
 
-type Entry<P> = (ArenaId, Arc<DmaArena>, <P as Provider>::Mr);
+/// An arena, its MR, and how many of the arena's references the cache and
+/// the registration itself hold (the arena is unused elsewhere when its
+/// count is down to that).
+type Entry<P> = (ArenaId, Arc<DmaArena>, <P as Provider>::Mr, usize);
 
 /// The MRs of data arenas for one PD.
 pub struct MrCache<P: Provider> {
@@ -46,17 +54,30 @@ impl<P: Provider> MrCache<P> {
     /// # Errors
     /// [`HostError::Transport`] when the provider refuses.
     pub fn register(&self, arena: &Arc<DmaArena>) -> Result<(), HostError> {
-        if self.mrs.borrow().iter().any(|(id, _, _)| *id == arena.id()) {
+        if self.mrs.borrow().iter().any(|(id, ..)| *id == arena.id()) {
             return Ok(());
         }
+        self.release_unused();
+        let before = Arc::strong_count(arena);
         let mr = self
             .pd
             .reg_mr(arena, 0, arena.len(), self.access)
             .map_err(|e| HostError::Transport(format!("register arena {}: {e}", arena.name())))?;
-        self.mrs
-            .borrow_mut()
-            .push((arena.id(), Arc::clone(arena), mr));
+        let held = Arc::clone(arena);
+        let own = Arc::strong_count(arena).saturating_sub(before);
+        self.mrs.borrow_mut().push((arena.id(), held, mr, own));
         Ok(())
+    }
+
+    /// Deregister the arenas only the cache and their MR still hold
+    /// (control path).
+    pub fn release_unused(&self) {
+        let mut mrs = self.mrs.borrow_mut();
+        let n = mrs.len();
+        mrs.retain(|(_, a, _, own)| Arc::strong_count(a) > *own);
+        if mrs.len() != n {
+            self.last.set(None);
+        }
     }
 
     /// `(lkey, rkey)` of the MR that covers `buf` (registering its arena if
@@ -71,7 +92,7 @@ impl<P: Provider> MrCache<P> {
                 return Ok((l, r));
             }
         }
-        if let Some((_, _, mr)) = self.mrs.borrow().iter().find(|(a, _, _)| *a == id) {
+        if let Some((_, _, mr, _)) = self.mrs.borrow().iter().find(|(a, ..)| *a == id) {
             let keys = (mr.lkey(), mr.rkey());
             self.last.set(Some((id, keys.0, keys.1)));
             return Ok(keys);
@@ -80,8 +101,8 @@ impl<P: Provider> MrCache<P> {
         self.mrs
             .borrow()
             .iter()
-            .find(|(a, _, _)| *a == id)
-            .map(|(_, _, mr)| (mr.lkey(), mr.rkey()))
+            .find(|(a, ..)| *a == id)
+            .map(|(_, _, mr, _)| (mr.lkey(), mr.rkey()))
             .ok_or_else(|| HostError::Transport("registration vanished".into()))
     }
 

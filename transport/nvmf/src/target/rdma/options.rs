@@ -34,6 +34,15 @@ pub struct RdmaOptions {
     pub hugepages: pollux_reactor::mem::HugepageMode,
     /// Which poll group (core) serves a new queue.
     pub placement: QueuePlacement,
+    /// Most queue pairs (admin and I/O, all hosts) the transport serves at
+    /// once; a connect request beyond it is rejected with the NVMe/RDMA CM
+    /// status "no resources" before it takes any resource.
+    pub max_qpairs: usize,
+    /// Most queue pairs one poll group (core) serves at once; with
+    /// [`QueuePlacement::LeastConnections`] a full group's requests go to
+    /// another group, and are rejected like [`max_qpairs`](Self::max_qpairs)
+    /// when every group is full.
+    pub max_qpairs_per_core: usize,
 }
 
 /// Where the RDMA transport puts a new queue (connection): the placement
@@ -54,6 +63,8 @@ impl Default for RdmaOptions {
             max_read_depth: 16,
             hugepages: pollux_reactor::mem::HugepageMode::Auto,
             placement: QueuePlacement::LeastConnections,
+            max_qpairs: 1024,
+            max_qpairs_per_core: 1024,
         }
     }
 }
@@ -120,6 +131,11 @@ impl RdmaOptions {
                 "max_srq_depth ({}) must be at least max_queue_depth ({depth}): one queue's receives must fit",
                 self.max_srq_depth
             )));
+        }
+        if self.max_qpairs == 0 || self.max_qpairs_per_core == 0 {
+            return Err(OptionsError(
+                "max_qpairs and max_qpairs_per_core must be positive".into(),
+            ));
         }
         let srq = if self.no_srq { 0 } else { self.max_srq_depth };
         let one = self.cqes_per_queue(t, t.max_queue_depth, 1) + srq;

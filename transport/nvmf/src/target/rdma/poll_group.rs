@@ -179,7 +179,13 @@ impl<P: Provider> RdmaPollGroup<P> {
             )
         };
         let mut mrs = MrTable::<P>(Vec::new());
-        for a in recvs.arenas().iter().chain(t.target.data_pool().arenas()) {
+        let slot_arenas = t.target.slot_pool().map(|p| p.arenas());
+        for a in recvs
+            .arenas()
+            .iter()
+            .chain(t.target.data_pool().arenas())
+            .chain(slot_arenas.into_iter().flatten())
+        {
             if mrs.lkey(a.id()).is_none() {
                 let mr = pd
                     .reg_mr(a, 0, a.len(), Access::LOCAL_WRITE)

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use pollux_reactor::sync::{Mutex, MutexGuard};
 
 use pollux_reactor::Reactor;
+use pollux_verbs::placement::SeatLimits;
 use pollux_verbs::{CmAddr, Provider};
 
 use super::super::target::Target;
@@ -102,13 +103,18 @@ impl<P: Provider> RdmaTransport<P> {
     pub fn new(target: &Arc<Target>, opts: RdmaOptions) -> Result<Arc<Self>, TransportError> {
         opts.validate(target.options())
             .map_err(|e| TransportError::Other(e.to_string()))?;
+        let placer = QueuePlacer::new("nvmf rdma");
+        placer.seats().set_limits(SeatLimits {
+            per_group: opts.max_qpairs_per_core,
+            total: opts.max_qpairs,
+        });
         Ok(Arc::new(RdmaTransport {
             target: Arc::clone(target),
             opts,
             listeners: Mutex::new(Vec::new()),
             listen_gen: AtomicU64::new(1),
             groups: AtomicUsize::new(0),
-            placer: QueuePlacer::new("nvmf rdma"),
+            placer,
             stats: SharedStats::default(),
             _p: PhantomData,
         }))

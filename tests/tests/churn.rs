@@ -1,0 +1,234 @@
+//! Connection churn against an NVMe-oF target process over the soft
+//! provider: whichever way a host goes, the target gives back everything
+//! its queues took (descriptors, mappings, memory).
+//!
+//! - `soak_connect_io_disconnect_returns_everything`: `POLLUX_SOAK_CYCLES`
+//!   (default 1,000) cycles of connect → verified write/read → end, the end
+//!   mixing clean disconnects, hosts dropped without a word, hosts that stop
+//!   sending keep-alives (the target's KATO ends them), SIGKILLed host
+//!   processes and refused connects. Every `POLLUX_SOAK_SAMPLE_EVERY` (50)
+//!   cycles, once the
+//!   target serves no queue, it samples the target's descriptors, mappings
+//!   and RSS (and this process's, the host side) and prints a CSV line; after
+//!   the warm-up, a sample above the warm-up's highest plus the stated slack
+//!   fails the test. `scripts/soak.sh` runs it long.
+//! - `storm_of_256_hosts_then_all_killed`: 256 hosts in 8 processes connect
+//!   at once to a target limited to 384 queues (some are refused cleanly),
+//!   then all 8 processes are SIGKILLed at once; the target then serves the
+//!   next host normally and is back to its descriptors and mappings.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::churn::{
+    env_or, run_host_child, serve_target_child, sigkill, start_host_child, End, HeldHost, Hosts,
+    Sample, TargetProc, SLACK,
+};
+
+/// Samples of the warm-up (caches, pools, allocator arenas fill): the
+/// first 4 (200 cycles at the default `POLLUX_SOAK_SAMPLE_EVERY` of 50).
+const WARMUP_SAMPLES: u64 = 4;
+/// How long the target may take to notice hosts that went (KATO 1 s for
+/// stalled hosts, plus its keep-alive poll period).
+const NOTICE: Duration = Duration::from_secs(60);
+
+/// The soak samples this process too (the host side): the storm must not
+/// run beside it.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Not a test on its own: the target child's body.
+#[test]
+fn child_target() {
+    serve_target_child();
+}
+
+/// Not a test on its own: a host child's body.
+#[test]
+fn child_host() {
+    run_host_child();
+}
+
+/// What cycle `n` does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    End(End),
+    /// A clean cycle through the host transport kept across cycles.
+    LongLived,
+    Refused,
+    Killed,
+}
+
+fn kind(n: u64) -> Kind {
+    match n % 20 {
+        3 | 13 => Kind::End(End::Drop),
+        7 => Kind::End(End::Stall),
+        11 => Kind::Refused,
+        17 if n % 100 == 17 => Kind::Killed,
+        k if k % 2 == 0 => Kind::LongLived,
+        _ => Kind::End(End::Clean),
+    }
+}
+
+#[test]
+fn soak_connect_io_disconnect_returns_everything() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let every = env_or("POLLUX_SOAK_SAMPLE_EVERY", 50);
+    let total = env_or("POLLUX_SOAK_CYCLES", 1000).max(every * (WARMUP_SAMPLES + 1));
+    let mut tgt = TargetProc::start("child_target", "soak", 4096);
+    let start = tgt.sample();
+    println!("soak: target pid {}, {total} cycles", tgt.pid());
+    println!("cycle,tgt_fds,tgt_maps,tgt_rss_kib,host_fds,host_maps,host_rss_kib,accepted,destroyed,rejected");
+    println!("0,{},{},{},,,,0,0,0", start.fds, start.maps, start.rss_kib);
+    let cl = pollux_reactor::TestCluster::new(1);
+    let mut warm_t: Option<Sample> = None;
+    let mut warm_h: Option<Sample> = None;
+    let mut stalled: Vec<HeldHost> = Vec::new();
+    let mut tally = [0u64; 6];
+    cl.on(0, |r| {
+        let hosts = Hosts::new();
+        for n in 1..=total {
+            match kind(n) {
+                Kind::End(end) => {
+                    match hosts.cycle(r, &tgt.addr, n, end) {
+                        Ok(Some(h)) => stalled.push(h),
+                        Ok(None) => {}
+                        Err(e) => panic!("cycle {n} ({end:?}): {e}"),
+                    }
+                    tally[end as usize] += 1;
+                }
+                Kind::LongLived => {
+                    hosts
+                        .cycle_long_lived(r, &tgt.addr, n)
+                        .unwrap_or_else(|e| panic!("cycle {n} (long-lived host): {e}"));
+                    tally[5] += 1;
+                }
+                Kind::Refused => {
+                    hosts
+                        .refused(&tgt.addr, n)
+                        .unwrap_or_else(|e| panic!("cycle {n}: {e}"));
+                    tally[3] += 1;
+                }
+                Kind::Killed => {
+                    let (child, ok) = start_host_child("child_host", &tgt.addr, 1, 1, true);
+                    assert_eq!(ok, 1, "cycle {n}: the host child could not connect");
+                    sigkill(child.0.id());
+                    drop(child);
+                    tally[4] += 1;
+                }
+            }
+            if n % every == 0 {
+                // Quiescent point: the stalled hosts' KATO ended them, the
+                // killed and dropped ones were noticed.
+                let c = tgt.wait_idle(NOTICE);
+                stalled.clear();
+                let t = tgt.sample();
+                let h = Sample::of(None);
+                println!(
+                    "{n},{},{},{},{},{},{},{},{},{}",
+                    t.fds,
+                    t.maps,
+                    t.rss_kib,
+                    h.fds,
+                    h.maps,
+                    h.rss_kib,
+                    c.accepted,
+                    c.destroyed,
+                    c.rejected
+                );
+                if n <= every * WARMUP_SAMPLES {
+                    warm_t = Some(warm_t.map_or(t, |w| w.max(t)));
+                    warm_h = Some(warm_h.map_or(h, |w| w.max(h)));
+                } else {
+                    t.check("target", n, warm_t.unwrap(), SLACK);
+                    h.check("host side", n, warm_h.unwrap(), SLACK);
+                }
+                assert_eq!(c.accepted, c.destroyed, "every accepted queue is destroyed");
+            }
+        }
+    });
+    println!(
+        "soak: {} clean, {} clean through the long-lived host, {} dropped, {} stalled, {} refused, {} killed",
+        tally[0], tally[5], tally[1], tally[2], tally[3], tally[4]
+    );
+    assert!(
+        tally.iter().all(|&t| t > 0),
+        "every kind of cycle ran: {tally:?}"
+    );
+}
+
+#[test]
+fn storm_of_256_hosts_then_all_killed() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    const PROCS: usize = 8;
+    const PER_PROC: usize = 32;
+    // Connecting from a thread spins; 2 per process keeps a small machine
+    // able to run the target.
+    const THREADS: usize = 2;
+    const MAX_QPAIRS: usize = 384;
+    let mut tgt = TargetProc::start("child_target", "storm", MAX_QPAIRS);
+    let cl = pollux_reactor::TestCluster::new(1);
+    // One host first: warm the target's pools and caches.
+    cl.on(0, |r| {
+        Hosts::new().cycle(r, &tgt.addr, 1, End::Clean).unwrap();
+    });
+    tgt.wait_idle(NOTICE);
+    let before = tgt.sample();
+    // All 8 processes connect at once (their 32 threads each).
+    let addr = tgt.addr.clone();
+    let starters: Vec<_> = (0..PROCS)
+        .map(|_| {
+            let a = addr.clone();
+            std::thread::spawn(move || start_host_child("child_host", &a, PER_PROC, THREADS, false))
+        })
+        .collect();
+    let children: Vec<_> = starters.into_iter().map(|t| t.join().unwrap()).collect();
+    let connected: usize = children.iter().map(|(_, ok)| ok).sum();
+    let during = tgt.counts();
+    let peak = tgt.sample();
+    println!(
+        "storm: {connected} of {} hosts connected, target served {} queues (limit {MAX_QPAIRS}), {} rejected; fds {} -> {}, maps {} -> {}",
+        PROCS * PER_PROC,
+        during.live,
+        during.rejected,
+        before.fds,
+        peak.fds,
+        before.maps,
+        peak.maps
+    );
+    assert!(during.live <= MAX_QPAIRS, "{during:?}");
+    assert!(
+        connected >= MAX_QPAIRS / 2 - PROCS,
+        "only {connected} hosts connected under a limit of {MAX_QPAIRS} queues"
+    );
+    assert!(
+        connected < PROCS * PER_PROC && during.rejected > 0,
+        "the limit refused the hosts beyond it: {connected} connected, {during:?}"
+    );
+    // All killed at once.
+    for (c, _) in &children {
+        sigkill(c.0.id());
+    }
+    drop(children);
+    let after_kill = tgt.wait_idle(NOTICE);
+    assert_eq!(after_kill.accepted, after_kill.destroyed, "{after_kill:?}");
+    // The next host is served normally.
+    cl.on(0, |r| {
+        Hosts::new().cycle(r, &tgt.addr, 2, End::Clean).unwrap();
+    });
+    tgt.wait_idle(NOTICE);
+    let after = tgt.sample();
+    println!(
+        "storm: after: fds {} maps {} rss {} KiB (before: {} {} {} KiB)",
+        after.fds, after.maps, after.rss_kib, before.fds, before.maps, before.rss_kib
+    );
+    assert!(
+        after.fds <= before.fds + SLACK.fds,
+        "{before:?} -> {after:?}"
+    );
+    assert!(
+        after.maps <= before.maps + SLACK.maps,
+        "{before:?} -> {after:?}"
+    );
+}
