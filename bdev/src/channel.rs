@@ -449,6 +449,13 @@ impl ChannelCore {
     fn in_flight(&self) -> usize {
         self.slots.len() - self.state.borrow().free.len()
     }
+
+    /// Counters of this core's channel (what [`IoChannel::stats`] gives;
+    /// reachable from the reactor's io_device channel, e.g. by a
+    /// management request that collects every core's counters).
+    pub fn stats(&self) -> ChannelStats {
+        self.state.borrow().stats
+    }
 }
 
 impl Drop for ChannelCore {
