@@ -2,8 +2,12 @@
 //!
 //! ```text
 //! pollux-tgt -c apps/config/tgt-null.toml [--cores 0 | -m 0x1] [--idle busy|adaptive[:US]]
-//!            [--stats-file PATH] [--check]
+//!            [--stats-file PATH] [--check] [-r SOCK] [--json FILE]
 //! ```
+//!
+//! `-r SOCK` is the JSON-RPC socket (default `/var/tmp/pollux.sock`),
+//! `--json FILE` an SPDK JSON configuration applied at start (after the
+//! TOML file, if one is given; either may be given alone).
 //!
 //! It prints what it serves (transport options, receive-buffer memory,
 //! subsystems, namespaces, listeners) and `pollux-tgt: ready` once hosts
@@ -27,6 +31,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use pollux_apps::cli::ReactorArgs;
+use pollux_apps::tgt::rpc::RpcOptions;
 use pollux_apps::tgt::{self, ProviderKind, ReloadOn, ServeOptions, TgtPlan};
 use pollux_apps::AppError;
 use pollux_reactor::Cores;
@@ -43,8 +48,20 @@ use pollux_reactor::Cores;
 #[command(name = "pollux-tgt", version)]
 struct Args {
     /// The configuration file (TOML; see apps/config/tgt-null.toml).
-    #[arg(short = 'c', long, value_name = "FILE")]
-    config: PathBuf,
+    #[arg(
+        short = 'c',
+        long,
+        value_name = "FILE",
+        required_unless_present = "json"
+    )]
+    config: Option<PathBuf>,
+    /// The JSON-RPC socket (SPDK's -r) [default: /var/tmp/pollux.sock].
+    #[arg(short = 'r', long = "rpc-socket", value_name = "SOCK")]
+    rpc_socket: Option<PathBuf>,
+    /// An SPDK JSON configuration (subsystems -> config -> method/params)
+    /// applied through the JSON-RPC methods at start.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
     #[command(flatten)]
     reactors: ReactorArgs,
     /// Write the reactors' busy % and connection counters as JSON to PATH
@@ -84,7 +101,10 @@ fn real_main(args: &Args) -> Result<(), AppError> {
     let reload = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGHUP, Arc::clone(&reload))
         .map_err(|e| AppError::Setup(format!("signal handler: {e}")))?;
-    let plan = TgtPlan::load(&args.config)?;
+    let plan = match &args.config {
+        Some(c) => TgtPlan::load(c)?,
+        None => TgtPlan::parse("")?,
+    };
     let cores = if args.reactors.cores.is_some() || args.reactors.mask.is_some() {
         args.reactors.cores()?
     } else {
@@ -95,13 +115,24 @@ fn real_main(args: &Args) -> Result<(), AppError> {
         idle: args.reactors.idle_mode()?,
         stats_file: args.stats_file.clone(),
         stats_period: Duration::from_secs(1),
-        reload: Some(ReloadOn {
-            path: args.config.clone(),
-            flag: reload,
+        reload: args
+            .config
+            .clone()
+            .map(|path| ReloadOn { path, flag: reload }),
+        rpc: Some(RpcOptions {
+            socket: args.rpc_socket.clone(),
+            json: args.json.clone(),
         }),
     };
     if args.check {
         print_plan(&plan, &opts);
+        if let Some(j) = &args.json {
+            let n = tgt::rpc::check_json(j)?;
+            println!(
+                "  json config {}: {n} call(s), every method known",
+                j.display()
+            );
+        }
         return Ok(());
     }
     let mut out = std::io::stdout();

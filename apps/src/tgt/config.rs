@@ -548,12 +548,8 @@ fn plan(text: &str, file: TgtFile) -> Result<TgtPlan, AppError> {
         None => None,
     };
 
-    // Subsystems and namespaces.
-    if file.subsystem.is_empty() && iscsi.is_none() {
-        return Err(AppError::Config(
-            "subsystem: no [[subsystem]]: the target would serve nothing".into(),
-        ));
-    }
+    // Subsystems and namespaces (none is fine: a target may start empty
+    // and be built up over JSON-RPC).
     let mut subsystems: Vec<SubsystemPlan> = Vec::with_capacity(file.subsystem.len());
     // bdev name -> where it backs a namespace already.
     let mut used: HashMap<String, Origin> = HashMap::new();
@@ -746,8 +742,8 @@ fn plan(text: &str, file: TgtFile) -> Result<TgtPlan, AppError> {
         });
     }
 
-    // Listeners.
-    if file.listener.is_empty() && iscsi.is_none() {
+    // Listeners (a file without subsystems needs none).
+    if file.listener.is_empty() && iscsi.is_none() && !file.subsystem.is_empty() {
         return Err(AppError::Config(
             "listener: no [[listener]]: no host could reach the target (soft provider: traddr = \"@pollux-tgt\")"
                 .into(),

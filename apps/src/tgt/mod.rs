@@ -45,6 +45,7 @@
 pub mod config;
 pub mod iscsi;
 pub mod reload;
+pub mod rpc;
 
 use std::cell::RefCell;
 use std::io::Write;
@@ -70,8 +71,8 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The target's objects, before the reactors start.
 pub struct Built<P: Provider> {
-    /// The bdevs.
-    pub registry: BdevRegistry,
+    /// The bdevs (shared with the JSON-RPC methods).
+    pub registry: Arc<BdevRegistry>,
     /// The target core.
     pub target: Arc<Target>,
     /// The RDMA transport (added to the target).
@@ -97,7 +98,7 @@ impl<P: Provider> std::fmt::Debug for Built<P> {
 /// that cannot be created, a namespace the core refuses, an option
 /// combination); [`AppError::Setup`] for anything else.
 pub fn build<P: Provider>(plan: &TgtPlan) -> Result<Built<P>, AppError> {
-    let registry = BdevRegistry::new();
+    let registry = Arc::new(BdevRegistry::new());
     for b in &plan.bdevs {
         registry.create_from(&b.spec).map_err(|e| {
             b.origin
@@ -152,6 +153,8 @@ pub struct ServeOptions {
     pub stats_period: Duration,
     /// Reload the configuration file when asked (SIGHUP in the binary).
     pub reload: Option<ReloadOn>,
+    /// JSON-RPC server and `--json` file ([`rpc`]); `None`: neither.
+    pub rpc: Option<rpc::RpcOptions>,
 }
 
 /// When and what to reload (see [`reload`]): the serve loop re-reads
@@ -329,6 +332,8 @@ fn run<P: Provider>(
     if let (Some(p), Some(i)) = (&plan.iscsi, &built.iscsi) {
         iscsi::listen(p, i, set)?;
     }
+    // Stopped (socket closed) when `run` returns, before the reactors stop.
+    let _rpc = rpc::start(opts.rpc.as_ref(), &built.registry, set, out)?;
     let first = set.stats().map_err(|e| AppError::Reactor(e.to_string()))?;
     let started = Instant::now();
     let mut prev = first.clone();

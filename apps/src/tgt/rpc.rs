@@ -1,0 +1,101 @@
+//! `pollux-tgt`'s management plane: the JSON-RPC server (`-r PATH`) and
+//! SPDK JSON configuration files (`--json FILE`), over the target's own
+//! bdev registry (see the `pollux_rpc` crate).
+//!
+//! Once the reactors run, [`start`] builds the method registry (the
+//! framework's methods and one provider per subsystem: `bdev` now),
+//! applies the `--json` file through it (the same calls a client makes;
+//! unknown methods are reported by name and the target does not start),
+//! then opens the socket. The socket closes before the reactors stop.
+//! Without `-r`, the target listens on `/var/tmp/pollux.sock`; if another
+//! live process holds that default path, it says so and runs without the
+//! server (an explicit `-r PATH` in use is an error).
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use pollux_bdev::BdevRegistry;
+use pollux_reactor::ReactorSet;
+use pollux_rpc::bdev::BdevSubsystem;
+use pollux_rpc::{CoreBus, JsonConfig, RpcServer, RpcService, ServerConfig, ServerError};
+
+use crate::AppError;
+
+/// The management options of `pollux-tgt`.
+#[derive(Debug, Clone, Default)]
+pub struct RpcOptions {
+    /// The socket (`-r`); `None`: [`pollux_rpc::DEFAULT_SOCKET`], given up
+    /// with a message when another live process holds it.
+    pub socket: Option<PathBuf>,
+    /// An SPDK JSON configuration to apply at start (`--json`).
+    pub json: Option<PathBuf>,
+}
+
+/// The method registry of a target whose bdevs live in `registry`.
+pub fn service(registry: &Arc<BdevRegistry>, cores: CoreBus) -> Result<RpcService, AppError> {
+    let mut svc = RpcService::new(cores);
+    svc.register(BdevSubsystem::new(Arc::clone(registry)))
+        .map_err(|e| AppError::Setup(e.to_string()))?;
+    Ok(svc)
+}
+
+/// Checks a `--json` file without applying it: it parses and every
+/// method exists. Returns its number of calls.
+///
+/// # Errors
+///
+/// [`AppError::Config`] naming the file and the unknown methods.
+pub fn check_json(path: &std::path::Path) -> Result<usize, AppError> {
+    let cfg = JsonConfig::load(path).map_err(|e| AppError::Config(e.to_string()))?;
+    let svc = service(&Arc::new(BdevRegistry::new()), CoreBus::none())?;
+    let unknown = cfg.unknown_methods(&svc);
+    if !unknown.is_empty() {
+        return Err(AppError::Config(format!(
+            "{}: unknown method(s) in the configuration: {}",
+            path.display(),
+            unknown.join(", ")
+        )));
+    }
+    Ok(cfg.entries().count())
+}
+
+/// Applies the `--json` file and starts the server (see the module docs).
+///
+/// # Errors
+///
+/// [`AppError::Config`] for a JSON file that does not load (nothing of it
+/// is left), [`AppError::Setup`] when the socket cannot be opened.
+pub fn start(
+    opts: Option<&RpcOptions>,
+    registry: &Arc<BdevRegistry>,
+    set: &ReactorSet,
+    out: &mut dyn Write,
+) -> Result<Option<RpcServer>, AppError> {
+    let Some(opts) = opts else {
+        return Ok(None);
+    };
+    let svc = Arc::new(service(registry, CoreBus::new(set.messenger().clone()))?);
+    if let Some(path) = &opts.json {
+        let cfg = JsonConfig::load(path).map_err(|e| AppError::Config(e.to_string()))?;
+        let n = cfg
+            .apply(&svc)
+            .map_err(|e| AppError::Config(format!("{}: {e}", path.display())))?;
+        let _ = writeln!(out, "pollux-tgt: applied {} ({n} call(s))", path.display());
+    }
+    let path = opts
+        .socket
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(pollux_rpc::DEFAULT_SOCKET));
+    match RpcServer::start(ServerConfig::new(&path), svc) {
+        Ok(server) => {
+            let _ = writeln!(out, "pollux-tgt: JSON-RPC on {}", path.display());
+            Ok(Some(server))
+        }
+        Err(e @ ServerError::InUse(_)) if opts.socket.is_none() => {
+            eprintln!("pollux-tgt: {e}; running without JSON-RPC");
+            Ok(None)
+        }
+        Err(e) => Err(AppError::Setup(e.to_string())),
+    }
+}
