@@ -18,7 +18,10 @@ fn server(name: &str) -> (RpcServer, Arc<BdevRegistry>) {
     svc.register(BdevSubsystem::new(Arc::clone(&reg))).unwrap();
     let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("cli-{name}-{}.sock", std::process::id()));
-    (RpcServer::start(ServerConfig::new(path), Arc::new(svc)).unwrap(), reg)
+    (
+        RpcServer::start(ServerConfig::new(path), Arc::new(svc)).unwrap(),
+        reg,
+    )
 }
 
 fn rpc(s: &RpcServer, args: &[&str]) -> Output {
@@ -47,16 +50,44 @@ fn json(s: &RpcServer, args: &[&str]) -> Value {
 #[test]
 fn verbs_as_spdk_rpc() {
     let (s, reg) = server("verbs");
-    assert_eq!(ok(&s, &["bdev_malloc_create", "-b", "Malloc0", "1", "512"]), "Malloc0\n");
+    assert_eq!(
+        ok(&s, &["bdev_malloc_create", "-b", "Malloc0", "1", "512"]),
+        "Malloc0\n"
+    );
     assert_eq!(ok(&s, &["bdev_malloc_create", "2", "4096"]), "Malloc1\n");
-    assert_eq!(ok(&s, &["bdev_null_create", "Null0", "4", "512", "-m", "8", "-t", "1"]), "Null0\n");
+    assert_eq!(
+        ok(
+            &s,
+            &[
+                "bdev_null_create",
+                "Null0",
+                "4",
+                "512",
+                "-m",
+                "8",
+                "-t",
+                "1"
+            ]
+        ),
+        "Null0\n"
+    );
     let b = json(&s, &["bdev_get_bdevs", "-b", "Malloc1"]);
-    assert_eq!((b[0]["num_blocks"].clone(), b[0]["block_size"].clone()), (512.into(), 4096.into()));
+    assert_eq!(
+        (b[0]["num_blocks"].clone(), b[0]["block_size"].clone()),
+        (512.into(), 4096.into())
+    );
     assert_eq!(json(&s, &["bdev_get_bdevs"]).as_array().unwrap().len(), 3);
     let methods = json(&s, &["rpc_get_methods", "--current"]);
-    assert!(methods.as_array().unwrap().iter().any(|m| m == "bdev_get_iostat"));
+    assert!(methods
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|m| m == "bdev_get_iostat"));
     assert!(json(&s, &["spdk_get_version"])["version"].is_string());
-    assert_eq!(json(&s, &["framework_get_subsystems"])[0]["subsystem"], "bdev");
+    assert_eq!(
+        json(&s, &["framework_get_subsystems"])[0]["subsystem"],
+        "bdev"
+    );
     assert!(json(&s, &["bdev_get_iostat", "-b", "Null0"])["bdevs"].is_array());
     assert_eq!(ok(&s, &["framework_wait_init"]), "");
     assert_eq!(ok(&s, &["bdev_malloc_delete", "Malloc0"]), "");
@@ -73,13 +104,21 @@ fn save_and_load_config_round_trip() {
     let saved = ok(&s, &["save_config"]);
     let cfg: Value = serde_json::from_str(&saved).unwrap();
     assert_eq!(cfg["subsystems"][0]["config"][0]["params"]["name"], "M");
-    assert_eq!(ok(&s, &["save_config", "-i", "-1"]).lines().count(), 1, "compact");
-    let file = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("cli-{}.json", std::process::id()));
+    assert_eq!(
+        ok(&s, &["save_config", "-i", "-1"]).lines().count(),
+        1,
+        "compact"
+    );
+    let file =
+        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("cli-{}.json", std::process::id()));
     std::fs::write(&file, &saved).unwrap();
     let (fresh, reg) = server("load");
     ok(&fresh, &["load_config", "-j", file.to_str().unwrap()]);
     assert_eq!(reg.list().len(), 1);
-    assert_eq!(json(&fresh, &["bdev_get_bdevs"]), json(&s, &["bdev_get_bdevs"]));
+    assert_eq!(
+        json(&fresh, &["bdev_get_bdevs"]),
+        json(&s, &["bdev_get_bdevs"])
+    );
     let _ = std::fs::remove_file(&file);
 }
 
@@ -90,7 +129,10 @@ fn errors_print_the_request_and_exit_1() {
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("Got JSON-RPC error response"), "{err}");
-    assert!(err.contains("\"code\": -19") && err.contains("No such device"), "{err}");
+    assert!(
+        err.contains("\"code\": -19") && err.contains("No such device"),
+        "{err}"
+    );
     let out = rpc(&s, &["call", "no_such_method"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("-32601"));

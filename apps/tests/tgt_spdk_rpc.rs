@@ -1,0 +1,138 @@
+//! SPDK's own client, unmodified, drives `pollux-tgt`: `spdk-rpc` from the
+//! PyPI package `spdk` at the version `scripts/spdk-rpc-venv.sh` pins,
+//! installed in `target/spdk-venv` (CI runs that script; `POLLUX_SPDK_RPC`
+//! may name another `spdk-rpc`). Without it the test says so and skips.
+
+#![allow(clippy::unwrap_used)] // test helpers: a failed unwrap is a failed test
+
+mod common;
+
+use common::{tmp, Tgt};
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use rustix::process::Signal;
+use serde_json::Value;
+
+fn spdk_rpc() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("POLLUX_SPDK_RPC") {
+        return Some(PathBuf::from(p));
+    }
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/spdk-venv/bin/spdk-rpc");
+    p.exists().then_some(p)
+}
+
+struct Spdk {
+    bin: PathBuf,
+    sock: PathBuf,
+}
+
+impl Spdk {
+    fn run(&self, args: &[&str]) -> Output {
+        Command::new(&self.bin)
+            .arg("-s")
+            .arg(&self.sock)
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "spdk-rpc {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    fn json(&self, args: &[&str]) -> Value {
+        serde_json::from_str(&self.ok(args)).unwrap()
+    }
+}
+
+fn target(name: &str, sock: &Path) -> Tgt {
+    let cfg = tmp(&format!("{name}.toml"));
+    std::fs::write(
+        &cfg,
+        "cores = \"0\"\n[transport]\nmax_queue_depth = 32\nnum_shared_buffers = 32\nbuf_cache_size = 4\nmax_srq_depth = 64\nnum_cqe = 1024\nhugepages = \"never\"\n",
+    )
+    .unwrap();
+    let mut t = Tgt::start(&cfg, &["-r", sock.to_str().unwrap()]);
+    t.wait_line("pollux-tgt: ready");
+    t
+}
+
+#[test]
+fn spdk_rpc_manages_pollux_tgt() {
+    let Some(bin) = spdk_rpc() else {
+        println!(
+            "SKIPPED: spdk-rpc not installed (run scripts/spdk-rpc-venv.sh, or set POLLUX_SPDK_RPC)"
+        );
+        return;
+    };
+    let sock = tmp("spdk-a.sock");
+    let mut t = target("spdk-a", &sock);
+    let rpc = Spdk {
+        bin: bin.clone(),
+        sock,
+    };
+
+    assert_eq!(
+        rpc.ok(&["bdev_malloc_create", "-b", "Malloc0", "64", "512"])
+            .trim(),
+        "Malloc0"
+    );
+    assert_eq!(
+        rpc.ok(&["bdev_null_create", "Null0", "16", "4096"]).trim(),
+        "Null0"
+    );
+    let b = rpc.json(&["bdev_get_bdevs", "-b", "Malloc0"]);
+    assert_eq!(b[0]["num_blocks"], 64 * 2048);
+    assert_eq!(b[0]["product_name"], "Malloc disk");
+    assert_eq!(rpc.json(&["bdev_get_bdevs"]).as_array().unwrap().len(), 2);
+    let stat = rpc.json(&["bdev_get_iostat", "-b", "Null0"]);
+    assert_eq!(stat["bdevs"][0]["name"], "Null0");
+    let methods = rpc.json(&["rpc_get_methods"]);
+    assert!(methods
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|m| m == "bdev_aio_create"));
+    assert!(rpc.json(&["framework_get_reactors"])["reactors"][0]["lcore"] == 0);
+    assert!(rpc.json(&["spdk_get_version"])["version"].is_string());
+    rpc.ok(&["framework_wait_init"]);
+
+    // spdk-rpc's save_config assembles the file from framework_get_subsystems
+    // and framework_get_config; its load_config replays it call by call.
+    let saved = rpc.ok(&["save_config"]);
+    let file = tmp("spdk-saved.json");
+    std::fs::write(&file, &saved).unwrap();
+    let before = rpc.json(&["bdev_get_bdevs"]);
+
+    // Errors: spdk-rpc exits 1 and prints the error object.
+    let out = rpc.run(&["bdev_malloc_delete", "Nope"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("No such device")
+            || String::from_utf8_lossy(&out.stderr).contains("No such device")
+    );
+    rpc.ok(&["bdev_malloc_delete", "Malloc0"]);
+    assert_eq!(
+        rpc.run(&["bdev_get_bdevs", "-b", "Malloc0"]).status.code(),
+        Some(1)
+    );
+
+    t.signal(Signal::TERM);
+    assert!(t.wait_exit().success());
+
+    let sock = tmp("spdk-b.sock");
+    let mut t = target("spdk-b", &sock);
+    let fresh = Spdk { bin, sock };
+    fresh.ok(&["load_config", "-j", file.to_str().unwrap()]);
+    assert_eq!(fresh.json(&["bdev_get_bdevs"]), before);
+    t.signal(Signal::TERM);
+    assert!(t.wait_exit().success());
+}
