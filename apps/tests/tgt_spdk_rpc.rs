@@ -1,7 +1,8 @@
 //! SPDK's own client, unmodified, drives `pollux-tgt`: `spdk-rpc` from the
 //! PyPI package `spdk` at the version `scripts/spdk-rpc-venv.sh` pins,
 //! installed in `target/spdk-venv` (CI runs that script; `POLLUX_SPDK_RPC`
-//! may name another `spdk-rpc`). Without it the test says so and skips.
+//! may name another `spdk-rpc`). Without it the test says so and skips,
+//! except under CI (`CI=true`), where it fails.
 
 #![allow(clippy::unwrap_used)] // test helpers: a failed unwrap is a failed test
 
@@ -68,6 +69,11 @@ fn target(name: &str, sock: &Path) -> Tgt {
 #[test]
 fn spdk_rpc_manages_pollux_tgt() {
     let Some(bin) = spdk_rpc() else {
+        // CI installs it (.ci/run): there, a missing client is a failure.
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "spdk-rpc missing in CI: .ci/run should have run scripts/spdk-rpc-venv.sh"
+        );
         println!(
             "SKIPPED: spdk-rpc not installed (run scripts/spdk-rpc-venv.sh, or set POLLUX_SPDK_RPC)"
         );

@@ -49,6 +49,7 @@ pub mod cores;
 pub mod error;
 pub mod framework;
 pub mod framing;
+pub mod fuzz;
 pub mod protocol;
 pub mod server;
 pub mod service;
