@@ -86,7 +86,7 @@ impl RpcClient {
         loop {
             let v = self.read_value()?;
             let resp = Response::from_value(v).map_err(ClientError::Protocol)?;
-            if resp.id == Value::from(id) || resp.id.is_null() {
+            if resp.id.as_u64() == Some(id) || resp.id.is_null() {
                 return resp.outcome.map_err(ClientError::Rpc);
             }
         }

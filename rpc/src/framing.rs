@@ -43,7 +43,7 @@ impl FrameBuffer {
     }
 
     /// Bytes held (whitespace included).
-    pub fn len(&self) -> usize {
+    pub fn held(&self) -> usize {
         self.buf.len()
     }
 

@@ -350,7 +350,7 @@ fn serve(listener: &UnixListener, cfg: &ServerConfig, svc: &RpcService, stop: &A
                 if c.eof && !c.frames.is_idle() {
                     log::debug!(
                         "rpc: a client left in the middle of a request ({} bytes)",
-                        c.frames.len()
+                        c.frames.held()
                     );
                 }
                 alive = false;

@@ -7,9 +7,10 @@
 //! applies the `--json` file through it (the same calls a client makes;
 //! unknown methods are reported by name and the target does not start),
 //! then opens the socket. The socket closes before the reactors stop.
-//! Without `-r`, the target listens on `/var/tmp/pollux.sock`; if another
-//! live process holds that default path, it says so and runs without the
-//! server (an explicit `-r PATH` in use is an error).
+//! Without `-r`, the target listens on `/var/tmp/pollux.sock`; if that
+//! default path cannot be used (another live process holds it, or it is
+//! not ours to replace), it says so and runs without the server; an
+//! explicit `-r PATH` that cannot be used is an error.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -18,7 +19,7 @@ use std::sync::Arc;
 use pollux_bdev::BdevRegistry;
 use pollux_reactor::ReactorSet;
 use pollux_rpc::bdev::BdevSubsystem;
-use pollux_rpc::{CoreBus, JsonConfig, RpcServer, RpcService, ServerConfig, ServerError};
+use pollux_rpc::{CoreBus, JsonConfig, RpcServer, RpcService, ServerConfig};
 
 use crate::AppError;
 
@@ -26,7 +27,7 @@ use crate::AppError;
 #[derive(Debug, Clone, Default)]
 pub struct RpcOptions {
     /// The socket (`-r`); `None`: [`pollux_rpc::DEFAULT_SOCKET`], given up
-    /// with a message when another live process holds it.
+    /// with a message when it cannot be used.
     pub socket: Option<PathBuf>,
     /// An SPDK JSON configuration to apply at start (`--json`).
     pub json: Option<PathBuf>,
@@ -92,8 +93,8 @@ pub fn start(
             let _ = writeln!(out, "pollux-tgt: JSON-RPC on {}", path.display());
             Ok(Some(server))
         }
-        Err(e @ ServerError::InUse(_)) if opts.socket.is_none() => {
-            eprintln!("pollux-tgt: {e}; running without JSON-RPC");
+        Err(e) if opts.socket.is_none() => {
+            eprintln!("pollux-tgt: {e}; running without JSON-RPC (choose a socket with -r SOCK)");
             Ok(None)
         }
         Err(e) => Err(AppError::Setup(e.to_string())),

@@ -204,7 +204,7 @@ fn to_params<T: serde::Serialize>(v: &T) -> Result<Option<Value>, String> {
 }
 
 fn mib_blocks(mib: f64, block: u32) -> Result<u64, String> {
-    if !(mib > 0.0) || block == 0 {
+    if !mib.is_finite() || mib <= 0.0 || block == 0 {
         return Err("the size must be above 0 MiB and the block size above 0".into());
     }
     Ok((mib * 1024.0 * 1024.0 / f64::from(block)) as u64)
