@@ -72,9 +72,10 @@ impl ChannelStats {
         }
     }
 
-    /// Adds `other`'s counters (all but `stale_completions`) to these.
+    /// Adds `other`'s counters (all but `stale_completions`) to these
+    /// (to sum the cores' channels of a bdev, for instance).
     #[inline]
-    fn add(&mut self, o: &ChannelStats) {
+    pub fn add(&mut self, o: &ChannelStats) {
         self.read_ops += o.read_ops;
         self.write_ops += o.write_ops;
         self.flush_ops += o.flush_ops;

@@ -319,10 +319,7 @@ fn serve(listener: &UnixListener, cfg: &ServerConfig, svc: &RpcService, stop: &A
                 })
                 .collect()
         };
-        let mut fresh = Vec::new();
-        if ready.first().is_some_and(|r| r.0) {
-            accept(listener, cfg, conns.len(), &mut fresh);
-        }
+        let listener_ready = ready.first().is_some_and(|r| r.0);
         let now = Instant::now();
         let mut keep = Vec::with_capacity(conns.len());
         for (mut c, (readable, writable)) in conns.drain(..).zip(ready.into_iter().skip(1)) {
@@ -359,22 +356,27 @@ fn serve(listener: &UnixListener, cfg: &ServerConfig, svc: &RpcService, stop: &A
                 keep.push(c);
             }
         }
-        // Connections accepted during this round are polled from the next.
-        keep.append(&mut fresh);
+        // Accept after the others are served: a client that left frees its
+        // place for one that came after it.
+        if listener_ready {
+            accept(listener, cfg, &mut keep);
+        }
         conns = keep;
     }
 }
 
-fn accept(listener: &UnixListener, cfg: &ServerConfig, open: usize, conns: &mut Vec<Conn>) {
+fn accept(listener: &UnixListener, cfg: &ServerConfig, conns: &mut Vec<Conn>) {
     loop {
         match listener.accept() {
             Ok((stream, _)) => {
-                if open + conns.len() >= cfg.max_connections {
+                if conns.len() >= cfg.max_connections {
                     log::warn!(
                         "rpc: {} clients connected already; refusing another",
                         cfg.max_connections
                     );
-                    continue;
+                    // The others wait in the backlog until the open
+                    // connections were polled again (some may have left).
+                    return;
                 }
                 if let Err(e) = stream.set_nonblocking(true) {
                     log::warn!("rpc: accept: {e}");

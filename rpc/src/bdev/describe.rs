@@ -106,35 +106,34 @@ pub(super) fn bdev_json(b: &Arc<Bdev>, spec: Option<&BdevSpec>, uuid: Uuid) -> V
     v
 }
 
+/// The parameters malloc and null creates share.
+fn geometry(b: &Arc<Bdev>, uuid: Uuid) -> Value {
+    let info = b.info();
+    json!({
+        "name": b.name(),
+        "num_blocks": info.num_blocks(),
+        "block_size": info.block_size(),
+        "uuid": uuid.to_string(),
+        "md_size": info.md_size(),
+        "dif_type": info.pi_type().number(),
+    })
+}
+
 /// The create call that makes `b` again (`None` for a backend without one).
 pub(super) fn create_entry(b: &Arc<Bdev>, spec: &BdevSpec, uuid: Uuid) -> Option<ConfigEntry> {
     let info = b.info();
     let depth = spec.queue_depth;
     match &spec.backend {
         BackendSpec::Malloc => {
-            let mut p = json!({
-                "name": b.name(),
-                "num_blocks": info.num_blocks(),
-                "block_size": info.block_size(),
-                "uuid": uuid.to_string(),
-                "md_size": info.md_size(),
-                "md_interleave": info.md_interleave(),
-                "dif_type": info.pi_type().number(),
-            });
+            let mut p = geometry(b, uuid);
+            p["md_interleave"] = json!(info.md_interleave());
             if let Some(d) = depth {
                 p["queue_depth"] = json!(d);
             }
             Some(ConfigEntry::new("bdev_malloc_create", p))
         }
         BackendSpec::Null { latency_us } => {
-            let mut p = json!({
-                "name": b.name(),
-                "num_blocks": info.num_blocks(),
-                "block_size": info.block_size(),
-                "uuid": uuid.to_string(),
-                "md_size": info.md_size(),
-                "dif_type": info.pi_type().number(),
-            });
+            let mut p = geometry(b, uuid);
             if info.md_size() != 0 && !info.md_interleave() {
                 p["md_interleave"] = json!(false);
             }
@@ -200,18 +199,6 @@ fn counters(s: &ChannelStats) -> Map<String, Value> {
     m
 }
 
-fn sum(a: &mut ChannelStats, b: &ChannelStats) {
-    a.read_ops += b.read_ops;
-    a.write_ops += b.write_ops;
-    a.flush_ops += b.flush_ops;
-    a.write_zeroes_ops += b.write_zeroes_ops;
-    a.unmap_ops += b.unmap_ops;
-    a.bytes_read += b.bytes_read;
-    a.bytes_written += b.bytes_written;
-    a.errors += b.errors;
-    a.rejected += b.rejected;
-}
-
 /// `bdev_get_iostat`'s result: per bdev, the sum over the cores that have
 /// a channel for it; with `per_channel`, one entry per such core
 /// (`thread_id` is the core). Times are nanoseconds (`tick_rate` 1e9).
@@ -249,7 +236,7 @@ pub(super) fn iostat_json(
             let mut total = ChannelStats::default();
             for (_, l) in per_core {
                 if let Some(Some(s)) = l.get(i) {
-                    sum(&mut total, s);
+                    total.add(s);
                 }
             }
             let mut m = counters(&total);

@@ -153,18 +153,7 @@ impl BdevSubsystem {
             "optimal_io_boundary",
             req.optimal_io_boundary.is_some_and(|v| v != 0),
         )?;
-        unsupported_if("dif_pi_format", req.dif_pi_format.is_some_and(|v| v != 0))?;
         unsupported_if("numa_id", req.numa_id.is_some_and(|v| v != -1))?;
-        let md = req.md_size.unwrap_or(0);
-        unsupported_if(
-            "dif_is_head_of_md",
-            req.dif_is_head_of_md == Some(true) && md != 8,
-        )?;
-        unsupported_if(
-            "physical_block_size",
-            req.physical_block_size
-                .is_some_and(|v| v != 0 && v != req.block_size),
-        )?;
         let name = match req.name {
             Some(n) => n,
             None => (0u64..)
@@ -173,32 +162,24 @@ impl BdevSubsystem {
                 .unwrap_or_else(|| "Malloc".into()),
         };
         let mut spec = BdevSpec::new(BackendSpec::Malloc);
-        fill(
-            &mut spec,
+        Geometry {
             name,
-            req.block_size,
-            req.num_blocks,
-            md,
-            req.md_interleave.unwrap_or(false),
-            req.dif_type,
-            req.queue_depth,
-        )?;
+            block_size: req.block_size,
+            num_blocks: req.num_blocks,
+            md_size: req.md_size.unwrap_or(0),
+            md_interleave: req.md_interleave.unwrap_or(false),
+            dif_type: req.dif_type,
+            dif_pi_format: req.dif_pi_format,
+            dif_is_head_of_md: req.dif_is_head_of_md,
+            physical_block_size: req.physical_block_size,
+            queue_depth: req.queue_depth,
+        }
+        .fill(&mut spec)?;
         self.create(spec, req.uuid.as_deref())
     }
 
     fn null_create(&self, p: Option<Value>) -> Result<Value, RpcError> {
         let req: NullCreate = decode(p)?;
-        unsupported_if("dif_pi_format", req.dif_pi_format.is_some_and(|v| v != 0))?;
-        let md = req.md_size.unwrap_or(0);
-        unsupported_if(
-            "dif_is_head_of_md",
-            req.dif_is_head_of_md == Some(true) && md != 8,
-        )?;
-        unsupported_if(
-            "physical_block_size",
-            req.physical_block_size
-                .is_some_and(|v| v != 0 && v != req.block_size),
-        )?;
         for (key, v) in [
             (
                 "preferred_write_granularity",
@@ -217,17 +198,21 @@ impl BdevSubsystem {
         let mut spec = BdevSpec::new(BackendSpec::Null {
             latency_us: req.latency_us.unwrap_or(0),
         });
-        let interleave = md > 0 && req.md_interleave.unwrap_or(true);
-        fill(
-            &mut spec,
-            req.name,
-            req.block_size,
-            req.num_blocks,
-            md,
-            interleave,
-            req.dif_type,
-            req.queue_depth,
-        )?;
+        let md_size = req.md_size.unwrap_or(0);
+        Geometry {
+            name: req.name,
+            block_size: req.block_size,
+            num_blocks: req.num_blocks,
+            md_size,
+            // SPDK's null bdev interleaves its metadata.
+            md_interleave: md_size > 0 && req.md_interleave.unwrap_or(true),
+            dif_type: req.dif_type,
+            dif_pi_format: req.dif_pi_format,
+            dif_is_head_of_md: req.dif_is_head_of_md,
+            physical_block_size: req.physical_block_size,
+            queue_depth: req.queue_depth,
+        }
+        .fill(&mut spec)?;
         self.create(spec, req.uuid.as_deref())
     }
 
@@ -388,41 +373,60 @@ fn check_name(name: &str) -> Result<(), RpcError> {
     Ok(())
 }
 
-/// Fills the geometry of a null or malloc spec from SPDK's parameters.
-#[allow(clippy::too_many_arguments)]
-fn fill(
-    spec: &mut BdevSpec,
+/// The geometry parameters malloc and null bdevs share.
+struct Geometry {
     name: String,
     block_size: u32,
     num_blocks: u64,
     md_size: u32,
     md_interleave: bool,
     dif_type: Option<i32>,
+    dif_pi_format: Option<u32>,
+    dif_is_head_of_md: Option<bool>,
+    physical_block_size: Option<u32>,
     queue_depth: Option<u32>,
-) -> Result<(), RpcError> {
-    check_name(&name)?;
-    let size = num_blocks
-        .checked_mul(u64::from(block_size))
-        .ok_or_else(|| {
-            RpcError::errno(Errno::Invalid, "num_blocks * block_size overflows 64 bits")
-        })?;
-    let pi = match dif_type.unwrap_or(0) {
-        n @ 0..=3 => PiType::from_number(n as u8).unwrap_or_default(),
-        n => {
-            return Err(RpcError::errno(
-                Errno::Invalid,
-                format!("dif_type: {n} is not 0, 1, 2 or 3"),
-            ))
-        }
-    };
-    spec.name = Some(name);
-    spec.block_size = Some(block_size);
-    spec.size = Some(size);
-    spec.md_size = md_size;
-    spec.md_interleave = md_interleave;
-    spec.pi_type = pi;
-    spec.queue_depth = queue_depth.map(|d| d as usize);
-    Ok(())
+}
+
+impl Geometry {
+    /// Checks the values and fills `spec` with them.
+    fn fill(self, spec: &mut BdevSpec) -> Result<(), RpcError> {
+        check_name(&self.name)?;
+        unsupported_if("dif_pi_format", self.dif_pi_format.is_some_and(|v| v != 0))?;
+        // Pollux keeps the PI tuple in the last 8 metadata bytes: the head
+        // too only when there are just 8.
+        unsupported_if(
+            "dif_is_head_of_md",
+            self.dif_is_head_of_md == Some(true) && self.md_size != 8,
+        )?;
+        unsupported_if(
+            "physical_block_size",
+            self.physical_block_size
+                .is_some_and(|v| v != 0 && v != self.block_size),
+        )?;
+        let size = self
+            .num_blocks
+            .checked_mul(u64::from(self.block_size))
+            .ok_or_else(|| {
+                RpcError::errno(Errno::Invalid, "num_blocks * block_size overflows 64 bits")
+            })?;
+        let pi = match self.dif_type.unwrap_or(0) {
+            n @ 0..=3 => PiType::from_number(n as u8).unwrap_or_default(),
+            n => {
+                return Err(RpcError::errno(
+                    Errno::Invalid,
+                    format!("dif_type: {n} is not 0, 1, 2 or 3"),
+                ))
+            }
+        };
+        spec.name = Some(self.name);
+        spec.block_size = Some(self.block_size);
+        spec.size = Some(size);
+        spec.md_size = self.md_size;
+        spec.md_interleave = self.md_interleave;
+        spec.pi_type = pi;
+        spec.queue_depth = self.queue_depth.map(|d| d as usize);
+        Ok(())
+    }
 }
 
 /// A registry error, with the spec keys named as the methods' parameters.
