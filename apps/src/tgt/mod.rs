@@ -11,7 +11,9 @@
 //! file and adds, removes or replaces namespaces of the running
 //! subsystems, creating new bdevs; connected hosts get a Namespace
 //! Attribute Changed event and keep their connections ([`reload`] says
-//! what a reload applies and what needs a restart).
+//! what a reload applies and what needs a restart). Once the reactors
+//! run, [`rpc`] applies the `--json` file and serves JSON-RPC on `-r SOCK`
+//! until the stop.
 //!
 //! # The stats file (reactor busy %)
 //!
