@@ -91,5 +91,6 @@
 pub mod fuzz;
 pub mod host;
 pub mod loopback_host;
+mod sg_at;
 pub mod spec;
 pub mod target;

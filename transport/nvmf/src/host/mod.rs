@@ -25,6 +25,7 @@ pub mod loopback;
 mod qpair;
 pub mod rdma;
 mod reconnect;
+pub mod tcp;
 pub mod transport;
 pub mod trid;
 
