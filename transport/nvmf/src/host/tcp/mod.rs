@@ -87,6 +87,3 @@ impl HostTransport for TcpHost {
         TcpQueue::connect(self.addr, &self.opts, params)
     }
 }
-
-#[cfg(test)]
-mod tests;

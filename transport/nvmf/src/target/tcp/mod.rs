@@ -48,6 +48,9 @@ mod options;
 mod poll_group;
 mod transport;
 
+#[cfg(test)]
+mod tests;
+
 pub use options::{DigestPolicy, TcpOptions, TcpOptionsError};
 pub use poll_group::TcpPollGroup;
 pub use transport::{socket_addr, TcpInbox, TcpTransport, TcpTransportStats};
