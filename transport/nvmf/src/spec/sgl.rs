@@ -327,8 +327,17 @@ mod tests {
     #[test]
     fn invalid_types_and_subtypes() {
         let mut b = [0u8; 16];
+        b[15] = 0x60;
+        assert_eq!(SglDescriptor::parse(&b), Err(SglError::UnsupportedType(6)));
+        // Transport data blocks: only format A (0x5A).
         b[15] = 0x50;
-        assert_eq!(SglDescriptor::parse(&b), Err(SglError::UnsupportedType(5)));
+        assert!(matches!(
+            SglDescriptor::parse(&b),
+            Err(SglError::UnsupportedSubtype {
+                sgl_type: 5,
+                subtype: 0
+            })
+        ));
         b[15] = 0x41;
         assert!(matches!(
             SglDescriptor::parse(&b),

@@ -52,5 +52,5 @@ pub use subsystem::{
 pub use target::{Listener, Target, TargetOptions};
 pub use transport::{
     QpairOps, QpairParams, RemoteBuf, ReqTag, Response, ResponseData, TargetTransport, Transfer,
-    TransportError,
+    TransportError, TransportPollGroup, TransportStats,
 };

@@ -699,6 +699,15 @@ impl TcpConn {
             }
         }
         let sqe_at = start + CH_LEN;
+        if let Some(cpl) = self.refuse_connect(&self.rx[sqe_at..sqe_at + SQE_SIZE]) {
+            self.ops.push_pdu(
+                PduType::CapsuleResp,
+                &CapsuleResp::encode(&cpl.encode()),
+                0,
+                0,
+            );
+            return;
+        }
         let res = if f.data_len == 0 || data.start == sqe_at + SQE_SIZE {
             // SQE and data lie back to back in the receive buffer.
             let end = if f.data_len == 0 {
@@ -720,6 +729,26 @@ impl TcpConn {
             self.ops.closing = true;
         }
         self.issue_r2ts();
+    }
+
+    /// The refusal of a Connect for an I/O queue beyond
+    /// `max_io_qpairs_per_ctrlr` (the core sees only the subsystem's limit).
+    fn refuse_connect(&self, sqe: &[u8]) -> Option<NvmeCompletion> {
+        use crate::spec::connect::{invalid_param_dw0, sqe_off};
+        let is_connect = sqe.first() == Some(&crate::spec::OPC_FABRICS)
+            && sqe.get(4) == Some(&crate::spec::FabricsType::Connect.code());
+        if self.qp.is_connected() || !is_connect {
+            return None;
+        }
+        let qid = crate::spec::le16(sqe, sqe_off::QID);
+        if qid <= self.transport.opts.max_io_qpairs_per_ctrlr {
+            return None;
+        }
+        log::debug!("nvmf tcp: Connect for I/O queue {qid} refused (max_io_qpairs_per_ctrlr)");
+        let cid = crate::spec::le16(sqe, 2);
+        let mut cpl = NvmeCompletion::new(qid, cid, NvmeStatus::CONNECT_INVALID_PARAMETERS);
+        cpl.dw0 = invalid_param_dw0(sqe_off::QID as u16, false);
+        Some(cpl)
     }
 
     /// Check an H2CData header against its R2T; returns the request slot.

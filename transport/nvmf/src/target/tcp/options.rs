@@ -56,6 +56,10 @@ pub struct TcpOptions {
     pub in_capsule_data_size: u32,
     /// Most entries per queue (SPDK `max_queue_depth`; at most the target's).
     pub max_queue_depth: u16,
+    /// Most I/O queues one controller may connect over TCP (SPDK
+    /// `max_io_qpairs_per_ctrlr`): a Connect for a higher QID is refused
+    /// with Connect Invalid Parameters naming the QID field.
+    pub max_io_qpairs_per_ctrlr: u16,
     /// Largest H2CData payload the target accepts (ICResp MAXH2CDATA, at
     /// least 4096); also the length of each R2T.
     pub maxh2cdata: u32,
@@ -78,6 +82,7 @@ impl Default for TcpOptions {
         TcpOptions {
             in_capsule_data_size: 4096,
             max_queue_depth: 128,
+            max_io_qpairs_per_ctrlr: 127,
             maxh2cdata: 128 * 1024,
             max_c2h_data: 128 * 1024,
             c2h_success: true,
@@ -111,6 +116,9 @@ impl TcpOptions {
         }
         if self.max_queue_depth < 2 {
             return bad("max_queue_depth must be at least 2".into());
+        }
+        if self.max_io_qpairs_per_ctrlr == 0 {
+            return bad("max_io_qpairs_per_ctrlr must be at least 1".into());
         }
         if self.in_capsule_data_size > t.in_capsule_data_size {
             return bad(format!(

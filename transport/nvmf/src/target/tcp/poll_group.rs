@@ -19,7 +19,7 @@ use std::sync::Arc;
 use pollux_reactor::{PollStatus, PollerId, Reactor};
 
 use super::super::qpair::QueuePair;
-use super::super::transport::QpairParams;
+use super::super::transport::{QpairParams, TransportPollGroup};
 use super::conn::TcpConn;
 use super::transport::{TcpInbox, TcpTransport};
 use crate::spec::transport_id::TransportId;
@@ -31,6 +31,8 @@ struct GroupState {
     conns: Vec<TcpConn>,
     listeners: Vec<(TransportId, Arc<TcpListener>)>,
     listen_gen: u64,
+    /// Accepting no more (its connections are closing).
+    shutting_down: bool,
 }
 
 /// One core's NVMe/TCP poll group (`!Send`).
@@ -68,6 +70,7 @@ impl TcpPollGroup {
             conns: Vec::new(),
             listeners: Vec::new(),
             listen_gen: 0,
+            shutting_down: false,
         }));
         let ctx = Ctx {
             transport: Arc::clone(t),
@@ -109,6 +112,34 @@ impl TcpPollGroup {
     }
 }
 
+impl TransportPollGroup for TcpPollGroup {
+    fn transport_name(&self) -> &'static str {
+        "tcp"
+    }
+
+    fn connections(&self) -> usize {
+        TcpPollGroup::connections(self)
+    }
+
+    /// The listeners this group owns (it accepts on them from its poller).
+    fn listeners(&self) -> usize {
+        self.transport
+            .lock()
+            .iter()
+            .filter(|e| e.owner == self.index)
+            .count()
+    }
+
+    fn shutdown(&self) {
+        self.transport.seats.leave(self.index);
+        let mut st = self.state.borrow_mut();
+        st.shutting_down = true;
+        for c in &mut st.conns {
+            c.shut_down();
+        }
+    }
+}
+
 impl Drop for TcpPollGroup {
     fn drop(&mut self) {
         self.reactor.remove_poller(self.poller);
@@ -129,7 +160,9 @@ impl Ctx {
     fn poll(&self, st: &mut GroupState) -> bool {
         let mut busy = false;
         let gen = self.transport.listen_gen.load(Ordering::Acquire);
-        if gen != st.listen_gen {
+        if st.shutting_down {
+            st.listeners.clear();
+        } else if gen != st.listen_gen {
             st.listen_gen = gen;
             st.listeners = self
                 .transport
@@ -158,6 +191,13 @@ impl Ctx {
         }
         while let Some((s, trid)) = self.inbox.pop() {
             busy = true;
+            if st.shutting_down {
+                // Placed here before the shutdown: close it.
+                self.transport.seats.release(self.index);
+                self.transport.stats.refused.fetch_add(1, Ordering::Relaxed);
+                drop(s);
+                continue;
+            }
             self.adopt(st, s, trid);
         }
         let mut i = 0;

@@ -14,7 +14,9 @@ use pollux_reactor::{IoDevice, Reactor};
 use pollux_verbs::placement::Seats;
 
 use super::super::target::Target;
-use super::super::transport::{TargetTransport, TransportError};
+use super::super::transport::{
+    TargetTransport, TransportError, TransportPollGroup, TransportStats,
+};
 use super::options::TcpOptions;
 use super::poll_group::TcpPollGroup;
 use crate::spec::transport_id::{TrType, TransportId};
@@ -188,6 +190,23 @@ impl TargetTransport for TcpTransport {
         });
         self.listen_gen.fetch_add(1, Ordering::Release);
         Ok(())
+    }
+
+    fn start_poll_group(
+        self: Arc<Self>,
+        reactor: &Reactor,
+    ) -> Result<Option<Rc<dyn TransportPollGroup>>, TransportError> {
+        let g: Rc<dyn TransportPollGroup> = self.create_poll_group(reactor)?;
+        Ok(Some(g))
+    }
+
+    fn stats(&self) -> TransportStats {
+        let s = TcpTransport::stats(self);
+        TransportStats {
+            accepted: s.accepted,
+            rejected: s.refused,
+            destroyed: s.destroyed,
+        }
     }
 
     fn stop_listen(&self, trid: &TransportId) -> Result<(), TransportError> {

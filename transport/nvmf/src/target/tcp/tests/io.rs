@@ -271,3 +271,115 @@ fn admin_io_and_discovery_commands_work_over_tcp() {
     assert_eq!(st.accepted, st.destroyed);
     assert_eq!(st.terminated, 0);
 }
+
+#[test]
+fn io_queues_beyond_max_io_qpairs_per_ctrlr_are_refused() {
+    let f = fixture(TcpOptions {
+        max_io_qpairs_per_ctrlr: 1,
+        ..TcpOptions::default()
+    });
+    f.cl.on(0, |_| {
+        let t = f.host(false, false);
+        let opts = CtrlOptions {
+            io_queues: 2,
+            ..CtrlOptions::default()
+        };
+        let c = Controller::connect(&t, who(), opts).unwrap();
+        assert_eq!(c.info().io_queues, 2, "the subsystem grants two");
+        let q1 = c.connect_io(&t, 1, 8, None).unwrap();
+        match c.connect_io(&t, 2, 8, None) {
+            Err(crate::host::HostError::ConnectRefused { qid, status, .. }) => {
+                assert_eq!(qid, 2);
+                assert_eq!(
+                    status,
+                    crate::spec::cpl::NvmeStatus::CONNECT_INVALID_PARAMETERS
+                );
+            }
+            other => panic!("queue 2 connected: {other:?}"),
+        }
+        drop(q1);
+    });
+    f.settle();
+}
+
+#[test]
+fn rdma_and_tcp_listeners_serve_at_once_started_through_the_target() {
+    use crate::host::rdma::{RdmaHost, RdmaHostOptions};
+    use crate::target::rdma::{RdmaOptions, RdmaTransport};
+    use crate::target::TransportPollGroup;
+    use pollux_verbs::soft::Soft;
+    use pollux_verbs::CmAddr;
+
+    let cl = TestCluster::new(1);
+    let target = Target::new(target_options()).unwrap();
+    let mut sc = SubsystemConfig::new(NQN);
+    sc.allow_any_host = true;
+    let sub = target.add_subsystem(sc).unwrap();
+    let reg = BdevRegistry::new();
+    sub.add_namespace(NamespaceConfig::new(
+        reg.create("malloc:size=1M,block=512,name=m").unwrap(),
+    ))
+    .unwrap();
+    let rdma = RdmaTransport::<Soft>::new(&target, RdmaOptions::for_tests()).unwrap();
+    target.add_transport(rdma.clone()).unwrap();
+    let tcp = TcpTransport::new(&target, TcpOptions::default()).unwrap();
+    target.add_transport(tcp.clone()).unwrap();
+    let soft_addr = format!("@pollux-tcp-mixed-{}", std::process::id());
+    target
+        .add_listener(TransportId {
+            trtype: TrType::Rdma,
+            adrfam: AdrFam::IntraHost,
+            traddr: soft_addr.clone(),
+            trsvcid: String::new(),
+        })
+        .unwrap();
+    let port = free_port("127.0.0.1");
+    target
+        .add_listener(TransportId::tcp_ipv4("127.0.0.1", port.to_string()))
+        .unwrap();
+    // The application's way: one call, no transport named.
+    let groups = cl.on(0, |r| target.start_poll_groups(r)).unwrap();
+    let names: Vec<_> = groups.iter().map(|g| g.transport_name()).collect();
+    assert_eq!(names, ["rdma", "tcp"]);
+    cl.poll_until_idle().unwrap();
+    assert_eq!(groups.iter().map(|g| g.listeners()).sum::<usize>(), 2);
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    cl.on(0, |_| {
+        let t = TcpHost::new(addr, TcpHostOptions::default());
+        let log = discover(&t, DEFAULT_HOSTNQN, CtrlOptions::default()).unwrap();
+        let mut kinds: Vec<_> = log
+            .iter()
+            .filter(|e| e.subtype == SUBTYPE_NVME)
+            .map(|e| e.trtype)
+            .collect();
+        kinds.sort_by_key(|t| t.code());
+        assert_eq!(kinds, [TrType::Rdma, TrType::Tcp]);
+        let c_tcp = Controller::connect(&t, who(), CtrlOptions::default()).unwrap();
+        let r = RdmaHost::<Soft>::open(
+            None,
+            CmAddr::new(soft_addr.clone()),
+            RdmaHostOptions::default(),
+        )
+        .unwrap();
+        let c_rdma = Controller::connect(&r, who(), CtrlOptions::default()).unwrap();
+        assert_ne!(c_tcp.info().cntlid, c_rdma.info().cntlid);
+        assert_eq!(groups.iter().map(|g| g.connections()).sum::<usize>(), 2);
+        for g in &groups {
+            g.shutdown();
+        }
+        drop((c_tcp, c_rdma));
+    });
+    for _ in 0..100_000 {
+        cl.poll_once_all();
+        if groups.iter().all(|g| g.connections() == 0) {
+            break;
+        }
+    }
+    assert!(groups.iter().all(|g| g.connections() == 0));
+    let st = target.transport_stats();
+    assert_eq!(st.accepted, st.destroyed);
+    assert_eq!(
+        st.accepted, 3,
+        "discovery and one controller over TCP, one over RDMA"
+    );
+}
