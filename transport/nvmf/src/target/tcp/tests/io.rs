@@ -306,7 +306,6 @@ fn io_queues_beyond_max_io_qpairs_per_ctrlr_are_refused() {
 fn rdma_and_tcp_listeners_serve_at_once_started_through_the_target() {
     use crate::host::rdma::{RdmaHost, RdmaHostOptions};
     use crate::target::rdma::{RdmaOptions, RdmaTransport};
-    use crate::target::TransportPollGroup;
     use pollux_verbs::soft::Soft;
     use pollux_verbs::CmAddr;
 
