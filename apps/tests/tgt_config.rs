@@ -3,8 +3,8 @@
 
 #![allow(clippy::unwrap_used)] // test helpers: a failed unwrap is a failed test
 
-use pollux_nvmf::spec::transport_id::TrType;
 use pollux_apps::tgt::{self, ProviderKind, TgtPlan};
+use pollux_nvmf::spec::transport_id::TrType;
 use pollux_verbs::soft::Soft;
 
 const GOOD: &str = r#"cores = "0"

@@ -667,6 +667,12 @@ impl TcpConn {
             digests: granted,
             maxh2cdata: self.ops.maxh2cdata,
         };
+        log::debug!(
+            "nvmf tcp: ICReq granted: header digest {}, data digest {}, host PDA {}",
+            granted.header,
+            granted.data,
+            req.hpda
+        );
         // ICResp itself carries no digest.
         self.ops.tx.extend_from_slice(&rsp.encode());
         self.digests = granted;
