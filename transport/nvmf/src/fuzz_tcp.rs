@@ -17,6 +17,7 @@ use std::sync::Arc;
 use pollux_bdev::BdevRegistry;
 use pollux_reactor::TestCluster;
 
+use crate::fuzz::Slot;
 use crate::spec::tcp::{
     C2hData, CapsuleCmdHdr, CapsuleResp, CommonHeader, Digests, Frame, H2cData, IcReq, IcResp,
     PduType, R2t, TermReq, IC_PDU_LEN,
@@ -190,19 +191,9 @@ impl Harness {
     }
 }
 
-/// See [`Harness`]'s `Slot` in `fuzz.rs`: leaked at thread exit.
-struct Slot(Option<Harness>);
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        if let Some(h) = self.0.take() {
-            std::mem::forget(h);
-        }
-    }
-}
-
 thread_local! {
-    static HARNESS: RefCell<Slot> = const { RefCell::new(Slot(None)) };
+    /// Leaked at thread exit (see `fuzz::Slot`).
+    static HARNESS: RefCell<Slot<Harness>> = const { RefCell::new(Slot(None)) };
 }
 
 /// The fuzz target: the first byte picks the digests (bits 0 and 1), the

@@ -96,3 +96,4 @@ pub mod loopback_host;
 mod sg_at;
 pub mod spec;
 pub mod target;
+mod tcp_bufs;

@@ -1,7 +1,7 @@
 //! [`TcpQueue`]: one NVMe/TCP host queue (see the module docs of
 //! [`super`]).
 
-use std::io::{ErrorKind, Read, Write};
+use std::io::ErrorKind;
 use std::net::{SocketAddr, TcpStream};
 use std::time::Instant;
 
@@ -15,11 +15,11 @@ use crate::spec::cmd::NvmeCmd;
 use crate::spec::cpl::{NvmeCompletion, NvmeStatus};
 use crate::spec::sgl::SglDescriptor;
 use crate::spec::tcp::{
-    crc32c, crc32c_append, C2hData, CapsuleCmdHdr, CapsuleResp, CommonHeader, Digests, Frame,
-    H2cData, IcReq, IcResp, PduType, R2t, SendLayout, TcpPduError, TermReq, ADMIN_ICD_SIZE, CH_LEN,
-    DIGEST_LEN, FLAG_LAST_PDU, FLAG_SUCCESS, IC_PDU_LEN, MAX_HEADER_LEN, SHORT_HLEN,
-    TERM_REQ_MAX_DATA,
+    crc32c_append, C2hData, CapsuleCmdHdr, CapsuleResp, CommonHeader, Digests, Frame, H2cData,
+    IcReq, IcResp, PduType, R2t, SendLayout, TcpPduError, TermReq, ADMIN_ICD_SIZE, CH_LEN,
+    DIGEST_LEN, FLAG_LAST_PDU, FLAG_SUCCESS, IC_PDU_LEN, SHORT_HLEN, TERM_REQ_MAX_DATA,
 };
+use crate::tcp_bufs::{RecvBuf, SendBuf};
 
 /// Receive buffer size.
 const RX_LEN: usize = 256 * 1024;
@@ -84,14 +84,10 @@ pub struct TcpQueue {
     qid: u16,
     inline: u32,
     digests: Digests,
-    layout: SendLayout,
     maxh2cdata: u32,
     slots: Vec<Slot>,
-    tx: Vec<u8>,
-    sent: usize,
-    rx: Vec<u8>,
-    head: usize,
-    tail: usize,
+    tx: SendBuf,
+    rx: RecvBuf,
     phase: Phase,
     dead: Option<String>,
     stats: TcpQueueStats,
@@ -133,14 +129,10 @@ impl TcpQueue {
                 p.inline_limit
             },
             digests: Digests::default(),
-            layout: SendLayout::new(Digests::default(), 0),
             maxh2cdata: crate::spec::tcp::MIN_MAXH2CDATA,
             slots: vec![Slot::default(); entries],
-            tx: Vec::with_capacity(64 * 1024),
-            sent: 0,
-            rx: vec![0u8; RX_LEN],
-            head: 0,
-            tail: 0,
+            tx: SendBuf::new(64 * 1024),
+            rx: RecvBuf::new(RX_LEN),
             phase: Phase::Header,
             dead: None,
             stats: TcpQueueStats::default(),
@@ -154,12 +146,12 @@ impl TcpQueue {
             },
             maxr2t: 0,
         };
-        q.tx.extend_from_slice(&req.encode());
+        q.tx.push_raw(&req.encode());
         let start = Instant::now();
         loop {
             q.write_out()?;
             q.read_in()?;
-            if q.tail - q.head >= IC_PDU_LEN {
+            if q.rx.avail() >= IC_PDU_LEN {
                 break;
             }
             if start.elapsed() > opts.connect_timeout {
@@ -176,7 +168,7 @@ impl TcpQueue {
                 None => std::thread::yield_now(),
             }
         }
-        let ic = &q.rx[q.head..q.head + IC_PDU_LEN];
+        let ic = &q.rx.buf[q.rx.head..q.rx.head + IC_PDU_LEN];
         let f = Frame::check(&CommonHeader::parse(ic), false, Digests::default(), 0);
         let rsp = match f {
             Ok(f) if f.pdu_type == PduType::IcResp => IcResp::parse(ic),
@@ -194,9 +186,9 @@ impl TcpQueue {
                 "the target enabled a digest the host did not ask for".into(),
             ));
         }
-        q.head += IC_PDU_LEN;
+        q.rx.head += IC_PDU_LEN;
         q.digests = rsp.digests;
-        q.layout = SendLayout::new(rsp.digests, rsp.cpda);
+        q.tx.layout = SendLayout::new(rsp.digests, rsp.cpda);
         q.maxh2cdata = rsp.maxh2cdata;
         log::debug!(
             "nvmf tcp host: queue {} up, digests {:?}, MAXH2CDATA {}",
@@ -222,51 +214,21 @@ impl TcpQueue {
         self.stats
     }
 
-    fn push_pdu(&mut self, t: PduType, hdr: &[u8], flags: u8, data_len: usize) {
-        let mut h = [0u8; MAX_HEADER_LEN + 256];
-        let n = hdr.len().min(h.len());
-        h[..n].copy_from_slice(&hdr[..n]);
-        let len = self.layout.finish_header(&mut h, t, flags, data_len);
-        self.tx.extend_from_slice(&h[..len]);
-    }
-
     fn write_out(&mut self) -> Result<bool, HostError> {
-        let mut wrote = false;
-        while self.sent < self.tx.len() {
-            match self.sock.write(&self.tx[self.sent..]) {
-                Ok(0) => return Err(self.fail("the target closed the connection".into())),
-                Ok(n) => {
-                    self.sent += n;
-                    wrote = true;
-                }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => return Err(self.fail(format!("send: {e}"))),
+        match self.tx.flush(&mut self.sock) {
+            Ok(wrote) => Ok(wrote),
+            Err(e) if e.kind() == ErrorKind::WriteZero => {
+                Err(self.fail("the target closed the connection".into()))
             }
+            Err(e) => Err(self.fail(format!("send: {e}"))),
         }
-        if self.sent == self.tx.len() {
-            self.tx.clear();
-            self.sent = 0;
-        }
-        Ok(wrote)
     }
 
     /// One read into the receive buffer; `true` when bytes came.
     fn read_in(&mut self) -> Result<bool, HostError> {
-        if self.head == self.tail {
-            self.head = 0;
-            self.tail = 0;
-        } else if self.tail == self.rx.len() || self.head > self.rx.len() / 2 {
-            self.rx.copy_within(self.head..self.tail, 0);
-            self.tail -= self.head;
-            self.head = 0;
-        }
-        match self.sock.read(&mut self.rx[self.tail..]) {
+        match self.rx.fill(&mut self.sock) {
             Ok(0) => Err(self.fail("the target closed the connection".into())),
-            Ok(n) => {
-                self.tail += n;
-                Ok(true)
-            }
+            Ok(_) => Ok(true),
             Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::Interrupted => {
                 Ok(false)
             }
@@ -285,14 +247,14 @@ impl TcpQueue {
 
     /// A fatal PDU error: H2CTermReq, then down.
     fn terminate(&mut self, e: TcpPduError) -> HostError {
-        let end = (self.head + TERM_REQ_MAX_DATA).min(self.tail);
+        let end = (self.rx.head + TERM_REQ_MAX_DATA).min(self.rx.tail);
         let mut out = [0u8; SHORT_HLEN + TERM_REQ_MAX_DATA];
         let n = TermReq {
             fes: e.fes().code(),
             fei: e.fei(),
         }
-        .encode_into(false, &self.rx[self.head..end], &mut out);
-        self.tx.extend_from_slice(&out[..n]);
+        .encode_into(false, &self.rx.buf[self.rx.head..end], &mut out);
+        self.tx.push_raw(&out[..n]);
         let _ = self.write_out();
         self.fail(format!("protocol error from the target: {e}"))
     }
@@ -312,7 +274,7 @@ impl TcpQueue {
     /// Handle the buffered bytes; completions go to `done`.
     fn handle(&mut self, done: &mut Vec<(u16, NvmeCompletion)>) -> Result<(), TcpPduError> {
         loop {
-            let avail = self.tail - self.head;
+            let avail = self.rx.tail - self.rx.head;
             match self.phase {
                 Phase::Data {
                     slot,
@@ -326,17 +288,17 @@ impl TcpQueue {
                         return Ok(());
                     }
                     let n = avail.min(left);
-                    let src = self.head..self.head + n;
+                    let src = self.rx.head..self.rx.head + n;
                     let crc = if ddgst {
-                        crc32c_append(crc, &self.rx[src.clone()])
+                        crc32c_append(crc, &self.rx.buf[src.clone()])
                     } else {
                         crc
                     };
                     if let Some(s) = self.slots.get_mut(slot) {
-                        s.staging[off..off + n].copy_from_slice(&self.rx[src]);
+                        s.staging[off..off + n].copy_from_slice(&self.rx.buf[src]);
                         s.received += n;
                     }
-                    self.head += n;
+                    self.rx.head += n;
                     self.phase = if left > n {
                         Phase::Data {
                             slot,
@@ -357,8 +319,8 @@ impl TcpQueue {
                     if avail < DIGEST_LEN {
                         return Ok(());
                     }
-                    let got = crate::spec::le32(&self.rx, self.head);
-                    self.head += DIGEST_LEN;
+                    let got = crate::spec::le32(&self.rx.buf, self.rx.head);
+                    self.rx.head += DIGEST_LEN;
                     self.phase = Phase::Header;
                     self.c2h_done(slot, flags, got == crc, done);
                 }
@@ -366,7 +328,7 @@ impl TcpQueue {
                     if avail < CH_LEN {
                         return Ok(());
                     }
-                    let ch = CommonHeader::parse(&self.rx[self.head..self.tail]);
+                    let ch = CommonHeader::parse(&self.rx.buf[self.rx.head..self.rx.tail]);
                     let f = Frame::check(&ch, false, self.digests, u32::MAX)?;
                     let need = if f.pdu_type == PduType::C2hData {
                         f.data_offset
@@ -376,12 +338,12 @@ impl TcpQueue {
                     if avail < need {
                         return Ok(());
                     }
-                    let pdu = self.head..self.head + need;
-                    f.verify_hdgst(&self.rx[pdu.clone()])?;
+                    let pdu = self.rx.head..self.rx.head + need;
+                    f.verify_hdgst(&self.rx.buf[pdu.clone()])?;
                     match f.pdu_type {
                         PduType::CapsuleResp => {
-                            let cpl =
-                                CapsuleResp::cqe(&self.rx[pdu]).map(|c| NvmeCompletion::parse(c));
+                            let cpl = CapsuleResp::cqe(&self.rx.buf[pdu])
+                                .map(|c| NvmeCompletion::parse(c));
                             if let Some(Ok(cpl)) = cpl {
                                 if let Some(slot) = self.slot_of(cpl.cid) {
                                     self.complete(slot, cpl, done);
@@ -393,12 +355,12 @@ impl TcpQueue {
                                     });
                                 }
                             }
-                            self.head += need;
+                            self.rx.head += need;
                         }
                         PduType::C2hData => {
-                            let h = C2hData::parse(&self.rx[pdu], f.data_len)?;
+                            let h = C2hData::parse(&self.rx.buf[pdu], f.data_len)?;
                             let slot = self.check_c2h(&h)?;
-                            self.head += need;
+                            self.rx.head += need;
                             self.stats.c2h_pdus += 1;
                             self.phase = Phase::Data {
                                 slot,
@@ -410,13 +372,13 @@ impl TcpQueue {
                             };
                         }
                         PduType::R2t => {
-                            let r = R2t::parse(&self.rx[pdu])?;
-                            self.head += need;
+                            let r = R2t::parse(&self.rx.buf[pdu])?;
+                            self.rx.head += need;
                             self.answer_r2t(&r)?;
                         }
                         PduType::C2hTermReq => {
-                            let t = TermReq::parse(&self.rx[pdu]);
-                            self.head += need;
+                            let t = TermReq::parse(&self.rx.buf[pdu]);
+                            self.rx.head += need;
                             let why = format!(
                                 "the target terminated the connection (FES {:#x}, FEI {:#x})",
                                 t.fes, t.fei
@@ -528,19 +490,14 @@ impl TcpQueue {
                 datao: at as u32,
                 datal: chunk as u32,
             };
-            self.push_pdu(
+            self.tx.push_pdu(
                 PduType::H2cData,
                 &h.encode(),
                 if last { FLAG_LAST_PDU } else { 0 },
                 chunk,
             );
-            let start = self.tx.len();
-            self.tx
-                .extend_from_slice(&self.slots[slot].staging[at..at + chunk]);
-            if self.layout.ddgst {
-                let d = crc32c(&self.tx[start..]);
-                self.tx.extend_from_slice(&d.to_le_bytes());
-            }
+            let src = &self.slots[slot].staging[at..at + chunk];
+            self.tx.push_data(chunk, |out| out.extend_from_slice(src));
             self.stats.h2c_pdus += 1;
             at += chunk;
         }
@@ -597,15 +554,12 @@ impl HostQueue for TcpQueue {
         }
         let hdr = CapsuleCmdHdr::encode(&cmd.encode());
         let icd = if inline { len } else { 0 };
-        self.push_pdu(PduType::CapsuleCmd, &hdr, 0, icd);
+        self.tx.push_pdu(PduType::CapsuleCmd, &hdr, 0, icd);
         if inline {
             self.stats.inline += 1;
-            let start = self.tx.len();
-            sg_at::append_from(data, 0, len, &mut self.tx);
-            if self.layout.ddgst {
-                let d = crc32c(&self.tx[start..]);
-                self.tx.extend_from_slice(&d.to_le_bytes());
-            }
+            self.tx.push_data(len, |out| {
+                sg_at::append_from(data, 0, len, out);
+            });
         }
         Ok(Queued::Yes)
     }

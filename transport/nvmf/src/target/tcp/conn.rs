@@ -21,7 +21,7 @@
 //! queue is torn down: every transfer still waiting for host data is
 //! failed back to the core, then the core's queue is dropped.
 
-use std::io::{ErrorKind, Read, Write};
+use std::io::{ErrorKind, Read};
 use std::net::TcpStream;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -39,6 +39,7 @@ use crate::spec::tcp::{
     FLAG_LAST_PDU, FLAG_SUCCESS, IC_PDU_LEN, MAX_HEADER_LEN, SHORT_HLEN, TERM_REQ_MAX_DATA,
 };
 use crate::spec::SQE_SIZE;
+use crate::tcp_bufs::{RecvBuf, SendBuf, MAX_PAD};
 
 /// Reads per poll per socket at most (fairness between sockets).
 const READS_PER_POLL: usize = 4;
@@ -50,8 +51,6 @@ const TX_HIGH_WATER: usize = 4 << 20;
 /// Polls a closing connection waits for its last bytes (the TermReq) to
 /// leave before it is dropped anyway.
 const CLOSE_POLLS: u32 = 10_000;
-/// Most padding a PDU may put before its data (PDO is one byte).
-const MAX_PAD: usize = 256;
 
 /// One outstanding host-to-controller transfer (by request slot).
 #[derive(Debug, Clone, Copy, Default)]
@@ -89,9 +88,7 @@ enum Phase {
 
 /// The send half: buffered PDUs, and what the core's callbacks need.
 pub(super) struct TcpOps {
-    tx: Vec<u8>,
-    sent: usize,
-    layout: SendLayout,
+    tx: SendBuf,
     xfers: Vec<Xfer>,
     /// Transfers the core started whose first R2T is not out yet.
     new_xfers: Vec<ReqTag>,
@@ -105,14 +102,6 @@ pub(super) struct TcpOps {
 }
 
 impl TcpOps {
-    fn push_pdu(&mut self, t: PduType, hdr: &[u8], flags: u8, data_len: usize) {
-        let mut h = [0u8; MAX_HEADER_LEN + MAX_PAD];
-        let n = hdr.len().min(h.len());
-        h[..n].copy_from_slice(&hdr[..n]);
-        let len = self.layout.finish_header(&mut h, t, flags, data_len);
-        self.tx.extend_from_slice(&h[..len]);
-    }
-
     fn push_r2t(&mut self, slot: usize) {
         let Some(x) = self.xfers.get_mut(slot) else {
             return;
@@ -125,11 +114,7 @@ impl TcpOps {
             r2tl: len,
         };
         x.asked += len;
-        self.push_pdu(PduType::R2t, &r.encode(), 0, 0);
-    }
-
-    fn unsent(&self) -> usize {
-        self.tx.len() - self.sent
+        self.tx.push_pdu(PduType::R2t, &r.encode(), 0, 0);
     }
 }
 
@@ -174,7 +159,7 @@ impl QpairOps for TcpOps {
         if self.closing {
             return Err(TransportError::Disconnected);
         }
-        if self.unsent() > TX_HIGH_WATER {
+        if self.tx.unsent() > TX_HIGH_WATER {
             return Ok(Transfer::Busy);
         }
         let cpl = &rsp.cpl;
@@ -201,20 +186,16 @@ impl QpairOps for TcpOps {
                     datao: off as u32,
                     datal: n as u32,
                 };
-                self.push_pdu(PduType::C2hData, &h.encode(), flags, n);
-                let start = self.tx.len();
-                sg_at::append_from(d.bufs, off, n, &mut self.tx);
-                // A short buffer list would desynchronize the stream: pad.
-                self.tx.resize(start + n, 0);
-                if self.layout.ddgst {
-                    let dd = crc32c(&self.tx[start..]);
-                    self.tx.extend_from_slice(&dd.to_le_bytes());
-                }
+                self.tx.push_pdu(PduType::C2hData, &h.encode(), flags, n);
+                self.tx.push_data(n, |out| {
+                    sg_at::append_from(d.bufs, off, n, out);
+                });
                 off += n;
             }
         }
         if !success_sent {
-            self.push_pdu(PduType::CapsuleResp, &CapsuleResp::encode(&rsp.cqe), 0, 0);
+            self.tx
+                .push_pdu(PduType::CapsuleResp, &CapsuleResp::encode(&rsp.cqe), 0, 0);
         }
         Ok(Transfer::Done)
     }
@@ -231,9 +212,7 @@ pub(super) struct TcpConn {
     qp: QueuePair,
     ops: TcpOps,
     transport: Arc<TcpTransport>,
-    rx: Vec<u8>,
-    head: usize,
-    tail: usize,
+    rx: RecvBuf,
     phase: Phase,
     capsule: Vec<u8>,
     ic_done: bool,
@@ -255,9 +234,7 @@ impl TcpConn {
             sock,
             qp,
             ops: TcpOps {
-                tx: Vec::with_capacity(64 * 1024),
-                sent: 0,
-                layout: SendLayout::new(Digests::default(), 0),
+                tx: SendBuf::new(64 * 1024),
                 xfers: vec![Xfer::default(); nreq],
                 new_xfers: Vec::with_capacity(nreq),
                 maxh2cdata: o.maxh2cdata,
@@ -267,9 +244,7 @@ impl TcpConn {
                 core_disconnect: false,
             },
             transport: Arc::clone(transport),
-            rx: vec![0u8; rx_len],
-            head: 0,
-            tail: 0,
+            rx: RecvBuf::new(rx_len),
             phase: Phase::Header,
             capsule: Vec::with_capacity(SQE_SIZE + capsule_limit as usize),
             ic_done: false,
@@ -327,32 +302,15 @@ impl TcpConn {
 
     /// Write what the send buffer holds; `true` when bytes left.
     fn flush(&mut self) -> bool {
-        let mut wrote = false;
-        while self.ops.sent < self.ops.tx.len() {
-            match self.sock.write(&self.ops.tx[self.ops.sent..]) {
-                Ok(0) => {
-                    self.peer_gone = true;
-                    break;
-                }
-                Ok(n) => {
-                    self.ops.sent += n;
-                    wrote = true;
-                }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => {
-                    log::debug!("nvmf tcp: send failed: {e}");
-                    self.peer_gone = true;
-                    self.ops.closing = true;
-                    break;
-                }
+        match self.ops.tx.flush(&mut self.sock) {
+            Ok(wrote) => wrote,
+            Err(e) => {
+                log::debug!("nvmf tcp: send failed: {e}");
+                self.peer_gone = true;
+                self.ops.closing = true;
+                false
             }
         }
-        if self.ops.sent == self.ops.tx.len() {
-            self.ops.tx.clear();
-            self.ops.sent = 0;
-        }
-        wrote
     }
 
     /// One step of closing: fail what waits for host data, let the last
@@ -360,7 +318,7 @@ impl TcpConn {
     fn close_step(&mut self) -> bool {
         self.fail_transfers();
         self.close_polls += 1;
-        let drained = self.ops.sent == self.ops.tx.len();
+        let drained = self.ops.tx.unsent() == 0;
         if (drained || self.peer_gone || self.close_polls > CLOSE_POLLS)
             && self.qp.transfers_in_flight() == 0
         {
@@ -396,7 +354,7 @@ impl TcpConn {
             if self.ops.closing {
                 return true;
             }
-            let got = if self.head == self.tail && self.direct_target().is_some() {
+            let got = if self.rx.head == self.rx.tail && self.direct_target().is_some() {
                 self.read_direct()
             } else {
                 self.read_buffered()
@@ -426,17 +384,7 @@ impl TcpConn {
     }
 
     fn read_buffered(&mut self) -> std::io::Result<usize> {
-        if self.head == self.tail {
-            self.head = 0;
-            self.tail = 0;
-        } else if self.tail == self.rx.len() || self.head > self.rx.len() / 2 {
-            self.rx.copy_within(self.head..self.tail, 0);
-            self.tail -= self.head;
-            self.head = 0;
-        }
-        let n = self.sock.read(&mut self.rx[self.tail..])?;
-        self.tail += n;
-        Ok(n)
+        self.rx.fill(&mut self.sock)
     }
 
     /// The request slot a data phase would read straight into.
@@ -523,7 +471,7 @@ impl TcpConn {
             if self.ops.closing {
                 return Ok(());
             }
-            let avail = self.tail - self.head;
+            let avail = self.rx.tail - self.rx.head;
             match self.phase {
                 Phase::Data {
                     slot, off, left, ..
@@ -532,28 +480,28 @@ impl TcpConn {
                         return Ok(());
                     }
                     let n = avail.min(left);
-                    let src = self.head..self.head + n;
+                    let src = self.rx.head..self.rx.head + n;
                     let usable = self.ops.xfers.get(slot).filter(|x| x.active && !x.failed);
                     if let Some(tag) = usable.and_then(|x| x.tag) {
                         if let Some(bufs) = self.qp.incoming_bufs(tag) {
-                            sg_at::write_at(bufs, off, &self.rx[src.clone()]);
+                            sg_at::write_at(bufs, off, &self.rx.buf[src.clone()]);
                         }
                     }
                     if let Phase::Data {
                         crc, ddgst: true, ..
                     } = &mut self.phase
                     {
-                        *crc = crc32c_append(*crc, &self.rx[src]);
+                        *crc = crc32c_append(*crc, &self.rx.buf[src]);
                     }
-                    self.head += n;
+                    self.rx.head += n;
                     self.advance_data(n);
                 }
                 Phase::DataDigest { slot, crc, len } => {
                     if avail < DIGEST_LEN {
                         return Ok(());
                     }
-                    let got = crate::spec::le32(&self.rx, self.head);
-                    self.head += DIGEST_LEN;
+                    let got = crate::spec::le32(&self.rx.buf, self.rx.head);
+                    self.rx.head += DIGEST_LEN;
                     self.phase = Phase::Header;
                     if got != crc {
                         log::debug!("nvmf tcp: H2CData data digest mismatch");
@@ -574,8 +522,8 @@ impl TcpConn {
 
     /// Handle the PDU at `head` if enough of it is here; `false` to wait.
     fn handle_pdu(&mut self) -> Result<bool, TcpPduError> {
-        let avail = self.tail - self.head;
-        let ch = CommonHeader::parse(&self.rx[self.head..self.tail]);
+        let avail = self.rx.tail - self.rx.head;
+        let ch = CommonHeader::parse(&self.rx.buf[self.rx.head..self.rx.tail]);
         let is_ic = ch.pdu_type == PduType::IcReq.code();
         if self.ic_done == is_ic {
             return Err(TcpPduError::Sequence {
@@ -600,19 +548,19 @@ impl TcpConn {
         if avail < need {
             return Ok(false);
         }
-        let pdu = self.head..self.head + need;
-        f.verify_hdgst(&self.rx[pdu.clone()])?;
+        let pdu = self.rx.head..self.rx.head + need;
+        f.verify_hdgst(&self.rx.buf[pdu.clone()])?;
         match f.pdu_type {
             PduType::IcReq => {
                 self.handle_icreq()?;
-                self.head += need;
+                self.rx.head += need;
             }
             PduType::CapsuleCmd => {
                 self.handle_capsule(&f);
-                self.head += need;
+                self.rx.head += need;
             }
             PduType::H2cData => {
-                let h = H2cData::parse(&self.rx[pdu], f.data_len)?;
+                let h = H2cData::parse(&self.rx.buf[pdu], f.data_len)?;
                 if h.datal == 0 {
                     return Err(TcpPduError::InvalidField {
                         what: "DATAL",
@@ -621,7 +569,7 @@ impl TcpConn {
                     });
                 }
                 let slot = self.check_h2c(&h)?;
-                self.head += need;
+                self.rx.head += need;
                 self.phase = Phase::Data {
                     slot,
                     off: h.datao as usize,
@@ -633,13 +581,13 @@ impl TcpConn {
                 };
             }
             PduType::H2cTermReq => {
-                let t = TermReq::parse(&self.rx[pdu]);
+                let t = TermReq::parse(&self.rx.buf[pdu]);
                 log::info!(
                     "nvmf tcp: the host terminated the connection (FES {:#x}, FEI {:#x})",
                     t.fes,
                     t.fei
                 );
-                self.head += need;
+                self.rx.head += need;
                 self.ops.closing = true;
             }
             other => {
@@ -653,7 +601,7 @@ impl TcpConn {
     }
 
     fn handle_icreq(&mut self) -> Result<(), TcpPduError> {
-        let req = IcReq::parse(&self.rx[self.head..self.head + IC_PDU_LEN])?;
+        let req = IcReq::parse(&self.rx.buf[self.rx.head..self.rx.head + IC_PDU_LEN])?;
         let Some(granted) = self.transport.opts.digest.grant(req.digests) else {
             return Err(TcpPduError::Unsupported {
                 what: "DGST",
@@ -674,28 +622,28 @@ impl TcpConn {
             req.hpda
         );
         // ICResp itself carries no digest.
-        self.ops.tx.extend_from_slice(&rsp.encode());
+        self.ops.tx.push_raw(&rsp.encode());
         self.digests = granted;
-        self.ops.layout = SendLayout::new(granted, req.hpda);
+        self.ops.tx.layout = SendLayout::new(granted, req.hpda);
         self.ic_done = true;
         Ok(())
     }
 
     /// A whole CapsuleCmd PDU at `head`.
     fn handle_capsule(&mut self, f: &Frame) {
-        let start = self.head;
+        let start = self.rx.head;
         let data = start + f.data_offset..start + f.data_offset + f.data_len;
         if f.ddgst {
-            let got = crate::spec::le32(&self.rx, data.end);
-            if got != crc32c(&self.rx[data.clone()]) {
+            let got = crate::spec::le32(&self.rx.buf, data.end);
+            if got != crc32c(&self.rx.buf[data.clone()]) {
                 // Not fatal: the command fails with a transient transport
                 // error and never reaches the core.
                 log::debug!("nvmf tcp: capsule data digest mismatch");
-                let sqe = &self.rx[start + CH_LEN..start + CH_LEN + SQE_SIZE];
+                let sqe = &self.rx.buf[start + CH_LEN..start + CH_LEN + SQE_SIZE];
                 let cid = crate::spec::le16(sqe, 2);
                 let sqid = self.qp.qid().unwrap_or(0);
                 let cpl = NvmeCompletion::new(sqid, cid, NvmeStatus::TRANSIENT_TRANSPORT_ERROR);
-                self.ops.push_pdu(
+                self.ops.tx.push_pdu(
                     PduType::CapsuleResp,
                     &CapsuleResp::encode(&cpl.encode()),
                     0,
@@ -705,8 +653,8 @@ impl TcpConn {
             }
         }
         let sqe_at = start + CH_LEN;
-        if let Some(cpl) = self.refuse_connect(&self.rx[sqe_at..sqe_at + SQE_SIZE]) {
-            self.ops.push_pdu(
+        if let Some(cpl) = self.refuse_connect(&self.rx.buf[sqe_at..sqe_at + SQE_SIZE]) {
+            self.ops.tx.push_pdu(
                 PduType::CapsuleResp,
                 &CapsuleResp::encode(&cpl.encode()),
                 0,
@@ -721,13 +669,14 @@ impl TcpConn {
             } else {
                 data.end
             };
-            self.qp.submit_capsule(&self.rx[sqe_at..end], &mut self.ops)
+            self.qp
+                .submit_capsule(&self.rx.buf[sqe_at..end], &mut self.ops)
         } else {
             self.capsule.clear();
-            if let Some(sqe) = CapsuleCmdHdr::sqe(&self.rx[start..]) {
+            if let Some(sqe) = CapsuleCmdHdr::sqe(&self.rx.buf[start..]) {
                 self.capsule.extend_from_slice(sqe);
             }
-            self.capsule.extend_from_slice(&self.rx[data]);
+            self.capsule.extend_from_slice(&self.rx.buf[data]);
             self.qp.submit_capsule(&self.capsule, &mut self.ops)
         };
         if let Err(e) = res {
@@ -825,15 +774,15 @@ impl TcpConn {
             .terminated
             .fetch_add(1, Ordering::Relaxed);
         self.terminated = true;
-        let bad_end = (self.head + TERM_REQ_MAX_DATA).min(self.tail);
+        let bad_end = (self.rx.head + TERM_REQ_MAX_DATA).min(self.rx.tail);
         let mut out = [0u8; SHORT_HLEN + TERM_REQ_MAX_DATA];
         let n = TermReq {
             fes: e.fes().code(),
             fei: e.fei(),
         }
-        .encode_into(true, &self.rx[self.head..bad_end], &mut out);
-        self.ops.tx.extend_from_slice(&out[..n]);
-        self.head = self.tail;
+        .encode_into(true, &self.rx.buf[self.rx.head..bad_end], &mut out);
+        self.ops.tx.push_raw(&out[..n]);
+        self.rx.head = self.rx.tail;
         self.ops.closing = true;
     }
 }

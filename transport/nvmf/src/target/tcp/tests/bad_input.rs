@@ -271,45 +271,31 @@ fn connect_by_r2t(f: &Fx, r: &mut Raw) -> R2t {
     r2t
 }
 
+/// A new connection whose Connect waits for its data by R2T, answered
+/// with an H2CData PDU at `datao` carrying `data`; returns the connection.
+fn answer_r2t(f: &Fx, datao: u32, data: &[u8]) -> Raw {
+    let mut r = Raw::handshake(f, Digests::default());
+    let r2t = connect_by_r2t(f, &mut r);
+    let h = H2cData {
+        cccid: r2t.cccid,
+        ttag: r2t.ttag,
+        datao,
+        datal: data.len() as u32,
+    };
+    let p = r.h2c(&h, data);
+    r.send(&p);
+    r
+}
+
 #[test]
 fn h2cdata_outside_its_r2t_is_out_of_range() {
     let f = fixture(TcpOptions::default());
-    // Not at the expected offset.
-    let mut r = Raw::handshake(&f, Digests::default());
-    let r2t = connect_by_r2t(&f, &mut r);
-    let h = H2cData {
-        cccid: r2t.cccid,
-        ttag: r2t.ttag,
-        datao: 512,
-        datal: 512,
-    };
-    let p = r.h2c(&h, &[0u8; 512]);
-    r.send(&p);
-    r.expect_term(&f, Fes::DataOutOfRange, None);
-    // Past the end of the R2T.
-    let mut r = Raw::handshake(&f, Digests::default());
-    let r2t = connect_by_r2t(&f, &mut r);
-    let h = H2cData {
-        cccid: r2t.cccid,
-        ttag: r2t.ttag,
-        datao: 0,
-        datal: 2048,
-    };
-    let p = r.h2c(&h, &[0u8; 2048]);
-    r.send(&p);
-    r.expect_term(&f, Fes::DataOutOfRange, None);
+    // Not at the expected offset, then past the end of the R2T.
+    answer_r2t(&f, 512, &[0u8; 512]).expect_term(&f, Fes::DataOutOfRange, None);
+    answer_r2t(&f, 0, &[0u8; 2048]).expect_term(&f, Fes::DataOutOfRange, None);
     // The right data completes the Connect.
-    let mut r = Raw::handshake(&f, Digests::default());
-    let r2t = connect_by_r2t(&f, &mut r);
     let (_, data) = connect_cmd(0, CNTLID_DYNAMIC, SglDescriptor::Transport { len: 1024 });
-    let h = H2cData {
-        cccid: r2t.cccid,
-        ttag: r2t.ttag,
-        datao: 0,
-        datal: 1024,
-    };
-    let p = r.h2c(&h, &data);
-    r.send(&p);
+    let mut r = answer_r2t(&f, 0, &data);
     let rsp = r.pdu(&f);
     assert_eq!(rsp[0], PduType::CapsuleResp.code());
     assert!(NvmeCompletion::parse(&rsp[8..24])
