@@ -941,6 +941,10 @@ fn plan(text: &str, file: TgtFile) -> Result<TgtPlan, AppError> {
         listeners.push(ListenerPlan { trid, origin });
     }
 
+    if let Some(t) = tcp.as_mut() {
+        // One placement policy for every transport.
+        t.placement = rdma.placement;
+    }
     let plan = TgtPlan {
         cores,
         provider,

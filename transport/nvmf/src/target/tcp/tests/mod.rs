@@ -6,6 +6,8 @@
 mod bad_input;
 mod io;
 mod netns;
+mod placement;
+mod raw;
 
 use std::net::{SocketAddr, TcpListener};
 use std::rc::Rc;
@@ -27,7 +29,8 @@ pub(super) struct Fx {
     pub(super) cl: TestCluster,
     pub(super) target: Arc<Target>,
     pub(super) transport: Arc<TcpTransport>,
-    pub(super) pg: Rc<TcpPollGroup>,
+    /// Every core's poll group, by core.
+    pub(super) pgs: Vec<Rc<TcpPollGroup>>,
     pub(super) addr: SocketAddr,
     pub(super) _reg: BdevRegistry,
 }
@@ -53,7 +56,12 @@ pub(super) fn fixture(opts: TcpOptions) -> Fx {
 }
 
 pub(super) fn fixture_at(ip: &str, opts: TcpOptions) -> Fx {
-    let cl = TestCluster::new(1);
+    fixture_on(1, ip, opts)
+}
+
+/// A target with one TCP poll group on each of `cores` reactors.
+pub(super) fn fixture_on(cores: usize, ip: &str, opts: TcpOptions) -> Fx {
+    let cl = TestCluster::new(cores);
     let target = Target::new(target_options()).unwrap();
     let mut sc = SubsystemConfig::new(NQN);
     sc.allow_any_host = true;
@@ -64,7 +72,9 @@ pub(super) fn fixture_at(ip: &str, opts: TcpOptions) -> Fx {
         .unwrap();
     let transport = TcpTransport::new(&target, opts).unwrap();
     target.add_transport(transport.clone()).unwrap();
-    let pg = cl.on(0, |r| transport.create_poll_group(r)).unwrap();
+    let pgs: Vec<_> = (0..cores as u32)
+        .map(|c| cl.on(c, |r| transport.create_poll_group(r)).unwrap())
+        .collect();
     let port = free_port(ip);
     target
         .add_listener(TransportId::tcp_ipv4(ip, port.to_string()))
@@ -74,7 +84,7 @@ pub(super) fn fixture_at(ip: &str, opts: TcpOptions) -> Fx {
         cl,
         target,
         transport,
-        pg,
+        pgs,
         addr: SocketAddr::new(ip.parse().unwrap(), port),
         _reg: reg,
     }
@@ -94,20 +104,23 @@ impl Fx {
 
     /// Poll until the target holds no connection (bounded).
     pub(super) fn settle(&self) {
+        let left = || self.pgs.iter().map(|g| g.connections()).sum::<usize>();
         for _ in 0..200_000 {
             self.cl.poll_once_all();
-            if self.pg.connections() == 0 {
+            if left() == 0 {
                 return;
             }
         }
-        panic!("{} connections left", self.pg.connections());
+        panic!("{} connections left", left());
     }
 
     /// Every data buffer is back in the target's pool.
     pub(super) fn assert_pool_full(&self) {
         let p = self.target.data_pool();
-        // Buffers this core's cache holds are free too.
-        let cached = self.cl.on(0, |r| self.target.core_ctx(r).cached_buffers());
+        // Buffers the cores' caches hold are free too.
+        let cached: usize = (0..self.pgs.len() as u32)
+            .map(|c| self.cl.on(c, |r| self.target.core_ctx(r).cached_buffers()))
+            .sum();
         assert_eq!(p.available() + cached, p.count(), "data buffers leaked");
     }
 }
