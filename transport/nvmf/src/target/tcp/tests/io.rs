@@ -6,31 +6,10 @@ use pollux_reactor::mem::{BufPool, BufPoolOptions, DmaBuf, SgList};
 use pollux_reactor::Reactor;
 
 use super::*;
-use crate::host::{
-    discover, Completion, Controller, CtrlOptions, HostQueue, Qpair, SubmitErrorKind,
-};
+use crate::host::test_io::{reap, write_read_verify};
+use crate::host::{discover, Completion, Controller, CtrlOptions, Qpair};
 use crate::spec::log_page::SUBTYPE_NVME;
 use crate::spec::transport_id::{AdrFam, TrType};
-
-fn reap<Q: HostQueue>(r: &Reactor, qp: &mut Qpair<Q>, n: usize) -> Vec<Completion> {
-    let mut out = Vec::new();
-    for _ in 0..2_000_000 {
-        qp.poll(&mut |c| out.push(c));
-        if out.len() >= n {
-            return out;
-        }
-        r.poll_once();
-    }
-    panic!("only {} of {n} completions", out.len());
-}
-
-fn pattern(seed: u64, b: &mut [u8]) {
-    for (i, x) in b.iter_mut().enumerate() {
-        *x = (i as u64)
-            .wrapping_mul(131)
-            .wrapping_add(seed.wrapping_mul(7)) as u8;
-    }
-}
 
 fn small_pdus() -> TcpOptions {
     TcpOptions {
@@ -44,78 +23,14 @@ fn small_pdus() -> TcpOptions {
 /// Write `n` I/Os of `size` bytes, read them back, compare; returns the
 /// queue's counters.
 fn verify(
-    f: &Fx,
     r: &Reactor,
     qp: &mut Qpair<crate::host::tcp::TcpQueue>,
     size: usize,
     n: u64,
 ) -> crate::host::tcp::TcpQueueStats {
     let pool = BufPool::new(BufPoolOptions::new("tcp-host-test", size, 16)).unwrap();
-    let blocks = (size / 512) as u32;
-    let mut submitted = 0;
-    let mut done = Vec::new();
-    while submitted < n {
-        let Some(mut b) = pool.get() else {
-            done.extend(reap(r, qp, 1));
-            continue;
-        };
-        pattern(submitted + size as u64, b.as_mut_slice());
-        match qp.write(
-            1,
-            submitted * u64::from(blocks),
-            blocks,
-            SgList::from_buf(b),
-            submitted,
-        ) {
-            Ok(()) => submitted += 1,
-            Err(e) => {
-                assert_eq!(e.kind, SubmitErrorKind::Busy);
-                done.extend(reap(r, qp, 1));
-            }
-        }
-    }
-    while done.len() < n as usize {
-        done.extend(reap(r, qp, 1));
-    }
-    assert!(
-        done.iter().all(|c| c.result.is_ok()),
-        "a write failed at {size} B"
-    );
-    drop(done);
-    let mut bad = 0;
-    let mut got = 0;
-    let mut next = 0u64;
-    while got < n {
-        if next < n {
-            if let Some(mut b) = pool.get() {
-                b.as_mut_slice().fill(0xEE);
-                match qp.read(
-                    1,
-                    next * u64::from(blocks),
-                    blocks,
-                    SgList::from_buf(b),
-                    next,
-                ) {
-                    Ok(()) => next += 1,
-                    Err(e) => assert_eq!(e.kind, SubmitErrorKind::Busy),
-                }
-            }
-        }
-        qp.poll(&mut |c| {
-            assert!(c.result.is_ok(), "read at {size} B: {:?}", c.result);
-            let mut want = vec![0u8; size];
-            pattern(c.ctx + size as u64, &mut want);
-            let mut have = vec![0u8; size];
-            c.data.copy_to_slice(&mut have);
-            if have != want {
-                bad += 1;
-            }
-            got += 1;
-        });
-        r.poll_once();
-    }
+    let bad = write_read_verify(r, qp, &pool, size as u64, n);
     assert_eq!(bad, 0, "{bad} of {n} reads of {size} B miscompared");
-    let _ = f;
     qp.transport().stats()
 }
 
@@ -130,7 +45,7 @@ fn sizes_with_digests(header: bool, data: bool) {
         assert_eq!((d.header, d.data), (header, data));
         for size in [512usize, 4096, 8192, 65536, 1 << 20] {
             let before = qp.transport().stats();
-            let st = verify(&f, r, &mut qp, size, 12);
+            let st = verify(r, &mut qp, size, 12);
             if size <= 4096 {
                 assert!(st.inline > before.inline, "{size} B: {st:?}");
                 assert_eq!(st.r2t, before.r2t, "{size} B went by R2T");
@@ -182,7 +97,7 @@ fn reads_without_c2h_success_end_with_a_response_capsule() {
         let c = Controller::connect(&t, who(), CtrlOptions::default()).unwrap();
         let mut qp = c.connect_io(&t, 1, 16, None).unwrap();
         for size in [512usize, 65536] {
-            let st = verify(&f, r, &mut qp, size, 8);
+            let st = verify(r, &mut qp, size, 8);
             assert_eq!(st.c2h_success, 0, "{st:?}");
             assert!(st.c2h_pdus >= 8);
         }
@@ -198,7 +113,7 @@ fn in_capsule_writes_can_be_turned_off_by_the_host() {
         let t = f.host(false, false);
         let c = Controller::connect(&t, who(), CtrlOptions::default()).unwrap();
         let mut qp = c.connect_io(&t, 1, 16, Some(0)).unwrap();
-        let st = verify(&f, r, &mut qp, 512, 8);
+        let st = verify(r, &mut qp, 512, 8);
         assert_eq!(st.inline, 0);
         // The queue's Connect data went by R2T too.
         assert_eq!(st.r2t, 8 + 1);
