@@ -297,3 +297,62 @@ fn rdma_and_tcp_listeners_serve_at_once_started_through_the_target() {
         "discovery and one controller over TCP, one over RDMA"
     );
 }
+
+#[test]
+fn the_host_reconnects_when_the_target_comes_back() {
+    use crate::host::CtrlState;
+    use std::time::{Duration, Instant};
+
+    let f = fixture(TcpOptions::default());
+    let trid = TransportId::tcp_ipv4("127.0.0.1", f.addr.port().to_string());
+    f.cl.on(0, |r| {
+        let t = f.host(true, true);
+        let opts = CtrlOptions {
+            reconnect_delay: Duration::from_millis(20),
+            ctrl_loss_tmo: Duration::from_secs(10),
+            ..CtrlOptions::default()
+        };
+        let mut c = Controller::connect(&t, who(), opts).unwrap();
+        let link = c.link().clone();
+        let mut seen = link.generation();
+        let mut qp = c.connect_io(&t, 1, 8, None).unwrap();
+        let pool = BufPool::new(BufPoolOptions::new("tcp-reconnect", 8192, 8)).unwrap();
+        assert_eq!(write_read_verify(r, &mut qp, &pool, 1, 4), 0);
+        // The target goes away: no listener, every controller torn down.
+        f.target.remove_listener(&trid).unwrap();
+        for s in f.target.subsystems() {
+            for ctl in s.controllers() {
+                ctl.fatal();
+            }
+        }
+        let until = |c: &mut Controller<_>, want: CtrlState| {
+            let start = Instant::now();
+            loop {
+                let s = c.poll_recover(&t);
+                if s == want || start.elapsed() > Duration::from_secs(10) {
+                    return s;
+                }
+                r.poll_once();
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        };
+        assert_eq!(
+            until(&mut c, CtrlState::Reconnecting),
+            CtrlState::Reconnecting
+        );
+        // It comes back on the same address.
+        f.target.add_listener(trid.clone()).unwrap();
+        assert_eq!(until(&mut c, CtrlState::Live), CtrlState::Live);
+        assert_eq!(link.reconnects(), 1);
+        let mut qp = link
+            .reconnect_io(&t, &mut seen, 1, 8, None)
+            .unwrap()
+            .expect("a new I/O queue once the controller is back");
+        // Verified I/O on the new queue.
+        assert_eq!(write_read_verify(r, &mut qp, &pool, 7, 4), 0);
+        drop(qp);
+        c.poll().unwrap();
+    });
+    f.settle();
+    f.assert_pool_full();
+}
