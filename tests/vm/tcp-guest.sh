@@ -246,7 +246,7 @@ knvmet_down() {
 perf_verify() {  # perf_verify BS QD [digest flags]
   local bs=$1 qd=$2; shift 2
   to "$PERF" -r "trtype:tcp adrfam:ipv4 traddr:$T trsvcid:$KPORT subnqn:$KNQN" --cores 0 \
-    -q "$qd" -o "$bs" -w randwrite --verify -t 3 "$@"
+    -q "$qd" -o "$bs" -w write --verify -t 3 "$@"
 }
 kib() { echo $(( $1 * SCALE ))k; }
 want() { [[ " $RUNS " == *" $1 "* ]]; }
