@@ -1,10 +1,13 @@
-//! `pollux-tgt`: the NVMe-oF RDMA target as an application.
+//! `pollux-tgt`: the NVMe-oF target (RDMA and TCP) as an application.
 //!
 //! [`config`] parses and checks the TOML file into a [`TgtPlan`];
 //! [`build`] creates the bdevs, the [`Target`] with its subsystems,
-//! namespaces and listeners, and the RDMA transport; [`serve`] launches
-//! one reactor per core with one RDMA poll group each, prints what it
-//! serves, writes the stats file every second if asked, and
+//! namespaces and listeners, and its transports (RDMA, and NVMe/TCP when
+//! a listener or `[transport.tcp]` asks for it); [`serve`] launches one
+//! reactor per core and starts every transport's poll group there through
+//! the target core ([`Target::start_poll_groups`]: the serve path names no
+//! transport), prints what it serves, writes the stats file every second
+//! if asked, and
 //! on the stop flag (SIGINT/SIGTERM in the binary) shuts the poll groups
 //! down (hosts see a clean disconnect), stops and joins the reactors.
 //! On the reload flag (SIGHUP in the binary) it re-reads the configuration
@@ -58,8 +61,9 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use pollux_bdev::BdevRegistry;
-use pollux_nvmf::target::rdma::{cm_addr, PollGroupStats, RdmaPollGroup, RdmaTransport};
-use pollux_nvmf::target::{CtrlCounterSnapshot, NamespaceConfig, Target};
+use pollux_nvmf::target::rdma::{cm_addr, RdmaTransport};
+use pollux_nvmf::target::tcp::TcpTransport;
+use pollux_nvmf::target::{CtrlCounterSnapshot, NamespaceConfig, Target, TransportPollGroup};
 use pollux_reactor::{launch, CoreId, Cores, IdleMode, LaunchConfig, ReactorSet, ReactorStats};
 use pollux_verbs::Provider;
 
@@ -79,6 +83,8 @@ pub struct Built<P: Provider> {
     pub target: Arc<Target>,
     /// The RDMA transport (added to the target).
     pub transport: Arc<RdmaTransport<P>>,
+    /// The NVMe/TCP transport (added to the target), when configured.
+    pub tcp: Option<Arc<TcpTransport>>,
     /// The iSCSI target and its iSER transport (`[iscsi]`).
     pub iscsi: Option<iscsi::IscsiBuilt<P>>,
 }
@@ -113,6 +119,16 @@ pub fn build<P: Provider>(plan: &TgtPlan) -> Result<Built<P>, AppError> {
     target
         .add_transport(transport.clone())
         .map_err(|e| AppError::Setup(e.to_string()))?;
+    let tcp = match &plan.tcp {
+        Some(o) => {
+            let t = TcpTransport::new(&target, o.clone()).map_err(|e| plan.option_error(e))?;
+            target
+                .add_transport(t.clone())
+                .map_err(|e| AppError::Setup(e.to_string()))?;
+            Some(t)
+        }
+        None => None,
+    };
     for s in &plan.subsystems {
         let sub = target
             .add_subsystem(s.config.clone())
@@ -138,6 +154,7 @@ pub fn build<P: Provider>(plan: &TgtPlan) -> Result<Built<P>, AppError> {
         registry,
         target,
         transport,
+        tcp,
         iscsi,
     })
 }
@@ -180,41 +197,23 @@ pub struct ServeSummary {
     pub left_open: usize,
 }
 
-/// The per-core poll group, behind a provider-independent face.
-trait GroupCtl {
-    fn shutdown(&self);
-    fn stats(&self) -> PollGroupStats;
-    fn listeners(&self) -> usize;
-}
-
-impl<P: Provider> GroupCtl for RdmaPollGroup<P> {
-    fn shutdown(&self) {
-        RdmaPollGroup::shutdown(self);
-    }
-    fn stats(&self) -> PollGroupStats {
-        RdmaPollGroup::stats(self)
-    }
-    fn listeners(&self) -> usize {
-        RdmaPollGroup::listeners(self)
-    }
-}
-
 thread_local! {
-    /// This reactor's poll group (set by `init`, taken before the stop).
-    static GROUP: RefCell<Option<Rc<dyn GroupCtl>>> = const { RefCell::new(None) };
+    /// This reactor's poll groups, one per transport (set by `init`, taken
+    /// before the stop).
+    static GROUPS: RefCell<Vec<Rc<dyn TransportPollGroup>>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Runs `f` with this core's poll group on every reactor; answers in core order.
+/// Runs `f` with this core's poll groups on every reactor; answers in core order.
 fn ask_all<T: Send + 'static>(
     set: &ReactorSet,
-    f: fn(Option<&dyn GroupCtl>) -> T,
+    f: fn(&[Rc<dyn TransportPollGroup>]) -> T,
 ) -> Result<Vec<T>, AppError> {
     let mut out = Vec::with_capacity(set.cores().len());
     for &core in set.cores() {
         let (tx, rx) = mpsc::sync_channel(1);
         set.messenger()
             .send_blocking(core, move |_| {
-                let v = GROUP.with(|g| f(g.borrow().as_deref()));
+                let v = GROUPS.with(|g| f(&g.borrow()));
                 let _ = tx.send(v);
             })
             .map_err(|e| AppError::Reactor(format!("core {core}: {e}")))?;
@@ -231,7 +230,7 @@ fn drop_groups(set: &ReactorSet) {
     for &core in set.cores() {
         let (tx, rx) = mpsc::sync_channel(1);
         let sent = set.messenger().send_blocking(core, move |_| {
-            let g = GROUP.with(|g| g.borrow_mut().take());
+            let g = GROUPS.with(|g| std::mem::take(&mut *g.borrow_mut()));
             drop(g);
             let _ = tx.send(());
         });
@@ -258,18 +257,17 @@ pub fn serve<P: Provider>(
 ) -> Result<ServeSummary, AppError> {
     let built = build::<P>(plan)?;
     let (tx, rx) = mpsc::channel::<Result<CoreId, String>>();
-    let transport = Arc::clone(&built.transport);
+    let target = Arc::clone(&built.target);
     let iser = built.iscsi.clone();
     let mut lc = LaunchConfig::new(opts.cores.clone());
     lc.idle = opts.idle;
     let set = launch(lc, move |r| {
-        let res = match transport.create_poll_group(r) {
-            Ok(pg) => {
-                let pg: Rc<dyn GroupCtl> = pg;
-                GROUP.with(|g| *g.borrow_mut() = Some(pg));
+        let res = match target.start_poll_groups(r) {
+            Ok(groups) => {
+                GROUPS.with(|g| *g.borrow_mut() = groups);
                 Ok(r.core())
             }
-            Err(e) => Err(format!("core {}: RDMA poll group: {e}", r.core())),
+            Err(e) => Err(format!("core {}: {e}", r.core())),
         };
         let res = match &iser {
             Some(i) => res.and_then(|c| iscsi::start_group(i, r).map(|()| c)),
@@ -322,7 +320,7 @@ fn run<P: Provider>(
         }
     }
     // Listeners open in the first poll group created; check they all did.
-    let listening: usize = ask_all(set, |g| g.map_or(0, |g| g.listeners()))?
+    let listening: usize = ask_all(set, |g| g.iter().map(|g| g.listeners()).sum::<usize>())?
         .into_iter()
         .sum();
     if listening != plan.listeners.len() {
@@ -371,24 +369,16 @@ fn run<P: Provider>(
         }
         std::thread::sleep((next - now).min(Duration::from_millis(20)));
     }
-    let conns: usize = ask_all(set, |g| g.map_or(0, |g| g.stats().connections))?
-        .into_iter()
-        .sum();
+    let conns: usize = ask_all(set, connections)?.into_iter().sum();
     let _ = writeln!(
         out,
         "pollux-tgt: shutting down: disconnecting {conns} queue(s)"
     );
     let _ = out.flush();
-    ask_all(set, |g| {
-        if let Some(g) = g {
-            g.shutdown();
-        }
-    })?;
+    ask_all(set, |g| g.iter().for_each(|g| g.shutdown()))?;
     let deadline = Instant::now() + DRAIN_TIMEOUT;
     let left_open = loop {
-        let open: usize = ask_all(set, |g| g.map_or(0, |g| g.stats().connections))?
-            .into_iter()
-            .sum();
+        let open: usize = ask_all(set, connections)?.into_iter().sum();
         if open == 0 || Instant::now() >= deadline {
             break open;
         }
@@ -403,12 +393,17 @@ fn run<P: Provider>(
         Some(i) => left_open + iscsi::shutdown(set, i, out)?,
         None => left_open,
     };
-    let t = built.transport.stats();
+    let t = built.target.transport_stats();
     Ok(ServeSummary {
         accepted: t.accepted,
         destroyed: t.destroyed,
         left_open,
     })
+}
+
+/// Live connections of this core's poll groups (every transport).
+fn connections(g: &[Rc<dyn TransportPollGroup>]) -> usize {
+    g.iter().map(|g| g.connections()).sum()
 }
 
 fn mib(bytes: u64) -> f64 {
@@ -426,9 +421,11 @@ fn banner<P: Provider>(
     let t = &plan.target;
     let r = built.transport.options();
     let st = built.transport.stats();
+    let names: Vec<&str> = built.target.transports().iter().map(|t| t.name()).collect();
     writeln!(
         out,
-        "pollux-tgt: NVMe-oF RDMA target, provider {}, cores {}",
+        "pollux-tgt: NVMe-oF target ({}), provider {}, cores {}",
+        names.join(", "),
         plan.provider.name(),
         opts.cores
     )?;
@@ -450,6 +447,14 @@ fn banner<P: Provider>(
             .map(|d| format!(" device {d}"))
             .unwrap_or_default()
     )?;
+    if let Some(tcp) = &built.tcp {
+        let o = tcp.options();
+        writeln!(
+            out,
+            "  tcp: in_capsule_data_size {} max_queue_depth {} max_io_qpairs_per_ctrlr {} c2h_success {} sock_priority {} digest {:?} maxh2cdata {}",
+            o.in_capsule_data_size, o.max_queue_depth, o.max_io_qpairs_per_ctrlr, o.c2h_success, o.sock_priority, o.digest, o.maxh2cdata
+        )?;
+    }
     writeln!(
         out,
         "  receive buffers: {:.1} MiB ({} bytes) in {} poll group(s); shared data buffers: {:.1} MiB",
@@ -490,8 +495,13 @@ fn banner<P: Provider>(
     for l in built.target.listeners() {
         writeln!(
             out,
-            "  listener {} (portid {}, adrfam {:?})",
+            "  listener {} (trtype {}, portid {}, adrfam {:?})",
             cm_addr(&l.trid),
+            if l.trid.trtype == pollux_nvmf::spec::transport_id::TrType::Tcp {
+                "tcp"
+            } else {
+                "rdma"
+            },
             l.portid,
             l.trid.adrfam
         )?;
@@ -560,9 +570,10 @@ fn write_stats<P: Provider>(
             )
         })
         .collect();
-    let per_core: Vec<usize> = ask_all(set, |g| g.map_or(0, |g| g.stats().connections))?;
+    let per_core: Vec<usize> = ask_all(set, connections)?;
     let conns: usize = per_core.iter().sum();
-    let t = built.transport.stats();
+    let t = built.target.transport_stats();
+    let recv_memory = built.transport.stats().recv_memory_bytes;
     let mut ctl = CtrlCounterSnapshot::default();
     let mut live = 0usize;
     let disc = Arc::clone(built.target.discovery_subsystem());
@@ -582,7 +593,7 @@ fn write_stats<P: Provider>(
         "accepted": t.accepted,
         "rejected": t.rejected,
         "destroyed": t.destroyed,
-        "recv_memory_bytes": t.recv_memory_bytes,
+        "recv_memory_bytes": recv_memory,
         "controllers": live,
         "controllers_created": ctl.controllers_created,
         "keep_alives": ctl.keep_alives,

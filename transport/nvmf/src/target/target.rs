@@ -9,7 +9,7 @@ use pollux_reactor::{IoDevice, Reactor};
 use super::core_ctx::CoreCtx;
 use super::error::TargetError;
 use super::subsystem::{DiscoveryGen, Subsystem, SubsystemConfig, SubsystemKind, DISCOVERY_NQN};
-use super::transport::TargetTransport;
+use super::transport::{TargetTransport, TransportError};
 use crate::spec::transport_id::TransportId;
 
 /// Target-wide options.
@@ -348,6 +348,44 @@ impl Target {
     /// every subsystem the host may access × every listener.
     pub fn discovery_log(&self, hostnqn: &str, current: Option<&TransportId>) -> Vec<u8> {
         super::discovery::build_log(self, hostnqn, current)
+    }
+
+    /// The transports added so far (control path).
+    pub fn transports(&self) -> Vec<Arc<dyn TargetTransport>> {
+        self.lock().transports.clone()
+    }
+
+    /// Start every transport's poll group on `reactor` (control path, on
+    /// that reactor; call it once per core): the one way an application
+    /// starts the transports, whichever they are. Keep the groups; drop
+    /// them on their core to stop.
+    ///
+    /// # Errors
+    ///
+    /// The first transport that cannot start, with its name.
+    pub fn start_poll_groups(
+        &self,
+        reactor: &Reactor,
+    ) -> Result<Vec<std::rc::Rc<dyn super::transport::TransportPollGroup>>, TransportError> {
+        let mut groups = Vec::new();
+        for t in self.transports() {
+            let name = t.name();
+            match t.start_poll_group(reactor) {
+                Ok(Some(g)) => groups.push(g),
+                Ok(None) => {}
+                Err(e) => return Err(TransportError::Other(format!("{name} poll group: {e}"))),
+            }
+        }
+        Ok(groups)
+    }
+
+    /// Every transport's connection counters, summed (control path).
+    pub fn transport_stats(&self) -> super::transport::TransportStats {
+        let mut total = super::transport::TransportStats::default();
+        for t in self.transports() {
+            total.add(&t.stats());
+        }
+        total
     }
 
     pub(crate) fn listeners_and_transports(
