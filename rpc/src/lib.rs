@@ -13,8 +13,9 @@
 //!   `framework_wait_init`, `framework_get_reactors`, `save_config`,
 //!   `load_config`, ...) are built in; each subsystem is one provider
 //!   module implementing [`Subsystem`] (its methods, its part of the
-//!   configuration, how to undo its calls). [`bdev::BdevSubsystem`] is the
-//!   first; `nvmf` and `iscsi` plug in the same way.
+//!   configuration, how to undo its calls): [`bdev::BdevSubsystem`] and
+//!   [`nvmf::NvmfSubsystem`] (the NVMe-oF target's subsystems, namespaces,
+//!   hosts, listeners and transports).
 //! - [`RpcServer`] serves a service on a Unix socket from one control
 //!   thread (never a reactor); [`CoreBus`] carries what a method needs
 //!   from the cores as reactor messages and waits for every core's answer.
@@ -50,6 +51,7 @@ pub mod error;
 pub mod framework;
 pub mod framing;
 pub mod fuzz;
+pub mod nvmf;
 pub mod protocol;
 pub mod server;
 pub mod service;

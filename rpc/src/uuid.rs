@@ -48,7 +48,12 @@ impl Uuid {
         Ok(Uuid(out))
     }
 
-    /// The 16 bytes.
+    /// The UUID of these 16 bytes.
+    pub fn from_bytes(b: [u8; 16]) -> Uuid {
+        Uuid(b)
+    }
+
+    /// Its 16 bytes.
     pub fn bytes(&self) -> [u8; 16] {
         self.0
     }

@@ -10,7 +10,7 @@ use super::core_ctx::CoreCtx;
 use super::error::TargetError;
 use super::subsystem::{DiscoveryGen, Subsystem, SubsystemConfig, SubsystemKind, DISCOVERY_NQN};
 use super::transport::{TargetTransport, TransportError};
-use crate::spec::transport_id::TransportId;
+use crate::spec::transport_id::{TrType, TransportId};
 
 /// Target-wide options.
 #[derive(Debug, Clone)]
@@ -196,6 +196,28 @@ impl Target {
             return Err(TargetError::TransportExists(t.trtype()));
         }
         st.transports.push(t);
+        Ok(())
+    }
+
+    /// Remove the transport of `trtype` (control path), when no listener
+    /// uses it: undoes an [`add_transport`](Self::add_transport) whose
+    /// start failed. Its poll groups are the caller's to drop.
+    ///
+    /// # Errors
+    ///
+    /// [`TargetError::NoTransport`], or [`TargetError::ListenerExists`]
+    /// naming a listener of that type.
+    pub fn remove_transport(&self, trtype: TrType) -> Result<(), TargetError> {
+        let mut st = self.lock();
+        if let Some(l) = st.listeners.iter().find(|l| l.trid.trtype == trtype) {
+            return Err(TargetError::ListenerExists(l.trid.clone()));
+        }
+        let i = st
+            .transports
+            .iter()
+            .position(|t| t.trtype() == trtype)
+            .ok_or(TargetError::NoTransport(trtype))?;
+        st.transports.remove(i);
         Ok(())
     }
 
