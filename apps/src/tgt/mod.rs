@@ -203,6 +203,24 @@ thread_local! {
     static GROUPS: RefCell<Vec<Rc<dyn TransportPollGroup>>> = const { RefCell::new(Vec::new()) };
 }
 
+/// The reactors' poll group lists, for transports made by JSON-RPC calls
+/// (their groups are shut down and dropped with the others).
+struct TgtGroups;
+
+impl pollux_rpc::nvmf::CoreGroups for TgtGroups {
+    fn keep(&self, _r: &pollux_reactor::Reactor, group: Rc<dyn TransportPollGroup>) {
+        GROUPS.with(|g| g.borrow_mut().push(group));
+    }
+
+    fn release(&self, _r: &pollux_reactor::Reactor, transport: &'static str) {
+        GROUPS.with(|g| pollux_rpc::nvmf::release_groups(g, transport));
+    }
+
+    fn connections(&self, _r: &pollux_reactor::Reactor) -> Vec<(&'static str, usize)> {
+        GROUPS.with(pollux_rpc::nvmf::group_connections)
+    }
+}
+
 /// Runs `f` with this core's poll groups on every reactor; answers in core order.
 fn ask_all<T: Send + 'static>(
     set: &ReactorSet,
@@ -333,7 +351,14 @@ fn run<P: Provider>(
         iscsi::listen(p, i, set)?;
     }
     // Stopped (socket closed) when `run` returns, before the reactors stop.
-    let _rpc = rpc::start(opts.rpc.as_ref(), &built.registry, set, out)?;
+    let _rpc = rpc::start(
+        opts.rpc.as_ref(),
+        &built.registry,
+        &built.target,
+        Arc::new(TgtGroups),
+        set,
+        out,
+    )?;
     let first = set.stats().map_err(|e| AppError::Reactor(e.to_string()))?;
     let started = Instant::now();
     let mut prev = first.clone();

@@ -3,7 +3,10 @@
 //! bdev registry (see the `pollux_rpc` crate).
 //!
 //! Once the reactors run, [`start`] builds the method registry (the
-//! framework's methods and one provider per subsystem: `bdev` now),
+//! framework's methods and one provider per subsystem: `bdev` over the
+//! target's bdev registry, `nvmf` over the target core, whose transports
+//! made by `nvmf_create_transport` keep their per-core poll groups with
+//! the ones started at launch),
 //! applies the `--json` file through it (the same calls a client makes;
 //! unknown methods are reported by name and the target does not start),
 //! then opens the socket. The socket closes before the reactors stop.
@@ -17,8 +20,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use pollux_bdev::BdevRegistry;
+use pollux_nvmf::target::{Target, TargetOptions};
 use pollux_reactor::ReactorSet;
 use pollux_rpc::bdev::BdevSubsystem;
+use pollux_rpc::nvmf::{CoreGroups, LocalGroups, NvmfSubsystem};
 use pollux_rpc::{CoreBus, JsonConfig, RpcServer, RpcService, ServerConfig};
 
 use crate::AppError;
@@ -33,11 +38,28 @@ pub struct RpcOptions {
     pub json: Option<PathBuf>,
 }
 
-/// The method registry of a target whose bdevs live in `registry`.
-pub fn service(registry: &Arc<BdevRegistry>, cores: CoreBus) -> Result<RpcService, AppError> {
+/// The method registry of `target`, whose bdevs live in `registry`;
+/// transports made by calls keep their poll groups in `groups`.
+///
+/// # Errors
+///
+/// [`AppError::Setup`] if the providers do not register (a bug).
+pub fn service(
+    registry: &Arc<BdevRegistry>,
+    target: &Arc<Target>,
+    groups: Arc<dyn CoreGroups>,
+    cores: CoreBus,
+) -> Result<RpcService, AppError> {
     let mut svc = RpcService::new(cores);
+    let setup = |e: pollux_rpc::service::RegistryError| AppError::Setup(e.to_string());
     svc.register(BdevSubsystem::new(Arc::clone(registry)))
-        .map_err(|e| AppError::Setup(e.to_string()))?;
+        .map_err(setup)?;
+    svc.register(NvmfSubsystem::new(
+        Arc::clone(target),
+        Arc::clone(registry),
+        groups,
+    ))
+    .map_err(setup)?;
     Ok(svc)
 }
 
@@ -49,7 +71,14 @@ pub fn service(registry: &Arc<BdevRegistry>, cores: CoreBus) -> Result<RpcServic
 /// [`AppError::Config`] naming the file and the unknown methods.
 pub fn check_json(path: &std::path::Path) -> Result<usize, AppError> {
     let cfg = JsonConfig::load(path).map_err(|e| AppError::Config(e.to_string()))?;
-    let svc = service(&Arc::new(BdevRegistry::new()), CoreBus::none())?;
+    let target =
+        Target::new(TargetOptions::for_tests()).map_err(|e| AppError::Setup(e.to_string()))?;
+    let svc = service(
+        &Arc::new(BdevRegistry::new()),
+        &target,
+        Arc::new(LocalGroups),
+        CoreBus::none(),
+    )?;
     let unknown = cfg.unknown_methods(&svc);
     if !unknown.is_empty() {
         return Err(AppError::Config(format!(
@@ -70,13 +99,20 @@ pub fn check_json(path: &std::path::Path) -> Result<usize, AppError> {
 pub fn start(
     opts: Option<&RpcOptions>,
     registry: &Arc<BdevRegistry>,
+    target: &Arc<Target>,
+    groups: Arc<dyn CoreGroups>,
     set: &ReactorSet,
     out: &mut dyn Write,
 ) -> Result<Option<RpcServer>, AppError> {
     let Some(opts) = opts else {
         return Ok(None);
     };
-    let svc = Arc::new(service(registry, CoreBus::new(set.messenger().clone()))?);
+    let svc = Arc::new(service(
+        registry,
+        target,
+        groups,
+        CoreBus::new(set.messenger().clone()),
+    )?);
     if let Some(path) = &opts.json {
         let cfg = JsonConfig::load(path).map_err(|e| AppError::Config(e.to_string()))?;
         let n = cfg

@@ -50,6 +50,7 @@
 
 pub mod params;
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -94,8 +95,8 @@ pub trait CoreGroups: Send + Sync + 'static {
 }
 
 thread_local! {
-    static LOCAL_GROUPS: std::cell::RefCell<Vec<Rc<dyn TransportPollGroup>>> =
-        const { std::cell::RefCell::new(Vec::new()) };
+    static LOCAL_GROUPS: RefCell<Vec<Rc<dyn TransportPollGroup>>> =
+        const { RefCell::new(Vec::new()) };
 }
 
 /// A [`CoreGroups`] that keeps the groups in a per-thread list of its own
@@ -103,30 +104,40 @@ thread_local! {
 #[derive(Debug, Default, Clone, Copy)]
 pub struct LocalGroups;
 
+/// Takes the groups of `transport` out of a core's list and shuts them
+/// down (for [`CoreGroups::release`] implementations).
+pub fn release_groups(list: &RefCell<Vec<Rc<dyn TransportPollGroup>>>, transport: &'static str) {
+    let gone: Vec<_> = {
+        let mut g = list.borrow_mut();
+        let (out, keep) = g.drain(..).partition(|x| x.transport_name() == transport);
+        *g = keep;
+        out
+    };
+    gone.iter().for_each(|g| g.shutdown());
+}
+
+/// A core's live queues per transport name (for
+/// [`CoreGroups::connections`] implementations).
+pub fn group_connections(
+    list: &RefCell<Vec<Rc<dyn TransportPollGroup>>>,
+) -> Vec<(&'static str, usize)> {
+    list.borrow()
+        .iter()
+        .map(|x| (x.transport_name(), x.connections()))
+        .collect()
+}
+
 impl CoreGroups for LocalGroups {
     fn keep(&self, _r: &Reactor, group: Rc<dyn TransportPollGroup>) {
         LOCAL_GROUPS.with(|g| g.borrow_mut().push(group));
     }
 
     fn release(&self, _r: &Reactor, transport: &'static str) {
-        let gone: Vec<_> = LOCAL_GROUPS.with(|g| {
-            let mut g = g.borrow_mut();
-            let (out, keep) = g.drain(..).partition(|x| x.transport_name() == transport);
-            *g = keep;
-            out
-        });
-        for g in &gone {
-            g.shutdown();
-        }
+        LOCAL_GROUPS.with(|g| release_groups(g, transport));
     }
 
     fn connections(&self, _r: &Reactor) -> Vec<(&'static str, usize)> {
-        LOCAL_GROUPS.with(|g| {
-            g.borrow()
-                .iter()
-                .map(|x| (x.transport_name(), x.connections()))
-                .collect()
-        })
+        LOCAL_GROUPS.with(group_connections)
     }
 }
 
