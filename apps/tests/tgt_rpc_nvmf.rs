@@ -9,17 +9,16 @@
 
 mod common;
 
+use common::tcp_host::{free_port, host_io};
 use common::{tmp, Tgt, WAIT};
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::TcpListener;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pollux_nvmf::host::tcp::{TcpHost, TcpHostOptions};
-use pollux_nvmf::host::{Controller, CtrlOptions, HostIdentity, DEFAULT_HOSTNQN};
-use pollux_reactor::mem::{DmaBuf, SgList};
+use pollux_nvmf::host::DEFAULT_HOSTNQN;
 use pollux_rpc::RpcClient;
 use rustix::process::Signal;
 use serde_json::{json, Value};
@@ -28,12 +27,10 @@ const NQN: &str = "nqn.2016-06.io.spdk:cnode1";
 const OTHER: &str = "nqn.2016-06.io.spdk:cnode2";
 /// The longest gap between two of the host's completions that the test
 /// accepts while the other subsystem changes. Measured on the loaded
-/// 2-core development machine: the longest gap stays at
-/// tens of milliseconds, under 100 ms (printed by the test); the bound is
-/// far above it so that
-/// a slow machine does not fail the test, and far below the 5 s a core
-/// may take to answer a control message, so a change that stalled a core
-/// until its timeout would.
+/// 2-core development machine (the test prints it): 35 to 110 ms. The
+/// bound is far above that, so a slow machine does not fail the test, and
+/// below the 5 s a core may take to answer a control message, so a change
+/// that held a core until that timeout would fail it.
 const MAX_GAP: Duration = Duration::from_secs(2);
 
 fn start(name: &str, extra: &[&str]) -> Tgt {
@@ -51,14 +48,6 @@ fn start(name: &str, extra: &[&str]) -> Tgt {
 fn stop(mut t: Tgt) {
     t.signal(Signal::TERM);
     assert!(t.wait_exit().success());
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn call(c: &mut RpcClient, method: &str, params: Value) -> Value {
@@ -93,73 +82,6 @@ fn build_up(c: &mut RpcClient, port: u16) {
         "nvmf_subsystem_add_listener",
         json!({"nqn": NQN, "listen_address": address(port)}),
     );
-}
-
-/// What the host did: completions, and the longest gap between two.
-struct HostRun {
-    completions: u64,
-    longest_gap: Duration,
-}
-
-/// Writes a pattern to a block, reads it back and compares, over and
-/// over, until `stop`; panics on any error or mismatch.
-fn host_io(port: u16, stop: &AtomicBool, count: &AtomicU64) -> HostRun {
-    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let t = TcpHost::new(addr, TcpHostOptions::default());
-    let who = HostIdentity {
-        hostnqn: DEFAULT_HOSTNQN.into(),
-        hostid: *b"pollux-rpc-nvmf1",
-        subnqn: NQN.into(),
-    };
-    let c = Controller::connect(&t, who, CtrlOptions::default()).unwrap();
-    let mut qp = c.connect_io(&t, 1, 16, None).unwrap();
-    let mut run = HostRun {
-        completions: 0,
-        longest_gap: Duration::ZERO,
-    };
-    let mut last = Instant::now();
-    let mut round: u64 = 0;
-    while !stop.load(Ordering::SeqCst) || round < 20 {
-        round += 1;
-        let lba = round % 1024;
-        let mut w = DmaBuf::alloc(4096).unwrap();
-        w.as_mut_slice()
-            .iter_mut()
-            .enumerate()
-            .for_each(|(i, x)| *x = (i as u64 * 7 + round) as u8);
-        let want = w.as_slice().to_vec();
-        qp.write(1, lba, 8, SgList::from_buf(w), 1).unwrap();
-        let mut done = false;
-        while !done {
-            assert!(last.elapsed() < WAIT, "write {round} did not complete");
-            qp.poll(&mut |cpl| {
-                assert!(cpl.result.is_ok(), "write {round}: {:?}", cpl.result);
-                done = true;
-            });
-        }
-        run.longest_gap = run.longest_gap.max(last.elapsed());
-        last = Instant::now();
-        run.completions += 1;
-        count.fetch_add(1, Ordering::SeqCst);
-        let r = DmaBuf::alloc(4096).unwrap();
-        qp.read(1, lba, 8, SgList::from_buf(r), 2).unwrap();
-        let mut got = None;
-        while got.is_none() {
-            assert!(last.elapsed() < WAIT, "read {round} did not complete");
-            qp.poll(&mut |cpl| {
-                assert!(cpl.result.is_ok(), "read {round}: {:?}", cpl.result);
-                let mut have = vec![0u8; 4096];
-                cpl.data.copy_to_slice(&mut have);
-                got = Some(have);
-            });
-        }
-        assert!(got.unwrap() == want, "round {round}: read back differs");
-        run.longest_gap = run.longest_gap.max(last.elapsed());
-        last = Instant::now();
-        run.completions += 1;
-        count.fetch_add(1, Ordering::SeqCst);
-    }
-    run
 }
 
 /// Creates, changes and deletes `OTHER` (bdev, namespace, host, listener).
@@ -223,7 +145,7 @@ fn a_host_keeps_doing_verified_io_while_another_subsystem_comes_and_goes() {
     let done = Arc::new(AtomicU64::new(0));
     let host = {
         let (stop_io, done) = (Arc::clone(&stop_io), Arc::clone(&done));
-        std::thread::spawn(move || host_io(port, &stop_io, &done))
+        std::thread::spawn(move || host_io(port, NQN, &stop_io, &done))
     };
     // Wait for the host's I/O to flow, then change the other subsystem
     // until the host has completed 200 I/Os meanwhile (5 rounds at least).

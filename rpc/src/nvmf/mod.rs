@@ -79,6 +79,8 @@ use crate::uuid::Uuid;
 pub const TARGET_NAME: &str = "nvmf_tgt";
 /// SPDK's default serial number.
 pub const DEFAULT_SERIAL: &str = "00000000000000000000";
+/// SPDK's default largest NSID of a subsystem made by a call.
+pub const DEFAULT_MAX_NAMESPACES: u32 = 32;
 /// SPDK's default model number.
 pub const DEFAULT_MODEL: &str = "SPDK bdev Controller";
 
@@ -520,11 +522,29 @@ impl NvmfSubsystem {
     fn create_subsystem(&self, svc: &RpcService, p: Option<Value>) -> Result<Value, RpcError> {
         let req: CreateSubsystem = decode(p)?;
         check_tgt(req.tgt_name.as_deref())?;
-        if req.ana_reporting == Some(true) {
-            return Err(RpcError::errno(
-                Errno::NotSupported,
-                "ana_reporting: ANA is not reported by Pollux",
-            ));
+        for (key, on, why) in [
+            (
+                "ana_reporting",
+                req.ana_reporting,
+                "ANA is not reported by Pollux",
+            ),
+            (
+                "passthrough",
+                req.passthrough,
+                "Pollux has no NVMe passthrough",
+            ),
+            (
+                "enable_nssr",
+                req.enable_nssr,
+                "Pollux has no NVM subsystem reset",
+            ),
+        ] {
+            if on == Some(true) {
+                return Err(RpcError::errno(
+                    Errno::NotSupported,
+                    format!("{key}: {why}"),
+                ));
+            }
         }
         let mut cfg = SubsystemConfig::new(req.nqn.clone());
         cfg.serial = req
@@ -536,9 +556,10 @@ impl NvmfSubsystem {
             .clone()
             .unwrap_or_else(|| DEFAULT_MODEL.into());
         cfg.allow_any_host = req.allow_any_host.unwrap_or(false);
-        if let Some(n) = req.max_namespaces.filter(|&n| n != 0) {
-            cfg.max_namespaces = n;
-        }
+        cfg.max_namespaces = req
+            .max_namespaces
+            .filter(|&n| n != 0)
+            .unwrap_or(DEFAULT_MAX_NAMESPACES);
         let (lo, hi) = cfg.cntlid_range;
         cfg.cntlid_range = (req.min_cntlid.unwrap_or(lo), req.max_cntlid.unwrap_or(hi));
         let mut st = self.lock();
@@ -665,6 +686,12 @@ impl NvmfSubsystem {
             return Err(RpcError::errno(
                 Errno::NotSupported,
                 "anagrpid: ANA groups are not reported by Pollux",
+            ));
+        }
+        if n.hide_metadata == Some(true) {
+            return Err(RpcError::errno(
+                Errno::NotSupported,
+                "hide_metadata: bdevs with metadata are not exported",
             ));
         }
         if n.no_auto_visible == Some(true) {

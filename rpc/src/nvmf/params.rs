@@ -102,6 +102,30 @@ pub struct CreateTransport {
     /// Accepted, no effect (RDMA).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub no_wr_batching: Option<Value>,
+    /// Accepted, no effect (TCP).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_msg_num: Option<Value>,
+    /// Accepted, no effect.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acceptor_poll_rate: Option<Value>,
+    /// Accepted, no effect (vfio-user).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disable_mappable_bar0: Option<Value>,
+    /// Accepted, no effect (vfio-user).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disable_adaptive_irq: Option<Value>,
+    /// Accepted, no effect (vfio-user).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disable_shadow_doorbells: Option<Value>,
+    /// Accepted, no effect (Pollux has no passthrough commands).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disable_command_passthru: Option<Value>,
+    /// Accepted, no effect (keep-alive granularity).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kas: Option<Value>,
+    /// Accepted, no effect (the target takes the host's KATO).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_kato: Option<Value>,
 }
 
 /// `nvmf_create_subsystem`.
@@ -122,7 +146,7 @@ pub struct CreateSubsystem {
     /// Any host may connect (default false).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allow_any_host: Option<bool>,
-    /// Largest NSID (default 0: Pollux's maximum, 1024).
+    /// Largest NSID (default, and 0: SPDK's 32; at most 1024).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_namespaces: Option<u32>,
     /// Lowest controller id (default 1).
@@ -140,6 +164,18 @@ pub struct CreateSubsystem {
     /// Accepted, no effect.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_write_zeroes_size_kib: Option<Value>,
+    /// Accepted, no effect.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dmrsl: Option<Value>,
+    /// Accepted, no effect.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wzsl: Option<Value>,
+    /// NVMe passthrough (only false is supported).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub passthrough: Option<bool>,
+    /// NVM subsystem reset (only false is supported).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enable_nssr: Option<bool>,
 }
 
 /// Methods that name only a subsystem (`nvmf_delete_subsystem`,
@@ -196,6 +232,9 @@ pub struct NamespaceParams {
     /// Accepted when absent or false only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub no_auto_visible: Option<bool>,
+    /// Accepted when absent or false only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hide_metadata: Option<bool>,
 }
 
 /// `nvmf_subsystem_add_ns`.
@@ -257,6 +296,12 @@ pub struct HostParams {
     /// Accepted when absent only (no TLS here).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub psk: Option<String>,
+    /// Accepted when absent only (no DH-HMAC-CHAP here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dhchap_key: Option<String>,
+    /// Accepted when absent only (no DH-HMAC-CHAP here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dhchap_ctrlr_key: Option<String>,
 }
 
 /// `nvmf_subsystem_allow_any_host`.
