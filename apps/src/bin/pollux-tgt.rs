@@ -13,11 +13,13 @@
 //! subsystems, namespaces, listeners) and `pollux-tgt: ready` once hosts
 //! can connect; SIGINT or SIGTERM disconnects the hosts cleanly, stops the
 //! reactors and exits 0 (a second signal exits at once with status 1).
-//! SIGHUP re-reads the configuration file and applies its namespace
-//! changes (new bdevs, namespaces added, removed or replaced in running
-//! subsystems) without disconnecting hosts, which get a Namespace Attribute
-//! Changed event; it prints `pollux-tgt: reloaded FILE: ...` (or why the
-//! file was refused). Other changes need a restart.
+//! SIGHUP re-reads the configuration file and applies its subsystems,
+//! hosts, listeners and namespaces (new bdevs; subsystems created or
+//! deleted; hosts allowed or not; listeners opened or closed; namespaces
+//! added, removed or replaced) through the JSON-RPC methods, without
+//! disconnecting hosts, which get a Namespace Attribute Changed event; it
+//! prints `pollux-tgt: reloaded FILE: ...` (or why the file was refused).
+//! Transport options, cores and iSCSI need a restart.
 //! Exit status 2: a bad command line or configuration (the message names
 //! the line and the field); 1: the target failed at run time.
 
@@ -40,10 +42,10 @@ use pollux_reactor::Cores;
 /// namespaces of NVMe subsystems over the soft RDMA provider (or ibverbs).
 ///
 /// Signals: SIGINT/SIGTERM stop it cleanly. SIGHUP reloads the
-/// configuration file: new bdevs are created and namespaces are added,
-/// removed or replaced in the running subsystems without disconnecting
-/// hosts (they get a Namespace Attribute Changed event); other changes
-/// (subsystems, hosts, listeners, transport) need a restart.
+/// configuration file: new bdevs are created; subsystems, hosts,
+/// listeners and namespaces follow the file without disconnecting hosts
+/// (they get a Namespace Attribute Changed event); transport options,
+/// cores and iSCSI need a restart.
 #[derive(Parser, Debug)]
 #[command(name = "pollux-tgt", version)]
 struct Args {

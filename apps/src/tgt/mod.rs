@@ -10,13 +10,14 @@
 //! if asked, and
 //! on the stop flag (SIGINT/SIGTERM in the binary) shuts the poll groups
 //! down (hosts see a clean disconnect), stops and joins the reactors.
-//! On the reload flag (SIGHUP in the binary) it re-reads the configuration
-//! file and adds, removes or replaces namespaces of the running
-//! subsystems, creating new bdevs; connected hosts get a Namespace
-//! Attribute Changed event and keep their connections ([`reload`] says
-//! what a reload applies and what needs a restart). Once the reactors
-//! run, [`rpc`] applies the `--json` file and serves JSON-RPC on `-r SOCK`
-//! until the stop.
+//! Once the reactors run, [`rpc`] builds the JSON-RPC method registry,
+//! applies the `--json` file and serves JSON-RPC on `-r SOCK` until the
+//! stop. On the reload flag (SIGHUP in the binary) it re-reads the
+//! configuration file and applies its subsystems, hosts, listeners and
+//! namespaces through that registry's methods, creating new bdevs;
+//! connected hosts get a Namespace Attribute Changed event and keep their
+//! connections ([`reload`] says what a reload applies and what needs a
+//! restart).
 //!
 //! # The stats file (reactor busy %)
 //!
@@ -351,7 +352,7 @@ fn run<P: Provider>(
         iscsi::listen(p, i, set)?;
     }
     // Stopped (socket closed) when `run` returns, before the reactors stop.
-    let _rpc = rpc::start(
+    let (svc, _rpc) = rpc::start(
         opts.rpc.as_ref(),
         &built.registry,
         &built.target,
@@ -371,7 +372,7 @@ fn run<P: Provider>(
     while !stop.load(Ordering::SeqCst) {
         if let Some(r) = &opts.reload {
             if r.flag.swap(false, Ordering::SeqCst) {
-                let _ = match reload::reload(&r.path, built) {
+                let _ = match reload::reload(&r.path, built, &svc) {
                     Ok(rep) => writeln!(out, "pollux-tgt: reloaded {}: {rep}", r.path.display()),
                     Err(e) => writeln!(
                         out,

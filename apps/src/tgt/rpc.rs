@@ -90,7 +90,9 @@ pub fn check_json(path: &std::path::Path) -> Result<usize, AppError> {
     Ok(cfg.entries().count())
 }
 
-/// Applies the `--json` file and starts the server (see the module docs).
+/// Builds the method registry (also without `-r`: a configuration
+/// reload goes through it), applies the `--json` file and starts the
+/// server (see the module docs).
 ///
 /// # Errors
 ///
@@ -103,16 +105,16 @@ pub fn start(
     groups: Arc<dyn CoreGroups>,
     set: &ReactorSet,
     out: &mut dyn Write,
-) -> Result<Option<RpcServer>, AppError> {
-    let Some(opts) = opts else {
-        return Ok(None);
-    };
+) -> Result<(Arc<RpcService>, Option<RpcServer>), AppError> {
     let svc = Arc::new(service(
         registry,
         target,
         groups,
         CoreBus::new(set.messenger().clone()),
     )?);
+    let Some(opts) = opts else {
+        return Ok((svc, None));
+    };
     if let Some(path) = &opts.json {
         let cfg = JsonConfig::load(path).map_err(|e| AppError::Config(e.to_string()))?;
         let n = cfg
@@ -124,14 +126,14 @@ pub fn start(
         .socket
         .clone()
         .unwrap_or_else(|| PathBuf::from(pollux_rpc::DEFAULT_SOCKET));
-    match RpcServer::start(ServerConfig::new(&path), svc) {
+    match RpcServer::start(ServerConfig::new(&path), Arc::clone(&svc)) {
         Ok(server) => {
             let _ = writeln!(out, "pollux-tgt: JSON-RPC on {}", path.display());
-            Ok(Some(server))
+            Ok((svc, Some(server)))
         }
         Err(e) if opts.socket.is_none() => {
             eprintln!("pollux-tgt: {e}; running without JSON-RPC (choose a socket with -r SOCK)");
-            Ok(None)
+            Ok((svc, None))
         }
         Err(e) => Err(AppError::Setup(e.to_string())),
     }

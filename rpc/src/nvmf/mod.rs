@@ -213,16 +213,22 @@ fn adrfam_name(a: AdrFam) -> &'static str {
 
 fn parse_trid(a: &ListenAddress) -> Result<TransportId, RpcError> {
     let trtype = parse_trtype(&a.trtype)?;
+    let soft_name = a.traddr.starts_with('@') || a.traddr.starts_with('/');
     let adrfam = match a.adrfam.as_deref().map(str::to_ascii_lowercase).as_deref() {
+        None if soft_name => AdrFam::IntraHost,
         None | Some("ipv4") => AdrFam::Ipv4,
         Some("ipv6") => AdrFam::Ipv6,
-        Some(other) => return Err(invalid(format!("adrfam `{other}`: IPv4 or IPv6"))),
+        Some("intra_host") => AdrFam::IntraHost,
+        Some(other) => {
+            return Err(invalid(format!(
+                "adrfam `{other}`: IPv4, IPv6 or INTRA_HOST (the soft provider)"
+            )))
+        }
     };
-    let trsvcid = a
-        .trsvcid
-        .clone()
-        .filter(|s| !s.is_empty())
-        .ok_or_else(|| invalid("listen_address.trsvcid (the port) is required"))?;
+    let trsvcid = a.trsvcid.clone().unwrap_or_default();
+    if trsvcid.is_empty() && adrfam != AdrFam::IntraHost {
+        return Err(invalid("listen_address.trsvcid (the port) is required"));
+    }
     if a.traddr.is_empty() {
         return Err(invalid("listen_address.traddr is empty"));
     }

@@ -13,12 +13,14 @@ use serde_json::Value;
 pub struct ListenAddress {
     /// `RDMA` or `TCP` (any case).
     pub trtype: String,
-    /// `IPv4` (default) or `IPv6`.
+    /// `IPv4`, `IPv6` or `INTRA_HOST` (the soft RDMA provider, whose
+    /// `traddr` is a socket name `@name` or path `/path`; the default for
+    /// such an address, else `IPv4`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adrfam: Option<String>,
     /// Address.
     pub traddr: String,
-    /// Port (service id).
+    /// Port (service id; none for the soft provider).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trsvcid: Option<String>,
 }
