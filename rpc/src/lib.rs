@@ -15,7 +15,8 @@
 //!   module implementing [`Subsystem`] (its methods, its part of the
 //!   configuration, how to undo its calls): [`bdev::BdevSubsystem`] and
 //!   [`nvmf::NvmfSubsystem`] (the NVMe-oF target's subsystems, namespaces,
-//!   hosts, listeners and transports).
+//!   hosts, listeners and transports) and [`iscsi::IscsiSubsystem`]
+//!   (portal groups, initiator groups and target nodes of the iSER target).
 //! - [`RpcServer`] serves a service on a Unix socket from one control
 //!   thread (never a reactor); [`CoreBus`] carries what a method needs
 //!   from the cores as reactor messages and waits for every core's answer.
@@ -51,6 +52,7 @@ pub mod error;
 pub mod framework;
 pub mod framing;
 pub mod fuzz;
+pub mod iscsi;
 pub mod nvmf;
 pub mod protocol;
 pub mod server;

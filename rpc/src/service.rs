@@ -1,6 +1,6 @@
 //! The method registry and dispatcher: one table of methods, filled by the
-//! framework and by one provider module per subsystem (`bdev`, `nvmf`;
-//! `iscsi` plugs in the same way).
+//! framework and by one provider module per subsystem (`bdev`, `nvmf`,
+//! `iscsi`).
 //!
 //! A provider implements [`Subsystem`]: its name and dependencies (what
 //! `framework_get_subsystems` lists, in registration order), its methods,

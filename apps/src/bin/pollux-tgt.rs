@@ -129,7 +129,7 @@ fn real_main(args: &Args) -> Result<(), AppError> {
     if args.check {
         print_plan(&plan, &opts);
         if let Some(j) = &args.json {
-            let n = tgt::rpc::check_json(j)?;
+            let n = tgt::rpc::check_json(j, plan.iscsi.is_some())?;
             println!(
                 "  json config {}: {n} call(s), every method known",
                 j.display()

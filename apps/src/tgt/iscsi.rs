@@ -571,6 +571,20 @@ pub fn build<P: Provider>(
     Ok(IscsiBuilt { target, transport })
 }
 
+/// The iSER transport as the `iscsi_*` methods open portals through it.
+#[derive(Debug)]
+pub struct IserPortals<P: Provider>(pub Arc<IserTransport<P>>);
+
+impl<P: Provider> pollux_rpc::iscsi::PortalListener for IserPortals<P> {
+    fn listen(&self, addr: &str, tag: u16) -> Result<(), String> {
+        self.0.listen(addr, tag).map_err(|e| e.to_string())
+    }
+
+    fn stop_listen(&self, addr: &str) -> Result<(), String> {
+        self.0.stop_listen(addr).map_err(|e| e.to_string())
+    }
+}
+
 /// The per-core iSER poll group, behind a provider-independent face.
 trait IserCtl {
     fn shutdown(&self);

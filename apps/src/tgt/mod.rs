@@ -357,6 +357,11 @@ fn run<P: Provider>(
         &built.registry,
         &built.target,
         Arc::new(TgtGroups),
+        built.iscsi.as_ref().map(|i| {
+            let portals: Arc<dyn pollux_rpc::iscsi::PortalListener> =
+                Arc::new(iscsi::IserPortals(Arc::clone(&i.transport)));
+            (Arc::clone(&i.target), portals)
+        }),
         set,
         out,
     )?;

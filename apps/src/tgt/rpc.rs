@@ -20,9 +20,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use pollux_bdev::BdevRegistry;
+use pollux_iser::target::IscsiTarget;
 use pollux_nvmf::target::{Target, TargetOptions};
 use pollux_reactor::ReactorSet;
 use pollux_rpc::bdev::BdevSubsystem;
+use pollux_rpc::iscsi::{IscsiSubsystem, PortalListener};
 use pollux_rpc::nvmf::{CoreGroups, LocalGroups, NvmfSubsystem};
 use pollux_rpc::{CoreBus, JsonConfig, RpcServer, RpcService, ServerConfig};
 
@@ -38,8 +40,12 @@ pub struct RpcOptions {
     pub json: Option<PathBuf>,
 }
 
+/// The iSCSI target the `iscsi_*` methods manage, and how its portals open.
+pub type IscsiParts = (Arc<IscsiTarget>, Arc<dyn PortalListener>);
+
 /// The method registry of `target`, whose bdevs live in `registry`;
-/// transports made by calls keep their poll groups in `groups`.
+/// transports made by calls keep their poll groups in `groups`; the
+/// `iscsi_*` methods exist when the target serves iSCSI (`iscsi`).
 ///
 /// # Errors
 ///
@@ -48,6 +54,7 @@ pub fn service(
     registry: &Arc<BdevRegistry>,
     target: &Arc<Target>,
     groups: Arc<dyn CoreGroups>,
+    iscsi: Option<IscsiParts>,
     cores: CoreBus,
 ) -> Result<RpcService, AppError> {
     let mut svc = RpcService::new(cores);
@@ -60,16 +67,34 @@ pub fn service(
         groups,
     ))
     .map_err(setup)?;
+    if let Some((t, portals)) = iscsi {
+        svc.register(IscsiSubsystem::new(t, Arc::clone(registry), portals))
+            .map_err(setup)?;
+    }
     Ok(svc)
 }
 
+/// Portals of a registry that only checks method names: never opened.
+struct NoPortals;
+
+impl PortalListener for NoPortals {
+    fn listen(&self, addr: &str, _tag: u16) -> Result<(), String> {
+        Err(format!("{addr}: checking only"))
+    }
+
+    fn stop_listen(&self, addr: &str) -> Result<(), String> {
+        Err(format!("{addr}: checking only"))
+    }
+}
+
 /// Checks a `--json` file without applying it: it parses and every
-/// method exists. Returns its number of calls.
+/// method exists (the `iscsi_*` ones only when `with_iscsi`: the TOML file
+/// has an `[iscsi]` section). Returns its number of calls.
 ///
 /// # Errors
 ///
 /// [`AppError::Config`] naming the file and the unknown methods.
-pub fn check_json(path: &std::path::Path) -> Result<usize, AppError> {
+pub fn check_json(path: &std::path::Path, with_iscsi: bool) -> Result<usize, AppError> {
     let cfg = JsonConfig::load(path).map_err(|e| AppError::Config(e.to_string()))?;
     let target =
         Target::new(TargetOptions::for_tests()).map_err(|e| AppError::Setup(e.to_string()))?;
@@ -77,6 +102,14 @@ pub fn check_json(path: &std::path::Path) -> Result<usize, AppError> {
         &Arc::new(BdevRegistry::new()),
         &target,
         Arc::new(LocalGroups),
+        if with_iscsi {
+            let t = IscsiTarget::new(pollux_iser::target::TargetOptions::default())
+                .map_err(|e| AppError::Setup(e.to_string()))?;
+            let none: Arc<dyn PortalListener> = Arc::new(NoPortals);
+            Some((t, none))
+        } else {
+            None
+        },
         CoreBus::none(),
     )?;
     let unknown = cfg.unknown_methods(&svc);
@@ -103,6 +136,7 @@ pub fn start(
     registry: &Arc<BdevRegistry>,
     target: &Arc<Target>,
     groups: Arc<dyn CoreGroups>,
+    iscsi: Option<IscsiParts>,
     set: &ReactorSet,
     out: &mut dyn Write,
 ) -> Result<(Arc<RpcService>, Option<RpcServer>), AppError> {
@@ -110,6 +144,7 @@ pub fn start(
         registry,
         target,
         groups,
+        iscsi,
         CoreBus::new(set.messenger().clone()),
     )?);
     let Some(opts) = opts else {
