@@ -127,6 +127,7 @@ fn a_target_node_built_by_calls_has_spdks_shapes() {
         json!({"name": "iqn.2016-06.io.spdk:disk1"}),
     );
     assert!(f.target.nodes().is_empty());
+    call(&f, "bdev_malloc_delete", json!({"name": "Malloc0"}));
 }
 
 #[test]
@@ -224,6 +225,8 @@ fn refused_requests_change_nothing() {
             INVALID_PARAMS,
         ),
         ("iscsi_get_target_nodes", json!({"x": 1}), INVALID_PARAMS),
+        // A LUN's bdev is not deleted while its node exists.
+        ("bdev_malloc_delete", json!({"name": "Malloc0"}), -16),
     ] {
         let e = err(&f, method, params.clone());
         assert_eq!(e.code, code, "{method} {params}: {e}");

@@ -33,7 +33,9 @@
 //! ```
 //!
 //! Errors read `line L, column C: iscsi.target[0].luns[1].bdev: ...` like
-//! the rest of the file. A file with an `[iscsi]` section may leave out
+//! the rest of the file. A section with neither portal groups nor targets
+//! (only `[iscsi.options]`) starts an empty iSCSI target that the
+//! `iscsi_*` JSON-RPC methods build up. A file with an `[iscsi]` section may leave out
 //! `[[subsystem]]` and `[[listener]]` (an iSCSI-only target).
 
 use std::cell::RefCell;
@@ -354,8 +356,10 @@ pub fn plan(
         max_io_bytes,
     };
 
-    // Portal groups.
-    if s.portal_group.is_empty() {
+    // Portal groups. Neither groups nor targets: an empty iSCSI target,
+    // built up by `iscsi_*` calls.
+    let empty = s.portal_group.is_empty() && s.target.is_empty();
+    if s.portal_group.is_empty() && !empty {
         return Err(sec_origin.err(
             "no [[iscsi.portal_group]]: no initiator could reach the target (tag = 1, listen = [\"@pollux-iser\"])",
         ));
@@ -396,7 +400,7 @@ pub fn plan(
     }
 
     // Target nodes.
-    if s.target.is_empty() {
+    if s.target.is_empty() && !empty {
         return Err(sec_origin.err(
             "no [[iscsi.target]]: the target would serve nothing (name = \"iqn....\", luns = [{ lun = 0, bdev = \"NAME\" }])",
         ));

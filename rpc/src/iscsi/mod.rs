@@ -13,7 +13,8 @@
 //! the groups its `pg_ig_maps` name (`ANY` among them: any initiator).
 //! Netmasks other than `ANY` are refused with -95 (iSER connections have
 //! no IP address to match here). Every change is all or nothing; a node
-//! with live sessions is not deleted (-16).
+//! with live sessions is not deleted (-16), nor is a bdev one of its LUNs
+//! uses (the provider holds a descriptor on it while the node exists).
 //!
 //! A portal address is `host:port`, or the soft RDMA provider's `@name` /
 //! `/path` with an empty or absent port.
@@ -21,7 +22,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use pollux_bdev::BdevRegistry;
+use pollux_bdev::{BdevDesc, BdevRegistry};
 use pollux_iser::target::{IscsiTarget, PortalGroup, TargetNode};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -162,6 +163,9 @@ struct IscsiState {
     igs: BTreeMap<u16, (Vec<String>, Vec<String>)>,
     /// Node name -> its maps and queue depth as created.
     maps: BTreeMap<String, (Vec<PgIgMap>, u32)>,
+    /// Node name -> a descriptor on each LUN's bdev, so a bdev a LUN uses
+    /// is not deleted (`bdev_*_delete` answers -16) while the node exists.
+    claims: BTreeMap<String, Vec<BdevDesc>>,
 }
 
 /// The `iscsi` subsystem over one iSCSI target.
@@ -258,6 +262,12 @@ impl IscsiSubsystem {
                     })
                     .collect();
                 st.maps.insert(n.name.clone(), (maps, u32::from(depth)));
+                let claims = n
+                    .luns
+                    .iter()
+                    .filter_map(|(_, b)| b.open(true).ok())
+                    .collect();
+                st.claims.insert(n.name.clone(), claims);
             }
         }
         Arc::new(me)
@@ -416,6 +426,7 @@ impl IscsiSubsystem {
             }
         }
         let mut luns = Vec::new();
+        let mut claims = Vec::new();
         for l in &req.luns {
             let id =
                 u16::try_from(l.lun_id).map_err(|_| invalid(format!("lun_id {}", l.lun_id)))?;
@@ -423,6 +434,7 @@ impl IscsiSubsystem {
                 .registry
                 .get(&l.bdev_name)
                 .ok_or_else(|| invalid(format!("no bdev named `{}`", l.bdev_name)))?;
+            claims.push(b.open(true)?);
             luns.push((id, b));
         }
         self.target
@@ -435,9 +447,10 @@ impl IscsiSubsystem {
             })
             .map_err(|e| invalid(e.to_string()))?;
         drop(st);
-        self.lock()
-            .maps
-            .insert(name, (req.pg_ig_maps.clone(), req.queue_depth));
+        let mut st = self.lock();
+        st.maps
+            .insert(name.clone(), (req.pg_ig_maps.clone(), req.queue_depth));
+        st.claims.insert(name, claims);
         Ok(Value::Bool(true))
     }
 
@@ -479,6 +492,7 @@ impl IscsiSubsystem {
             .remove_node(&req.name)
             .map_err(|e| RpcError::errno(Errno::Busy, e.to_string()))?;
         st.maps.remove(&req.name);
+        st.claims.remove(&req.name);
         Ok(Value::Bool(true))
     }
 
