@@ -3,7 +3,8 @@
 //! subsystem, a namespace and a listener by calls, and a host does verified
 //! I/O through them while another subsystem is created, changed and
 //! deleted around it; `save_config` -> restart with `--json` gives the same
-//! `nvmf_get_subsystems` and `bdev_get_bdevs`.
+//! `nvmf_get_subsystems` and `bdev_get_bdevs`; removing a listener
+//! disconnects the queues that came in through it and no others.
 
 #![allow(clippy::unwrap_used)] // test helpers: a failed unwrap is a failed test
 
@@ -18,7 +19,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pollux_nvmf::host::DEFAULT_HOSTNQN;
+use pollux_nvmf::host::tcp::{TcpHost, TcpHostOptions};
+use pollux_nvmf::host::{Controller, CtrlOptions, HostIdentity, DEFAULT_HOSTNQN};
+use pollux_reactor::mem::{DmaBuf, SgList};
 use pollux_rpc::RpcClient;
 use rustix::process::Signal;
 use serde_json::{json, Value};
@@ -232,6 +235,83 @@ fn save_config_then_restart_with_json_gives_the_same_subsystems_and_bdevs() {
     assert_eq!(call(&mut c, "bdev_get_bdevs", json!({})), bdevs);
     // The listener is open again.
     assert!(TcpListener::bind(("127.0.0.1", port)).is_err());
+    drop(c);
+    stop(tgt);
+}
+
+/// A connected I/O queue to `NQN` through 127.0.0.1:`port`.
+fn queue(
+    port: u16,
+    id: u8,
+) -> (
+    Controller<TcpHost>,
+    pollux_nvmf::host::Qpair<pollux_nvmf::host::tcp::TcpQueue>,
+) {
+    let t = TcpHost::new(
+        format!("127.0.0.1:{port}").parse().unwrap(),
+        TcpHostOptions::default(),
+    );
+    let mut hostid = *b"pollux-rpc-lsnr0";
+    hostid[15] = id;
+    let who = HostIdentity {
+        hostnqn: format!("{DEFAULT_HOSTNQN}-{id}"),
+        hostid,
+        subnqn: NQN.into(),
+    };
+    let c = Controller::connect(&t, who, CtrlOptions::default()).unwrap();
+    let qp = c.connect_io(&t, 1, 8, None).unwrap();
+    (c, qp)
+}
+
+/// One 4 KiB read; `Ok` when it completes with success.
+fn read_once(
+    qp: &mut pollux_nvmf::host::Qpair<pollux_nvmf::host::tcp::TcpQueue>,
+) -> Result<(), String> {
+    let b = DmaBuf::alloc(4096).unwrap();
+    qp.read(1, 0, 8, SgList::from_buf(b), 7)
+        .map_err(|e| format!("{e:?}"))?;
+    let deadline = Instant::now() + WAIT;
+    let mut out = None;
+    while out.is_none() {
+        if !qp.is_alive() {
+            return Err("queue closed".into());
+        }
+        assert!(Instant::now() < deadline, "no completion and no close");
+        qp.poll(&mut |c| out = Some(c.result.map(|_| ()).map_err(|e| format!("{e:?}"))));
+    }
+    out.unwrap()
+}
+
+#[test]
+fn removing_a_listener_disconnects_its_queues_and_no_others() {
+    let sock = tmp("rpc-nvmf-d.sock");
+    let tgt = start("rpc-nvmf-d", &["-r", sock.to_str().unwrap()]);
+    let mut c = RpcClient::connect(&sock, WAIT).unwrap();
+    let (p1, p2) = (free_port(), free_port());
+    build_up(&mut c, p1);
+    call(
+        &mut c,
+        "nvmf_subsystem_add_listener",
+        json!({"nqn": NQN, "listen_address": address(p2)}),
+    );
+    let (_ca, mut a) = queue(p1, 1);
+    let (_cb, mut b) = queue(p2, 2);
+    read_once(&mut a).unwrap();
+    read_once(&mut b).unwrap();
+    call(
+        &mut c,
+        "nvmf_subsystem_remove_listener",
+        json!({"nqn": NQN, "listen_address": address(p1)}),
+    );
+    assert!(
+        read_once(&mut a).is_err(),
+        "the queue of the removed listener is closed"
+    );
+    for _ in 0..20 {
+        read_once(&mut b).unwrap();
+    }
+    let subs = call(&mut c, "nvmf_get_subsystems", json!({}));
+    assert_eq!(subs[1]["listen_addresses"][0]["trsvcid"], p2.to_string());
     drop(c);
     stop(tgt);
 }

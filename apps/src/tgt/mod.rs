@@ -220,6 +220,14 @@ impl pollux_rpc::nvmf::CoreGroups for TgtGroups {
     fn connections(&self, _r: &pollux_reactor::Reactor) -> Vec<(&'static str, usize)> {
         GROUPS.with(pollux_rpc::nvmf::group_connections)
     }
+
+    fn disconnect_listener(
+        &self,
+        _r: &pollux_reactor::Reactor,
+        trid: &pollux_nvmf::spec::transport_id::TransportId,
+    ) -> usize {
+        GROUPS.with(|g| pollux_rpc::nvmf::disconnect_from(g, trid))
+    }
 }
 
 /// Runs `f` with this core's poll groups on every reactor; answers in core order.

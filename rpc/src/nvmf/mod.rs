@@ -36,8 +36,10 @@
 //! per-subsystem view on top: `nvmf_subsystem_add_listener` opens the
 //! address on the target when no subsystem had it, records it for the
 //! subsystem, and `nvmf_subsystem_remove_listener` closes it when the last
-//! subsystem lets it go. Queues already connected through a closed
-//! listener stay connected.
+//! subsystem lets it go; then every core disconnects the queues that came
+//! in through it (TCP: the connections whose local address is the
+//! listener's), and no other queue. Queues of a subsystem that lets go of
+//! an address another subsystem still lists stay connected.
 //!
 //! # Differences from SPDK, by design
 //!
@@ -94,6 +96,9 @@ pub trait CoreGroups: Send + Sync + 'static {
     fn release(&self, r: &Reactor, transport: &'static str);
     /// This core's live queues per transport name.
     fn connections(&self, r: &Reactor) -> Vec<(&'static str, usize)>;
+    /// Disconnect this core's queues that came in through the (closed)
+    /// listener `trid`; returns how many.
+    fn disconnect_listener(&self, r: &Reactor, trid: &TransportId) -> usize;
 }
 
 thread_local! {
@@ -118,6 +123,18 @@ pub fn release_groups(list: &RefCell<Vec<Rc<dyn TransportPollGroup>>>, transport
     gone.iter().for_each(|g| g.shutdown());
 }
 
+/// Disconnects a core's queues of the listener `trid` (for
+/// [`CoreGroups::disconnect_listener`] implementations).
+pub fn disconnect_from(
+    list: &RefCell<Vec<Rc<dyn TransportPollGroup>>>,
+    trid: &TransportId,
+) -> usize {
+    list.borrow()
+        .iter()
+        .map(|g| g.disconnect_listener(trid))
+        .sum()
+}
+
 /// A core's live queues per transport name (for
 /// [`CoreGroups::connections`] implementations).
 pub fn group_connections(
@@ -140,6 +157,10 @@ impl CoreGroups for LocalGroups {
 
     fn connections(&self, _r: &Reactor) -> Vec<(&'static str, usize)> {
         LOCAL_GROUPS.with(group_connections)
+    }
+
+    fn disconnect_listener(&self, _r: &Reactor, trid: &TransportId) -> usize {
+        LOCAL_GROUPS.with(|g| disconnect_from(g, trid))
     }
 }
 
@@ -595,19 +616,36 @@ impl NvmfSubsystem {
             .map_err(target_error)?;
         let gone = st.listeners.remove(&req.nqn).unwrap_or_default();
         for trid in gone {
-            self.release_listener(&st, &trid);
+            self.release_listener(svc, &st, &trid);
         }
         drop(st);
         self.settle(svc)?;
         Ok(Value::Bool(true))
     }
 
-    /// Closes `trid` on the target when no subsystem lists it any more.
-    fn release_listener(&self, st: &NvmfState, trid: &TransportId) {
-        if !st.listeners.values().any(|l| l.contains(trid)) {
-            if let Err(e) = self.target.remove_listener(trid) {
-                log::warn!("nvmf: closing listener {trid}: {e}");
+    /// Closes `trid` on the target when no subsystem lists it any more,
+    /// and disconnects the queues that came in through it on every core.
+    fn release_listener(&self, svc: &RpcService, st: &NvmfState, trid: &TransportId) {
+        if st.listeners.values().any(|l| l.contains(trid)) {
+            return;
+        }
+        if let Err(e) = self.target.remove_listener(trid) {
+            log::warn!("nvmf: closing listener {trid}: {e}");
+            return;
+        }
+        let groups = Arc::clone(&self.groups);
+        let t = trid.clone();
+        match svc
+            .cores()
+            .on_each_core(move |r| groups.disconnect_listener(r, &t))
+        {
+            Ok(n) => {
+                let n: usize = n.iter().map(|(_, k)| k).sum();
+                if n > 0 {
+                    log::info!("nvmf: listener {trid} closed: {n} queue(s) disconnected");
+                }
             }
+            Err(e) => log::warn!("nvmf: disconnecting the queues of {trid}: {e}"),
         }
     }
 
@@ -816,7 +854,7 @@ impl NvmfSubsystem {
             )));
         };
         list.remove(i);
-        self.release_listener(&st, &trid);
+        self.release_listener(svc, &st, &trid);
         drop(st);
         self.settle(svc)?;
         Ok(Value::Bool(true))

@@ -159,6 +159,13 @@ pub trait TransportPollGroup {
     /// connection close); the group finishes tearing them down from its
     /// poller.
     fn shutdown(&self);
+
+    /// Disconnect this core's queues that came in through the listener at
+    /// `trid` (it was closed); returns how many. The default: none (a
+    /// transport whose queues do not know their listener).
+    fn disconnect_listener(&self, _trid: &TransportId) -> usize {
+        0
+    }
 }
 
 /// Connection counters every transport keeps.
