@@ -261,7 +261,7 @@ impl IscsiSubsystem {
                         ig_tag: u32::from(ig.unwrap_or(0)),
                     })
                     .collect();
-                st.maps.insert(n.name.clone(), (maps, u32::from(depth)));
+                st.maps.insert(n.name.clone(), (maps, depth));
                 let claims = n
                     .luns
                     .iter()
