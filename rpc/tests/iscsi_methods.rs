@@ -4,6 +4,8 @@
 
 #![allow(clippy::unwrap_used)] // test helpers: a failed unwrap is a failed test
 
+mod common;
+
 use std::sync::{Arc, Mutex};
 
 use pollux_bdev::BdevRegistry;
@@ -56,15 +58,11 @@ fn fixture() -> Fixture {
 }
 
 fn call(f: &Fixture, method: &str, params: Value) -> Value {
-    f.svc
-        .call(method, Some(params))
-        .unwrap_or_else(|e| panic!("{method}: {e}"))
+    common::ok(&f.svc, method, params)
 }
 
 fn err(f: &Fixture, method: &str, params: Value) -> RpcError {
-    f.svc
-        .call(method, Some(params))
-        .expect_err(&format!("{method} should fail"))
+    common::refused(&f.svc, method, params)
 }
 
 fn populated(f: &Fixture) {
