@@ -8,7 +8,9 @@ use std::process::{Command, Output};
 use std::sync::Arc;
 
 use pollux_bdev::BdevRegistry;
+use pollux_nvmf::target::{Target, TargetOptions};
 use pollux_rpc::bdev::BdevSubsystem;
+use pollux_rpc::nvmf::{LocalGroups, NvmfSubsystem};
 use pollux_rpc::{CoreBus, RpcServer, RpcService, ServerConfig};
 use serde_json::Value;
 
@@ -16,6 +18,13 @@ fn server(name: &str) -> (RpcServer, Arc<BdevRegistry>) {
     let reg = Arc::new(BdevRegistry::new());
     let mut svc = RpcService::new(CoreBus::none());
     svc.register(BdevSubsystem::new(Arc::clone(&reg))).unwrap();
+    let target = Target::new(TargetOptions::for_tests()).unwrap();
+    svc.register(NvmfSubsystem::new(
+        target,
+        Arc::clone(&reg),
+        Arc::new(LocalGroups),
+    ))
+    .unwrap();
     let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
         .join(format!("cli-{name}-{}.sock", std::process::id()));
     (
@@ -142,4 +151,110 @@ fn errors_print_the_request_and_exit_1() {
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot connect"));
+}
+
+#[test]
+fn nvmf_verbs_as_spdk_rpc() {
+    let (s, _reg) = server("nvmf");
+    const NQN: &str = "nqn.2016-06.io.spdk:cli1";
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+        .to_string();
+    ok(&s, &["bdev_malloc_create", "-b", "Malloc0", "1", "512"]);
+    ok(&s, &["nvmf_create_transport", "-t", "TCP"]);
+    ok(&s, &["nvmf_create_subsystem", NQN, "-a", "-s", "SN1"]);
+    assert_eq!(
+        ok(&s, &["nvmf_subsystem_add_ns", NQN, "Malloc0"]).trim(),
+        "1"
+    );
+    ok(
+        &s,
+        &[
+            "nvmf_subsystem_add_listener",
+            NQN,
+            "-t",
+            "tcp",
+            "-a",
+            "127.0.0.1",
+            "-s",
+            &port,
+        ],
+    );
+    ok(
+        &s,
+        &[
+            "nvmf_subsystem_add_host",
+            NQN,
+            "nqn.2014-08.org.nvmexpress:uuid:cli",
+        ],
+    );
+    ok(&s, &["nvmf_subsystem_allow_any_host", NQN, "-d"]);
+    let sub = &json(&s, &["nvmf_get_subsystems", NQN])[0];
+    assert_eq!(sub["serial_number"], "SN1");
+    assert_eq!(sub["allow_any_host"], false);
+    assert_eq!(
+        sub["hosts"][0]["nqn"],
+        "nqn.2014-08.org.nvmexpress:uuid:cli"
+    );
+    assert_eq!(sub["listen_addresses"][0]["trsvcid"], port.as_str());
+    assert_eq!(json(&s, &["nvmf_get_transports"])[0]["trtype"], "TCP");
+    assert_eq!(
+        json(&s, &["nvmf_subsystem_get_listeners", NQN])
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    assert_eq!(
+        json(&s, &["nvmf_subsystem_get_controllers", NQN]),
+        serde_json::json!([])
+    );
+    assert_eq!(
+        json(&s, &["nvmf_subsystem_get_qpairs", NQN]),
+        serde_json::json!([])
+    );
+    assert!(json(&s, &["nvmf_get_stats"])["poll_groups"].is_array());
+    // A refused call exits 1, a bad command line 2.
+    assert_eq!(
+        rpc(&s, &["nvmf_create_transport", "-t", "TCP"])
+            .status
+            .code(),
+        Some(1)
+    );
+    assert_eq!(
+        rpc(&s, &["nvmf_subsystem_allow_any_host", NQN])
+            .status
+            .code(),
+        Some(2)
+    );
+    ok(
+        &s,
+        &[
+            "nvmf_subsystem_remove_host",
+            NQN,
+            "nqn.2014-08.org.nvmexpress:uuid:cli",
+        ],
+    );
+    ok(
+        &s,
+        &[
+            "nvmf_subsystem_remove_listener",
+            NQN,
+            "-t",
+            "tcp",
+            "-a",
+            "127.0.0.1",
+            "-s",
+            &port,
+        ],
+    );
+    ok(&s, &["nvmf_subsystem_remove_ns", NQN, "1"]);
+    ok(&s, &["nvmf_delete_subsystem", NQN]);
+    assert_eq!(
+        json(&s, &["nvmf_get_subsystems"]).as_array().unwrap().len(),
+        1
+    );
 }

@@ -6,6 +6,10 @@
 //! pollux-rpc [-s SOCK] [-t SECONDS] VERB [ARGS]
 //! pollux-rpc bdev_malloc_create -b Malloc0 64 512
 //! pollux-rpc bdev_get_bdevs -b Malloc0
+//! pollux-rpc nvmf_create_transport -t TCP
+//! pollux-rpc nvmf_create_subsystem nqn.2016-06.io.spdk:cnode1 -a -s SN1
+//! pollux-rpc nvmf_subsystem_add_ns nqn.2016-06.io.spdk:cnode1 Malloc0
+//! pollux-rpc nvmf_subsystem_add_listener nqn.2016-06.io.spdk:cnode1 -t tcp -a 127.0.0.1 -s 4420
 //! pollux-rpc save_config > tgt.json
 //! pollux-rpc call METHOD '{"json": "params"}'
 //! ```
@@ -23,6 +27,10 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use pollux_rpc::bdev::params::{AioCreate, Delete, GetBdevs, GetIostat, MallocCreate, NullCreate};
+use pollux_rpc::nvmf::params::{
+    AddNs, AllowAnyHost, CreateSubsystem, CreateTransport, GetFilter, HostParams, ListenAddress,
+    ListenerParams, NamespaceParams, RemoveNs, SubsystemRef,
+};
 use pollux_rpc::{ClientError, RpcClient, DEFAULT_SOCKET};
 use serde_json::{json, Value};
 
@@ -180,6 +188,163 @@ enum Verb {
         #[arg(short = 'c', long)]
         per_channel: bool,
     },
+    /// Create an NVMe-oF transport.
+    #[command(name = "nvmf_create_transport")]
+    NvmfCreateTransport {
+        /// RDMA or TCP.
+        #[arg(short = 't', long)]
+        trtype: String,
+        /// Queue depth.
+        #[arg(short = 'q', long)]
+        max_queue_depth: Option<u16>,
+        /// I/O queues per controller.
+        #[arg(short = 'm', long)]
+        max_io_qpairs_per_ctrlr: Option<u16>,
+        /// In-capsule data bytes.
+        #[arg(short = 'c', long)]
+        in_capsule_data_size: Option<u32>,
+    },
+    /// Show the NVMe-oF transports.
+    #[command(name = "nvmf_get_transports")]
+    NvmfGetTransports {
+        /// Only this type.
+        #[arg(short = 't', long)]
+        trtype: Option<String>,
+    },
+    /// Create an NVMe-oF subsystem.
+    #[command(name = "nvmf_create_subsystem")]
+    NvmfCreateSubsystem {
+        /// NQN.
+        nqn: String,
+        /// Serial number.
+        #[arg(short = 's', long)]
+        serial_number: Option<String>,
+        /// Model number.
+        #[arg(short = 'd', long)]
+        model_number: Option<String>,
+        /// Allow any host.
+        #[arg(short = 'a', long)]
+        allow_any_host: bool,
+        /// Largest NSID.
+        #[arg(short = 'm', long)]
+        max_namespaces: Option<u32>,
+    },
+    /// Delete an NVMe-oF subsystem.
+    #[command(name = "nvmf_delete_subsystem")]
+    NvmfDeleteSubsystem {
+        /// NQN.
+        nqn: String,
+    },
+    /// Show the NVMe-oF subsystems (or one).
+    #[command(name = "nvmf_get_subsystems")]
+    NvmfGetSubsystems {
+        /// Only this one.
+        nqn: Option<String>,
+    },
+    /// Add a namespace.
+    #[command(name = "nvmf_subsystem_add_ns")]
+    NvmfSubsystemAddNs {
+        /// Subsystem NQN.
+        nqn: String,
+        /// Bdev.
+        bdev_name: String,
+        /// NSID.
+        #[arg(short = 'n', long)]
+        nsid: Option<u32>,
+    },
+    /// Remove a namespace.
+    #[command(name = "nvmf_subsystem_remove_ns")]
+    NvmfSubsystemRemoveNs {
+        /// Subsystem NQN.
+        nqn: String,
+        /// NSID.
+        nsid: u32,
+    },
+    /// Add a listener.
+    #[command(name = "nvmf_subsystem_add_listener")]
+    NvmfSubsystemAddListener {
+        /// Subsystem NQN.
+        nqn: String,
+        /// rdma or tcp.
+        #[arg(short = 't', long)]
+        trtype: String,
+        /// Address.
+        #[arg(short = 'a', long)]
+        traddr: String,
+        /// ipv4, ipv6 or intra_host.
+        #[arg(short = 'f', long)]
+        adrfam: Option<String>,
+        /// Port.
+        #[arg(short = 's', long)]
+        trsvcid: Option<String>,
+    },
+    /// Remove a listener.
+    #[command(name = "nvmf_subsystem_remove_listener")]
+    NvmfSubsystemRemoveListener {
+        /// Subsystem NQN.
+        nqn: String,
+        /// rdma or tcp.
+        #[arg(short = 't', long)]
+        trtype: String,
+        /// Address.
+        #[arg(short = 'a', long)]
+        traddr: String,
+        /// ipv4, ipv6 or intra_host.
+        #[arg(short = 'f', long)]
+        adrfam: Option<String>,
+        /// Port.
+        #[arg(short = 's', long)]
+        trsvcid: Option<String>,
+    },
+    /// Allow a host.
+    #[command(name = "nvmf_subsystem_add_host")]
+    NvmfSubsystemAddHost {
+        /// Subsystem NQN.
+        nqn: String,
+        /// Host NQN.
+        host: String,
+    },
+    /// Stop allowing a host.
+    #[command(name = "nvmf_subsystem_remove_host")]
+    NvmfSubsystemRemoveHost {
+        /// Subsystem NQN.
+        nqn: String,
+        /// Host NQN.
+        host: String,
+    },
+    /// Allow any host (-e) or only the listed ones (-d).
+    #[command(name = "nvmf_subsystem_allow_any_host")]
+    NvmfSubsystemAllowAnyHost {
+        /// Subsystem NQN.
+        nqn: String,
+        /// Allow any host.
+        #[arg(short = 'e', long, conflicts_with = "disable")]
+        enable: bool,
+        /// Only the listed hosts.
+        #[arg(short = 'd', long)]
+        disable: bool,
+    },
+    /// Show a subsystem's controllers.
+    #[command(name = "nvmf_subsystem_get_controllers")]
+    NvmfSubsystemGetControllers {
+        /// Subsystem NQN.
+        nqn: String,
+    },
+    /// Show a subsystem's queue pairs.
+    #[command(name = "nvmf_subsystem_get_qpairs")]
+    NvmfSubsystemGetQpairs {
+        /// Subsystem NQN.
+        nqn: String,
+    },
+    /// Show a subsystem's listeners.
+    #[command(name = "nvmf_subsystem_get_listeners")]
+    NvmfSubsystemGetListeners {
+        /// Subsystem NQN.
+        nqn: String,
+    },
+    /// Show the NVMe-oF statistics.
+    #[command(name = "nvmf_get_stats")]
+    NvmfGetStats,
     /// Call any method with JSON parameters.
     Call {
         /// The method.
@@ -348,7 +513,176 @@ fn request(verb: Verb) -> Result<(String, Option<Value>, Print), String> {
                 .map_err(|e| format!("params: {e}"))?;
             Ok((method, p, Print::Json))
         }
+        other => nvmf_request(other),
     }
+}
+
+/// The request of an `nvmf_*` verb (see [`request`]).
+fn nvmf_request(verb: Verb) -> Result<(String, Option<Value>, Print), String> {
+    let sub = |nqn: String| {
+        to_params(&SubsystemRef {
+            nqn,
+            tgt_name: None,
+        })
+    };
+    let listener = |nqn, trtype, traddr, adrfam, trsvcid| {
+        to_params(&ListenerParams {
+            nqn,
+            listen_address: ListenAddress {
+                trtype,
+                adrfam,
+                traddr,
+                trsvcid,
+            },
+            tgt_name: None,
+            secure_channel: None,
+            ana_state: None,
+        })
+    };
+    let host = |nqn, host| {
+        to_params(&HostParams {
+            nqn,
+            host,
+            ..HostParams::default()
+        })
+    };
+    let (m, p, print) = match verb {
+        Verb::NvmfCreateTransport {
+            trtype,
+            max_queue_depth,
+            max_io_qpairs_per_ctrlr,
+            in_capsule_data_size,
+        } => (
+            "nvmf_create_transport",
+            to_params(&CreateTransport {
+                trtype,
+                max_queue_depth,
+                max_io_qpairs_per_ctrlr,
+                in_capsule_data_size,
+                ..CreateTransport::default()
+            })?,
+            Print::Nothing,
+        ),
+        Verb::NvmfGetTransports { trtype } => (
+            "nvmf_get_transports",
+            to_params(&GetFilter {
+                trtype,
+                ..GetFilter::default()
+            })?,
+            Print::Json,
+        ),
+        Verb::NvmfCreateSubsystem {
+            nqn,
+            serial_number,
+            model_number,
+            allow_any_host,
+            max_namespaces,
+        } => (
+            "nvmf_create_subsystem",
+            to_params(&CreateSubsystem {
+                nqn,
+                serial_number,
+                model_number,
+                allow_any_host: allow_any_host.then_some(true),
+                max_namespaces,
+                ..CreateSubsystem::default()
+            })?,
+            Print::Nothing,
+        ),
+        Verb::NvmfDeleteSubsystem { nqn } => ("nvmf_delete_subsystem", sub(nqn)?, Print::Nothing),
+        Verb::NvmfGetSubsystems { nqn } => (
+            "nvmf_get_subsystems",
+            to_params(&GetFilter {
+                nqn,
+                ..GetFilter::default()
+            })?,
+            Print::Json,
+        ),
+        Verb::NvmfSubsystemAddNs {
+            nqn,
+            bdev_name,
+            nsid,
+        } => (
+            "nvmf_subsystem_add_ns",
+            to_params(&AddNs {
+                nqn,
+                namespace: NamespaceParams {
+                    bdev_name,
+                    nsid,
+                    ..NamespaceParams::default()
+                },
+                tgt_name: None,
+            })?,
+            Print::Json,
+        ),
+        Verb::NvmfSubsystemRemoveNs { nqn, nsid } => (
+            "nvmf_subsystem_remove_ns",
+            to_params(&RemoveNs {
+                nqn,
+                nsid,
+                tgt_name: None,
+            })?,
+            Print::Nothing,
+        ),
+        Verb::NvmfSubsystemAddListener {
+            nqn,
+            trtype,
+            traddr,
+            adrfam,
+            trsvcid,
+        } => (
+            "nvmf_subsystem_add_listener",
+            listener(nqn, trtype, traddr, adrfam, trsvcid)?,
+            Print::Nothing,
+        ),
+        Verb::NvmfSubsystemRemoveListener {
+            nqn,
+            trtype,
+            traddr,
+            adrfam,
+            trsvcid,
+        } => (
+            "nvmf_subsystem_remove_listener",
+            listener(nqn, trtype, traddr, adrfam, trsvcid)?,
+            Print::Nothing,
+        ),
+        Verb::NvmfSubsystemAddHost { nqn, host: h } => {
+            ("nvmf_subsystem_add_host", host(nqn, h)?, Print::Nothing)
+        }
+        Verb::NvmfSubsystemRemoveHost { nqn, host: h } => {
+            ("nvmf_subsystem_remove_host", host(nqn, h)?, Print::Nothing)
+        }
+        Verb::NvmfSubsystemAllowAnyHost {
+            nqn,
+            enable,
+            disable,
+        } => {
+            if enable == disable {
+                return Err("give -e (allow any host) or -d (only the listed ones)".into());
+            }
+            (
+                "nvmf_subsystem_allow_any_host",
+                to_params(&AllowAnyHost {
+                    nqn,
+                    allow_any_host: enable,
+                    tgt_name: None,
+                })?,
+                Print::Nothing,
+            )
+        }
+        Verb::NvmfSubsystemGetControllers { nqn } => {
+            ("nvmf_subsystem_get_controllers", sub(nqn)?, Print::Json)
+        }
+        Verb::NvmfSubsystemGetQpairs { nqn } => {
+            ("nvmf_subsystem_get_qpairs", sub(nqn)?, Print::Json)
+        }
+        Verb::NvmfSubsystemGetListeners { nqn } => {
+            ("nvmf_subsystem_get_listeners", sub(nqn)?, Print::Json)
+        }
+        Verb::NvmfGetStats => ("nvmf_get_stats", None, Print::Json),
+        _ => return Err("not an nvmf verb".into()),
+    };
+    Ok((m.to_owned(), p, print))
 }
 
 fn pretty(v: &Value, indent: i32) -> String {
