@@ -48,6 +48,25 @@ struct Args {
     verb: Verb,
 }
 
+/// The arguments of the listener verbs.
+#[derive(clap::Args, Debug)]
+struct ListenerArgs {
+    /// Subsystem NQN.
+    nqn: String,
+    /// rdma or tcp.
+    #[arg(short = 't', long)]
+    trtype: String,
+    /// Address.
+    #[arg(short = 'a', long)]
+    traddr: String,
+    /// ipv4, ipv6 or intra_host.
+    #[arg(short = 'f', long)]
+    adrfam: Option<String>,
+    /// Port.
+    #[arg(short = 's', long)]
+    trsvcid: Option<String>,
+}
+
 #[derive(Subcommand, Debug)]
 enum Verb {
     /// Get the target's version.
@@ -262,40 +281,10 @@ enum Verb {
     },
     /// Add a listener.
     #[command(name = "nvmf_subsystem_add_listener")]
-    NvmfSubsystemAddListener {
-        /// Subsystem NQN.
-        nqn: String,
-        /// rdma or tcp.
-        #[arg(short = 't', long)]
-        trtype: String,
-        /// Address.
-        #[arg(short = 'a', long)]
-        traddr: String,
-        /// ipv4, ipv6 or intra_host.
-        #[arg(short = 'f', long)]
-        adrfam: Option<String>,
-        /// Port.
-        #[arg(short = 's', long)]
-        trsvcid: Option<String>,
-    },
+    NvmfSubsystemAddListener(ListenerArgs),
     /// Remove a listener.
     #[command(name = "nvmf_subsystem_remove_listener")]
-    NvmfSubsystemRemoveListener {
-        /// Subsystem NQN.
-        nqn: String,
-        /// rdma or tcp.
-        #[arg(short = 't', long)]
-        trtype: String,
-        /// Address.
-        #[arg(short = 'a', long)]
-        traddr: String,
-        /// ipv4, ipv6 or intra_host.
-        #[arg(short = 'f', long)]
-        adrfam: Option<String>,
-        /// Port.
-        #[arg(short = 's', long)]
-        trsvcid: Option<String>,
-    },
+    NvmfSubsystemRemoveListener(ListenerArgs),
     /// Allow a host.
     #[command(name = "nvmf_subsystem_add_host")]
     NvmfSubsystemAddHost {
@@ -525,14 +514,14 @@ fn nvmf_request(verb: Verb) -> Result<(String, Option<Value>, Print), String> {
             tgt_name: None,
         })
     };
-    let listener = |nqn, trtype, traddr, adrfam, trsvcid| {
+    let listener = |a: ListenerArgs| {
         to_params(&ListenerParams {
-            nqn,
+            nqn: a.nqn,
             listen_address: ListenAddress {
-                trtype,
-                adrfam,
-                traddr,
-                trsvcid,
+                trtype: a.trtype,
+                adrfam: a.adrfam,
+                traddr: a.traddr,
+                trsvcid: a.trsvcid,
             },
             tgt_name: None,
             secure_channel: None,
@@ -624,26 +613,12 @@ fn nvmf_request(verb: Verb) -> Result<(String, Option<Value>, Print), String> {
             })?,
             Print::Nothing,
         ),
-        Verb::NvmfSubsystemAddListener {
-            nqn,
-            trtype,
-            traddr,
-            adrfam,
-            trsvcid,
-        } => (
-            "nvmf_subsystem_add_listener",
-            listener(nqn, trtype, traddr, adrfam, trsvcid)?,
-            Print::Nothing,
-        ),
-        Verb::NvmfSubsystemRemoveListener {
-            nqn,
-            trtype,
-            traddr,
-            adrfam,
-            trsvcid,
-        } => (
+        Verb::NvmfSubsystemAddListener(a) => {
+            ("nvmf_subsystem_add_listener", listener(a)?, Print::Nothing)
+        }
+        Verb::NvmfSubsystemRemoveListener(a) => (
             "nvmf_subsystem_remove_listener",
-            listener(nqn, trtype, traddr, adrfam, trsvcid)?,
+            listener(a)?,
             Print::Nothing,
         ),
         Verb::NvmfSubsystemAddHost { nqn, host: h } => {
