@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The main job: our NVMe-oF target on a null bdev over the software RDMA
-# provider (core 0), pollux-perf against it from core 1, and a table of
-# IOPS/host-CPU% per block size (512 B … 64 KiB) and host memory mode.
+# provider and NVMe/TCP on 127.0.0.1 (core 0), pollux-perf against it from
+# core 1, and a table of IOPS/host-CPU% per block size (512 B … 64 KiB):
+# one column per RDMA host memory mode, then a `tcp` column (in-capsule
+# writes on, no digests; TCP=0 leaves it out).
 #
 #   bash scripts/main-job.sh            # sweep, SECS=1 per cell
 #   SECS=3 MODES=pool,register-always+inline bash scripts/main-job.sh
@@ -10,6 +12,8 @@
 #   WORKLOAD=randread bash scripts/main-job.sh          # read-only sweep
 #   CALLGRIND=tgt  BS=512 MEM=pool bash scripts/main-job.sh --single
 #   CALLGRIND=perf BS=512 MEM=pool bash scripts/main-job.sh --single
+#   TRANSPORT=tcp BS=512 bash scripts/main-job.sh --single   # over NVMe/TCP
+#   TRANSPORT=tcp CALLGRIND=tgt BS=512 bash scripts/main-job.sh --single
 #
 # CALLGRIND=tgt|perf runs that side under `valgrind --tool=callgrind` (the
 # other side native), zeroes the counters once the run is warm
@@ -34,6 +38,11 @@ QD=${QD:-128}
 MODES=${MODES:-pool,register-always+inline,register-always+inline+local-inv}
 BDEV=${BDEV:-null:size=1G,block=512}
 WORKLOAD=${WORKLOAD:-randrw}
+TCP=${TCP:-1}
+TCP_PORT=${TCP_PORT:-4420}
+TRANSPORT=${TRANSPORT:-soft}
+TCP_TRID="trtype:tcp adrfam:ipv4 traddr:127.0.0.1 trsvcid:$TCP_PORT subnqn:nqn.2016-06.io.pollux:null0"
+case "$TRANSPORT" in soft | tcp) ;; *) echo "main-job: TRANSPORT=soft or tcp" >&2; exit 2 ;; esac
 TGT_CORE=0
 HOST_CORE=1
 if [ "$(nproc)" -lt 2 ]; then
@@ -48,7 +57,7 @@ if [ "${1:-}" = "--single" ]; then
     # BS, MEM (pool | register-always) and SECS_SINGLE pick the run.
     RUN=(-q "$QD" -o "${BS:-4096}" -w "${SINGLE_WORKLOAD:-randread}" -t "${SECS_SINGLE:-5}"
         --cores "$HOST_CORE" --json)
-    if [ -n "${MEM:-}" ]; then
+    if [ -n "${MEM:-}" ] && [ "$TRANSPORT" = soft ]; then
         RUN+=(--mem "$MEM")
     fi
 else
@@ -77,7 +86,7 @@ if [ -n "$CG" ]; then
     # host under valgrind also connects slowly).
     RUN=(-q "$QD" -o "${BS:-4096}" -w "${SINGLE_WORKLOAD:-randread}"
         -t "$((CG_WARM + CG_SECS + 4))" --cores "$HOST_CORE" --json)
-    if [ -n "${MEM:-}" ]; then
+    if [ -n "${MEM:-}" ] && [ "$TRANSPORT" = soft ]; then
         RUN+=(--mem "$MEM")
     fi
 fi
@@ -135,6 +144,28 @@ cg_window() {
 CG_TGT_FN='IoInbox as pollux_bdev::.*IoCompletion>::complete'
 CG_PERF_FN='pollux_apps::perf::job::Job<.*>::poll::\{\{closure\}\}'
 
+# The sweep tables of the RDMA run and the TCP run (pollux-perf --json),
+# side by side: the RDMA modes, then a `tcp` column.
+merge_sweeps() {
+    python3 - "$@" <<'PY'
+import json, sys
+rdma = json.load(open(sys.argv[1]))
+tcp = json.load(open(sys.argv[2]))
+cols = [k for k in rdma[0] if k != "bs"]
+def label(bs):
+    return f"{bs // 1024}K" if bs >= 1024 and bs % 1024 == 0 else str(bs)
+def cell(c):
+    return "failed" if c is None else f"{c['iops']:.0f}/{c['cpu_pct']:.0f}%"
+names = cols + ["tcp"]
+w = max(16, max(len(n) for n in names))
+print(f"{'bs':>8}" + "".join(f"  {n:>{w}}" for n in names))
+for r, t in zip(rdma, tcp):
+    tc = [v for k, v in t.items() if k != "bs"]
+    cells = [cell(r[c]) for c in cols] + [cell(tc[0] if tc else None)]
+    print(f"{label(r['bs']):>8}" + "".join(f"  {c:>{w}}" for c in cells))
+PY
+}
+
 TGT_PID=
 cleanup() {
     if [ -n "$TGT_PID" ] && kill -0 "$TGT_PID" 2>/dev/null; then
@@ -153,6 +184,10 @@ if [ -f apps/src/bin/pollux-tgt.rs ] && [ -f apps/config/tgt-null.toml ] && [ -z
     # The example config, with 512-byte blocks so the sweep can start at 512 B.
     sed -e 's/block=4096/block=512/' -e "s/^cores = .*/cores = \"$TGT_CORE\"/" \
         apps/config/tgt-null.toml >"$WORK/tgt.toml"
+    if [ "$TCP" = 1 ] || [ "$TRANSPORT" = tcp ]; then
+        printf '\n[[listener]]\ntrtype = "tcp"\ntraddr = "127.0.0.1"\ntrsvcid = "%s"\n' \
+            "$TCP_PORT" >>"$WORK/tgt.toml"
+    fi
     "${TGT_CMD[@]}" -c "$WORK/tgt.toml" --stats-file "$WORK/stats.json" >"$WORK/tgt.log" 2>&1 &
     TGT_PID=$!
     for _ in $(seq 1200); do
@@ -162,6 +197,9 @@ if [ -f apps/src/bin/pollux-tgt.rs ] && [ -f apps/config/tgt-null.toml ] && [ -z
     done
     grep -q 'pollux-tgt: ready' "$WORK/tgt.log" || { echo "main-job: pollux-tgt did not start" >&2; cat "$WORK/tgt.log" >&2; exit 1; }
     TRID=${POLLUX_TGT_TRID:-"trtype:soft traddr:@pollux-tgt subnqn:nqn.2016-06.io.pollux:null0"}
+    if [ "$TRANSPORT" = tcp ]; then
+        TRID=$TCP_TRID
+    fi
     if [ -n "$CG" ]; then
         "${PERF_CMD[@]}" -r "$TRID" --target-stats "$WORK/stats.json" "${RUN[@]}" &
         PERF_PID=$!
@@ -171,6 +209,18 @@ if [ -f apps/src/bin/pollux-tgt.rs ] && [ -f apps/config/tgt-null.toml ] && [ -z
             cg_window "$PERF_PID" "$CG_PERF_FN"
         fi
         wait "$PERF_PID"
+    elif [ "${1:-}" != "--single" ] && [ "$TCP" = 1 ]; then
+        # The RDMA sweep and the same sweep over TCP, one table.
+        st=0
+        "$PERF" -r "$TRID" --target-stats "$WORK/stats.json" "${RUN[@]}" --json \
+            >"$WORK/rdma.json" || st=$?
+        "$PERF" -r "$TCP_TRID" --target-stats "$WORK/stats.json" --sweep \
+            --sweep-modes pool+inline -q "$QD" -w "$WORKLOAD" -t "$SECS" --cores "$HOST_CORE" \
+            --json >"$WORK/tcp.json" || st=$?
+        echo "IOPS/host CPU% per block size: soft RDMA per host memory mode, and NVMe/TCP" \
+            "(-q $QD -w $WORKLOAD, $SECS s each)"
+        merge_sweeps "$WORK/rdma.json" "$WORK/tcp.json"
+        [ "$st" = 0 ] || exit "$st"
     else
         "$PERF" -r "$TRID" --target-stats "$WORK/stats.json" "${RUN[@]}"
     fi
@@ -178,5 +228,6 @@ if [ -f apps/src/bin/pollux-tgt.rs ] && [ -f apps/config/tgt-null.toml ] && [ -z
     TGT_PID=
     echo "main-job: pollux-tgt stopped" >&2
 else
+    [ "$TRANSPORT" = soft ] || { echo "main-job: SPAWN serves soft RDMA only" >&2; exit 2; }
     "$PERF" --spawn-target "$BDEV" --target-cores "$TGT_CORE" "${RUN[@]}"
 fi

@@ -132,11 +132,36 @@ fn sweep_prints_a_row_per_block_size() {
 #[test]
 fn bad_and_unreachable_targets_are_clear_errors() {
     let out = perf()
-        .args(["-r", "trtype:tcp traddr:1.2.3.4", "-t", "1"])
+        .args(["-r", "trtype:fc traddr:1.2.3.4", "-t", "1"])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown trtype"));
+    // Digests are a TCP option.
+    let out = perf()
+        .args(["-r", "trtype:soft traddr:@x", "--hdr-digest", "-t", "1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("trtype:tcp only"));
+    // Nobody listens on that TCP port.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let out = perf()
+        .args([
+            "-r",
+            &format!("trtype:tcp traddr:127.0.0.1 trsvcid:{port} subnqn:nqn.2024-01.io.pollux:x"),
+            "-t",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("127.0.0.1:{port}")), "{err}");
     let out = perf()
         .args([
             "-r",

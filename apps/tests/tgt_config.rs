@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used)] // test helpers: a failed unwrap is a failed test
 
 use pollux_apps::tgt::{self, ProviderKind, TgtPlan};
+use pollux_nvmf::spec::transport_id::TrType;
 use pollux_verbs::soft::Soft;
 
 const GOOD: &str = r#"cores = "0"
@@ -103,6 +104,16 @@ fn the_shipped_examples_parse() {
     assert_eq!(p.cores.as_ref().unwrap().as_slice(), &[0]);
     // Builds too (the null bdev allocates nothing; the data pool is small).
     tgt::build::<Soft>(&p).unwrap();
+    // NVMe/TCP beside soft RDMA (parsed only: building binds port 4420).
+    let tcp = std::fs::read_to_string(format!("{dir}/tgt-tcp.toml")).unwrap();
+    let p = TgtPlan::parse(&tcp).unwrap();
+    let t = &p.listeners[1].trid;
+    assert_eq!(
+        (t.trtype, t.traddr.as_str(), t.trsvcid.as_str()),
+        (TrType::Tcp, "127.0.0.1", "4420")
+    );
+    let o = p.tcp.as_ref().unwrap();
+    assert!(o.c2h_success && o.max_io_qpairs_per_ctrlr == 127);
     let ib = std::fs::read_to_string(format!("{dir}/tgt-ibverbs.toml")).unwrap();
     if cfg!(feature = "ibverbs") {
         let p = TgtPlan::parse(&ib).unwrap();

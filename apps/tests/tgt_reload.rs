@@ -3,14 +3,19 @@
 //! outstanding AER completes with a Namespace Attribute Changed notice,
 //! the changed-namespace log and the active namespace list show it), a
 //! namespace removed from the file goes away the same way, a broken file
-//! changes nothing, and the stats file counts the Keep Alives and events.
+//! changes nothing, and the stats file counts the Keep Alives and events;
+//! subsystems, hosts and listeners follow the file too (through the
+//! JSON-RPC methods), and a reload whose listener cannot open leaves
+//! nothing of its additions.
 
 #![allow(clippy::unwrap_used)] // test helpers: a failed unwrap is a failed test
 
 mod common;
 
+use common::tcp_host::free_port;
 use common::{tmp, Tgt, WAIT};
 
+use std::net::TcpListener;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -20,9 +25,11 @@ use pollux_nvmf::spec::features::{fid, AsyncEvent, FeatureCmd, AEN_NS_ATTR};
 use pollux_nvmf::spec::identify::{cns, parse_ns_list, IdentifyCmd, IDENTIFY_DATA_SIZE};
 use pollux_nvmf::spec::{AdminOpcode, NvmeCmd};
 use pollux_reactor::mem::{DmaBuf, SgList};
+use pollux_rpc::RpcClient;
 use pollux_verbs::soft::Soft;
 use pollux_verbs::CmAddr;
 use rustix::process::Signal;
+use serde_json::{json, Value};
 
 const NQN: &str = "nqn.2016-06.io.pollux:tgt-reload-test";
 const AER_CTX: u64 = 4242;
@@ -196,6 +203,117 @@ fn sighup_adds_and_removes_namespaces_under_a_connected_host() {
         assert!(Instant::now() < deadline, "stats: {s}");
         std::thread::sleep(Duration::from_millis(50));
     }
+    drop(c);
+    tgt.signal(Signal::TERM);
+    assert!(tgt.wait_exit().success());
+}
+
+const SECOND: &str = "nqn.2016-06.io.pollux:tgt-reload-second";
+const HOST_A: &str = "nqn.2014-08.org.nvmexpress:uuid:reload-a";
+const HOST_B: &str = "nqn.2014-08.org.nvmexpress:uuid:reload-b";
+
+/// `config` plus a second subsystem with `hosts` and a TCP listener on
+/// `port` (when given).
+fn config_plus(addr: &str, hosts: &str, port: Option<u16>) -> String {
+    let mut c = config(addr, r#"{ bdev = "Malloc0", nsid = 1 }"#);
+    c.push_str(&format!(
+        "\n[[subsystem]]\nnqn = \"{SECOND}\"\nallow_any_host = false\nhosts = [{hosts}]\nnamespaces = [{{ bdev = \"Malloc1\", nsid = 3 }}]\n"
+    ));
+    if let Some(p) = port {
+        c.push_str(&format!(
+            "\n[[listener]]\ntrtype = \"tcp\"\ntraddr = \"127.0.0.1\"\ntrsvcid = \"{p}\"\n"
+        ));
+    }
+    c
+}
+
+fn subsystems(c: &mut RpcClient) -> Vec<Value> {
+    c.call("nvmf_get_subsystems", Some(json!({})))
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+#[test]
+fn sighup_applies_subsystems_hosts_and_listeners_all_or_nothing() {
+    let addr = format!("@pollux-tgt-reload-subsys-{}", std::process::id());
+    let cfg = tmp("tgt-reload-subsys.toml");
+    let sock = tmp("tgt-reload-subsys.sock");
+    std::fs::write(&cfg, config(&addr, r#"{ bdev = "Malloc0", nsid = 1 }"#)).unwrap();
+    let mut tgt = Tgt::start(&cfg, &["-r", sock.to_str().unwrap()]);
+    tgt.wait_line("pollux-tgt: ready");
+    let mut c = RpcClient::connect(&sock, WAIT).unwrap();
+    assert_eq!(subsystems(&mut c).len(), 2);
+
+    // A second subsystem with a host and a TCP listener appears.
+    let port = free_port();
+    std::fs::write(
+        &cfg,
+        config_plus(&addr, &format!("\"{HOST_A}\""), Some(port)),
+    )
+    .unwrap();
+    tgt.signal(Signal::HUP);
+    let line = tgt.wait_line("pollux-tgt: reload");
+    assert!(line.contains("1 subsystem(s) added"), "{line}");
+    assert!(line.contains("1 listener(s) added"), "{line}");
+    let subs = subsystems(&mut c);
+    assert_eq!(subs.len(), 3);
+    let second = subs.iter().find(|s| s["nqn"] == SECOND).unwrap();
+    assert_eq!(second["hosts"], json!([{"nqn": HOST_A}]));
+    assert_eq!(second["allow_any_host"], false);
+    assert_eq!(second["namespaces"][0]["nsid"], 3);
+    assert_eq!(second["listen_addresses"].as_array().unwrap().len(), 2);
+    let first = subs.iter().find(|s| s["nqn"] == NQN).unwrap();
+    assert_eq!(
+        first["listen_addresses"].as_array().unwrap().len(),
+        2,
+        "the new listener serves the running subsystem too"
+    );
+    assert!(
+        TcpListener::bind(("127.0.0.1", port)).is_err(),
+        "TCP is open"
+    );
+
+    // Hosts change.
+    std::fs::write(
+        &cfg,
+        config_plus(&addr, &format!("\"{HOST_B}\""), Some(port)),
+    )
+    .unwrap();
+    tgt.signal(Signal::HUP);
+    let line = tgt.wait_line("pollux-tgt: reload");
+    assert!(line.contains("2 host change(s)"), "{line}");
+    let subs = subsystems(&mut c);
+    let second = subs.iter().find(|s| s["nqn"] == SECOND).unwrap();
+    assert_eq!(second["hosts"], json!([{"nqn": HOST_B}]));
+
+    // A reload whose new listener cannot open: nothing of it stays.
+    let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+    let busy = taken.local_addr().unwrap().port();
+    let mut text = config_plus(&addr, &format!("\"{HOST_B}\""), Some(port));
+    text = text.replace(SECOND, "nqn.2016-06.io.pollux:tgt-reload-third");
+    text.push_str(&format!(
+        "\n[[listener]]\ntrtype = \"tcp\"\ntraddr = \"127.0.0.1\"\ntrsvcid = \"{busy}\"\n"
+    ));
+    std::fs::write(&cfg, text).unwrap();
+    let before = subsystems(&mut c);
+    tgt.signal(Signal::HUP);
+    let line = tgt.wait_line("pollux-tgt: reload");
+    assert!(line.contains("failed"), "{line}");
+    assert_eq!(subsystems(&mut c), before, "all or nothing");
+    drop(taken);
+
+    // The second subsystem and the TCP listener leave the file.
+    std::fs::write(&cfg, config(&addr, r#"{ bdev = "Malloc0", nsid = 1 }"#)).unwrap();
+    tgt.signal(Signal::HUP);
+    let line = tgt.wait_line("pollux-tgt: reload");
+    assert!(
+        line.contains("1 removed, 0 host change(s), 0 listener(s) added, 1 removed"),
+        "{line}"
+    );
+    assert_eq!(subsystems(&mut c).len(), 2);
+    TcpListener::bind(("127.0.0.1", port)).expect("the TCP port is free again");
     drop(c);
     tgt.signal(Signal::TERM);
     assert!(tgt.wait_exit().success());

@@ -73,9 +73,10 @@ impl ChannelStats {
         }
     }
 
-    /// Adds `other`'s counters (all but `stale_completions`) to these.
+    /// Adds `other`'s counters (all but `stale_completions`) to these
+    /// (to sum the cores' channels of a bdev, for instance).
     #[inline]
-    fn add(&mut self, o: &ChannelStats) {
+    pub fn add(&mut self, o: &ChannelStats) {
         self.read_ops += o.read_ops;
         self.write_ops += o.write_ops;
         self.flush_ops += o.flush_ops;
@@ -476,6 +477,13 @@ impl ChannelCore {
 
     fn in_flight(&self) -> usize {
         self.slots.len() - self.state.borrow().free.len()
+    }
+
+    /// Counters of this core's channel (what [`IoChannel::stats`] gives;
+    /// reachable from the reactor's io_device channel, e.g. by a
+    /// management request that collects every core's counters).
+    pub fn stats(&self) -> ChannelStats {
+        self.state.borrow().stats
     }
 }
 

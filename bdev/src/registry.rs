@@ -327,6 +327,9 @@ pub fn parse_size(key: &str, value: &str) -> Result<u64, BdevError> {
 
 struct RegistryInner {
     bdevs: BTreeMap<String, Arc<Bdev>>,
+    /// The spec each bdev made by [`BdevRegistry::create_from`] came from
+    /// (its name filled in), so that it can be described and made again.
+    specs: BTreeMap<String, BdevSpec>,
 }
 
 /// The bdevs of a process, by name. Control path: every method takes a lock.
@@ -346,6 +349,7 @@ impl BdevRegistry {
         Self {
             inner: Mutex::new(RegistryInner {
                 bdevs: BTreeMap::new(),
+                specs: BTreeMap::new(),
             }),
         }
     }
@@ -427,6 +431,9 @@ impl BdevRegistry {
             )?),
         };
         let bdev = Bdev::new(backend);
+        let mut made = spec.clone();
+        made.name = Some(name.clone());
+        inner.specs.insert(name.clone(), made);
         inner.bdevs.insert(name, Arc::clone(&bdev));
         Ok(bdev)
     }
@@ -456,6 +463,13 @@ impl BdevRegistry {
         self.lock().bdevs.values().cloned().collect()
     }
 
+    /// The spec the bdev `name` was made from, its name filled in (`None`
+    /// for a bdev [registered](BdevRegistry::register) by hand, or none of
+    /// that name).
+    pub fn spec(&self, name: &str) -> Option<BdevSpec> {
+        self.lock().specs.get(name).cloned()
+    }
+
     /// Unregister the bdev `name`.
     ///
     /// Refused while it has open descriptors. After this the bdev cannot be
@@ -474,6 +488,7 @@ impl BdevRegistry {
             .ok_or_else(|| BdevError::NotFound(name.to_owned()))?;
         bdev.mark_removed()?;
         inner.bdevs.remove(name);
+        inner.specs.remove(name);
         Ok(())
     }
 }
@@ -570,6 +585,9 @@ mod tests {
         ));
         let names: Vec<String> = reg.list().iter().map(|b| b.name().to_owned()).collect();
         assert_eq!(names, ["null0", "null1"]);
+        let spec = reg.spec("null1").unwrap();
+        assert_eq!(spec.name.as_deref(), Some("null1"));
+        assert_eq!(spec.size, Some(2 << 20));
         let desc = a.open(true).unwrap();
         assert!(matches!(
             reg.destroy("null0"),
@@ -578,6 +596,7 @@ mod tests {
         drop(desc);
         reg.destroy("null0").unwrap();
         assert!(reg.get("null0").is_none());
+        assert!(reg.spec("null0").is_none());
         assert!(a.open(false).is_err(), "a destroyed bdev cannot be opened");
         assert!(matches!(reg.destroy("null0"), Err(BdevError::NotFound(_))));
         assert!(reg.get("null1").is_some());

@@ -17,6 +17,7 @@ run() {
 tests/vm/lab --setup-only || exit $?
 run tests/vm/run-verbs-conformance.sh
 run tests/vm/run-nvmf-interop.sh
+run tests/vm/run-tcp-interop.sh
 run tests/vm/run-host-interop.sh
 run tests/vm/run-iser-interop.sh
 run tests/vm/run-placement.sh

@@ -5,6 +5,7 @@
 //! pollux-perf -r 'trtype:soft traddr:@pollux-tgt subnqn:nqn.2024-01.io.pollux:null0' \
 //!             -q 128 -o 4096 -w randread -t 5 --cores 1 --json
 //! pollux-perf -r 'trtype:rdma adrfam:ipv4 traddr:10.0.0.1 trsvcid:4420 subnqn:…' --mem pool …
+//! pollux-perf -r 'trtype:tcp adrfam:ipv4 traddr:127.0.0.1 trsvcid:4420 subnqn:…' --hdr-digest --data-digest …
 //! pollux-perf -r … --sweep [--sweep-modes pool,register-always+inline,register-always+inline+local-inv]
 //! ```
 
@@ -24,6 +25,7 @@ use pollux_apps::report::Report;
 use pollux_apps::workload::Workload;
 use pollux_apps::AppError;
 use pollux_nvmf::host::rdma::{MemMode, RdmaHost, RdmaHostOptions};
+use pollux_nvmf::host::tcp::{TcpHost, TcpHostOptions};
 use pollux_nvmf::host::{HostError, HostTrType, HostTrid};
 use pollux_reactor::{Cores, IdleMode};
 use pollux_verbs::{CmAddr, Provider};
@@ -34,8 +36,9 @@ use pollux_verbs::{CmAddr, Provider};
 #[derive(Parser, Debug)]
 #[command(name = "pollux-perf", version)]
 struct Args {
-    /// Transport ID: `trtype:soft traddr:NAME subnqn:NQN` (software RDMA)
-    /// or `trtype:rdma adrfam:ipv4 traddr:IP trsvcid:4420 subnqn:NQN`.
+    /// Transport ID: `trtype:soft traddr:NAME subnqn:NQN` (software RDMA),
+    /// `trtype:rdma adrfam:ipv4 traddr:IP trsvcid:4420 subnqn:NQN` or
+    /// `trtype:tcp adrfam:ipv4 traddr:IP trsvcid:4420 subnqn:NQN` (NVMe/TCP).
     #[arg(
         short = 'r',
         long = "transport-id",
@@ -110,6 +113,12 @@ struct Args {
     /// RDMA device (ibverbs; default: the first).
     #[arg(long)]
     device: Option<String>,
+    /// NVMe/TCP: ask for a header digest (CRC32C) on every PDU.
+    #[arg(long = "hdr-digest")]
+    hdr_digest: bool,
+    /// NVMe/TCP: ask for a data digest (CRC32C) on every PDU with data.
+    #[arg(long = "data-digest")]
+    data_digest: bool,
     /// Run block sizes 512 B … 64 KiB against `--sweep-modes` and print a
     /// table of `IOPS/CPU%` cells.
     #[arg(long)]
@@ -223,6 +232,23 @@ fn run_transport(
                 "trtype:rdma needs the ibverbs feature (cargo build --features ibverbs); use trtype:soft".into(),
             ))
         }
+        HostTrType::Tcp => {
+            let ip: std::net::IpAddr = trid.traddr.parse().map_err(|_| {
+                AppError::Usage(format!("traddr '{}' is not an IP address", trid.traddr))
+            })?;
+            let port: u16 = trid.trsvcid.parse().map_err(|_| {
+                AppError::Usage(format!("trsvcid '{}' is not a port", trid.trsvcid))
+            })?;
+            let topts = TcpHostOptions {
+                header_digest: args.hdr_digest,
+                data_digest: args.data_digest,
+                connect_timeout: opts.connect_timeout,
+            };
+            let addr = std::net::SocketAddr::new(ip, port);
+            let f: TransportFactory<TcpHost> =
+                Arc::new(move || Ok(TcpHost::new(addr, topts.clone())));
+            run(f, cores.clone(), idle, p)
+        }
         HostTrType::Loop => Err(AppError::Usage(
             "trtype:loop works only in-process (tests)".into(),
         )),
@@ -286,6 +312,11 @@ fn real_main(args: &Args) -> Result<ExitCode, AppError> {
 
 fn real_run(args: &Args, text: &str, tgt: Option<&SpawnedTarget>) -> Result<ExitCode, AppError> {
     let trid = HostTrid::parse(text).map_err(|e: HostError| AppError::Usage(e.to_string()))?;
+    if (args.hdr_digest || args.data_digest) && trid.trtype != HostTrType::Tcp {
+        return Err(AppError::Usage(
+            "--hdr-digest and --data-digest apply to trtype:tcp only".into(),
+        ));
+    }
     let workload: Workload = args
         .workload
         .parse()

@@ -2,18 +2,24 @@
 //!
 //! ```text
 //! pollux-tgt -c apps/config/tgt-null.toml [--cores 0 | -m 0x1] [--idle busy|adaptive[:US]]
-//!            [--stats-file PATH] [--check]
+//!            [--stats-file PATH] [--check] [-r SOCK] [--json FILE]
 //! ```
+//!
+//! `-r SOCK` is the JSON-RPC socket (default `/var/tmp/pollux.sock`),
+//! `--json FILE` an SPDK JSON configuration applied at start (after the
+//! TOML file, if one is given; either may be given alone).
 //!
 //! It prints what it serves (transport options, receive-buffer memory,
 //! subsystems, namespaces, listeners) and `pollux-tgt: ready` once hosts
 //! can connect; SIGINT or SIGTERM disconnects the hosts cleanly, stops the
 //! reactors and exits 0 (a second signal exits at once with status 1).
-//! SIGHUP re-reads the configuration file and applies its namespace
-//! changes (new bdevs, namespaces added, removed or replaced in running
-//! subsystems) without disconnecting hosts, which get a Namespace Attribute
-//! Changed event; it prints `pollux-tgt: reloaded FILE: ...` (or why the
-//! file was refused). Other changes need a restart.
+//! SIGHUP re-reads the configuration file and applies its subsystems,
+//! hosts, listeners and namespaces (new bdevs; subsystems created or
+//! deleted; hosts allowed or not; listeners opened or closed; namespaces
+//! added, removed or replaced) through the JSON-RPC methods, without
+//! disconnecting hosts, which get a Namespace Attribute Changed event; it
+//! prints `pollux-tgt: reloaded FILE: ...` (or why the file was refused).
+//! Transport options, cores and iSCSI need a restart.
 //! Exit status 2: a bad command line or configuration (the message names
 //! the line and the field); 1: the target failed at run time.
 
@@ -27,6 +33,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use pollux_apps::cli::ReactorArgs;
+use pollux_apps::tgt::rpc::RpcOptions;
 use pollux_apps::tgt::{self, ProviderKind, ReloadOn, ServeOptions, TgtPlan};
 use pollux_apps::AppError;
 use pollux_reactor::Cores;
@@ -35,16 +42,28 @@ use pollux_reactor::Cores;
 /// namespaces of NVMe subsystems over the soft RDMA provider (or ibverbs).
 ///
 /// Signals: SIGINT/SIGTERM stop it cleanly. SIGHUP reloads the
-/// configuration file: new bdevs are created and namespaces are added,
-/// removed or replaced in the running subsystems without disconnecting
-/// hosts (they get a Namespace Attribute Changed event); other changes
-/// (subsystems, hosts, listeners, transport) need a restart.
+/// configuration file: new bdevs are created; subsystems, hosts,
+/// listeners and namespaces follow the file without disconnecting hosts
+/// (they get a Namespace Attribute Changed event); transport options,
+/// cores and iSCSI need a restart.
 #[derive(Parser, Debug)]
 #[command(name = "pollux-tgt", version)]
 struct Args {
     /// The configuration file (TOML; see apps/config/tgt-null.toml).
-    #[arg(short = 'c', long, value_name = "FILE")]
-    config: PathBuf,
+    #[arg(
+        short = 'c',
+        long,
+        value_name = "FILE",
+        required_unless_present = "json"
+    )]
+    config: Option<PathBuf>,
+    /// The JSON-RPC socket (SPDK's -r) [default: /var/tmp/pollux.sock].
+    #[arg(short = 'r', long = "rpc-socket", value_name = "SOCK")]
+    rpc_socket: Option<PathBuf>,
+    /// An SPDK JSON configuration (subsystems -> config -> method/params)
+    /// applied through the JSON-RPC methods at start.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
     #[command(flatten)]
     reactors: ReactorArgs,
     /// Write the reactors' busy % and connection counters as JSON to PATH
@@ -84,7 +103,10 @@ fn real_main(args: &Args) -> Result<(), AppError> {
     let reload = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGHUP, Arc::clone(&reload))
         .map_err(|e| AppError::Setup(format!("signal handler: {e}")))?;
-    let plan = TgtPlan::load(&args.config)?;
+    let plan = match &args.config {
+        Some(c) => TgtPlan::load(c)?,
+        None => TgtPlan::parse("")?,
+    };
     let cores = if args.reactors.cores.is_some() || args.reactors.mask.is_some() {
         args.reactors.cores()?
     } else {
@@ -95,13 +117,24 @@ fn real_main(args: &Args) -> Result<(), AppError> {
         idle: args.reactors.idle_mode()?,
         stats_file: args.stats_file.clone(),
         stats_period: Duration::from_secs(1),
-        reload: Some(ReloadOn {
-            path: args.config.clone(),
-            flag: reload,
+        reload: args
+            .config
+            .clone()
+            .map(|path| ReloadOn { path, flag: reload }),
+        rpc: Some(RpcOptions {
+            socket: args.rpc_socket.clone(),
+            json: args.json.clone(),
         }),
     };
     if args.check {
         print_plan(&plan, &opts);
+        if let Some(j) = &args.json {
+            let n = tgt::rpc::check_json(j, plan.iscsi.is_some())?;
+            println!(
+                "  json config {}: {n} call(s), every method known",
+                j.display()
+            );
+        }
         return Ok(());
     }
     let mut out = std::io::stdout();

@@ -25,6 +25,14 @@
 //! device = "mlx5_0"            # verbs device [the provider's first]
 //! hugepages = "auto"           # auto | require | never [auto]
 //!
+//! [transport.tcp]              # NVMe/TCP (SPDK names); present or a tcp listener: TCP on
+//! in_capsule_data_size = 4096  # I/O queues, <= the target's [4096]
+//! max_queue_depth = 128        # entries per queue, <= the target's [128]
+//! max_io_qpairs_per_ctrlr = 127  # I/O queues per controller over TCP [127]
+//! c2h_success = true           # reads end with C2HData SUCCESS, no response [true]
+//! sock_priority = 0            # SO_PRIORITY 0..=6 of accepted sockets [0]
+//! digest = "allow"             # allow | disable | require header+data digests [allow]
+//!
 //! [[bdev]]                     # as pollux-bdevperf: a spec string or a table
 //! spec = "null:name=Null0,size=1G,block=4096"
 //!
@@ -40,6 +48,11 @@
 //! [[listener]]                 # the target listens on every listener for
 //! traddr = "@pollux-tgt"       # every subsystem; soft: @name or /path,
 //! trsvcid = ""                 # ibverbs: traddr = "10.99.0.1", trsvcid = "4420"
+//!
+//! [[listener]]                 # NVMe/TCP, beside RDMA
+//! trtype = "tcp"               # rdma (default) or tcp
+//! traddr = "127.0.0.1"         # an IP address
+//! trsvcid = "4420"             # port [4420]
 //! ```
 //!
 //! Listeners are target-wide (the core's [`Target::add_listener`]): each
@@ -63,6 +76,7 @@ use pollux_bdev::BdevSpec;
 use pollux_nvmf::spec::connect::is_valid_nqn;
 use pollux_nvmf::spec::transport_id::{AdrFam, TrType, TransportId};
 use pollux_nvmf::target::rdma::{QueuePlacement, RdmaOptions};
+use pollux_nvmf::target::tcp::{DigestPolicy, TcpOptions};
 use pollux_nvmf::target::{
     SubsystemConfig, Target, TargetOptions, DEFAULT_MAX_NAMESPACES, DISCOVERY_NQN,
 };
@@ -211,6 +225,27 @@ pub struct TransportSection {
     pub device: Option<Spanned<String>>,
     /// Hugepage policy.
     pub hugepages: Option<Spanned<Hugepages>>,
+    /// `[transport.tcp]`: the NVMe/TCP transport.
+    pub tcp: Option<Spanned<TcpSection>>,
+}
+
+/// `[transport.tcp]`: NVMe/TCP options (SPDK `nvmf_create_transport -t TCP`
+/// names).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TcpSection {
+    /// In-capsule data on I/O queues.
+    pub in_capsule_data_size: Option<Spanned<Size>>,
+    /// Entries per queue.
+    pub max_queue_depth: Option<Spanned<u16>>,
+    /// I/O queues per controller over TCP.
+    pub max_io_qpairs_per_ctrlr: Option<Spanned<u16>>,
+    /// C2HData SUCCESS instead of a response capsule after a read.
+    pub c2h_success: Option<Spanned<bool>>,
+    /// `SO_PRIORITY` of accepted sockets.
+    pub sock_priority: Option<Spanned<u8>>,
+    /// Digest policy: `allow`, `disable` or `require`.
+    pub digest: Option<Spanned<String>>,
 }
 
 /// One `[[subsystem]]`.
@@ -251,11 +286,12 @@ pub struct NamespaceSection {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ListenerSection {
-    /// `rdma` (the only transport).
+    /// `rdma` (default) or `tcp`.
     pub trtype: Option<Spanned<String>>,
-    /// Soft provider: `@name` or a socket path; ibverbs: an IP address.
+    /// RDMA over the soft provider: `@name` or a socket path; ibverbs and
+    /// TCP: an IP address.
     pub traddr: Spanned<String>,
-    /// Port (ibverbs; default 4420); empty for the soft provider.
+    /// Port (ibverbs and TCP; default 4420); empty for the soft provider.
     pub trsvcid: Option<Spanned<String>>,
 }
 
@@ -338,6 +374,9 @@ pub struct TgtPlan {
     pub target: TargetOptions,
     /// RDMA transport options.
     pub rdma: RdmaOptions,
+    /// NVMe/TCP transport options (`None`: no TCP listener and no
+    /// `[transport.tcp]`, no TCP transport).
+    pub tcp: Option<TcpOptions>,
     /// Bdevs, in order.
     pub bdevs: Vec<BdevPlan>,
     /// Subsystems, in order.
@@ -346,13 +385,26 @@ pub struct TgtPlan {
     pub listeners: Vec<ListenerPlan>,
     /// Where each `[transport]` key was given, to place option errors.
     pub option_origins: Vec<(&'static str, Origin)>,
+    /// Where each `[transport.tcp]` key was given.
+    pub tcp_origins: Vec<(&'static str, Origin)>,
     /// The `[iscsi]` section, checked.
     pub iscsi: Option<super::iscsi::IscsiPlan>,
 }
 
-/// The listener's address as the soft provider or ibverbs sees it, as a
-/// host transport ID (`pollux-perf -r`).
+/// The listener's address as the soft provider, ibverbs or TCP sees it, as
+/// a host transport ID (`pollux-perf -r`).
 pub fn host_trid(provider: ProviderKind, trid: &TransportId, subnqn: &str) -> String {
+    if trid.trtype == TrType::Tcp {
+        let fam = if trid.adrfam == AdrFam::Ipv6 {
+            "ipv6"
+        } else {
+            "ipv4"
+        };
+        return format!(
+            "trtype:tcp adrfam:{fam} traddr:{} trsvcid:{} subnqn:{subnqn}",
+            trid.traddr, trid.trsvcid
+        );
+    }
     match provider {
         ProviderKind::Soft => format!("trtype:soft traddr:{} subnqn:{subnqn}", trid.traddr),
         ProviderKind::Ibverbs => {
@@ -439,6 +491,8 @@ fn plan(text: &str, file: TgtFile) -> Result<TgtPlan, AppError> {
     // [transport]
     let mut target = TargetOptions::default();
     let mut rdma = RdmaOptions::default();
+    let mut tcp: Option<TcpOptions> = None;
+    let mut tcp_origins: Vec<(&'static str, Origin)> = Vec::new();
     let mut option_origins = Vec::new();
     if let Some(t) = &file.transport {
         let t = t.get_ref();
@@ -531,6 +585,46 @@ fn plan(text: &str, file: TgtFile) -> Result<TgtPlan, AppError> {
             rdma.hugepages = target.hugepages;
             seen("hugepages", v.span());
         }
+        if let Some(sec) = &t.tcp {
+            let o = tcp.get_or_insert_with(TcpOptions::default);
+            let sec = sec.get_ref();
+            let key = |k: &'static str| format!("transport.tcp.{k}");
+            if let Some(v) = &sec.in_capsule_data_size {
+                o.in_capsule_data_size = size32("tcp.in_capsule_data_size", v)?;
+                tcp_origins.push((
+                    "in_capsule_data_size",
+                    Origin::new(text, v.span(), key("in_capsule_data_size")),
+                ));
+            }
+            if let Some(v) = &sec.max_queue_depth {
+                o.max_queue_depth = *v.get_ref();
+                tcp_origins.push((
+                    "max_queue_depth",
+                    Origin::new(text, v.span(), key("max_queue_depth")),
+                ));
+            }
+            if let Some(v) = &sec.max_io_qpairs_per_ctrlr {
+                o.max_io_qpairs_per_ctrlr = *v.get_ref();
+                tcp_origins.push((
+                    "max_io_qpairs_per_ctrlr",
+                    Origin::new(text, v.span(), key("max_io_qpairs_per_ctrlr")),
+                ));
+            }
+            if let Some(v) = &sec.c2h_success {
+                o.c2h_success = *v.get_ref();
+            }
+            if let Some(v) = &sec.sock_priority {
+                o.sock_priority = *v.get_ref();
+                tcp_origins.push((
+                    "sock_priority",
+                    Origin::new(text, v.span(), key("sock_priority")),
+                ));
+            }
+            if let Some(v) = &sec.digest {
+                o.digest = DigestPolicy::parse(v.get_ref())
+                    .map_err(|e| err(v.span(), &key("digest"), e))?;
+            }
+        }
     }
 
     // Bdevs: parse every spec, fill in the names the registry would pick.
@@ -569,12 +663,8 @@ fn plan(text: &str, file: TgtFile) -> Result<TgtPlan, AppError> {
         None => None,
     };
 
-    // Subsystems and namespaces.
-    if file.subsystem.is_empty() && iscsi.is_none() {
-        return Err(AppError::Config(
-            "subsystem: no [[subsystem]]: the target would serve nothing".into(),
-        ));
-    }
+    // Subsystems and namespaces (none is fine: a target may start empty
+    // and be built up over JSON-RPC).
     let mut subsystems: Vec<SubsystemPlan> = Vec::with_capacity(file.subsystem.len());
     // bdev name -> where it backs a namespace already.
     let mut used: HashMap<String, Origin> = HashMap::new();
@@ -767,8 +857,8 @@ fn plan(text: &str, file: TgtFile) -> Result<TgtPlan, AppError> {
         });
     }
 
-    // Listeners.
-    if file.listener.is_empty() && iscsi.is_none() {
+    // Listeners (a file without subsystems needs none).
+    if file.listener.is_empty() && iscsi.is_none() && !file.subsystem.is_empty() {
         return Err(AppError::Config(
             "listener: no [[listener]]: no host could reach the target (soft provider: traddr = \"@pollux-tgt\")"
                 .into(),
@@ -779,18 +869,27 @@ fn plan(text: &str, file: TgtFile) -> Result<TgtPlan, AppError> {
         let origin = Origin::new(text, l.span(), format!("listener[{li}]"));
         let l = l.get_ref();
         let f = |k: &str| format!("listener[{li}].{k}");
-        if let Some(t) = &l.trtype {
-            if !t.get_ref().eq_ignore_ascii_case("rdma") {
+        let is_tcp = match &l.trtype {
+            None => false,
+            Some(t) if t.get_ref().eq_ignore_ascii_case("rdma") => false,
+            Some(t) if t.get_ref().eq_ignore_ascii_case("tcp") => true,
+            Some(t) => {
                 return Err(err(
                     t.span(),
                     &f("trtype"),
-                    format!("'{}': only rdma is supported", t.get_ref()),
-                ));
+                    format!("'{}': expected rdma or tcp", t.get_ref()),
+                ))
             }
-        }
+        };
         let traddr = l.traddr.get_ref().trim().to_string();
         let svc = l.trsvcid.as_ref();
-        let (adrfam, trsvcid) = match provider {
+        let ip_kind = if is_tcp {
+            tcp.get_or_insert_with(TcpOptions::default);
+            ProviderKind::Ibverbs
+        } else {
+            provider
+        };
+        let (adrfam, trsvcid) = match ip_kind {
             ProviderKind::Soft => {
                 if !(traddr.len() > 1 && (traddr.starts_with('@') || traddr.starts_with('/'))) {
                     return Err(err(
@@ -813,7 +912,10 @@ fn plan(text: &str, file: TgtFile) -> Result<TgtPlan, AppError> {
                     err(
                         l.traddr.span(),
                         &f("traddr"),
-                        format!("'{traddr}' is not an IP address (ibverbs)"),
+                        format!(
+                            "'{traddr}' is not an IP address ({})",
+                            if is_tcp { "tcp" } else { "ibverbs" }
+                        ),
                     )
                 })?;
                 let port = match svc {
@@ -842,7 +944,7 @@ fn plan(text: &str, file: TgtFile) -> Result<TgtPlan, AppError> {
             }
         };
         let trid = TransportId {
-            trtype: TrType::Rdma,
+            trtype: if is_tcp { TrType::Tcp } else { TrType::Rdma },
             adrfam,
             traddr,
             trsvcid,
@@ -856,15 +958,21 @@ fn plan(text: &str, file: TgtFile) -> Result<TgtPlan, AppError> {
         listeners.push(ListenerPlan { trid, origin });
     }
 
+    if let Some(t) = tcp.as_mut() {
+        // One placement policy for every transport.
+        t.placement = rdma.placement;
+    }
     let plan = TgtPlan {
         cores,
         provider,
         target,
         rdma,
+        tcp,
         bdevs,
         subsystems,
         listeners,
         option_origins,
+        tcp_origins,
         iscsi,
     };
     plan.check_options()?;
@@ -888,7 +996,17 @@ impl TgtPlan {
         Target::new(probe).map_err(|e| self.option_error(e))?;
         self.rdma
             .validate(&self.target)
-            .map_err(|e| self.option_error(e))
+            .map_err(|e| self.option_error(e))?;
+        if let Some(t) = &self.tcp {
+            t.validate(&self.target).map_err(|e| {
+                let msg = e.to_string();
+                match self.tcp_origins.iter().find(|(k, _)| msg.contains(k)) {
+                    Some((_, o)) => o.err(msg),
+                    None => AppError::Config(format!("[transport.tcp]: {msg}")),
+                }
+            })?;
+        }
+        Ok(())
     }
 }
 

@@ -35,7 +35,9 @@
 //! ```
 //!
 //! Errors read `line L, column C: iscsi.target[0].luns[1].bdev: ...` like
-//! the rest of the file. A file with an `[iscsi]` section may leave out
+//! the rest of the file. A section with neither portal groups nor targets
+//! (only `[iscsi.options]`) starts an empty iSCSI target that the
+//! `iscsi_*` JSON-RPC methods build up. A file with an `[iscsi]` section may leave out
 //! `[[subsystem]]` and `[[listener]]` (an iSCSI-only target).
 
 use std::cell::RefCell;
@@ -372,8 +374,10 @@ pub fn plan(
         max_io_bytes,
     };
 
-    // Portal groups.
-    if s.portal_group.is_empty() {
+    // Portal groups. Neither groups nor targets: an empty iSCSI target,
+    // built up by `iscsi_*` calls.
+    let empty = s.portal_group.is_empty() && s.target.is_empty();
+    if s.portal_group.is_empty() && !empty {
         return Err(sec_origin.err(
             "no [[iscsi.portal_group]]: no initiator could reach the target (tag = 1, listen = [\"@pollux-iser\"])",
         ));
@@ -414,7 +418,7 @@ pub fn plan(
     }
 
     // Target nodes.
-    if s.target.is_empty() {
+    if s.target.is_empty() && !empty {
         return Err(sec_origin.err(
             "no [[iscsi.target]]: the target would serve nothing (name = \"iqn....\", luns = [{ lun = 0, bdev = \"NAME\" }])",
         ));
@@ -587,6 +591,20 @@ pub fn build<P: Provider>(
     }
     let transport = IserTransport::<P>::new(&target, plan.iser.clone());
     Ok(IscsiBuilt { target, transport })
+}
+
+/// The iSER transport as the `iscsi_*` methods open portals through it.
+#[derive(Debug)]
+pub struct IserPortals<P: Provider>(pub Arc<IserTransport<P>>);
+
+impl<P: Provider> pollux_rpc::iscsi::PortalListener for IserPortals<P> {
+    fn listen(&self, addr: &str, tag: u16) -> Result<(), String> {
+        self.0.listen(addr, tag).map_err(|e| e.to_string())
+    }
+
+    fn stop_listen(&self, addr: &str) -> Result<(), String> {
+        self.0.stop_listen(addr).map_err(|e| e.to_string())
+    }
 }
 
 /// The per-core iSER poll group, behind a provider-independent face.

@@ -1,17 +1,23 @@
-//! `pollux-tgt`: the NVMe-oF RDMA target as an application.
+//! `pollux-tgt`: the NVMe-oF target (RDMA and TCP) as an application.
 //!
 //! [`config`] parses and checks the TOML file into a [`TgtPlan`];
 //! [`build`] creates the bdevs, the [`Target`] with its subsystems,
-//! namespaces and listeners, and the RDMA transport; [`serve`] launches
-//! one reactor per core with one RDMA poll group each, prints what it
-//! serves, writes the stats file every second if asked, and
+//! namespaces and listeners, and its transports (RDMA, and NVMe/TCP when
+//! a listener or `[transport.tcp]` asks for it); [`serve`] launches one
+//! reactor per core and starts every transport's poll group there through
+//! the target core ([`Target::start_poll_groups`]: the serve path names no
+//! transport), prints what it serves, writes the stats file every second
+//! if asked, and
 //! on the stop flag (SIGINT/SIGTERM in the binary) shuts the poll groups
 //! down (hosts see a clean disconnect), stops and joins the reactors.
-//! On the reload flag (SIGHUP in the binary) it re-reads the configuration
-//! file and adds, removes or replaces namespaces of the running
-//! subsystems, creating new bdevs; connected hosts get a Namespace
-//! Attribute Changed event and keep their connections ([`reload`] says
-//! what a reload applies and what needs a restart).
+//! Once the reactors run, [`rpc`] builds the JSON-RPC method registry,
+//! applies the `--json` file and serves JSON-RPC on `-r SOCK` until the
+//! stop. On the reload flag (SIGHUP in the binary) it re-reads the
+//! configuration file and applies its subsystems, hosts, listeners and
+//! namespaces through that registry's methods, creating new bdevs;
+//! connected hosts get a Namespace Attribute Changed event and keep their
+//! connections ([`reload`] says what a reload applies and what needs a
+//! restart).
 //!
 //! # The stats file (reactor busy %)
 //!
@@ -46,6 +52,7 @@ pub mod config;
 pub mod fd_limit;
 pub mod iscsi;
 pub mod reload;
+pub mod rpc;
 
 use std::cell::RefCell;
 use std::io::Write;
@@ -56,8 +63,9 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use pollux_bdev::BdevRegistry;
-use pollux_nvmf::target::rdma::{cm_addr, PollGroupStats, RdmaPollGroup, RdmaTransport};
-use pollux_nvmf::target::{CtrlCounterSnapshot, NamespaceConfig, Target};
+use pollux_nvmf::target::rdma::{cm_addr, RdmaTransport};
+use pollux_nvmf::target::tcp::TcpTransport;
+use pollux_nvmf::target::{CtrlCounterSnapshot, NamespaceConfig, Target, TransportPollGroup};
 use pollux_reactor::{launch, CoreId, Cores, IdleMode, LaunchConfig, ReactorSet, ReactorStats};
 use pollux_verbs::Provider;
 
@@ -71,12 +79,14 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The target's objects, before the reactors start.
 pub struct Built<P: Provider> {
-    /// The bdevs.
-    pub registry: BdevRegistry,
+    /// The bdevs (shared with the JSON-RPC methods).
+    pub registry: Arc<BdevRegistry>,
     /// The target core.
     pub target: Arc<Target>,
     /// The RDMA transport (added to the target).
     pub transport: Arc<RdmaTransport<P>>,
+    /// The NVMe/TCP transport (added to the target), when configured.
+    pub tcp: Option<Arc<TcpTransport>>,
     /// The iSCSI target and its iSER transport (`[iscsi]`).
     pub iscsi: Option<iscsi::IscsiBuilt<P>>,
 }
@@ -98,7 +108,7 @@ impl<P: Provider> std::fmt::Debug for Built<P> {
 /// that cannot be created, a namespace the core refuses, an option
 /// combination); [`AppError::Setup`] for anything else.
 pub fn build<P: Provider>(plan: &TgtPlan) -> Result<Built<P>, AppError> {
-    let registry = BdevRegistry::new();
+    let registry = Arc::new(BdevRegistry::new());
     for b in &plan.bdevs {
         registry.create_from(&b.spec).map_err(|e| {
             b.origin
@@ -111,6 +121,16 @@ pub fn build<P: Provider>(plan: &TgtPlan) -> Result<Built<P>, AppError> {
     target
         .add_transport(transport.clone())
         .map_err(|e| AppError::Setup(e.to_string()))?;
+    let tcp = match &plan.tcp {
+        Some(o) => {
+            let t = TcpTransport::new(&target, o.clone()).map_err(|e| plan.option_error(e))?;
+            target
+                .add_transport(t.clone())
+                .map_err(|e| AppError::Setup(e.to_string()))?;
+            Some(t)
+        }
+        None => None,
+    };
     for s in &plan.subsystems {
         let sub = target
             .add_subsystem(s.config.clone())
@@ -136,6 +156,7 @@ pub fn build<P: Provider>(plan: &TgtPlan) -> Result<Built<P>, AppError> {
         registry,
         target,
         transport,
+        tcp,
         iscsi,
     })
 }
@@ -153,6 +174,8 @@ pub struct ServeOptions {
     pub stats_period: Duration,
     /// Reload the configuration file when asked (SIGHUP in the binary).
     pub reload: Option<ReloadOn>,
+    /// JSON-RPC server and `--json` file ([`rpc`]); `None`: neither.
+    pub rpc: Option<rpc::RpcOptions>,
 }
 
 /// When and what to reload (see [`reload`]): the serve loop re-reads
@@ -176,41 +199,49 @@ pub struct ServeSummary {
     pub left_open: usize,
 }
 
-/// The per-core poll group, behind a provider-independent face.
-trait GroupCtl {
-    fn shutdown(&self);
-    fn stats(&self) -> PollGroupStats;
-    fn listeners(&self) -> usize;
-}
-
-impl<P: Provider> GroupCtl for RdmaPollGroup<P> {
-    fn shutdown(&self) {
-        RdmaPollGroup::shutdown(self);
-    }
-    fn stats(&self) -> PollGroupStats {
-        RdmaPollGroup::stats(self)
-    }
-    fn listeners(&self) -> usize {
-        RdmaPollGroup::listeners(self)
-    }
-}
-
 thread_local! {
-    /// This reactor's poll group (set by `init`, taken before the stop).
-    static GROUP: RefCell<Option<Rc<dyn GroupCtl>>> = const { RefCell::new(None) };
+    /// This reactor's poll groups, one per transport (set by `init`, taken
+    /// before the stop).
+    static GROUPS: RefCell<Vec<Rc<dyn TransportPollGroup>>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Runs `f` with this core's poll group on every reactor; answers in core order.
+/// The reactors' poll group lists, for transports made by JSON-RPC calls
+/// (their groups are shut down and dropped with the others).
+struct TgtGroups;
+
+impl pollux_rpc::nvmf::CoreGroups for TgtGroups {
+    fn keep(&self, _r: &pollux_reactor::Reactor, group: Rc<dyn TransportPollGroup>) {
+        GROUPS.with(|g| g.borrow_mut().push(group));
+    }
+
+    fn release(&self, _r: &pollux_reactor::Reactor, transport: &'static str) {
+        GROUPS.with(|g| pollux_rpc::nvmf::release_groups(g, transport));
+    }
+
+    fn connections(&self, _r: &pollux_reactor::Reactor) -> Vec<(&'static str, usize)> {
+        GROUPS.with(pollux_rpc::nvmf::group_connections)
+    }
+
+    fn disconnect_listener(
+        &self,
+        _r: &pollux_reactor::Reactor,
+        trid: &pollux_nvmf::spec::transport_id::TransportId,
+    ) -> usize {
+        GROUPS.with(|g| pollux_rpc::nvmf::disconnect_from(g, trid))
+    }
+}
+
+/// Runs `f` with this core's poll groups on every reactor; answers in core order.
 fn ask_all<T: Send + 'static>(
     set: &ReactorSet,
-    f: fn(Option<&dyn GroupCtl>) -> T,
+    f: fn(&[Rc<dyn TransportPollGroup>]) -> T,
 ) -> Result<Vec<T>, AppError> {
     let mut out = Vec::with_capacity(set.cores().len());
     for &core in set.cores() {
         let (tx, rx) = mpsc::sync_channel(1);
         set.messenger()
             .send_blocking(core, move |_| {
-                let v = GROUP.with(|g| f(g.borrow().as_deref()));
+                let v = GROUPS.with(|g| f(&g.borrow()));
                 let _ = tx.send(v);
             })
             .map_err(|e| AppError::Reactor(format!("core {core}: {e}")))?;
@@ -227,7 +258,7 @@ fn drop_groups(set: &ReactorSet) {
     for &core in set.cores() {
         let (tx, rx) = mpsc::sync_channel(1);
         let sent = set.messenger().send_blocking(core, move |_| {
-            let g = GROUP.with(|g| g.borrow_mut().take());
+            let g = GROUPS.with(|g| std::mem::take(&mut *g.borrow_mut()));
             drop(g);
             let _ = tx.send(());
         });
@@ -254,18 +285,17 @@ pub fn serve<P: Provider>(
 ) -> Result<ServeSummary, AppError> {
     let built = build::<P>(plan)?;
     let (tx, rx) = mpsc::channel::<Result<CoreId, String>>();
-    let transport = Arc::clone(&built.transport);
+    let target = Arc::clone(&built.target);
     let iser = built.iscsi.clone();
     let mut lc = LaunchConfig::new(opts.cores.clone());
     lc.idle = opts.idle;
     let set = launch(lc, move |r| {
-        let res = match transport.create_poll_group(r) {
-            Ok(pg) => {
-                let pg: Rc<dyn GroupCtl> = pg;
-                GROUP.with(|g| *g.borrow_mut() = Some(pg));
+        let res = match target.start_poll_groups(r) {
+            Ok(groups) => {
+                GROUPS.with(|g| *g.borrow_mut() = groups);
                 Ok(r.core())
             }
-            Err(e) => Err(format!("core {}: RDMA poll group: {e}", r.core())),
+            Err(e) => Err(format!("core {}: {e}", r.core())),
         };
         let res = match &iser {
             Some(i) => res.and_then(|c| iscsi::start_group(i, r).map(|()| c)),
@@ -318,7 +348,7 @@ fn run<P: Provider>(
         }
     }
     // Listeners open in the first poll group created; check they all did.
-    let listening: usize = ask_all(set, |g| g.map_or(0, |g| g.listeners()))?
+    let listening: usize = ask_all(set, |g| g.iter().map(|g| g.listeners()).sum::<usize>())?
         .into_iter()
         .sum();
     if listening != plan.listeners.len() {
@@ -330,6 +360,20 @@ fn run<P: Provider>(
     if let (Some(p), Some(i)) = (&plan.iscsi, &built.iscsi) {
         iscsi::listen(p, i, set)?;
     }
+    // Stopped (socket closed) when `run` returns, before the reactors stop.
+    let (svc, _rpc) = rpc::start(
+        opts.rpc.as_ref(),
+        &built.registry,
+        &built.target,
+        Arc::new(TgtGroups),
+        built.iscsi.as_ref().map(|i| {
+            let portals: Arc<dyn pollux_rpc::iscsi::PortalListener> =
+                Arc::new(iscsi::IserPortals(Arc::clone(&i.transport)));
+            (Arc::clone(&i.target), portals)
+        }),
+        set,
+        out,
+    )?;
     let first = set.stats().map_err(|e| AppError::Reactor(e.to_string()))?;
     let started = Instant::now();
     let mut prev = first.clone();
@@ -357,7 +401,7 @@ fn run<P: Provider>(
     while !stop.load(Ordering::SeqCst) {
         if let Some(r) = &opts.reload {
             if r.flag.swap(false, Ordering::SeqCst) {
-                let _ = match reload::reload(&r.path, built) {
+                let _ = match reload::reload(&r.path, built, &svc) {
                     Ok(rep) => writeln!(out, "pollux-tgt: reloaded {}: {rep}", r.path.display()),
                     Err(e) => writeln!(
                         out,
@@ -380,24 +424,16 @@ fn run<P: Provider>(
         }
         std::thread::sleep((next - now).min(Duration::from_millis(20)));
     }
-    let conns: usize = ask_all(set, |g| g.map_or(0, |g| g.stats().connections))?
-        .into_iter()
-        .sum();
+    let conns: usize = ask_all(set, connections)?.into_iter().sum();
     let _ = writeln!(
         out,
         "pollux-tgt: shutting down: disconnecting {conns} queue(s)"
     );
     let _ = out.flush();
-    ask_all(set, |g| {
-        if let Some(g) = g {
-            g.shutdown();
-        }
-    })?;
+    ask_all(set, |g| g.iter().for_each(|g| g.shutdown()))?;
     let deadline = Instant::now() + DRAIN_TIMEOUT;
     let left_open = loop {
-        let open: usize = ask_all(set, |g| g.map_or(0, |g| g.stats().connections))?
-            .into_iter()
-            .sum();
+        let open: usize = ask_all(set, connections)?.into_iter().sum();
         if open == 0 || Instant::now() >= deadline {
             break open;
         }
@@ -412,12 +448,17 @@ fn run<P: Provider>(
         Some(i) => left_open + iscsi::shutdown(set, i, out)?,
         None => left_open,
     };
-    let t = built.transport.stats();
+    let t = built.target.transport_stats();
     Ok(ServeSummary {
         accepted: t.accepted,
         destroyed: t.destroyed,
         left_open,
     })
+}
+
+/// Live connections of this core's poll groups (every transport).
+fn connections(g: &[Rc<dyn TransportPollGroup>]) -> usize {
+    g.iter().map(|g| g.connections()).sum()
 }
 
 fn mib(bytes: u64) -> f64 {
@@ -435,9 +476,11 @@ fn banner<P: Provider>(
     let t = &plan.target;
     let r = built.transport.options();
     let st = built.transport.stats();
+    let names: Vec<&str> = built.target.transports().iter().map(|t| t.name()).collect();
     writeln!(
         out,
-        "pollux-tgt: NVMe-oF RDMA target, provider {}, cores {}",
+        "pollux-tgt: NVMe-oF target ({}), provider {}, cores {}",
+        names.join(", "),
         plan.provider.name(),
         opts.cores
     )?;
@@ -459,6 +502,14 @@ fn banner<P: Provider>(
             .map(|d| format!(" device {d}"))
             .unwrap_or_default()
     )?;
+    if let Some(tcp) = &built.tcp {
+        let o = tcp.options();
+        writeln!(
+            out,
+            "  tcp: in_capsule_data_size {} max_queue_depth {} max_io_qpairs_per_ctrlr {} c2h_success {} sock_priority {} digest {:?} maxh2cdata {}",
+            o.in_capsule_data_size, o.max_queue_depth, o.max_io_qpairs_per_ctrlr, o.c2h_success, o.sock_priority, o.digest, o.maxh2cdata
+        )?;
+    }
     writeln!(
         out,
         "  limits: max_qpairs {} max_qpairs_per_core {} (more are rejected: no resources); num_slot_buffers {}",
@@ -504,8 +555,13 @@ fn banner<P: Provider>(
     for l in built.target.listeners() {
         writeln!(
             out,
-            "  listener {} (portid {}, adrfam {:?})",
+            "  listener {} (trtype {}, portid {}, adrfam {:?})",
             cm_addr(&l.trid),
+            if l.trid.trtype == pollux_nvmf::spec::transport_id::TrType::Tcp {
+                "tcp"
+            } else {
+                "rdma"
+            },
             l.portid,
             l.trid.adrfam
         )?;
@@ -574,9 +630,10 @@ fn write_stats<P: Provider>(
             )
         })
         .collect();
-    let per_core: Vec<usize> = ask_all(set, |g| g.map_or(0, |g| g.stats().connections))?;
+    let per_core: Vec<usize> = ask_all(set, connections)?;
     let conns: usize = per_core.iter().sum();
-    let t = built.transport.stats();
+    let t = built.target.transport_stats();
+    let recv_memory = built.transport.stats().recv_memory_bytes;
     let mut ctl = CtrlCounterSnapshot::default();
     let mut live = 0usize;
     let disc = Arc::clone(built.target.discovery_subsystem());
@@ -596,7 +653,7 @@ fn write_stats<P: Provider>(
         "accepted": t.accepted,
         "rejected": t.rejected,
         "destroyed": t.destroyed,
-        "recv_memory_bytes": t.recv_memory_bytes,
+        "recv_memory_bytes": recv_memory,
         "controllers": live,
         "controllers_created": ctl.controllers_created,
         "keep_alives": ctl.keep_alives,

@@ -1,24 +1,39 @@
 //! Configuration reload (SIGHUP in `pollux-tgt`): re-read the TOML file
-//! and apply its namespace changes to the running target, without
-//! disconnecting any host.
+//! and apply its subsystems, hosts, listeners and namespaces to the
+//! running target, without disconnecting any host, through the same
+//! JSON-RPC methods a client calls (`nvmf_create_subsystem`,
+//! `nvmf_subsystem_add_ns`, `nvmf_subsystem_add_listener`, ...), so a
+//! reload and a client change the target the same way.
 //!
 //! What a reload applies: bdevs that are new in the file are created;
-//! in every subsystem that already runs, namespaces that are new in the
-//! file are added, namespaces gone from it are removed, and a namespace
-//! whose bdev changed is replaced. Each change raises a Namespace Attribute
-//! Changed event on the subsystem's controllers (an outstanding AER
-//! completes; the changed-namespace log page lists the NSIDs), so hosts
-//! see it without reconnecting. Everything else (subsystems added or
-//! removed, hosts, listeners, transport options, cores, iSCSI) needs a
-//! restart: a reload reports those differences and leaves them alone.
-//! A file that does not parse or check leaves the target as it was.
+//! subsystems new in the file are created (with their hosts, namespaces
+//! and every listener of the file, as at start), subsystems gone from it
+//! are deleted (refused while hosts are connected to them); in running
+//! subsystems, `allow_any_host` and the host list follow the file,
+//! namespaces that are new are added, namespaces gone are removed and a
+//! namespace whose bdev changed is replaced; listeners new in the file
+//! open for every subsystem (the transport is created by
+//! `nvmf_create_transport` when none of its type runs), listeners gone
+//! close. A namespace change raises a Namespace Attribute Changed event on
+//! the subsystem's controllers (an outstanding AER completes; the
+//! changed-namespace log page lists the NSIDs), so hosts see it without
+//! reconnecting. What needs a restart (transport options, cores, iSCSI)
+//! is reported and left alone.
+//!
+//! A file that does not parse or check leaves the target as it was. When
+//! a call fails, the additions made before it are undone; removals made
+//! before it stay (a removed namespace is not put back).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use pollux_nvmf::target::NamespaceConfig;
+use pollux_nvmf::spec::transport_id::{TrType, TransportId};
+use pollux_rpc::nvmf::{describe_trid, trtype_name};
+use pollux_rpc::{ConfigEntry, RpcService};
 use pollux_verbs::Provider;
+use serde_json::{json, Value};
 
+use super::config::Origin;
 use super::{Built, TgtPlan};
 use crate::AppError;
 
@@ -31,6 +46,16 @@ pub struct ReloadReport {
     pub removed: Vec<(String, u32)>,
     /// Bdevs created.
     pub bdevs_created: Vec<String>,
+    /// Subsystems created.
+    pub subsystems_added: Vec<String>,
+    /// Subsystems deleted.
+    pub subsystems_removed: Vec<String>,
+    /// Host changes (`+host on nqn`, `-host on nqn`, `any host on nqn`).
+    pub hosts_changed: Vec<String>,
+    /// Listeners opened.
+    pub listeners_added: Vec<String>,
+    /// Listeners closed.
+    pub listeners_removed: Vec<String>,
     /// Differences a reload does not apply (restart needed).
     pub ignored: Vec<String>,
 }
@@ -45,16 +70,32 @@ impl std::fmt::Display for ReloadReport {
         };
         write!(
             f,
-            "{} namespace(s) added, {} removed, {} bdev(s) created",
+            "{} namespace(s) added, {} removed, {} bdev(s) created, {} subsystem(s) added, {} removed, {} host change(s), {} listener(s) added, {} removed",
             self.added.len(),
             self.removed.len(),
-            self.bdevs_created.len()
+            self.bdevs_created.len(),
+            self.subsystems_added.len(),
+            self.subsystems_removed.len(),
+            self.hosts_changed.len(),
+            self.listeners_added.len(),
+            self.listeners_removed.len(),
         )?;
         if !self.added.is_empty() {
             write!(f, "; added: {}", list(&self.added))?;
         }
         if !self.removed.is_empty() {
             write!(f, "; removed: {}", list(&self.removed))?;
+        }
+        for (what, v) in [
+            ("subsystems added", &self.subsystems_added),
+            ("subsystems removed", &self.subsystems_removed),
+            ("hosts", &self.hosts_changed),
+            ("listeners added", &self.listeners_added),
+            ("listeners removed", &self.listeners_removed),
+        ] {
+            if !v.is_empty() {
+                write!(f, "; {what}: {}", v.join(", "))?;
+            }
         }
         for i in &self.ignored {
             write!(f, "; not applied (restart needed): {i}")?;
@@ -63,97 +104,325 @@ impl std::fmt::Display for ReloadReport {
     }
 }
 
-/// Re-read `path` and apply its namespace changes to `built` (see the
-/// module docs).
+/// Re-read `path` and apply it to `built` through `svc` (see the module
+/// docs).
 ///
 /// # Errors
 /// [`AppError::Config`] (the file does not load, a new bdev cannot be
-/// created, a namespace is refused) naming the line and field; changes
-/// made before the failing one stay.
-pub fn reload<P: Provider>(path: &Path, built: &Built<P>) -> Result<ReloadReport, AppError> {
+/// created, a call is refused) naming the line and field.
+pub fn reload<P: Provider>(
+    path: &Path,
+    built: &Built<P>,
+    svc: &RpcService,
+) -> Result<ReloadReport, AppError> {
     let plan = TgtPlan::load(path)?;
-    apply(&plan, built)
+    apply(&plan, built, svc)
 }
 
-/// Apply `plan`'s namespace changes to `built`.
+/// One call of a reload, where in the file it comes from, and what the
+/// report says once it succeeded.
+struct Step {
+    call: ConfigEntry,
+    origin: Origin,
+    note: Note,
+}
+
+enum Note {
+    None,
+    NsAdded(String, u32),
+    NsRemoved(String, u32),
+    SubsystemAdded(String),
+    SubsystemRemoved(String),
+    Host(String),
+}
+
+fn step(method: &str, params: Value, origin: &Origin, note: Note) -> Step {
+    Step {
+        call: ConfigEntry::new(method, params),
+        origin: origin.clone(),
+        note,
+    }
+}
+
+fn address(t: &TransportId) -> String {
+    if t.trsvcid.is_empty() {
+        format!("{} {}", trtype_name(t.trtype), t.traddr)
+    } else {
+        format!("{} {}:{}", trtype_name(t.trtype), t.traddr, t.trsvcid)
+    }
+}
+
+/// Apply `plan` to `built` through `svc`.
 ///
 /// # Errors
 /// As [`reload`].
-pub fn apply<P: Provider>(plan: &TgtPlan, built: &Built<P>) -> Result<ReloadReport, AppError> {
+pub fn apply<P: Provider>(
+    plan: &TgtPlan,
+    built: &Built<P>,
+    svc: &RpcService,
+) -> Result<ReloadReport, AppError> {
     let mut rep = ReloadReport::default();
     let target = &built.target;
+    let whole = Origin {
+        line: 1,
+        col: 1,
+        field: "listener".into(),
+    };
+    let mut adds: Vec<Step> = Vec::new();
+    let mut removes: Vec<Step> = Vec::new();
+
+    // Transports for listeners of a type none runs yet.
+    let have_types: BTreeSet<String> = svc
+        .call("nvmf_get_transports", None)
+        .map_err(|e| AppError::Setup(e.to_string()))?
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|t| t["trtype"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut want_types = BTreeSet::new();
+    for l in &plan.listeners {
+        let name = trtype_name(l.trid.trtype);
+        if !have_types.contains(name) && want_types.insert(name) {
+            let mut params = json!({ "trtype": name });
+            if let (Some(o), TrType::Tcp) = (&plan.tcp, l.trid.trtype) {
+                params["max_queue_depth"] = json!(o.max_queue_depth);
+                params["max_io_qpairs_per_ctrlr"] = json!(o.max_io_qpairs_per_ctrlr);
+                params["in_capsule_data_size"] = json!(o.in_capsule_data_size);
+                params["c2h_success"] = json!(o.c2h_success);
+                params["sock_priority"] = json!(o.sock_priority);
+            }
+            adds.push(step("nvmf_create_transport", params, &l.origin, Note::None));
+        }
+    }
+
     let running: Vec<String> = target
         .subsystems()
         .iter()
-        .map(|s| s.nqn().to_string())
+        .map(|s| s.nqn().to_owned())
         .collect();
-    for nqn in &running {
-        if !plan.subsystems.iter().any(|s| &s.config.nqn == nqn) {
-            rep.ignored
-                .push(format!("subsystem {nqn} removed from the file"));
-        }
-    }
+    let open: Vec<TransportId> = target.listeners().into_iter().map(|l| l.trid).collect();
+    let new_listeners: Vec<_> = plan
+        .listeners
+        .iter()
+        .filter(|l| !open.contains(&l.trid))
+        .collect();
+    rep.listeners_added = new_listeners.iter().map(|l| address(&l.trid)).collect();
+
     for s in &plan.subsystems {
-        let nqn = &s.config.nqn;
+        let c = &s.config;
+        let nqn = &c.nqn;
         let Some(sub) = target.subsystem(nqn) else {
-            rep.ignored.push(format!("new subsystem {nqn}"));
+            adds.push(step(
+                "nvmf_create_subsystem",
+                json!({
+                    "nqn": nqn,
+                    "serial_number": c.serial,
+                    "model_number": c.model,
+                    "allow_any_host": c.allow_any_host,
+                    "max_namespaces": c.max_namespaces,
+                    "min_cntlid": c.cntlid_range.0,
+                    "max_cntlid": c.cntlid_range.1,
+                }),
+                &s.origin,
+                Note::SubsystemAdded(nqn.clone()),
+            ));
+            for h in &c.hosts {
+                adds.push(step(
+                    "nvmf_subsystem_add_host",
+                    json!({"nqn": nqn, "host": h}),
+                    &s.origin,
+                    Note::None,
+                ));
+            }
+            for l in &plan.listeners {
+                adds.push(step(
+                    "nvmf_subsystem_add_listener",
+                    json!({"nqn": nqn, "listen_address": describe_trid(&l.trid)}),
+                    &l.origin,
+                    Note::None,
+                ));
+            }
+            for n in &s.namespaces {
+                adds.push(step(
+                    "nvmf_subsystem_add_ns",
+                    json!({"nqn": nqn, "namespace": {"bdev_name": n.bdev, "nsid": n.nsid}}),
+                    &n.origin,
+                    Note::NsAdded(nqn.clone(), n.nsid),
+                ));
+            }
             continue;
         };
-        let want: BTreeMap<u32, &str> = s
+        // Hosts.
+        if sub.allows_any_host() != c.allow_any_host {
+            adds.push(step(
+                "nvmf_subsystem_allow_any_host",
+                json!({"nqn": nqn, "allow_any_host": c.allow_any_host}),
+                &s.origin,
+                Note::Host(format!("allow_any_host {} on {nqn}", c.allow_any_host)),
+            ));
+        }
+        let had: BTreeSet<String> = sub.hosts().into_iter().collect();
+        let want: BTreeSet<String> = c.hosts.iter().cloned().collect();
+        for h in want.difference(&had) {
+            adds.push(step(
+                "nvmf_subsystem_add_host",
+                json!({"nqn": nqn, "host": h}),
+                &s.origin,
+                Note::Host(format!("+{h} on {nqn}")),
+            ));
+        }
+        for h in had.difference(&want) {
+            removes.push(step(
+                "nvmf_subsystem_remove_host",
+                json!({"nqn": nqn, "host": h}),
+                &s.origin,
+                Note::Host(format!("-{h} on {nqn}")),
+            ));
+        }
+        // New listeners open for running subsystems too.
+        for l in &new_listeners {
+            adds.push(step(
+                "nvmf_subsystem_add_listener",
+                json!({"nqn": nqn, "listen_address": describe_trid(&l.trid)}),
+                &l.origin,
+                Note::None,
+            ));
+        }
+        // Namespaces: removed or backed by another bdev now, then added.
+        let want_ns: BTreeMap<u32, &str> = s
             .namespaces
             .iter()
             .map(|n| (n.nsid, n.bdev.as_str()))
             .collect();
-        // Removed, or backed by another bdev now.
+        let mut freed = BTreeSet::new();
         for ns in sub.namespaces() {
-            let keep = want
+            let keep = want_ns
                 .get(&ns.nsid())
                 .is_some_and(|b| *b == ns.bdev().info().name());
             if !keep {
-                sub.remove_namespace(ns.nsid()).map_err(|e| {
-                    s.origin
-                        .err(format!("removing namespace {}: {e}", ns.nsid()))
-                })?;
-                rep.removed.push((nqn.clone(), ns.nsid()));
+                freed.insert(ns.nsid());
+                removes.push(step(
+                    "nvmf_subsystem_remove_ns",
+                    json!({"nqn": nqn, "nsid": ns.nsid()}),
+                    &s.origin,
+                    Note::NsRemoved(nqn.clone(), ns.nsid()),
+                ));
             }
         }
         for n in &s.namespaces {
-            if sub.namespace(n.nsid).is_some() {
+            if sub.namespace(n.nsid).is_some() && !freed.contains(&n.nsid) {
                 continue;
             }
-            let bdev = match built.registry.get(&n.bdev) {
-                Some(b) => b,
-                None => {
-                    let b = plan
-                        .bdevs
-                        .iter()
-                        .find(|b| b.name == n.bdev)
-                        .ok_or_else(|| n.origin.err(format!("no bdev named '{}'", n.bdev)))?;
-                    let made = built.registry.create_from(&b.spec).map_err(|e| {
-                        b.origin
-                            .err(format!("cannot create bdev '{}': {e}", b.name))
-                    })?;
-                    rep.bdevs_created.push(b.name.clone());
-                    made
-                }
-            };
-            sub.add_namespace(NamespaceConfig::new(bdev).with_nsid(n.nsid))
-                .map_err(|e| n.origin.err(e))?;
-            rep.added.push((nqn.clone(), n.nsid));
+            let st = step(
+                "nvmf_subsystem_add_ns",
+                json!({"nqn": nqn, "namespace": {"bdev_name": n.bdev, "nsid": n.nsid}}),
+                &n.origin,
+                Note::NsAdded(nqn.clone(), n.nsid),
+            );
+            // A replacement goes in once the old namespace is out.
+            if freed.contains(&n.nsid) {
+                removes.push(st);
+            } else {
+                adds.push(st);
+            }
         }
     }
-    let had: Vec<String> = target
-        .listeners()
+    // Listeners gone from the file close for every subsystem.
+    for t in open
         .iter()
-        .map(|l| super::cm_addr(&l.trid).to_string())
-        .collect();
-    let now: Vec<String> = plan
-        .listeners
-        .iter()
-        .map(|l| super::cm_addr(&l.trid).to_string())
-        .collect();
-    if had.len() != now.len() || now.iter().any(|a| !had.contains(a)) {
-        rep.ignored.push("listeners changed".into());
+        .filter(|t| !plan.listeners.iter().any(|l| &l.trid == *t))
+    {
+        for nqn in &running {
+            let on = svc
+                .call("nvmf_subsystem_get_listeners", Some(json!({"nqn": nqn})))
+                .ok()
+                .and_then(|v| v.as_array().cloned())
+                .is_some_and(|a| a.iter().any(|x| x["address"] == describe_trid(t)));
+            if on {
+                removes.push(step(
+                    "nvmf_subsystem_remove_listener",
+                    json!({"nqn": nqn, "listen_address": describe_trid(t)}),
+                    &whole,
+                    Note::None,
+                ));
+            }
+        }
+        rep.listeners_removed.push(address(t));
     }
+    // Subsystems gone from the file.
+    for nqn in &running {
+        if !plan.subsystems.iter().any(|s| &s.config.nqn == nqn) {
+            removes.push(step(
+                "nvmf_delete_subsystem",
+                json!({"nqn": nqn}),
+                &whole,
+                Note::SubsystemRemoved(nqn.clone()),
+            ));
+        }
+    }
+
+    // Bdevs new in the file (before the namespaces that use them).
+    let mut created = Vec::new();
+    let wanted: BTreeSet<&str> = plan
+        .subsystems
+        .iter()
+        .flat_map(|s| s.namespaces.iter().map(|n| n.bdev.as_str()))
+        .collect();
+    for b in &plan.bdevs {
+        if built.registry.get(&b.name).is_none() && wanted.contains(b.name.as_str()) {
+            if let Err(e) = built.registry.create_from(&b.spec) {
+                undo_bdevs(built, &created);
+                return Err(b
+                    .origin
+                    .err(format!("cannot create bdev '{}': {e}", b.name)));
+            }
+            created.push(b.name.clone());
+        }
+    }
+
+    // The calls: additions (undone if a later call fails), then removals.
+    let mut undo: Vec<ConfigEntry> = Vec::new();
+    for st in adds.into_iter().chain(removes) {
+        match svc.call(&st.call.method, st.call.params.clone()) {
+            Ok(result) => {
+                if let Some(u) = svc.undo_of(&st.call.method, st.call.params.as_ref(), &result) {
+                    undo.push(u);
+                }
+                note(&mut rep, st.note);
+            }
+            Err(e) => {
+                for u in undo.iter().rev() {
+                    if let Err(ue) = svc.call(&u.method, u.params.clone()) {
+                        log::warn!("reload: undoing with {} failed: {ue}", u.method);
+                    }
+                }
+                undo_bdevs(built, &created);
+                return Err(st.origin.err(format!("{}: {e}", st.call.method)));
+            }
+        }
+    }
+    rep.bdevs_created = created;
     Ok(rep)
+}
+
+fn note(rep: &mut ReloadReport, n: Note) {
+    match n {
+        Note::None => {}
+        Note::NsAdded(nqn, id) => rep.added.push((nqn, id)),
+        Note::NsRemoved(nqn, id) => rep.removed.push((nqn, id)),
+        Note::SubsystemAdded(nqn) => rep.subsystems_added.push(nqn),
+        Note::SubsystemRemoved(nqn) => rep.subsystems_removed.push(nqn),
+        Note::Host(h) => rep.hosts_changed.push(h),
+    }
+}
+
+fn undo_bdevs<P: Provider>(built: &Built<P>, names: &[String]) {
+    for n in names.iter().rev() {
+        if let Err(e) = built.registry.destroy(n) {
+            log::warn!("reload: removing bdev {n} again: {e}");
+        }
+    }
 }

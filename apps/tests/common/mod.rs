@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use rustix::process::{kill_process, Pid, Signal};
 
 pub mod iser;
+pub mod tcp_host;
 
 /// How long any wait on the target may take before the test fails.
 pub const WAIT: Duration = Duration::from_secs(20);

@@ -94,12 +94,12 @@ fn settle(cluster: &TestCluster) {
     }
 }
 
-/// The thread's harness. At thread exit it is leaked, not dropped: other
+/// A thread's harness. At thread exit it is leaked, not dropped: other
 /// thread-locals it needs (the reactor's buffer caches) may already be gone.
-/// [`reset`] drops it properly.
-struct Slot(Option<Harness>);
+/// [`reset`] drops this module's properly.
+pub(crate) struct Slot<H>(pub(crate) Option<H>);
 
-impl Drop for Slot {
+impl<H> Drop for Slot<H> {
     fn drop(&mut self) {
         if let Some(h) = self.0.take() {
             std::mem::forget(h);
@@ -108,7 +108,7 @@ impl Drop for Slot {
 }
 
 thread_local! {
-    static HARNESS: RefCell<Slot> = const { RefCell::new(Slot(None)) };
+    static HARNESS: RefCell<Slot<Harness>> = const { RefCell::new(Slot(None)) };
 }
 
 /// Drop this thread's harness (target, reactors, queues); the next call

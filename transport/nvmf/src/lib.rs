@@ -1,8 +1,8 @@
 //! Pollux NVMe over Fabrics: the wire formats ([`spec`]), the
 //! transport-independent target core and the loopback transport
 //! ([`target`]), an in-process host driver for tests ([`loopback_host`]),
-//! the NVMe-oF host ([`host`]) and the fuzz entry points (`fuzz`, feature
-//! `fuzzing`).
+//! the NVMe-oF host ([`host`]) and the fuzz entry points (`fuzz`,
+//! `fuzz_tcp`, feature `fuzzing`).
 //!
 //! # Quick start: a loopback target and a host talking to it
 //!
@@ -89,7 +89,11 @@
 
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzz;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzz_tcp;
 pub mod host;
 pub mod loopback_host;
+mod sg_at;
 pub mod spec;
 pub mod target;
+mod tcp_bufs;

@@ -14,7 +14,7 @@ use pollux_reactor::mem::{BufPool, BufPoolOptions, DmaArena};
 use pollux_reactor::Reactor;
 use thiserror::Error;
 
-use super::sessions::{Nexus, SessionTable};
+use super::sessions::{Nexus, SessionInfo, SessionTable};
 
 use crate::scsi::reservation::LunShared;
 use crate::session::{LoginEnv, LoginStatus, LoginTargetInfo, TargetLimits};
@@ -236,6 +236,65 @@ impl IscsiTarget {
         let s = Arc::new(LunShared::default());
         all.push((node.to_string(), lun, Arc::clone(&s)));
         s
+    }
+
+    /// Every node, in the order added.
+    pub fn nodes(&self) -> Vec<Arc<TargetNode>> {
+        Self::lock(&self.nodes).clone()
+    }
+
+    /// The live sessions (control path).
+    pub fn sessions(&self) -> Vec<SessionInfo> {
+        Self::lock(&self.sessions).list()
+    }
+
+    /// Remove the node named `name` while no session is logged in to it
+    /// (control path); new logins to it fail from then on.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] when there is no such node or a session
+    /// uses it.
+    pub fn remove_node(&self, name: &str) -> Result<Arc<TargetNode>, ConfigError> {
+        let sessions = Self::lock(&self.sessions);
+        let used = sessions
+            .list()
+            .iter()
+            .filter(|s| s.target.as_deref() == Some(name))
+            .count();
+        if used > 0 {
+            return Err(ConfigError::Invalid(format!(
+                "target {name} has {used} live session(s)"
+            )));
+        }
+        let mut nodes = Self::lock(&self.nodes);
+        let i = nodes
+            .iter()
+            .position(|n| n.name == name)
+            .ok_or_else(|| ConfigError::Invalid(format!("no target {name}")))?;
+        Ok(nodes.remove(i))
+    }
+
+    /// Remove portal group `tag` (control path; its addresses are the
+    /// transport's to close).
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] when there is no such group or a node uses it.
+    pub fn remove_portal_group(&self, tag: u16) -> Result<PortalGroup, ConfigError> {
+        if let Some(n) = Self::lock(&self.nodes)
+            .iter()
+            .find(|n| n.portal_groups.contains(&tag))
+        {
+            return Err(ConfigError::Invalid(format!(
+                "portal group {tag} is used by target {}",
+                n.name
+            )));
+        }
+        let mut g = Self::lock(&self.groups);
+        let i = g
+            .iter()
+            .position(|x| x.tag == tag)
+            .ok_or_else(|| ConfigError::Invalid(format!("no portal group {tag}")))?;
+        Ok(g.remove(i))
     }
 
     /// The node named `name`.

@@ -13,3 +13,4 @@ pub use config::{ConfigError, IscsiTarget, PortalGroup, TargetNode, TargetOption
 pub use conn::{ConnParams, ConnStats, Connection};
 pub use core_ctx::CoreCtx;
 pub use ops::{ConnOps, Transfer};
+pub use sessions::SessionInfo;

@@ -81,6 +81,38 @@ impl SessionTable {
     pub(crate) fn len(&self) -> usize {
         self.live.len()
     }
+
+    /// What each live session is.
+    pub(crate) fn list(&self) -> Vec<SessionInfo> {
+        self.live
+            .iter()
+            .map(|l| SessionInfo {
+                initiator: l.nexus.initiator.clone(),
+                isid: l.nexus.isid,
+                target: l.nexus.target.clone(),
+                tpgt: l.nexus.tpgt,
+                tsih: l.tsih,
+                core: l.core,
+            })
+            .collect()
+    }
+}
+
+/// A live session, as the management plane lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionInfo {
+    /// InitiatorName.
+    pub initiator: String,
+    /// ISID.
+    pub isid: [u8; 6],
+    /// TargetName (`None`: a discovery session).
+    pub target: Option<String>,
+    /// Portal group tag it logged in on.
+    pub tpgt: u16,
+    /// TSIH.
+    pub tsih: u16,
+    /// The core its connection lives on.
+    pub core: CoreId,
 }
 
 #[cfg(test)]

@@ -43,7 +43,11 @@ pub fn connect<Q: HostQueue>(
         recfmt: 0,
         qid,
         sqsize: qp.entries().saturating_sub(1).max(1),
-        cattr: 0,
+        cattr: if qp.transport().disable_sq_flow() {
+            crate::spec::connect::CATTR_DISABLE_SQ_FLOW
+        } else {
+            0
+        },
         kato: if qid == 0 { kato_ms } else { 0 },
     };
     let data = ConnectData {

@@ -25,6 +25,9 @@ pub mod loopback;
 mod qpair;
 pub mod rdma;
 mod reconnect;
+pub mod tcp;
+#[cfg(test)]
+pub(crate) mod test_io;
 pub mod transport;
 pub mod trid;
 

@@ -87,6 +87,13 @@ pub trait HostQueue {
     /// the core then fails every outstanding command.
     fn poll(&mut self, done: &mut Vec<(u16, NvmeCompletion)>) -> Result<bool, HostError>;
 
+    /// Whether the Connect on this queue asks the target to disable SQ flow
+    /// control (NVMe/TCP hosts do, as Linux does: the target may then
+    /// answer a read with C2H SUCCESS and no response capsule). Default: no.
+    fn disable_sq_flow(&self) -> bool {
+        false
+    }
+
     /// Called by the core before it hands `data` of a finished slot back
     /// (the loopback transport copies read data here). Default: nothing.
     fn finish(&mut self, _slot: u16, _data: &mut SgList) {}

@@ -1,7 +1,8 @@
 //! Transport IDs in the form users know (SPDK's `-r`, nvme-cli's options):
 //! `trtype:rdma adrfam:ipv4 traddr:192.168.1.10 trsvcid:4420 subnqn:nqn...`,
-//! `trtype:soft traddr:pollux-tgt subnqn:nqn...` for the software RDMA
-//! provider, `trtype:loop traddr:NAME` for the in-process loopback.
+//! `trtype:tcp adrfam:ipv4 traddr:127.0.0.1 trsvcid:4420 subnqn:nqn...` for
+//! NVMe/TCP, `trtype:soft traddr:pollux-tgt subnqn:nqn...` for the software
+//! RDMA provider, `trtype:loop traddr:NAME` for the in-process loopback.
 //!
 //! Keys are case-insensitive and take `:` or `=`; values keep their case.
 
@@ -26,6 +27,8 @@ pub enum HostTrType {
     Soft,
     /// The in-process loopback transport (`trtype:loop`).
     Loop,
+    /// NVMe/TCP (`trtype:tcp`).
+    Tcp,
 }
 
 /// A parsed transport ID.
@@ -71,9 +74,10 @@ impl HostTrid {
                         "rdma" => HostTrType::Rdma,
                         "soft" => HostTrType::Soft,
                         "loop" | "loopback" => HostTrType::Loop,
+                        "tcp" => HostTrType::Tcp,
                         _ => {
                             return Err(HostError::Trid(format!(
-                                "unknown trtype '{v}' (rdma, soft or loop)"
+                                "unknown trtype '{v}' (rdma, tcp, soft or loop)"
                             )))
                         }
                     })
@@ -120,12 +124,12 @@ impl HostTrid {
         })
     }
 
-    /// The connection-manager address: `ip:port` for rdma; for soft the
+    /// The connection address: `ip:port` for rdma and tcp; for soft the
     /// traddr as given when it is a path (`/…`) or an abstract name (`@…`),
     /// otherwise the abstract name `@traddr`.
     pub fn cm_addr(&self) -> String {
         match self.trtype {
-            HostTrType::Rdma => format!("{}:{}", self.traddr, self.trsvcid),
+            HostTrType::Rdma | HostTrType::Tcp => format!("{}:{}", self.traddr, self.trsvcid),
             HostTrType::Soft | HostTrType::Loop => {
                 if self.traddr.starts_with('@') || self.traddr.starts_with('/') {
                     self.traddr.clone()
@@ -140,6 +144,10 @@ impl HostTrid {
     pub fn transport_id(&self) -> TransportId {
         match self.trtype {
             HostTrType::Loop => TransportId::loopback(self.traddr.clone()),
+            HostTrType::Tcp => TransportId {
+                adrfam: self.adrfam,
+                ..TransportId::tcp_ipv4(self.traddr.clone(), self.trsvcid.clone())
+            },
             _ => TransportId {
                 adrfam: self.adrfam,
                 ..TransportId::rdma_ipv4(self.traddr.clone(), self.trsvcid.clone())
@@ -147,9 +155,10 @@ impl HostTrid {
         }
     }
 
-    /// The transport's name (`rdma`, `soft`, `loop`).
+    /// The transport's name (`rdma`, `tcp`, `soft`, `loop`).
     pub fn trtype_name(&self) -> &'static str {
         match self.trtype {
+            HostTrType::Tcp => "tcp",
             HostTrType::Rdma => "rdma",
             HostTrType::Soft => "soft",
             HostTrType::Loop => "loop",
@@ -205,13 +214,21 @@ mod tests {
             HostTrid::parse("trtype:soft traddr:@x").unwrap().subnqn,
             DISCOVERY_NQN
         );
+        let t = HostTrid::parse(
+            "trtype:tcp adrfam:ipv4 traddr:127.0.0.1 trsvcid:4420 subnqn:nqn.2024-01.io.pollux:d",
+        )
+        .unwrap();
+        assert_eq!(t.trtype, HostTrType::Tcp);
+        assert_eq!(t.cm_addr(), "127.0.0.1:4420");
+        assert_eq!(t.transport_id().trtype, TrType::Tcp);
+        assert_eq!(t.trtype_name(), "tcp");
     }
 
     #[test]
     fn bad_ids_are_refused_with_a_reason() {
         for bad in [
             "",
-            "trtype:tcp traddr:1.2.3.4",
+            "trtype:fc traddr:1.2.3.4",
             "trtype:rdma",
             "traddr:1.2.3.4",
             "trtype:rdma traddr:1.2.3.4 trsvcid:http",

@@ -11,7 +11,8 @@
 //! (CAP/VS/CC/CSTS and Property Get/Set), [`features`] (Set/Get Features,
 //! async events), [`identify`] (Identify data), [`log_page`] (Get Log Page
 //! and the logs), [`nvm`] (NVM I/O command fields), [`rdma_cm`] (RDMA CM
-//! private data) and [`transport_id`] (transport types and addresses).
+//! private data), [`tcp`] (NVMe/TCP PDUs and digests) and [`transport_id`]
+//! (transport types and addresses).
 //!
 //! The reference for every offset is `shared/docs/nvmeof-rdma.md`.
 
@@ -25,6 +26,7 @@ pub mod nvm;
 pub mod property;
 pub mod rdma_cm;
 pub mod sgl;
+pub mod tcp;
 pub mod transport_id;
 
 pub use cmd::{AdminOpcode, FabricsType, IoOpcode, NvmeCmd, OPC_FABRICS, SQE_SIZE};

@@ -16,6 +16,12 @@ pub const SGL_TYPE_SEGMENT: u8 = 0x2;
 pub const SGL_TYPE_LAST_SEGMENT: u8 = 0x3;
 /// Type nibble: Keyed Data Block.
 pub const SGL_TYPE_KEYED_DATA_BLOCK: u8 = 0x4;
+/// Type nibble: Transport SGL Data Block (NVMe/TCP: data moved by the
+/// transport, H2CData/C2HData).
+pub const SGL_TYPE_TRANSPORT_DATA_BLOCK: u8 = 0x5;
+/// Subtype of a transport data block: transport specific format A (the
+/// one NVMe/TCP uses).
+pub const SGL_SUBTYPE_TRANSPORT_A: u8 = 0xA;
 /// Subtype: the address field is a memory address.
 pub const SGL_SUBTYPE_ADDRESS: u8 = 0x0;
 /// Subtype: the address field is an offset into the in-capsule data.
@@ -102,6 +108,12 @@ pub enum SglDescriptor {
         /// Subtype Invalidate Key: answer with SEND_WITH_INV(key).
         invalidate: bool,
     },
+    /// Transport SGL Data Block, format A (identifier 0x5A): the transport
+    /// moves the data (NVMe/TCP R2T/H2CData and C2HData).
+    Transport {
+        /// Length in bytes.
+        len: u32,
+    },
 }
 
 impl SglDescriptor {
@@ -162,6 +174,9 @@ impl SglDescriptor {
                 };
                 (SGL_TYPE_KEYED_DATA_BLOCK << 4) | sub
             }
+            SglDescriptor::Transport { .. } => {
+                (SGL_TYPE_TRANSPORT_DATA_BLOCK << 4) | SGL_SUBTYPE_TRANSPORT_A
+            }
         }
     }
 
@@ -172,7 +187,8 @@ impl SglDescriptor {
             | SglDescriptor::InCapsule { len, .. }
             | SglDescriptor::BitBucket { len }
             | SglDescriptor::Segment { len, .. }
-            | SglDescriptor::Keyed { len, .. } => len,
+            | SglDescriptor::Keyed { len, .. }
+            | SglDescriptor::Transport { len } => len,
         }
     }
 
@@ -224,6 +240,10 @@ impl SglDescriptor {
                 }),
                 _ => Err(bad_sub),
             },
+            SGL_TYPE_TRANSPORT_DATA_BLOCK => match sub {
+                SGL_SUBTYPE_TRANSPORT_A => Ok(SglDescriptor::Transport { len }),
+                _ => Err(bad_sub),
+            },
             other => Err(SglError::UnsupportedType(other)),
         }
     }
@@ -248,7 +268,9 @@ impl SglDescriptor {
                 put64(&mut b, 0, addr);
                 put32(&mut b, 8, len);
             }
-            SglDescriptor::BitBucket { len } => put32(&mut b, 8, len),
+            SglDescriptor::BitBucket { len } | SglDescriptor::Transport { len } => {
+                put32(&mut b, 8, len)
+            }
             SglDescriptor::Keyed { addr, len, key, .. } => {
                 put64(&mut b, 0, addr);
                 put32(&mut b, 8, len & KEYED_SGL_MAX_LEN);
@@ -281,6 +303,9 @@ mod tests {
     fn identifiers_seen_on_the_wire() {
         assert_eq!(SglDescriptor::null().encode()[15], 0x40);
         assert_eq!(SglDescriptor::in_capsule(0, 512).encode()[15], 0x01);
+        let t = SglDescriptor::Transport { len: 4096 };
+        assert_eq!(t.encode()[15], 0x5A);
+        assert_eq!(SglDescriptor::parse(&t.encode()), Ok(t));
         let ls = SglDescriptor::Segment {
             last: true,
             offset: true,
@@ -302,8 +327,17 @@ mod tests {
     #[test]
     fn invalid_types_and_subtypes() {
         let mut b = [0u8; 16];
+        b[15] = 0x60;
+        assert_eq!(SglDescriptor::parse(&b), Err(SglError::UnsupportedType(6)));
+        // Transport data blocks: only format A (0x5A).
         b[15] = 0x50;
-        assert_eq!(SglDescriptor::parse(&b), Err(SglError::UnsupportedType(5)));
+        assert!(matches!(
+            SglDescriptor::parse(&b),
+            Err(SglError::UnsupportedSubtype {
+                sgl_type: 5,
+                subtype: 0
+            })
+        ));
         b[15] = 0x41;
         assert!(matches!(
             SglDescriptor::parse(&b),

@@ -111,6 +111,16 @@ impl TransportId {
         }
     }
 
+    /// A TCP/IPv4 address (NVMe/TCP).
+    pub fn tcp_ipv4(traddr: impl Into<String>, trsvcid: impl Into<String>) -> Self {
+        TransportId {
+            trtype: TrType::Tcp,
+            adrfam: AdrFam::Ipv4,
+            traddr: traddr.into(),
+            trsvcid: trsvcid.into(),
+        }
+    }
+
     /// A loopback address (trtype `loop`, adrfam intra-host).
     pub fn loopback(traddr: impl Into<String>) -> Self {
         TransportId {

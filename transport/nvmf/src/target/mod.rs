@@ -16,8 +16,8 @@
 //!   contract a transport implements (read its module docs first).
 //! - [`LoopbackTransport`]: the in-process transport the tests use.
 //!
-//! A future RDMA transport lives in `target/rdma/` and needs nothing else
-//! from the core than what [`transport`] describes.
+//! The RDMA transport ([`rdma`]) and the NVMe/TCP transport ([`tcp`]) need
+//! nothing else from the core than what [`transport`] describes.
 
 mod admin_cmd;
 mod cmd_effects;
@@ -39,6 +39,7 @@ mod req;
 mod subsystem;
 #[allow(clippy::module_inception)]
 mod target;
+pub mod tcp;
 pub mod transport;
 
 pub use core_ctx::CoreCtx;
@@ -55,5 +56,5 @@ pub use subsystem::{
 pub use target::{Listener, Target, TargetOptions, SLOT_BUF_SIZE};
 pub use transport::{
     QpairOps, QpairParams, RemoteBuf, ReqTag, Response, ResponseData, TargetTransport, Transfer,
-    TransportError,
+    TransportError, TransportPollGroup, TransportStats,
 };

@@ -303,6 +303,21 @@ impl QueuePair {
         self.in_flight
     }
 
+    /// Whether the host disabled SQ flow control in its Connect (completions
+    /// then carry no SQ head; NVMe/TCP may answer a read with C2H SUCCESS).
+    pub fn sq_flow_disabled(&self) -> bool {
+        self.sqflow_disabled
+    }
+
+    /// The command id (CID) of the live request `tag` (NVMe/TCP names the
+    /// command in its R2Ts).
+    pub fn command_id(&self, tag: ReqTag) -> Option<u16> {
+        self.reqs
+            .get(tag.slot())
+            .filter(|r| r.gen == tag.gen() && r.state != ReqState::Free)
+            .map(|r| r.cmd.cid)
+    }
+
     /// Whether the core asked the transport to disconnect.
     pub fn is_disconnecting(&self) -> bool {
         self.disconnect_sent
@@ -433,6 +448,19 @@ impl QueuePair {
                     len: plan.len,
                     key,
                     invalidate,
+                });
+            }
+            SglDescriptor::Transport { len } => {
+                // NVMe/TCP: the transport moves the data (R2T/H2CData,
+                // C2HData); there is no host address or key.
+                if len != plan.len {
+                    return Err(NvmeStatus::DATA_SGL_LENGTH_INVALID);
+                }
+                req.remote = Some(super::transport::RemoteBuf {
+                    addr: 0,
+                    len,
+                    key: 0,
+                    invalidate: false,
                 });
             }
             SglDescriptor::InCapsule { offset, len } => {
@@ -711,6 +739,15 @@ impl QueuePair {
                 self.io_counters.busy_for(ns);
             }
         }
+    }
+
+    /// The buffers of a request whose host data is on its way (a `Pending`
+    /// [`QpairOps::data_from_host`]): a transport that receives the data
+    /// itself (NVMe/TCP H2CData) writes it here, straight from the socket.
+    /// `None` for an unknown or stale tag, or a request in another state.
+    pub fn incoming_bufs(&mut self, tag: ReqTag) -> Option<&mut SgList> {
+        let slot = self.slot_of(tag, ReqState::TransferringIn)?;
+        Some(&mut self.reqs[usize::from(slot)].bufs)
     }
 
     /// The transport finished a `Pending` [`QpairOps::data_from_host`].

@@ -457,6 +457,21 @@ impl Subsystem {
         self.disc.bump();
     }
 
+    /// Whether any host may connect.
+    pub fn allows_any_host(&self) -> bool {
+        self.lock().allow_any_host
+    }
+
+    /// The host NQNs allowed to connect, sorted.
+    pub fn hosts(&self) -> Vec<String> {
+        self.lock().hosts.iter().cloned().collect()
+    }
+
+    /// The controller ids it hands out, inclusive.
+    pub fn cntlid_range(&self) -> (u16, u16) {
+        self.cntlid_range
+    }
+
     /// Whether `hostnqn` may connect (and see the subsystem in discovery).
     pub fn host_allowed(&self, hostnqn: &str) -> bool {
         if self.is_discovery() {

@@ -11,8 +11,8 @@ use pollux_reactor::{IoDevice, Reactor};
 use super::core_ctx::CoreCtx;
 use super::error::TargetError;
 use super::subsystem::{DiscoveryGen, Subsystem, SubsystemConfig, SubsystemKind, DISCOVERY_NQN};
-use super::transport::TargetTransport;
-use crate::spec::transport_id::TransportId;
+use super::transport::{TargetTransport, TransportError};
+use crate::spec::transport_id::{TrType, TransportId};
 
 /// Target-wide options.
 #[derive(Debug, Clone)]
@@ -230,6 +230,28 @@ impl Target {
         Ok(())
     }
 
+    /// Remove the transport of `trtype` (control path), when no listener
+    /// uses it: undoes an [`add_transport`](Self::add_transport) whose
+    /// start failed. Its poll groups are the caller's to drop.
+    ///
+    /// # Errors
+    ///
+    /// [`TargetError::NoTransport`], or [`TargetError::ListenerExists`]
+    /// naming a listener of that type.
+    pub fn remove_transport(&self, trtype: TrType) -> Result<(), TargetError> {
+        let mut st = self.lock();
+        if let Some(l) = st.listeners.iter().find(|l| l.trid.trtype == trtype) {
+            return Err(TargetError::ListenerExists(l.trid.clone()));
+        }
+        let i = st
+            .transports
+            .iter()
+            .position(|t| t.trtype() == trtype)
+            .ok_or(TargetError::NoTransport(trtype))?;
+        st.transports.remove(i);
+        Ok(())
+    }
+
     /// Listen at `trid` through the transport of its type; returns the port id.
     ///
     /// # Errors
@@ -379,6 +401,44 @@ impl Target {
     /// every subsystem the host may access × every listener.
     pub fn discovery_log(&self, hostnqn: &str, current: Option<&TransportId>) -> Vec<u8> {
         super::discovery::build_log(self, hostnqn, current)
+    }
+
+    /// The transports added so far (control path).
+    pub fn transports(&self) -> Vec<Arc<dyn TargetTransport>> {
+        self.lock().transports.clone()
+    }
+
+    /// Start every transport's poll group on `reactor` (control path, on
+    /// that reactor; call it once per core): the one way an application
+    /// starts the transports, whichever they are. Keep the groups; drop
+    /// them on their core to stop.
+    ///
+    /// # Errors
+    ///
+    /// The first transport that cannot start, with its name.
+    pub fn start_poll_groups(
+        &self,
+        reactor: &Reactor,
+    ) -> Result<Vec<std::rc::Rc<dyn super::transport::TransportPollGroup>>, TransportError> {
+        let mut groups = Vec::new();
+        for t in self.transports() {
+            let name = t.name();
+            match t.start_poll_group(reactor) {
+                Ok(Some(g)) => groups.push(g),
+                Ok(None) => {}
+                Err(e) => return Err(TransportError::Other(format!("{name} poll group: {e}"))),
+            }
+        }
+        Ok(groups)
+    }
+
+    /// Every transport's connection counters, summed (control path).
+    pub fn transport_stats(&self) -> super::transport::TransportStats {
+        let mut total = super::transport::TransportStats::default();
+        for t in self.transports() {
+            total.add(&t.stats());
+        }
+        total
     }
 
     pub(crate) fn listeners_and_transports(

@@ -1,5 +1,14 @@
-//! The contract between the target core and a target transport (RDMA,
-//! loopback, later TCP): nvmet's division of labour.
+//! The contract between the target core and a target transport (RDMA, TCP,
+//! loopback): nvmet's division of labour.
+//!
+//! # Adding a transport
+//!
+//! Implement [`TargetTransport`] (listeners, and [`TargetTransport::start_poll_group`]
+//! returning one [`TransportPollGroup`] per core), and [`QpairOps`] for its
+//! queues as below; register it with
+//! [`Target::add_transport`](super::Target::add_transport). Applications
+//! start every registered transport on every core with
+//! [`Target::start_poll_groups`](super::Target::start_poll_groups).
 //!
 //! The **core** ([`QueuePair`](super::QueuePair)) parses every capsule,
 //! validates the SGL, owns the request state machine and its data buffers,
@@ -65,7 +74,11 @@
 //! path takes no lock: it reads two atomics (controller ready, namespace
 //! generation) and uses per-queue bdev channels.
 
+use std::rc::Rc;
+use std::sync::Arc;
+
 use pollux_reactor::mem::SgList;
+use pollux_reactor::Reactor;
 
 use crate::spec::cpl::{NvmeCompletion, CQE_SIZE};
 use crate::spec::transport_id::{TrType, TransportId};
@@ -105,6 +118,73 @@ pub trait TargetTransport: Send + Sync + 'static {
     /// transports return one).
     fn rdma_tsas(&self, _trid: &TransportId) -> Option<crate::spec::log_page::RdmaTsas> {
         None
+    }
+
+    /// Start this transport's poll group on `reactor` (control path, run
+    /// on that reactor): what [`Target::start_poll_groups`](super::Target::start_poll_groups)
+    /// calls for every transport on every core, so an application starts
+    /// them all without naming any. `None`: the transport has no per-core
+    /// group to start (loopback: its groups come with its connections).
+    ///
+    /// # Errors
+    ///
+    /// Whatever keeps the group from starting (a listener that cannot
+    /// bind names its address).
+    fn start_poll_group(
+        self: Arc<Self>,
+        _reactor: &Reactor,
+    ) -> Result<Option<Rc<dyn TransportPollGroup>>, TransportError> {
+        Ok(None)
+    }
+
+    /// Connection counters (control path).
+    fn stats(&self) -> TransportStats {
+        TransportStats::default()
+    }
+}
+
+/// One core's poll group of a transport, as the target core and the
+/// applications drive it (`!Send`: used on its own core).
+pub trait TransportPollGroup {
+    /// The transport's name (`"rdma"`, `"tcp"`).
+    fn transport_name(&self) -> &'static str;
+
+    /// Live connections (queues) on this core.
+    fn connections(&self) -> usize;
+
+    /// Listeners this group accepts on.
+    fn listeners(&self) -> usize;
+
+    /// Stop accepting and disconnect every queue (hosts see the
+    /// connection close); the group finishes tearing them down from its
+    /// poller.
+    fn shutdown(&self);
+
+    /// Disconnect this core's queues that came in through the listener at
+    /// `trid` (it was closed); returns how many. The default: none (a
+    /// transport whose queues do not know their listener).
+    fn disconnect_listener(&self, _trid: &TransportId) -> usize {
+        0
+    }
+}
+
+/// Connection counters every transport keeps.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TransportStats {
+    /// Connections accepted.
+    pub accepted: u64,
+    /// Connection attempts refused (any reason).
+    pub rejected: u64,
+    /// Connections torn down.
+    pub destroyed: u64,
+}
+
+impl TransportStats {
+    /// Add `o` to these counters.
+    pub fn add(&mut self, o: &TransportStats) {
+        self.accepted += o.accepted;
+        self.rejected += o.rejected;
+        self.destroyed += o.destroyed;
     }
 }
 

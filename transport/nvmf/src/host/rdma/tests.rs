@@ -10,11 +10,12 @@ use std::time::Duration;
 
 use pollux_bdev::BdevRegistry;
 use pollux_reactor::mem::{BufPool, BufPoolOptions, SgList};
-use pollux_reactor::{Reactor, TestCluster};
+use pollux_reactor::TestCluster;
 use pollux_verbs::soft::Soft;
 use pollux_verbs::CmAddr;
 
 use super::{MemMode, RdmaHost, RdmaHostOptions};
+use crate::host::test_io::write_read_verify;
 use crate::host::*;
 use crate::spec::transport_id::{AdrFam, TrType, TransportId};
 use crate::target::rdma::{RdmaOptions, RdmaPollGroup, RdmaTransport};
@@ -83,24 +84,6 @@ fn who() -> HostIdentity {
     }
 }
 
-fn reap<Q: HostQueue>(r: &Reactor, qp: &mut Qpair<Q>, n: usize) -> Vec<Completion> {
-    let mut out = Vec::new();
-    for _ in 0..1_000_000 {
-        qp.poll(&mut |c| out.push(c));
-        if out.len() >= n {
-            return out;
-        }
-        r.poll_once();
-    }
-    panic!("only {} of {n} completions", out.len());
-}
-
-fn pattern(seed: u64, b: &mut [u8]) {
-    for (i, x) in b.iter_mut().enumerate() {
-        *x = (i as u64).wrapping_mul(31).wrapping_add(seed) as u8;
-    }
-}
-
 /// Write `n` I/Os of `size` bytes with a pattern, read them back, compare.
 fn verify_mode(
     mode: MemMode,
@@ -129,67 +112,8 @@ fn verify_mode(
         assert_eq!(c.info().namespaces.len(), 1);
         let mut qp = c.connect_io(&t, 1, 32, inline_cap).unwrap();
         let pool = BufPool::new(BufPoolOptions::new("rdma-host-test", size, 64)).unwrap();
-        let blocks = (size / 512) as u32;
         let n = 48u64;
-        let mut submitted = 0;
-        let mut done = Vec::new();
-        while submitted < n {
-            let mut b = pool.get().unwrap();
-            pattern(submitted, b.as_mut_slice());
-            match qp.write(
-                1,
-                submitted * u64::from(blocks),
-                blocks,
-                SgList::from_buf(b),
-                submitted,
-            ) {
-                Ok(()) => submitted += 1,
-                Err(e) => {
-                    assert_eq!(e.kind, SubmitErrorKind::Busy);
-                    done.extend(reap(r, &mut qp, 1));
-                }
-            }
-        }
-        while done.len() < n as usize {
-            done.extend(reap(r, &mut qp, 1));
-        }
-        assert!(
-            done.iter().all(|c| c.result.is_ok()),
-            "{:?}",
-            done.iter().find(|c| c.result.is_err())
-        );
-        drop(done);
-        let mut bad = 0;
-        let mut got = 0;
-        let mut next = 0u64;
-        while got < n {
-            if next < n {
-                let mut b = pool.get().unwrap();
-                b.as_mut_slice().fill(0xEE);
-                match qp.read(
-                    1,
-                    next * u64::from(blocks),
-                    blocks,
-                    SgList::from_buf(b),
-                    next,
-                ) {
-                    Ok(()) => next += 1,
-                    Err(e) => assert_eq!(e.kind, SubmitErrorKind::Busy),
-                }
-            }
-            qp.poll(&mut |c| {
-                assert!(c.result.is_ok(), "{:?}", c.result);
-                let mut want = vec![0u8; size];
-                pattern(c.ctx, &mut want);
-                let mut have = vec![0u8; size];
-                c.data.copy_to_slice(&mut have);
-                if have != want {
-                    bad += 1;
-                }
-                got += 1;
-            });
-            r.poll_once();
-        }
+        let bad = write_read_verify(r, &mut qp, &pool, 0, n);
         assert_eq!(bad, 0, "{bad} of {n} reads miscompared");
         let st = qp.transport().stats();
         let inline_on = inline_cap != Some(0) && size <= 4096;

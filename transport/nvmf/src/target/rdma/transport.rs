@@ -14,7 +14,9 @@ use pollux_verbs::placement::SeatLimits;
 use pollux_verbs::{CmAddr, Provider};
 
 use super::super::target::Target;
-use super::super::transport::{TargetTransport, TransportError};
+use super::super::transport::{
+    TargetTransport, TransportError, TransportPollGroup, TransportStats,
+};
 use super::options::RdmaOptions;
 use super::placement::QueuePlacer;
 use super::poll_group::RdmaPollGroup;
@@ -207,5 +209,40 @@ impl<P: Provider> TargetTransport for RdmaTransport<P> {
 
     fn rdma_tsas(&self, _trid: &TransportId) -> Option<RdmaTsas> {
         Some(RdmaTsas::rc_cm())
+    }
+
+    fn start_poll_group(
+        self: Arc<Self>,
+        reactor: &Reactor,
+    ) -> Result<Option<Rc<dyn TransportPollGroup>>, TransportError> {
+        let g: Rc<dyn TransportPollGroup> = self.create_poll_group(reactor)?;
+        Ok(Some(g))
+    }
+
+    fn stats(&self) -> TransportStats {
+        let s = RdmaTransport::stats(self);
+        TransportStats {
+            accepted: s.accepted,
+            rejected: s.rejected,
+            destroyed: s.destroyed,
+        }
+    }
+}
+
+impl<P: Provider> TransportPollGroup for RdmaPollGroup<P> {
+    fn transport_name(&self) -> &'static str {
+        "rdma"
+    }
+
+    fn connections(&self) -> usize {
+        RdmaPollGroup::stats(self).connections
+    }
+
+    fn listeners(&self) -> usize {
+        RdmaPollGroup::listeners(self)
+    }
+
+    fn shutdown(&self) {
+        RdmaPollGroup::shutdown(self);
     }
 }

@@ -1,0 +1,260 @@
+//! `pollux-tgt` serving NVMe/TCP beside RDMA (soft provider): the banner
+//! names both, discovery lists both listeners, a TCP host with both
+//! digests connects and moves data (in-capsule and by R2T), `pollux-perf`
+//! runs over TCP with digests and verification, and SIGTERM closes every
+//! queue of both transports.
+
+#![allow(clippy::unwrap_used)] // test helpers: a failed unwrap is a failed test
+
+mod common;
+
+use common::{tmp, Tgt, WAIT};
+
+use std::net::{SocketAddr, TcpListener};
+use std::process::Command;
+use std::time::Instant;
+
+use pollux_nvmf::host::tcp::{TcpHost, TcpHostOptions};
+use pollux_nvmf::host::{discover, Controller, CtrlOptions, HostIdentity, DEFAULT_HOSTNQN};
+use pollux_nvmf::spec::log_page::SUBTYPE_NVME;
+use pollux_nvmf::spec::transport_id::TrType;
+use pollux_reactor::mem::{DmaBuf, SgList};
+use rustix::process::Signal;
+
+const NQN: &str = "nqn.2016-06.io.pollux:tgt-tcp-test";
+
+fn config(soft: &str, port: u16) -> String {
+    format!(
+        r#"cores = "0"
+provider = "soft"
+[transport]
+max_queue_depth = 64
+num_shared_buffers = 64
+buf_cache_size = 8
+max_srq_depth = 256
+num_cqe = 4096
+hugepages = "never"
+
+[transport.tcp]
+in_capsule_data_size = 4096
+max_queue_depth = 64
+max_io_qpairs_per_ctrlr = 4
+c2h_success = true
+sock_priority = 1
+digest = "allow"
+
+[[bdev]]
+spec = "malloc:name=Malloc0,size=8M,block=512"
+
+[[subsystem]]
+nqn = "{NQN}"
+allow_any_host = true
+namespaces = [{{ bdev = "Malloc0", nsid = 1 }}]
+
+[[listener]]
+traddr = "{soft}"
+
+[[listener]]
+trtype = "tcp"
+traddr = "127.0.0.1"
+trsvcid = "{port}"
+"#
+    )
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn io(qp: &mut pollux_nvmf::host::Qpair<pollux_nvmf::host::tcp::TcpQueue>, size: usize) {
+    let mut w = DmaBuf::alloc(size).unwrap();
+    w.as_mut_slice()
+        .iter_mut()
+        .enumerate()
+        .for_each(|(i, x)| *x = (i * 13 + size) as u8);
+    let want = w.as_slice().to_vec();
+    let blocks = (size / 512) as u32;
+    qp.write(1, 64, blocks, SgList::from_buf(w), 1).unwrap();
+    let deadline = Instant::now() + WAIT;
+    let mut wrote = false;
+    while !wrote {
+        assert!(
+            Instant::now() < deadline,
+            "write of {size} B did not complete"
+        );
+        qp.poll(&mut |c| {
+            assert!(c.result.is_ok(), "{:?}", c.result);
+            wrote = true;
+        });
+    }
+    qp.read(
+        1,
+        64,
+        blocks,
+        SgList::from_buf(DmaBuf::alloc(size).unwrap()),
+        2,
+    )
+    .unwrap();
+    let mut got = None;
+    while got.is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "read of {size} B did not complete"
+        );
+        qp.poll(&mut |c| {
+            assert!(c.result.is_ok(), "{:?}", c.result);
+            let mut have = vec![0u8; size];
+            c.data.copy_to_slice(&mut have);
+            got = Some(have);
+        });
+    }
+    assert!(got.unwrap() == want, "{size} B read back differs");
+}
+
+#[test]
+fn serves_tcp_beside_rdma_and_shuts_both_down() {
+    let soft = format!("@pollux-tgt-tcp-test-{}", std::process::id());
+    let port = free_port();
+    let cfg = tmp("tgt-tcp.toml");
+    std::fs::write(&cfg, config(&soft, port)).unwrap();
+    let mut tgt = Tgt::start(&cfg, &[]);
+    tgt.wait_line("pollux-tgt: ready");
+    let banner = tgt.seen.join("\n");
+    assert!(banner.contains("NVMe-oF target (rdma, tcp)"), "{banner}");
+    assert!(
+        banner.contains(&format!("listener 127.0.0.1:{port} (trtype tcp")),
+        "{banner}"
+    );
+    assert!(
+        banner.contains("c2h_success true sock_priority 1"),
+        "{banner}"
+    );
+    assert!(
+        banner.contains(&format!(
+            "host: -r 'trtype:tcp adrfam:ipv4 traddr:127.0.0.1 trsvcid:{port} subnqn:{NQN}'"
+        )),
+        "{banner}"
+    );
+
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let t = TcpHost::new(
+        addr,
+        TcpHostOptions {
+            header_digest: true,
+            data_digest: true,
+            ..TcpHostOptions::default()
+        },
+    );
+    let log = discover(&t, DEFAULT_HOSTNQN, CtrlOptions::default()).unwrap();
+    let mut kinds: Vec<TrType> = log
+        .iter()
+        .filter(|e| e.subtype == SUBTYPE_NVME)
+        .map(|e| e.trtype)
+        .collect();
+    kinds.sort_by_key(|k| k.code());
+    assert_eq!(kinds, [TrType::Rdma, TrType::Tcp]);
+
+    let who = HostIdentity {
+        hostnqn: DEFAULT_HOSTNQN.into(),
+        hostid: *b"pollux-tgt-tcp-1",
+        subnqn: NQN.into(),
+    };
+    let mut c = Controller::connect(&t, who, CtrlOptions::default()).unwrap();
+    assert_eq!(c.info().ident.subnqn, NQN);
+    let mut qp = c.connect_io(&t, 1, 16, None).unwrap();
+    let d = qp.transport().digests();
+    assert!(d.header && d.data);
+    io(&mut qp, 4096);
+    io(&mut qp, 128 * 1024);
+    assert!(qp.transport().stats().r2t > 0);
+
+    // pollux-perf over TCP, both digests, data verified.
+    let two = std::thread::available_parallelism().map_or(1, |n| n.get()) >= 2;
+    let out = Command::new(env!("CARGO_BIN_EXE_pollux-perf"))
+        .args([
+            "-r",
+            &format!("trtype:tcp adrfam:ipv4 traddr:127.0.0.1 trsvcid:{port} subnqn:{NQN}"),
+            "--hdr-digest",
+            "--data-digest",
+            "-q",
+            "8",
+            "-o",
+            "8k",
+            "-w",
+            "write",
+            "--verify",
+            "-t",
+            "0.3",
+            "--json",
+            "--cores",
+            if two { "1" } else { "0" },
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap();
+    assert!(v["iops"].as_f64().unwrap() > 0.0, "{v}");
+
+    // SIGTERM: the TCP host sees its queues close, the target exits 0.
+    tgt.signal(Signal::TERM);
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if c.poll().is_err() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the host saw no disconnect");
+        qp.poll(&mut |_| {});
+        std::thread::yield_now();
+    }
+    let st = tgt.wait_exit();
+    tgt.wait_line("pollux-tgt: stopped");
+    let out = tgt.seen.join("\n");
+    assert!(st.success(), "{st}; stdout:\n{out}");
+    assert!(out.contains("disconnecting 2 queue(s)"), "{out}");
+    let _ = std::fs::remove_file(&cfg);
+}
+
+#[test]
+fn tcp_listener_errors_name_line_and_field() {
+    let soft = "@unused";
+    for (from, to, field) in [
+        ("trtype = \"tcp\"", "trtype = \"fc\"", "listener[1].trtype"),
+        (
+            "traddr = \"127.0.0.1\"",
+            "traddr = \"localhost\"",
+            "listener[1].traddr",
+        ),
+        (
+            "sock_priority = 1",
+            "sock_priority = 9",
+            "transport.tcp.sock_priority",
+        ),
+        (
+            "digest = \"allow\"",
+            "digest = \"maybe\"",
+            "transport.tcp.digest",
+        ),
+    ] {
+        let text = config(soft, 4420).replace(from, to);
+        let cfg = tmp("tgt-tcp-bad.toml");
+        std::fs::write(&cfg, &text).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_pollux-tgt"))
+            .arg("-c")
+            .arg(&cfg)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{to}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(field), "{to}: {err}");
+        let _ = std::fs::remove_file(&cfg);
+    }
+}

@@ -1,0 +1,181 @@
+//! Splitting a connection's byte stream into JSON values.
+//!
+//! SPDK's server and its `rpc.py` client frame nothing: a connection
+//! carries JSON values one after the other (`rpc.py` sends pretty-printed
+//! objects joined by newlines; any whitespace, or none, may separate
+//! them). [`FrameBuffer`] collects the bytes received so far and hands out
+//! each complete value; a value that is not valid JSON, or a request that
+//! grows past the stated limit, is an error after which the connection
+//! cannot be resynchronised (the server answers -32700 and closes it).
+
+use serde_json::Value;
+
+use crate::error::RpcError;
+
+/// The default largest request, in bytes (1 MiB; SPDK's own receive
+/// buffer is 256 KiB, and `load_config` carries a whole configuration).
+pub const DEFAULT_MAX_REQUEST: usize = 1 << 20;
+
+/// Bytes received on one connection, not yet parsed.
+#[derive(Debug)]
+pub struct FrameBuffer {
+    buf: Vec<u8>,
+    limit: usize,
+    /// A `}` or `]` arrived since the last incomplete parse: only such a
+    /// byte can complete an object or array, so parsing again before one
+    /// arrives would be wasted work (and quadratic for a large request).
+    may_be_complete: bool,
+}
+
+impl FrameBuffer {
+    /// An empty buffer refusing requests larger than `limit` bytes.
+    pub fn new(limit: usize) -> Self {
+        Self {
+            buf: Vec::new(),
+            limit,
+            may_be_complete: false,
+        }
+    }
+
+    /// The largest request accepted, in bytes.
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// Bytes held (whitespace included).
+    pub fn held(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// Whether nothing but whitespace is held: no request is under way.
+    pub fn is_idle(&self) -> bool {
+        self.buf.iter().all(u8::is_ascii_whitespace)
+    }
+
+    /// Whether more bytes may be read: false once the buffer holds more
+    /// than the limit (the next [`FrameBuffer::next_value`] reports it).
+    pub fn wants_more(&self) -> bool {
+        self.buf.len() <= self.limit
+    }
+
+    /// Appends received bytes.
+    pub fn push(&mut self, data: &[u8]) {
+        if data.iter().any(|b| matches!(b, b'}' | b']')) {
+            self.may_be_complete = true;
+        }
+        self.buf.extend_from_slice(data);
+    }
+
+    /// The next complete value, `None` when more bytes are needed.
+    ///
+    /// # Errors
+    ///
+    /// -32700 when the bytes are not JSON or the request is larger than
+    /// the limit; the buffer is then of no further use.
+    pub fn next_value(&mut self) -> Option<Result<Value, RpcError>> {
+        let start = self
+            .buf
+            .iter()
+            .position(|b| !b.is_ascii_whitespace())
+            .unwrap_or(self.buf.len());
+        if start > 0 {
+            self.buf.drain(..start);
+        }
+        if self.buf.is_empty() {
+            self.may_be_complete = false;
+            return None;
+        }
+        let container = matches!(self.buf[0], b'{' | b'[');
+        if container && !self.may_be_complete {
+            return self.too_large();
+        }
+        let mut stream = serde_json::Deserializer::from_slice(&self.buf).into_iter::<Value>();
+        match stream.next() {
+            Some(Ok(v)) => {
+                let used = stream.byte_offset();
+                if used > self.limit {
+                    return Some(Err(self.limit_error()));
+                }
+                self.buf.drain(..used);
+                Some(Ok(v))
+            }
+            Some(Err(e)) if e.is_eof() => {
+                self.may_be_complete = false;
+                self.too_large()
+            }
+            Some(Err(e)) => Some(Err(RpcError::parse_error(e.to_string()))),
+            None => None,
+        }
+    }
+
+    fn too_large(&self) -> Option<Result<Value, RpcError>> {
+        (self.buf.len() > self.limit).then(|| Err(self.limit_error()))
+    }
+
+    fn limit_error(&self) -> RpcError {
+        RpcError::parse_error(format!(
+            "request larger than the limit of {} bytes",
+            self.limit
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::PARSE_ERROR;
+
+    fn all(fb: &mut FrameBuffer) -> Vec<Value> {
+        let mut out = Vec::new();
+        while let Some(v) = fb.next_value() {
+            out.push(v.expect("valid"));
+        }
+        out
+    }
+
+    #[test]
+    fn values_split_across_reads_and_packed_together() {
+        let text = b"{\n  \"a\": 1\n}\n{\"b\": [2, 3]}{\"c\":{}}  ";
+        for cut in 0..text.len() {
+            let mut fb = FrameBuffer::new(1024);
+            fb.push(&text[..cut]);
+            let mut got = all(&mut fb);
+            fb.push(&text[cut..]);
+            got.extend(all(&mut fb));
+            assert_eq!(got.len(), 3, "cut at {cut}");
+            assert_eq!(got[1]["b"][1], 3);
+            assert!(fb.is_idle());
+        }
+    }
+
+    #[test]
+    fn garbage_is_a_parse_error() {
+        let mut fb = FrameBuffer::new(1024);
+        fb.push(b"{\"a\": nope}");
+        let e = fb.next_value().expect("an answer").expect_err("not JSON");
+        assert_eq!(e.code, PARSE_ERROR);
+    }
+
+    #[test]
+    fn a_request_past_the_limit_is_refused() {
+        let mut fb = FrameBuffer::new(64);
+        fb.push(b"{\"method\": \"");
+        fb.push(&[b'x'; 100]);
+        assert!(!fb.wants_more());
+        let e = fb.next_value().expect("an answer").expect_err("too big");
+        assert_eq!(e.code, PARSE_ERROR);
+        assert!(e.data.unwrap_or_default().contains("64 bytes"));
+        // Complete but too large: refused too.
+        let mut fb = FrameBuffer::new(16);
+        fb.push(b"{\"method\": \"0123456789abcdef\"}");
+        assert!(fb.next_value().expect("an answer").is_err());
+    }
+
+    #[test]
+    fn deep_nesting_is_an_error_not_a_crash() {
+        let mut fb = FrameBuffer::new(1 << 20);
+        fb.push(&[b'['; 100_000]);
+        fb.push(&[b']'; 100_000]);
+        assert!(fb.next_value().expect("an answer").is_err());
+    }
+}

@@ -1,0 +1,1125 @@
+//! The `nvmf` subsystem: SPDK's NVMe-oF target methods over one
+//! [`Target`] — `nvmf_create_transport`, `nvmf_get_transports`,
+//! `nvmf_create_subsystem`, `nvmf_delete_subsystem`,
+//! `nvmf_get_subsystems`, `nvmf_subsystem_add_ns|remove_ns`,
+//! `nvmf_subsystem_add_listener|remove_listener`,
+//! `nvmf_subsystem_add_host|remove_host`, `nvmf_subsystem_allow_any_host`,
+//! `nvmf_subsystem_get_controllers|get_qpairs|get_listeners` and
+//! `nvmf_get_stats`.
+//!
+//! # How a change reaches the cores
+//!
+//! The target core's configuration is control-path state (subsystems,
+//! namespaces and hosts behind their `Mutex`; the I/O queues see a
+//! namespace change through the subsystem's namespace generation and
+//! rebuild their view on their own core). A method changes that state,
+//! then sends every core a reactor message and answers once each has run
+//! it: every core has gone round its loop since the change, so the reply
+//! never precedes a core still using the old view. A new transport's poll
+//! group is started on every core by such a message ([`CoreGroups`] keeps
+//! it there).
+//!
+//! # All or nothing
+//!
+//! Every argument is checked before anything changes; a step that can
+//! still fail afterwards (a listener that cannot bind, a transport that
+//! cannot start on some core) undoes what the method did before answering
+//! with the error. Removing a namespace raises a Namespace Attribute
+//! Changed event on the subsystem's controllers (the target core does it)
+//! and touches nothing else; a bdev used by a namespace is not deleted
+//! (`bdev_*_delete` answers -16).
+//!
+//! # Listeners
+//!
+//! Pollux's target listens target-wide (every subsystem is reachable on
+//! every listener, as its discovery log says). The provider keeps SPDK's
+//! per-subsystem view on top: `nvmf_subsystem_add_listener` opens the
+//! address on the target when no subsystem had it, records it for the
+//! subsystem, and `nvmf_subsystem_remove_listener` closes it when the last
+//! subsystem lets it go; then every core disconnects the queues that came
+//! in through it (TCP: the connections whose local address is the
+//! listener's), and no other queue. Queues of a subsystem that lets go of
+//! an address another subsystem still lists stay connected.
+//!
+//! # Differences from SPDK, by design
+//!
+//! - `nvmf_delete_subsystem` refuses (-16) a subsystem that has connected
+//!   controllers (SPDK disconnects them first).
+//! - Only one target exists: `tgt_name`, when given, must be `nvmf_tgt`.
+//! - `nvmf_create_transport -t RDMA` adopts the RDMA transport the
+//!   application made at start (options that differ from its own are
+//!   refused with -95); `-t TCP` makes the NVMe/TCP transport.
+
+pub mod params;
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::rc::Rc;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use pollux_bdev::BdevRegistry;
+use pollux_nvmf::spec::connect::is_valid_nqn;
+use pollux_nvmf::spec::transport_id::{AdrFam, TrType, TransportId};
+use pollux_nvmf::target::tcp::{TcpOptions, TcpTransport};
+use pollux_nvmf::target::{
+    NamespaceConfig, Subsystem as NvmfSubsys, SubsystemConfig, Target, TargetError,
+    TargetTransport, TransportPollGroup,
+};
+use pollux_reactor::Reactor;
+use serde_json::{json, Map, Value};
+
+use self::params::{
+    AddNs, AllowAnyHost, CreateSubsystem, CreateTransport, GetFilter, GetStats, HostParams,
+    ListenAddress, ListenerParams, RemoveNs, SubsystemRef,
+};
+use crate::config::ConfigEntry;
+use crate::error::{Errno, RpcError};
+use crate::service::{decode, Method, RpcService, Subsystem};
+use crate::uuid::Uuid;
+
+/// The one target's name (`tgt_name`).
+pub const TARGET_NAME: &str = "nvmf_tgt";
+/// SPDK's default serial number.
+pub const DEFAULT_SERIAL: &str = "00000000000000000000";
+/// SPDK's default largest NSID of a subsystem made by a call.
+pub const DEFAULT_MAX_NAMESPACES: u32 = 32;
+/// SPDK's default model number.
+pub const DEFAULT_MODEL: &str = "SPDK bdev Controller";
+
+/// Where each core keeps the poll groups of transports made at run time
+/// (the application's per-core list, so its shutdown and statistics see
+/// them too). Every call runs on the core's own reactor.
+pub trait CoreGroups: Send + Sync + 'static {
+    /// Keep `group` on this core.
+    fn keep(&self, r: &Reactor, group: Rc<dyn TransportPollGroup>);
+    /// Drop this core's group of the transport named `transport`.
+    fn release(&self, r: &Reactor, transport: &'static str);
+    /// This core's live queues per transport name.
+    fn connections(&self, r: &Reactor) -> Vec<(&'static str, usize)>;
+    /// Disconnect this core's queues that came in through the (closed)
+    /// listener `trid`; returns how many.
+    fn disconnect_listener(&self, r: &Reactor, trid: &TransportId) -> usize;
+}
+
+thread_local! {
+    static LOCAL_GROUPS: RefCell<Vec<Rc<dyn TransportPollGroup>>> =
+        const { RefCell::new(Vec::new()) };
+}
+
+/// A [`CoreGroups`] that keeps the groups in a per-thread list of its own
+/// (for services whose application keeps no list; the tests).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct LocalGroups;
+
+/// Takes the groups of `transport` out of a core's list and shuts them
+/// down (for [`CoreGroups::release`] implementations).
+pub fn release_groups(list: &RefCell<Vec<Rc<dyn TransportPollGroup>>>, transport: &'static str) {
+    let gone: Vec<_> = {
+        let mut g = list.borrow_mut();
+        let (out, keep) = g.drain(..).partition(|x| x.transport_name() == transport);
+        *g = keep;
+        out
+    };
+    gone.iter().for_each(|g| g.shutdown());
+}
+
+/// Disconnects a core's queues of the listener `trid` (for
+/// [`CoreGroups::disconnect_listener`] implementations).
+pub fn disconnect_from(
+    list: &RefCell<Vec<Rc<dyn TransportPollGroup>>>,
+    trid: &TransportId,
+) -> usize {
+    list.borrow()
+        .iter()
+        .map(|g| g.disconnect_listener(trid))
+        .sum()
+}
+
+/// A core's live queues per transport name (for
+/// [`CoreGroups::connections`] implementations).
+pub fn group_connections(
+    list: &RefCell<Vec<Rc<dyn TransportPollGroup>>>,
+) -> Vec<(&'static str, usize)> {
+    list.borrow()
+        .iter()
+        .map(|x| (x.transport_name(), x.connections()))
+        .collect()
+}
+
+impl CoreGroups for LocalGroups {
+    fn keep(&self, _r: &Reactor, group: Rc<dyn TransportPollGroup>) {
+        LOCAL_GROUPS.with(|g| g.borrow_mut().push(group));
+    }
+
+    fn release(&self, _r: &Reactor, transport: &'static str) {
+        LOCAL_GROUPS.with(|g| release_groups(g, transport));
+    }
+
+    fn connections(&self, _r: &Reactor) -> Vec<(&'static str, usize)> {
+        LOCAL_GROUPS.with(group_connections)
+    }
+
+    fn disconnect_listener(&self, _r: &Reactor, trid: &TransportId) -> usize {
+        LOCAL_GROUPS.with(|g| disconnect_from(g, trid))
+    }
+}
+
+#[derive(Default)]
+struct NvmfState {
+    /// `nvmf_get_transports` entries by SPDK trtype name (`RDMA`, `TCP`).
+    transports: BTreeMap<&'static str, Value>,
+    /// Listen addresses per subsystem NQN, in the order added.
+    listeners: BTreeMap<String, Vec<TransportId>>,
+}
+
+/// The `nvmf` subsystem over one target and the bdevs of its namespaces.
+pub struct NvmfSubsystem {
+    target: Arc<Target>,
+    registry: Arc<BdevRegistry>,
+    groups: Arc<dyn CoreGroups>,
+    /// Held for a whole method: changes are one at a time.
+    state: Mutex<NvmfState>,
+}
+
+impl std::fmt::Debug for NvmfSubsystem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NvmfSubsystem").finish_non_exhaustive()
+    }
+}
+
+fn invalid(detail: impl Into<String>) -> RpcError {
+    RpcError::invalid_params(detail)
+}
+
+fn target_error(e: TargetError) -> RpcError {
+    match e {
+        TargetError::SubsystemInUse { nqn, controllers } => RpcError::errno(
+            Errno::Busy,
+            format!("subsystem {nqn} has {controllers} connected controller(s); disconnect the hosts first"),
+        ),
+        TargetError::Bdev(b) => RpcError::from(b),
+        other => invalid(other.to_string()),
+    }
+}
+
+/// SPDK's name of a transport type.
+pub fn trtype_name(t: TrType) -> &'static str {
+    match t {
+        TrType::Rdma => "RDMA",
+        TrType::Tcp => "TCP",
+        TrType::Fc => "FC",
+        TrType::Loop => "LOOP",
+        _ => "CUSTOM",
+    }
+}
+
+fn parse_trtype(s: &str) -> Result<TrType, RpcError> {
+    match s.to_ascii_uppercase().as_str() {
+        "RDMA" => Ok(TrType::Rdma),
+        "TCP" => Ok(TrType::Tcp),
+        _ => Err(invalid(format!("trtype `{s}`: Pollux serves RDMA and TCP"))),
+    }
+}
+
+fn adrfam_name(a: AdrFam) -> &'static str {
+    match a {
+        AdrFam::Ipv4 => "IPv4",
+        AdrFam::Ipv6 => "IPv6",
+        AdrFam::Ib => "IB",
+        AdrFam::Fc => "FC",
+        AdrFam::IntraHost => "INTRA_HOST",
+        _ => "UNKNOWN",
+    }
+}
+
+fn parse_trid(a: &ListenAddress) -> Result<TransportId, RpcError> {
+    let trtype = parse_trtype(&a.trtype)?;
+    let soft_name = a.traddr.starts_with('@') || a.traddr.starts_with('/');
+    let adrfam = match a.adrfam.as_deref().map(str::to_ascii_lowercase).as_deref() {
+        None if soft_name => AdrFam::IntraHost,
+        None | Some("ipv4") => AdrFam::Ipv4,
+        Some("ipv6") => AdrFam::Ipv6,
+        Some("intra_host") => AdrFam::IntraHost,
+        Some(other) => {
+            return Err(invalid(format!(
+                "adrfam `{other}`: IPv4, IPv6 or INTRA_HOST (the soft provider)"
+            )))
+        }
+    };
+    let trsvcid = a.trsvcid.clone().unwrap_or_default();
+    if trsvcid.is_empty() && adrfam != AdrFam::IntraHost {
+        return Err(invalid("listen_address.trsvcid (the port) is required"));
+    }
+    if a.traddr.is_empty() {
+        return Err(invalid("listen_address.traddr is empty"));
+    }
+    Ok(TransportId {
+        trtype,
+        adrfam,
+        traddr: a.traddr.clone(),
+        trsvcid,
+    })
+}
+
+/// A listen address as SPDK shows it.
+pub fn describe_trid(t: &TransportId) -> Value {
+    json!({
+        "trtype": trtype_name(t.trtype),
+        "adrfam": adrfam_name(t.adrfam),
+        "traddr": t.traddr,
+        "trsvcid": t.trsvcid,
+    })
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02X}")).collect()
+}
+
+fn parse_hex<const N: usize>(what: &str, s: &str) -> Result<[u8; N], RpcError> {
+    let digits: Vec<u8> = s.bytes().filter(|&c| c != b'-').collect();
+    if digits.len() != 2 * N {
+        return Err(invalid(format!("{what} `{s}`: {} hex digits", 2 * N)));
+    }
+    let mut out = [0u8; N];
+    for (i, pair) in digits.chunks(2).enumerate() {
+        let txt = std::str::from_utf8(pair).map_err(|_| invalid(format!("{what} `{s}`")))?;
+        out[i] = u8::from_str_radix(txt, 16)
+            .map_err(|_| invalid(format!("{what} `{s}`: not hexadecimal")))?;
+    }
+    Ok(out)
+}
+
+fn check_tgt(name: Option<&str>) -> Result<(), RpcError> {
+    match name {
+        None => Ok(()),
+        Some(n) if n == TARGET_NAME => Ok(()),
+        Some(n) => Err(RpcError::internal(format!("Unable to find target {n}"))),
+    }
+}
+
+impl NvmfSubsystem {
+    /// The subsystem over `target`, whose namespaces take their bdevs from
+    /// `registry`; transports made at run time keep their per-core groups
+    /// in `groups`. What the target already holds (subsystems and
+    /// listeners from a TOML file, transports the application added) is
+    /// taken as made by calls: every subsystem on every listener, and the
+    /// transports that have a listener.
+    pub fn new(
+        target: Arc<Target>,
+        registry: Arc<BdevRegistry>,
+        groups: Arc<dyn CoreGroups>,
+    ) -> Arc<Self> {
+        let me = Self {
+            target,
+            registry,
+            groups,
+            state: Mutex::new(NvmfState::default()),
+        };
+        {
+            let mut st = me.lock();
+            let listeners: Vec<TransportId> =
+                me.target.listeners().into_iter().map(|l| l.trid).collect();
+            for s in me.target.subsystems() {
+                st.listeners.insert(s.nqn().to_owned(), listeners.clone());
+            }
+            for l in &listeners {
+                let name = trtype_name(l.trtype);
+                if !st.transports.contains_key(name) {
+                    let d = me.describe_transport(l.trtype, None, &CreateTransport::default());
+                    st.transports.insert(name, d);
+                }
+            }
+        }
+        Arc::new(me)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, NvmfState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The target.
+    pub fn target(&self) -> &Arc<Target> {
+        &self.target
+    }
+
+    /// Waits until every core has run a message sent after the change (see
+    /// the module docs).
+    fn settle(&self, svc: &RpcService) -> Result<(), RpcError> {
+        svc.cores().on_each_core(|_| ()).map(|_| ())
+    }
+
+    fn subsystem(&self, nqn: &str) -> Result<Arc<NvmfSubsys>, RpcError> {
+        match self.target.subsystem(nqn) {
+            Some(s) if !s.is_discovery() => Ok(s),
+            Some(_) => Err(invalid(format!(
+                "Subsystem with NQN '{nqn}': the discovery subsystem is not changed by calls"
+            ))),
+            None => Err(invalid(format!("Subsystem with NQN '{nqn}' not found"))),
+        }
+    }
+
+    /// The `nvmf_get_transports` entry of a transport: the target-wide
+    /// values, the TCP options when `tcp` is given, the request's values.
+    fn describe_transport(
+        &self,
+        trtype: TrType,
+        tcp: Option<&TcpOptions>,
+        req: &CreateTransport,
+    ) -> Value {
+        let o = self.target.options();
+        let mut v = json!({
+            "trtype": trtype_name(trtype),
+            "max_queue_depth": req.max_queue_depth.unwrap_or(o.max_queue_depth),
+            "max_io_qpairs_per_ctrlr": req.max_io_qpairs_per_ctrlr.unwrap_or(127),
+            "in_capsule_data_size": req.in_capsule_data_size.unwrap_or(o.in_capsule_data_size),
+            "max_io_size": o.max_io_size,
+            "io_unit_size": o.io_unit_size,
+            "num_shared_buffers": o.num_data_buffers,
+            "buf_cache_size": o.buffer_cache_size,
+        });
+        if let Some(t) = tcp {
+            v["max_queue_depth"] = json!(t.max_queue_depth);
+            v["max_io_qpairs_per_ctrlr"] = json!(t.max_io_qpairs_per_ctrlr);
+            v["in_capsule_data_size"] = json!(t.in_capsule_data_size);
+            v["c2h_success"] = json!(t.c2h_success);
+            v["sock_priority"] = json!(t.sock_priority);
+        }
+        v
+    }
+
+    fn create_transport(&self, svc: &RpcService, p: Option<Value>) -> Result<Value, RpcError> {
+        let req: CreateTransport = decode(p)?;
+        check_tgt(req.tgt_name.as_deref())?;
+        let trtype = parse_trtype(&req.trtype)?;
+        let name = trtype_name(trtype);
+        let mut st = self.lock();
+        if st.transports.contains_key(name) {
+            return Err(RpcError::internal(format!(
+                "Transport type '{name}' already exists"
+            )));
+        }
+        let o = self.target.options();
+        for (key, given, have) in [
+            ("max_io_size", req.max_io_size, o.max_io_size),
+            ("io_unit_size", req.io_unit_size, o.io_unit_size),
+            (
+                "num_shared_buffers",
+                req.num_shared_buffers,
+                u32::try_from(o.num_data_buffers).unwrap_or(u32::MAX),
+            ),
+            (
+                "buf_cache_size",
+                req.buf_cache_size,
+                u32::try_from(o.buffer_cache_size).unwrap_or(u32::MAX),
+            ),
+        ] {
+            if given.is_some_and(|g| g != have) {
+                return Err(RpcError::errno(
+                    Errno::NotSupported,
+                    format!("{key}: target-wide in Pollux ({have}); set it in the target's configuration"),
+                ));
+            }
+        }
+        let desc = match (
+            trtype,
+            self.target.transport_for(&TransportId::tcp_ipv4("", "")),
+        ) {
+            (TrType::Tcp, Some(_)) | (TrType::Rdma, _) => self.adopt(trtype, &req)?,
+            (TrType::Tcp, None) => self.make_tcp(svc, &req)?,
+            _ => return Err(invalid(format!("trtype `{}`", req.trtype))),
+        };
+        st.transports.insert(name, desc);
+        Ok(Value::Bool(true))
+    }
+
+    /// A transport the application made: accepted when the request asks
+    /// for what it has.
+    fn adopt(&self, trtype: TrType, req: &CreateTransport) -> Result<Value, RpcError> {
+        let probe = TransportId {
+            trtype,
+            adrfam: AdrFam::Ipv4,
+            traddr: String::new(),
+            trsvcid: String::new(),
+        };
+        let Some(_t) = self.target.transport_for(&probe) else {
+            return Err(RpcError::internal(format!(
+                "Transport type '{}' create failed: this application has no {} transport",
+                trtype_name(trtype),
+                trtype_name(trtype)
+            )));
+        };
+        let have = self.describe_transport(trtype, None, &CreateTransport::default());
+        for (key, given) in [
+            ("max_queue_depth", req.max_queue_depth.map(u32::from)),
+            (
+                "max_io_qpairs_per_ctrlr",
+                req.max_io_qpairs_per_ctrlr.map(u32::from),
+            ),
+            ("in_capsule_data_size", req.in_capsule_data_size),
+        ] {
+            if let Some(g) = given {
+                if have[key] != json!(g) {
+                    return Err(RpcError::errno(
+                        Errno::NotSupported,
+                        format!(
+                            "{key} {g}: the {} transport runs with {} (set at start)",
+                            trtype_name(trtype),
+                            have[key]
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(have)
+    }
+
+    fn make_tcp(&self, svc: &RpcService, req: &CreateTransport) -> Result<Value, RpcError> {
+        let mut o = TcpOptions::default();
+        if let Some(v) = req.max_queue_depth {
+            o.max_queue_depth = v;
+        }
+        if let Some(v) = req.max_io_qpairs_per_ctrlr {
+            o.max_io_qpairs_per_ctrlr = v;
+        }
+        if let Some(v) = req.in_capsule_data_size {
+            o.in_capsule_data_size = v;
+        }
+        if let Some(v) = req.c2h_success {
+            o.c2h_success = v;
+        }
+        if let Some(v) = req.sock_priority {
+            o.sock_priority = v;
+        }
+        let t = TcpTransport::new(&self.target, o.clone())
+            .map_err(|e| invalid(format!("TCP transport: {e}")))?;
+        let desc = self.describe_transport(TrType::Tcp, Some(&o), req);
+        let dynt: Arc<dyn TargetTransport> = t;
+        self.target
+            .add_transport(Arc::clone(&dynt))
+            .map_err(target_error)?;
+        let groups = Arc::clone(&self.groups);
+        let started = {
+            let t = Arc::clone(&dynt);
+            svc.cores()
+                .on_each_core(move |r| match Arc::clone(&t).start_poll_group(r) {
+                    Ok(Some(g)) => {
+                        groups.keep(r, g);
+                        Ok(())
+                    }
+                    Ok(None) => Ok(()),
+                    Err(e) => Err(e.to_string()),
+                })
+        };
+        let failed = match started {
+            Ok(answers) => answers
+                .into_iter()
+                .find_map(|(c, r)| r.err().map(|e| format!("core {c}: {e}"))),
+            Err(e) => Some(e.to_string()),
+        };
+        if let Some(why) = failed {
+            let groups = Arc::clone(&self.groups);
+            let name = dynt.name();
+            let _ = svc.cores().on_each_core(move |r| groups.release(r, name));
+            let _ = self.target.remove_transport(TrType::Tcp);
+            return Err(RpcError::internal(format!(
+                "Transport type 'TCP' create failed: {why}"
+            )));
+        }
+        Ok(desc)
+    }
+
+    fn get_transports(&self, p: Option<Value>) -> Result<Value, RpcError> {
+        let req: GetFilter = decode(p)?;
+        check_tgt(req.tgt_name.as_deref())?;
+        if req.nqn.is_some() {
+            return Err(invalid("nvmf_get_transports takes no nqn"));
+        }
+        let want = req.trtype.as_deref().map(parse_trtype).transpose()?;
+        let st = self.lock();
+        if let Some(t) = want {
+            let name = trtype_name(t);
+            return match st.transports.get(name) {
+                Some(d) => Ok(json!([d])),
+                None => Err(invalid(format!("Transport type '{name}' not found"))),
+            };
+        }
+        Ok(Value::Array(st.transports.values().cloned().collect()))
+    }
+
+    fn create_subsystem(&self, svc: &RpcService, p: Option<Value>) -> Result<Value, RpcError> {
+        let req: CreateSubsystem = decode(p)?;
+        check_tgt(req.tgt_name.as_deref())?;
+        for (key, on, why) in [
+            (
+                "ana_reporting",
+                req.ana_reporting,
+                "ANA is not reported by Pollux",
+            ),
+            (
+                "passthrough",
+                req.passthrough,
+                "Pollux has no NVMe passthrough",
+            ),
+            (
+                "enable_nssr",
+                req.enable_nssr,
+                "Pollux has no NVM subsystem reset",
+            ),
+        ] {
+            if on == Some(true) {
+                return Err(RpcError::errno(
+                    Errno::NotSupported,
+                    format!("{key}: {why}"),
+                ));
+            }
+        }
+        let mut cfg = SubsystemConfig::new(req.nqn.clone());
+        cfg.serial = req
+            .serial_number
+            .clone()
+            .unwrap_or_else(|| DEFAULT_SERIAL.into());
+        cfg.model = req
+            .model_number
+            .clone()
+            .unwrap_or_else(|| DEFAULT_MODEL.into());
+        cfg.allow_any_host = req.allow_any_host.unwrap_or(false);
+        cfg.max_namespaces = req
+            .max_namespaces
+            .filter(|&n| n != 0)
+            .unwrap_or(DEFAULT_MAX_NAMESPACES);
+        let (lo, hi) = cfg.cntlid_range;
+        cfg.cntlid_range = (req.min_cntlid.unwrap_or(lo), req.max_cntlid.unwrap_or(hi));
+        let mut st = self.lock();
+        if self.target.subsystem(&req.nqn).is_some() {
+            return Err(RpcError::internal(format!(
+                "Unable to create subsystem {}: it exists",
+                req.nqn
+            )));
+        }
+        self.target.add_subsystem(cfg).map_err(|e| match e {
+            TargetError::InvalidOption(why) => invalid(why),
+            other => RpcError::internal(format!("Unable to create subsystem {}: {other}", req.nqn)),
+        })?;
+        st.listeners.insert(req.nqn.clone(), Vec::new());
+        drop(st);
+        self.settle(svc)?;
+        Ok(Value::Bool(true))
+    }
+
+    fn delete_subsystem(&self, svc: &RpcService, p: Option<Value>) -> Result<Value, RpcError> {
+        let req: SubsystemRef = decode(p)?;
+        check_tgt(req.tgt_name.as_deref())?;
+        let mut st = self.lock();
+        self.subsystem(&req.nqn)?;
+        self.target
+            .remove_subsystem(&req.nqn)
+            .map_err(target_error)?;
+        let gone = st.listeners.remove(&req.nqn).unwrap_or_default();
+        for trid in gone {
+            self.release_listener(svc, &st, &trid);
+        }
+        drop(st);
+        self.settle(svc)?;
+        Ok(Value::Bool(true))
+    }
+
+    /// Closes `trid` on the target when no subsystem lists it any more,
+    /// and disconnects the queues that came in through it on every core.
+    fn release_listener(&self, svc: &RpcService, st: &NvmfState, trid: &TransportId) {
+        if st.listeners.values().any(|l| l.contains(trid)) {
+            return;
+        }
+        if let Err(e) = self.target.remove_listener(trid) {
+            log::warn!("nvmf: closing listener {trid}: {e}");
+            return;
+        }
+        let groups = Arc::clone(&self.groups);
+        let t = trid.clone();
+        match svc
+            .cores()
+            .on_each_core(move |r| groups.disconnect_listener(r, &t))
+        {
+            Ok(n) => {
+                let n: usize = n.iter().map(|(_, k)| k).sum();
+                if n > 0 {
+                    log::info!("nvmf: listener {trid} closed: {n} queue(s) disconnected");
+                }
+            }
+            Err(e) => log::warn!("nvmf: disconnecting the queues of {trid}: {e}"),
+        }
+    }
+
+    fn describe_subsystem(&self, st: &NvmfState, s: &NvmfSubsys) -> Value {
+        let mut v = Map::new();
+        v.insert("nqn".into(), json!(s.nqn()));
+        if s.is_discovery() {
+            v.insert("subtype".into(), json!("Discovery"));
+            v.insert("listen_addresses".into(), json!([]));
+            v.insert("allow_any_host".into(), json!(true));
+            v.insert("hosts".into(), json!([]));
+            return Value::Object(v);
+        }
+        let listeners: Vec<Value> = st
+            .listeners
+            .get(s.nqn())
+            .map(|l| l.iter().map(describe_trid).collect())
+            .unwrap_or_default();
+        let (lo, hi) = s.cntlid_range();
+        v.insert("subtype".into(), json!("NVMe"));
+        v.insert("listen_addresses".into(), Value::Array(listeners));
+        v.insert("allow_any_host".into(), json!(s.allows_any_host()));
+        v.insert(
+            "hosts".into(),
+            Value::Array(s.hosts().into_iter().map(|h| json!({"nqn": h})).collect()),
+        );
+        v.insert("serial_number".into(), json!(s.serial()));
+        v.insert("model_number".into(), json!(s.model()));
+        v.insert("max_namespaces".into(), json!(s.max_namespaces()));
+        v.insert("min_cntlid".into(), json!(lo));
+        v.insert("max_cntlid".into(), json!(hi));
+        let ns: Vec<Value> = s
+            .namespaces()
+            .iter()
+            .map(|n| {
+                json!({
+                    "nsid": n.nsid(),
+                    "bdev_name": n.bdev().name(),
+                    "name": n.bdev().name(),
+                    "nguid": hex(&n.nguid()),
+                    "eui64": hex(&n.eui64()),
+                    "uuid": Uuid::from_bytes(n.uuid()).to_string(),
+                })
+            })
+            .collect();
+        v.insert("namespaces".into(), Value::Array(ns));
+        Value::Object(v)
+    }
+
+    fn get_subsystems(&self, p: Option<Value>) -> Result<Value, RpcError> {
+        let req: GetFilter = decode(p)?;
+        check_tgt(req.tgt_name.as_deref())?;
+        if req.trtype.is_some() {
+            return Err(invalid("nvmf_get_subsystems takes no trtype"));
+        }
+        let st = self.lock();
+        if let Some(nqn) = &req.nqn {
+            let s = self
+                .target
+                .subsystem(nqn)
+                .ok_or_else(|| invalid(format!("Subsystem with NQN '{nqn}' not found")))?;
+            return Ok(json!([self.describe_subsystem(&st, &s)]));
+        }
+        let mut out = vec![self.describe_subsystem(&st, self.target.discovery_subsystem())];
+        for s in self.target.subsystems() {
+            out.push(self.describe_subsystem(&st, &s));
+        }
+        Ok(Value::Array(out))
+    }
+
+    fn add_ns(&self, svc: &RpcService, p: Option<Value>) -> Result<Value, RpcError> {
+        let req: AddNs = decode(p)?;
+        check_tgt(req.tgt_name.as_deref())?;
+        let n = &req.namespace;
+        if n.ptpl_file.as_deref().is_some_and(|f| !f.is_empty()) {
+            return Err(RpcError::errno(
+                Errno::NotSupported,
+                "ptpl_file: reservations are not persisted by Pollux",
+            ));
+        }
+        if n.anagrpid.is_some_and(|g| g > 1) {
+            return Err(RpcError::errno(
+                Errno::NotSupported,
+                "anagrpid: ANA groups are not reported by Pollux",
+            ));
+        }
+        if n.hide_metadata == Some(true) {
+            return Err(RpcError::errno(
+                Errno::NotSupported,
+                "hide_metadata: bdevs with metadata are not exported",
+            ));
+        }
+        if n.no_auto_visible == Some(true) {
+            return Err(RpcError::errno(
+                Errno::NotSupported,
+                "no_auto_visible: every namespace is visible to every host",
+            ));
+        }
+        let _st = self.lock();
+        let sub = self.subsystem(&req.nqn)?;
+        let bdev = self.registry.get(&n.bdev_name).ok_or_else(|| {
+            invalid(format!(
+                "Unable to add namespace: no bdev named `{}`",
+                n.bdev_name
+            ))
+        })?;
+        let mut cfg = NamespaceConfig::new(bdev);
+        cfg.nsid = n.nsid.filter(|&id| id != 0);
+        cfg.nguid = n
+            .nguid
+            .as_deref()
+            .map(|s| parse_hex("nguid", s))
+            .transpose()?;
+        cfg.eui64 = n
+            .eui64
+            .as_deref()
+            .map(|s| parse_hex("eui64", s))
+            .transpose()?;
+        cfg.uuid = n
+            .uuid
+            .as_deref()
+            .map(|s| Uuid::parse(s).map(|u| u.bytes()).map_err(invalid))
+            .transpose()?;
+        let nsid = sub.add_namespace(cfg).map_err(|e| match e {
+            TargetError::Bdev(b) => RpcError::from(b),
+            other => invalid(format!("Unable to add namespace: {other}")),
+        })?;
+        drop(_st);
+        self.settle(svc)?;
+        Ok(json!(nsid))
+    }
+
+    fn remove_ns(&self, svc: &RpcService, p: Option<Value>) -> Result<Value, RpcError> {
+        let req: RemoveNs = decode(p)?;
+        check_tgt(req.tgt_name.as_deref())?;
+        let st = self.lock();
+        let sub = self.subsystem(&req.nqn)?;
+        sub.remove_namespace(req.nsid)
+            .map_err(|e| invalid(e.to_string()))?;
+        drop(st);
+        self.settle(svc)?;
+        Ok(Value::Bool(true))
+    }
+
+    fn add_listener(&self, svc: &RpcService, p: Option<Value>) -> Result<Value, RpcError> {
+        let req: ListenerParams = decode(p)?;
+        check_tgt(req.tgt_name.as_deref())?;
+        if req.secure_channel == Some(true) {
+            return Err(RpcError::errno(
+                Errno::NotSupported,
+                "secure_channel: no TLS in Pollux",
+            ));
+        }
+        if req
+            .ana_state
+            .as_deref()
+            .is_some_and(|a| !a.eq_ignore_ascii_case("optimized"))
+        {
+            return Err(RpcError::errno(
+                Errno::NotSupported,
+                "ana_state: only optimized",
+            ));
+        }
+        let trid = parse_trid(&req.listen_address)?;
+        let mut st = self.lock();
+        self.subsystem(&req.nqn)?;
+        if st
+            .listeners
+            .get(&req.nqn)
+            .is_some_and(|l| l.contains(&trid))
+        {
+            return Err(invalid(format!(
+                "Listener {trid} already exists for {}",
+                req.nqn
+            )));
+        }
+        let open = self.target.listeners().iter().any(|l| l.trid == trid);
+        if !open {
+            if !st.transports.contains_key(trtype_name(trid.trtype)) {
+                return Err(invalid(format!(
+                    "Unable to find {} transport (nvmf_create_transport first)",
+                    trtype_name(trid.trtype)
+                )));
+            }
+            self.target
+                .add_listener(trid.clone())
+                .map_err(|e| invalid(format!("Unable to listen on {trid}: {e}")))?;
+        }
+        st.listeners.entry(req.nqn.clone()).or_default().push(trid);
+        drop(st);
+        self.settle(svc)?;
+        Ok(Value::Bool(true))
+    }
+
+    fn remove_listener(&self, svc: &RpcService, p: Option<Value>) -> Result<Value, RpcError> {
+        let req: ListenerParams = decode(p)?;
+        check_tgt(req.tgt_name.as_deref())?;
+        let trid = parse_trid(&req.listen_address)?;
+        let mut st = self.lock();
+        self.subsystem(&req.nqn)?;
+        let list = st.listeners.entry(req.nqn.clone()).or_default();
+        let Some(i) = list.iter().position(|t| t == &trid) else {
+            return Err(invalid(format!(
+                "Unable to find listener {trid} of {}",
+                req.nqn
+            )));
+        };
+        list.remove(i);
+        self.release_listener(svc, &st, &trid);
+        drop(st);
+        self.settle(svc)?;
+        Ok(Value::Bool(true))
+    }
+
+    fn add_host(&self, svc: &RpcService, p: Option<Value>) -> Result<Value, RpcError> {
+        let req: HostParams = decode(p)?;
+        check_tgt(req.tgt_name.as_deref())?;
+        if req.psk.is_some() {
+            return Err(RpcError::errno(
+                Errno::NotSupported,
+                "psk: no TLS in Pollux",
+            ));
+        }
+        if !is_valid_nqn(&req.host) {
+            return Err(invalid(format!("host `{}` is not a valid NQN", req.host)));
+        }
+        let st = self.lock();
+        let sub = self.subsystem(&req.nqn)?;
+        if sub.hosts().contains(&req.host) {
+            return Err(invalid(format!(
+                "host {} is already allowed on {}",
+                req.host, req.nqn
+            )));
+        }
+        sub.allow_host(req.host);
+        drop(st);
+        self.settle(svc)?;
+        Ok(Value::Bool(true))
+    }
+
+    fn remove_host(&self, svc: &RpcService, p: Option<Value>) -> Result<Value, RpcError> {
+        let req: HostParams = decode(p)?;
+        check_tgt(req.tgt_name.as_deref())?;
+        let st = self.lock();
+        let sub = self.subsystem(&req.nqn)?;
+        if !sub.hosts().contains(&req.host) {
+            return Err(invalid(format!(
+                "host {} is not allowed on {}",
+                req.host, req.nqn
+            )));
+        }
+        sub.disallow_host(&req.host);
+        drop(st);
+        self.settle(svc)?;
+        Ok(Value::Bool(true))
+    }
+
+    fn allow_any_host(&self, svc: &RpcService, p: Option<Value>) -> Result<Value, RpcError> {
+        let req: AllowAnyHost = decode(p)?;
+        check_tgt(req.tgt_name.as_deref())?;
+        let st = self.lock();
+        self.subsystem(&req.nqn)?
+            .set_allow_any_host(req.allow_any_host);
+        drop(st);
+        self.settle(svc)?;
+        Ok(Value::Bool(true))
+    }
+
+    fn get_controllers(&self, p: Option<Value>) -> Result<Value, RpcError> {
+        let req: SubsystemRef = decode(p)?;
+        check_tgt(req.tgt_name.as_deref())?;
+        let sub = self.subsystem(&req.nqn)?;
+        Ok(Value::Array(
+            sub.controllers()
+                .iter()
+                .map(|c| {
+                    json!({
+                        "cntlid": c.cntlid(),
+                        "hostnqn": c.hostnqn(),
+                        "hostid": Uuid::from_bytes(c.hostid()).to_string(),
+                        "num_io_qpairs": c.io_qids().len(),
+                    })
+                })
+                .collect(),
+        ))
+    }
+
+    fn get_qpairs(&self, p: Option<Value>) -> Result<Value, RpcError> {
+        let req: SubsystemRef = decode(p)?;
+        check_tgt(req.tgt_name.as_deref())?;
+        let sub = self.subsystem(&req.nqn)?;
+        let mut out = Vec::new();
+        for c in sub.controllers() {
+            let state = if c.is_dead() { "deleting" } else { "active" };
+            for qid in std::iter::once(0).chain(c.io_qids()) {
+                out.push(json!({
+                    "cntlid": c.cntlid(),
+                    "qid": qid,
+                    "state": state,
+                    "trtype": trtype_name(c.trtype()),
+                }));
+            }
+        }
+        Ok(Value::Array(out))
+    }
+
+    fn get_listeners(&self, p: Option<Value>) -> Result<Value, RpcError> {
+        let req: SubsystemRef = decode(p)?;
+        check_tgt(req.tgt_name.as_deref())?;
+        let st = self.lock();
+        self.subsystem(&req.nqn)?;
+        Ok(Value::Array(
+            st.listeners
+                .get(&req.nqn)
+                .map(|l| {
+                    l.iter()
+                        .map(|t| json!({"address": describe_trid(t), "ana_state": "optimized"}))
+                        .collect()
+                })
+                .unwrap_or_default(),
+        ))
+    }
+
+    fn get_stats(&self, svc: &RpcService, p: Option<Value>) -> Result<Value, RpcError> {
+        let req: GetStats = decode(p)?;
+        check_tgt(req.tgt_name.as_deref())?;
+        let groups = Arc::clone(&self.groups);
+        let per_core = svc.cores().on_each_core(move |r| groups.connections(r))?;
+        let t = self.target.transport_stats();
+        let poll_groups: Vec<Value> = per_core
+            .into_iter()
+            .map(|(core, conns)| {
+                let total: usize = conns.iter().map(|(_, n)| n).sum();
+                json!({
+                    "name": format!("nvmf_tgt_poll_group_{core:03}"),
+                    "current_io_qpairs": total,
+                    "transports": conns
+                        .iter()
+                        .map(|(name, n)| json!({"trtype": name.to_ascii_uppercase(), "current_qpairs": n}))
+                        .collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        Ok(json!({
+            "tick_rate": 1_000_000_000u64,
+            "accepted": t.accepted,
+            "rejected": t.rejected,
+            "destroyed": t.destroyed,
+            "poll_groups": poll_groups,
+        }))
+    }
+
+    fn config_entries(&self) -> Vec<ConfigEntry> {
+        let st = self.lock();
+        let mut out: Vec<ConfigEntry> = st
+            .transports
+            .values()
+            .map(|d| ConfigEntry::new("nvmf_create_transport", d.clone()))
+            .collect();
+        for s in self.target.subsystems() {
+            let (lo, hi) = s.cntlid_range();
+            out.push(ConfigEntry::new(
+                "nvmf_create_subsystem",
+                json!({
+                    "nqn": s.nqn(),
+                    "serial_number": s.serial(),
+                    "model_number": s.model(),
+                    "allow_any_host": s.allows_any_host(),
+                    "max_namespaces": s.max_namespaces(),
+                    "min_cntlid": lo,
+                    "max_cntlid": hi,
+                }),
+            ));
+            for t in st.listeners.get(s.nqn()).into_iter().flatten() {
+                out.push(ConfigEntry::new(
+                    "nvmf_subsystem_add_listener",
+                    json!({"nqn": s.nqn(), "listen_address": describe_trid(t)}),
+                ));
+            }
+            for h in s.hosts() {
+                out.push(ConfigEntry::new(
+                    "nvmf_subsystem_add_host",
+                    json!({"nqn": s.nqn(), "host": h}),
+                ));
+            }
+            for n in s.namespaces() {
+                out.push(ConfigEntry::new(
+                    "nvmf_subsystem_add_ns",
+                    json!({"nqn": s.nqn(), "namespace": {
+                        "bdev_name": n.bdev().name(),
+                        "nsid": n.nsid(),
+                        "nguid": hex(&n.nguid()),
+                        "eui64": hex(&n.eui64()),
+                        "uuid": Uuid::from_bytes(n.uuid()).to_string(),
+                    }}),
+                ));
+            }
+        }
+        out
+    }
+}
+
+type Body = fn(&NvmfSubsystem, &RpcService, Option<Value>) -> Result<Value, RpcError>;
+
+impl Subsystem for NvmfSubsystem {
+    fn name(&self) -> &'static str {
+        "nvmf"
+    }
+
+    fn depends_on(&self) -> &'static [&'static str] {
+        &["bdev"]
+    }
+
+    fn methods(self: Arc<Self>) -> Vec<Method> {
+        let table: [(&'static str, Body); 16] = [
+            ("nvmf_create_transport", |s, v, p| s.create_transport(v, p)),
+            ("nvmf_get_transports", |s, _, p| s.get_transports(p)),
+            ("nvmf_create_subsystem", |s, v, p| s.create_subsystem(v, p)),
+            ("nvmf_delete_subsystem", |s, v, p| s.delete_subsystem(v, p)),
+            ("nvmf_get_subsystems", |s, _, p| s.get_subsystems(p)),
+            ("nvmf_subsystem_add_ns", |s, v, p| s.add_ns(v, p)),
+            ("nvmf_subsystem_remove_ns", |s, v, p| s.remove_ns(v, p)),
+            ("nvmf_subsystem_add_listener", |s, v, p| {
+                s.add_listener(v, p)
+            }),
+            ("nvmf_subsystem_remove_listener", |s, v, p| {
+                s.remove_listener(v, p)
+            }),
+            ("nvmf_subsystem_add_host", |s, v, p| s.add_host(v, p)),
+            ("nvmf_subsystem_remove_host", |s, v, p| s.remove_host(v, p)),
+            ("nvmf_subsystem_allow_any_host", |s, v, p| {
+                s.allow_any_host(v, p)
+            }),
+            ("nvmf_subsystem_get_controllers", |s, _, p| {
+                s.get_controllers(p)
+            }),
+            ("nvmf_subsystem_get_qpairs", |s, _, p| s.get_qpairs(p)),
+            ("nvmf_subsystem_get_listeners", |s, _, p| s.get_listeners(p)),
+            ("nvmf_get_stats", |s, v, p| s.get_stats(v, p)),
+        ];
+        table
+            .into_iter()
+            .map(|(name, body)| {
+                let me = Arc::clone(&self);
+                Method::runtime(name, move |svc, p| body(&me, svc, p))
+            })
+            .collect()
+    }
+
+    fn config(&self, _svc: &RpcService) -> Result<Vec<ConfigEntry>, RpcError> {
+        Ok(self.config_entries())
+    }
+
+    fn undo(&self, method: &str, params: Option<&Value>, result: &Value) -> Option<ConfigEntry> {
+        let p = params?;
+        let nqn = p.get("nqn")?.clone();
+        match method {
+            "nvmf_create_subsystem" => Some(ConfigEntry::new(
+                "nvmf_delete_subsystem",
+                json!({ "nqn": nqn }),
+            )),
+            "nvmf_subsystem_add_ns" => Some(ConfigEntry::new(
+                "nvmf_subsystem_remove_ns",
+                json!({ "nqn": nqn, "nsid": result.as_u64()? }),
+            )),
+            "nvmf_subsystem_add_listener" => Some(ConfigEntry::new(
+                "nvmf_subsystem_remove_listener",
+                json!({ "nqn": nqn, "listen_address": p.get("listen_address")?.clone() }),
+            )),
+            "nvmf_subsystem_add_host" => Some(ConfigEntry::new(
+                "nvmf_subsystem_remove_host",
+                json!({ "nqn": nqn, "host": p.get("host")?.clone() }),
+            )),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,83 @@
+//! Byte ranges of an [`SgList`] at an offset: what a stream transport
+//! (NVMe/TCP) needs to move a PDU's data to or from part of a request's
+//! buffers.
+
+use pollux_reactor::mem::SgList;
+
+/// The longest contiguous slice of `bufs` starting at byte `off` (empty
+/// past the end).
+pub(crate) fn slice_at_mut(bufs: &mut SgList, mut off: usize) -> &mut [u8] {
+    for b in bufs.iter_mut() {
+        let n = b.len();
+        if off < n {
+            return &mut b.as_mut_slice()[off..];
+        }
+        off -= n;
+    }
+    &mut []
+}
+
+/// Copy `src` into `bufs` from byte `off`; returns the bytes copied (fewer
+/// when `bufs` ends first).
+pub(crate) fn write_at(bufs: &mut SgList, off: usize, src: &[u8]) -> usize {
+    let mut done = 0;
+    while done < src.len() {
+        let dst = slice_at_mut(bufs, off + done);
+        if dst.is_empty() {
+            break;
+        }
+        let n = dst.len().min(src.len() - done);
+        dst[..n].copy_from_slice(&src[done..done + n]);
+        done += n;
+    }
+    done
+}
+
+/// Append `len` bytes of `bufs` from byte `off` to `out`; returns the bytes
+/// appended (fewer when `bufs` ends first).
+pub(crate) fn append_from(bufs: &SgList, mut off: usize, len: usize, out: &mut Vec<u8>) -> usize {
+    let mut left = len;
+    for b in bufs.iter() {
+        if left == 0 {
+            break;
+        }
+        let s = b.as_slice();
+        if off >= s.len() {
+            off -= s.len();
+            continue;
+        }
+        let n = (s.len() - off).min(left);
+        out.extend_from_slice(&s[off..off + n]);
+        left -= n;
+        off = 0;
+    }
+    len - left
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pollux_reactor::mem::DmaBuf;
+
+    fn two_bufs() -> SgList {
+        let mut l = SgList::new();
+        for _ in 0..2 {
+            let mut b = DmaBuf::alloc(8).expect("alloc");
+            b.as_mut_slice().fill(0);
+            l.push(b);
+        }
+        l
+    }
+
+    #[test]
+    fn writes_and_reads_across_buffer_boundaries() {
+        let mut l = two_bufs();
+        assert_eq!(write_at(&mut l, 5, &[1, 2, 3, 4, 5, 6]), 6);
+        let mut out = Vec::new();
+        assert_eq!(append_from(&l, 4, 8, &mut out), 8);
+        assert_eq!(out, [0, 1, 2, 3, 4, 5, 6, 0]);
+        assert_eq!(write_at(&mut l, 14, &[9; 5]), 2);
+        assert_eq!(slice_at_mut(&mut l, 16).len(), 0);
+        assert_eq!(slice_at_mut(&mut l, 9).len(), 7);
+    }
+}

@@ -1,0 +1,56 @@
+//! The NVMe/TCP target transport (NVM Express TCP Transport
+//! Specification), beside RDMA on the same target core.
+//!
+//! - [`TcpTransport`] (shared, `Send + Sync`): options ([`TcpOptions`]),
+//!   listening sockets (bound by [`listen`](super::TargetTransport::listen),
+//!   each owned by one poll group, spread round robin), the placement seats
+//!   and connection counters. It implements
+//!   [`TargetTransport`](super::TargetTransport).
+//! - [`TcpPollGroup`] (one per reactor, `!Send`): accepts on the listeners
+//!   it owns and places each socket with the placement shared with the RDMA
+//!   targets ([`pollux_verbs::placement::Seats`]: fewest connections first,
+//!   or the listener's core); a socket for another core travels by reactor
+//!   message. Each group owns and polls its sockets.
+//! - `conn.rs`: one queue: the receive state machine over the byte stream
+//!   (ICReq first; CapsuleCmd, H2CData, H2CTermReq), in-capsule data
+//!   handed to the core where it lies, H2CData payloads written into the
+//!   request's buffers (straight from the socket once the receive buffer
+//!   is drained), R2Ts of at most MAXH2CDATA each (one outstanding per
+//!   command, any number per connection), reads as C2HData PDUs split at
+//!   `max_c2h_data` with the SUCCESS flag when the host disabled SQ flow
+//!   control and `c2h_success` is on, the CapsuleResp otherwise. Bad input
+//!   ends the connection with a C2HTermReq (fatal error status and field
+//!   offset); a data digest mismatch fails only its command (transient
+//!   transport error for in-capsule data, data transfer error after R2T).
+//!
+//! # Socket engine
+//!
+//! Non-blocking sockets (`std::net`), polled by the reactor: one `read`
+//! into a per-connection receive buffer per round (whole PDUs are handled
+//! where they lie), direct `read`s into request buffers for large H2CData
+//! payloads, and one send buffer per connection written once per poll
+//! (every PDU a poll produced leaves in one `write` when the socket takes
+//! it). Why not io_uring: the reactor already polls; a non-blocking
+//! `read`/`write` per socket per poll costs two syscalls with no extra
+//! ring state, works in every container and kernel the tests run on
+//! (io_uring is often disabled by seccomp), and keeps the transport free
+//! of `unsafe` (buffers registered with a ring would need it). The engine
+//! is the connection's `read`/`write` calls only, so a ring-based engine
+//! can replace them behind the same connection code if measurements show
+//! a gain.
+//!
+//! Addresses: a [`TransportId`](crate::spec::transport_id::TransportId)
+//! with `trtype` TCP, `adrfam` IPv4 or IPv6, `traddr` an IP address and
+//! `trsvcid` the port ([`socket_addr`]).
+
+mod conn;
+mod options;
+mod poll_group;
+mod transport;
+
+#[cfg(test)]
+mod tests;
+
+pub use options::{DigestPolicy, TcpOptions, TcpOptionsError};
+pub use poll_group::TcpPollGroup;
+pub use transport::{socket_addr, TcpInbox, TcpTransport, TcpTransportStats};

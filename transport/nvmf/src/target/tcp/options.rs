@@ -1,0 +1,140 @@
+//! [`TcpOptions`]: the TCP transport's knobs, with SPDK's names
+//! (`nvmf_create_transport -t TCP`).
+
+use super::super::target::TargetOptions;
+use crate::spec::tcp::{Digests, MIN_MAXH2CDATA};
+
+/// Which digests the target grants.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum DigestPolicy {
+    /// Grant each digest the host asks for in its ICReq (SPDK, Linux).
+    #[default]
+    Allow,
+    /// Never enable a digest (answer the ICReq with none).
+    Disable,
+    /// Refuse a host that does not ask for both digests (its ICReq gets an
+    /// H2C termination with "unsupported parameter" at the DGST field).
+    Require,
+}
+
+impl DigestPolicy {
+    /// Parse `allow`, `disable` or `require`.
+    ///
+    /// # Errors
+    /// A message for anything else.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "allow" => Ok(DigestPolicy::Allow),
+            "disable" | "none" => Ok(DigestPolicy::Disable),
+            "require" => Ok(DigestPolicy::Require),
+            _ => Err(format!(
+                "digest policy '{s}': expected allow, disable or require"
+            )),
+        }
+    }
+
+    /// The digests granted to a host that asks for `wanted`; `None` when
+    /// the host must be refused.
+    pub fn grant(self, wanted: Digests) -> Option<Digests> {
+        match self {
+            DigestPolicy::Allow => Some(wanted),
+            DigestPolicy::Disable => Some(Digests::default()),
+            DigestPolicy::Require => (wanted.header && wanted.data).then_some(wanted),
+        }
+    }
+}
+
+/// TCP transport options. Queue depth, in-capsule data size, I/O size and
+/// the data buffer pool are the target's ([`TargetOptions`]); SPDK's
+/// `max_queue_depth` and `in_capsule_data_size` map there, and these
+/// cap them per connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TcpOptions {
+    /// In-capsule data accepted on I/O queues (SPDK `in_capsule_data_size`;
+    /// at most the target's). Admin queues accept up to 8 KiB or this,
+    /// whichever the target allows.
+    pub in_capsule_data_size: u32,
+    /// Most entries per queue (SPDK `max_queue_depth`; at most the target's).
+    pub max_queue_depth: u16,
+    /// Most I/O queues one controller may connect over TCP (SPDK
+    /// `max_io_qpairs_per_ctrlr`): a Connect for a higher QID is refused
+    /// with Connect Invalid Parameters naming the QID field.
+    pub max_io_qpairs_per_ctrlr: u16,
+    /// Largest H2CData payload the target accepts (ICResp MAXH2CDATA, at
+    /// least 4096); also the length of each R2T.
+    pub maxh2cdata: u32,
+    /// Largest C2HData payload the target sends (reads are split there).
+    pub max_c2h_data: u32,
+    /// Send the C2H SUCCESS flag (no CapsuleResp after a read's data) when
+    /// the host disabled SQ flow control (SPDK `c2h_success`).
+    pub c2h_success: bool,
+    /// `SO_PRIORITY` of every accepted socket (SPDK `sock_priority`, 0..=6;
+    /// 0 leaves the default).
+    pub sock_priority: u8,
+    /// Which digests are granted.
+    pub digest: DigestPolicy,
+    /// Which poll group (core) serves a new connection.
+    pub placement: pollux_verbs::placement::PlacementPolicy,
+}
+
+impl Default for TcpOptions {
+    fn default() -> Self {
+        TcpOptions {
+            in_capsule_data_size: 4096,
+            max_queue_depth: 128,
+            max_io_qpairs_per_ctrlr: 127,
+            maxh2cdata: 128 * 1024,
+            max_c2h_data: 128 * 1024,
+            c2h_success: true,
+            sock_priority: 0,
+            digest: DigestPolicy::Allow,
+            placement: pollux_verbs::placement::PlacementPolicy::LeastConnections,
+        }
+    }
+}
+
+/// Why a combination of options cannot work.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid TCP transport options: {0}")]
+pub struct TcpOptionsError(pub String);
+
+impl TcpOptions {
+    /// Check the options against each other and the target's.
+    ///
+    /// # Errors
+    /// [`TcpOptionsError`] naming the option.
+    pub fn validate(&self, t: &TargetOptions) -> Result<(), TcpOptionsError> {
+        let bad = |m: String| Err(TcpOptionsError(m));
+        if self.maxh2cdata < MIN_MAXH2CDATA {
+            return bad(format!("maxh2cdata {} is under 4096", self.maxh2cdata));
+        }
+        if self.max_c2h_data < 512 {
+            return bad(format!("max_c2h_data {} is under 512", self.max_c2h_data));
+        }
+        if self.sock_priority > 6 {
+            return bad(format!("sock_priority {} is over 6", self.sock_priority));
+        }
+        if self.max_queue_depth < 2 {
+            return bad("max_queue_depth must be at least 2".into());
+        }
+        if self.max_io_qpairs_per_ctrlr == 0 {
+            return bad("max_io_qpairs_per_ctrlr must be at least 1".into());
+        }
+        if self.in_capsule_data_size > t.in_capsule_data_size {
+            return bad(format!(
+                "in_capsule_data_size {} exceeds the target's {}",
+                self.in_capsule_data_size, t.in_capsule_data_size
+            ));
+        }
+        Ok(())
+    }
+
+    /// Most in-capsule data one CapsuleCmd PDU may carry before the queue's
+    /// Connect says which queue it is: the admin size (8 KiB, what Linux
+    /// hosts assume) or the I/O size, whichever is larger. The core then
+    /// refuses data over its own in-capsule size with a command status.
+    pub(crate) fn capsule_limit(&self) -> u32 {
+        self.in_capsule_data_size
+            .max(crate::spec::tcp::ADMIN_ICD_SIZE)
+    }
+}

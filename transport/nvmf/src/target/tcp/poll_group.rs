@@ -1,0 +1,308 @@
+//! [`TcpPollGroup`]: one reactor's share of the NVMe/TCP transport: the
+//! listening sockets it owns, its connections and the poller that drives
+//! them.
+//!
+//! Each poll: refresh the owned listeners when the transport's listener
+//! generation moved (one atomic load); accept what is pending on them
+//! (non-blocking) and place each new socket by the transport's
+//! [`PlacementPolicy`](pollux_verbs::placement::PlacementPolicy) (fewest
+//! connections first, or the listener's core): a socket for another group
+//! travels by reactor message to that core's [`TcpInbox`]; adopt handed-over
+//! sockets; poll every connection (receive, core, send).
+
+use std::cell::RefCell;
+use std::net::{TcpListener, TcpStream};
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use pollux_reactor::{PollStatus, PollerId, Reactor};
+
+use super::super::qpair::QueuePair;
+use super::super::transport::{QpairParams, TransportPollGroup};
+use super::conn::TcpConn;
+use super::transport::{TcpInbox, TcpTransport};
+use crate::spec::transport_id::TransportId;
+
+/// Sockets accepted per listener per poll at most.
+const ACCEPTS_PER_POLL: usize = 16;
+
+struct GroupState {
+    conns: Vec<TcpConn>,
+    listeners: Vec<(TransportId, Arc<TcpListener>)>,
+    listen_gen: u64,
+    /// Accepting no more (its connections are closing).
+    shutting_down: bool,
+}
+
+/// One core's NVMe/TCP poll group (`!Send`).
+pub struct TcpPollGroup {
+    state: Rc<RefCell<GroupState>>,
+    transport: Arc<TcpTransport>,
+    reactor: Reactor,
+    poller: PollerId,
+    index: usize,
+    _inbox: Rc<TcpInbox>,
+}
+
+impl std::fmt::Debug for TcpPollGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpPollGroup")
+            .field("index", &self.index)
+            .field("connections", &self.connections())
+            .finish()
+    }
+}
+
+/// What one poll of the group needs besides its state.
+struct Ctx {
+    transport: Arc<TcpTransport>,
+    reactor: Reactor,
+    index: usize,
+    inbox: Rc<TcpInbox>,
+}
+
+impl TcpPollGroup {
+    pub(super) fn new(t: &Arc<TcpTransport>, reactor: &Reactor, index: usize) -> Rc<Self> {
+        let inbox = reactor.channel(t).unwrap_or_else(|e| match e {});
+        t.seats.join(index, reactor.core());
+        let state = Rc::new(RefCell::new(GroupState {
+            conns: Vec::new(),
+            listeners: Vec::new(),
+            listen_gen: 0,
+            shutting_down: false,
+        }));
+        let ctx = Ctx {
+            transport: Arc::clone(t),
+            reactor: reactor.clone(),
+            index,
+            inbox: Rc::clone(&inbox),
+        };
+        let weak = Rc::downgrade(&state);
+        let poller = reactor.add_poller("nvmf-tcp", move || {
+            let Some(state) = weak.upgrade() else {
+                return PollStatus::Idle;
+            };
+            let mut st = state.borrow_mut();
+            PollStatus::from_work(ctx.poll(&mut st))
+        });
+        Rc::new(TcpPollGroup {
+            state,
+            transport: Arc::clone(t),
+            reactor: reactor.clone(),
+            poller,
+            index,
+            _inbox: inbox,
+        })
+    }
+
+    /// Live connections on this core.
+    pub fn connections(&self) -> usize {
+        self.state.borrow().conns.len()
+    }
+
+    /// Requests in use over this group's queues (tests: 0 once idle).
+    pub fn outstanding(&self) -> usize {
+        self.state
+            .borrow()
+            .conns
+            .iter()
+            .map(|c| c.queue().outstanding())
+            .sum()
+    }
+}
+
+impl TransportPollGroup for TcpPollGroup {
+    fn transport_name(&self) -> &'static str {
+        "tcp"
+    }
+
+    fn connections(&self) -> usize {
+        TcpPollGroup::connections(self)
+    }
+
+    /// The listeners this group owns (it accepts on them from its poller).
+    fn listeners(&self) -> usize {
+        self.transport
+            .lock()
+            .iter()
+            .filter(|e| e.owner == self.index)
+            .count()
+    }
+
+    fn shutdown(&self) {
+        self.transport.seats.leave(self.index);
+        let mut st = self.state.borrow_mut();
+        st.shutting_down = true;
+        for c in &mut st.conns {
+            c.shut_down();
+        }
+    }
+    /// Closes the connections whose local address is the listener's
+    /// (its port, and its IP unless it listened on every address).
+    fn disconnect_listener(&self, trid: &crate::spec::transport_id::TransportId) -> usize {
+        let Ok(want) = super::transport::socket_addr(trid) else {
+            return 0;
+        };
+        let mut st = self.state.borrow_mut();
+        let mut n = 0;
+        for c in &mut st.conns {
+            let hit = c.local_addr().is_some_and(|a| {
+                a.port() == want.port() && (want.ip().is_unspecified() || a.ip() == want.ip())
+            });
+            if hit {
+                c.shut_down();
+                n += 1;
+            }
+        }
+        n
+    }
+}
+
+impl Drop for TcpPollGroup {
+    fn drop(&mut self) {
+        self.reactor.remove_poller(self.poller);
+        self.transport.seats.leave(self.index);
+        let conns = std::mem::take(&mut self.state.borrow_mut().conns);
+        for mut c in conns {
+            c.shut_down();
+            self.transport.seats.release(self.index);
+            self.transport
+                .stats
+                .destroyed
+                .fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Ctx {
+    fn poll(&self, st: &mut GroupState) -> bool {
+        let mut busy = false;
+        let gen = self.transport.listen_gen.load(Ordering::Acquire);
+        if st.shutting_down {
+            st.listeners.clear();
+        } else if gen != st.listen_gen {
+            st.listen_gen = gen;
+            st.listeners = self
+                .transport
+                .lock()
+                .iter()
+                .filter(|e| e.owner == self.index)
+                .map(|e| (e.trid.clone(), Arc::clone(&e.sock)))
+                .collect();
+        }
+        for li in 0..st.listeners.len() {
+            for _ in 0..ACCEPTS_PER_POLL {
+                match st.listeners[li].1.accept() {
+                    Ok((s, peer)) => {
+                        busy = true;
+                        log::debug!("nvmf tcp: connection from {peer}");
+                        let trid = st.listeners[li].0.clone();
+                        self.place(st, s, trid);
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(e) => {
+                        log::warn!("nvmf tcp: accept failed: {e}");
+                        break;
+                    }
+                }
+            }
+        }
+        while let Some((s, trid)) = self.inbox.pop() {
+            busy = true;
+            if st.shutting_down {
+                // Placed here before the shutdown: close it.
+                self.transport.seats.release(self.index);
+                self.transport.stats.refused.fetch_add(1, Ordering::Relaxed);
+                drop(s);
+                continue;
+            }
+            self.adopt(st, s, trid);
+        }
+        let mut i = 0;
+        while i < st.conns.len() {
+            let mut done = false;
+            busy |= st.conns[i].poll(&mut done);
+            if done {
+                st.conns.swap_remove(i);
+                self.transport.seats.release(self.index);
+                self.transport
+                    .stats
+                    .destroyed
+                    .fetch_add(1, Ordering::Relaxed);
+                busy = true;
+            } else {
+                i += 1;
+            }
+        }
+        busy
+    }
+
+    /// A new socket: serve it here or hand it to the group placement chose.
+    fn place(&self, st: &mut GroupState, s: TcpStream, trid: TransportId) {
+        let t = &self.transport;
+        let Some((group, core)) = t.seats.place(self.index, t.opts.placement) else {
+            log::warn!("nvmf tcp: no poll group takes connections; closing");
+            t.stats.refused.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        if group == self.index {
+            self.adopt(st, s, trid);
+            return;
+        }
+        let t2 = Arc::clone(t);
+        let sent = self
+            .reactor
+            .send(core, move |r| match r.existing_channel(&t2) {
+                Some(inbox) => inbox.push(s, trid),
+                None => {
+                    log::warn!(
+                        "nvmf tcp: no poll group on core {} for a connection",
+                        r.core()
+                    );
+                    t2.seats.release(group);
+                    t2.stats.refused.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        if let Err(e) = sent {
+            log::warn!("nvmf tcp: cannot hand a connection to core {core}: {e}");
+            t.seats.release(group);
+            t.stats.refused.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Make a connection of a socket placed on this group (its seat taken).
+    fn adopt(&self, st: &mut GroupState, s: TcpStream, trid: TransportId) {
+        let t = &self.transport;
+        match self.open(s, trid) {
+            Ok(c) => {
+                t.stats.accepted.fetch_add(1, Ordering::Relaxed);
+                st.conns.push(c);
+            }
+            Err(e) => {
+                log::warn!("nvmf tcp: cannot serve a connection: {e}");
+                t.seats.release(self.index);
+                t.stats.refused.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    fn open(&self, s: TcpStream, trid: TransportId) -> Result<TcpConn, String> {
+        let t = &self.transport;
+        s.set_nonblocking(true).map_err(|e| e.to_string())?;
+        s.set_nodelay(true).map_err(|e| e.to_string())?;
+        if t.opts.sock_priority > 0 {
+            socket2::SockRef::from(&s)
+                .set_priority(u32::from(t.opts.sock_priority))
+                .map_err(|e| format!("SO_PRIORITY: {e}"))?;
+        }
+        let params = QpairParams {
+            depth: t.opts.max_queue_depth,
+            in_capsule_data_size: t.opts.capsule_limit(),
+            listener: trid,
+            qid: None,
+        };
+        let qp = QueuePair::new(&t.target, &self.reactor, params).map_err(|e| e.to_string())?;
+        Ok(TcpConn::new(s, qp, t))
+    }
+}
