@@ -302,7 +302,10 @@ impl<T: HostTransport> Controller<T> {
             )));
         }
         let discovery = ident.cntrltype == CNTRLTYPE_DISCOVERY || who.subnqn == DISCOVERY_NQN;
-        if !discovery && ident.sgls & crate::spec::identify::SGLS_KEYED == 0 {
+        if !discovery
+            && super::transport::HostQueue::needs_keyed_sgls(admin.transport())
+            && ident.sgls & crate::spec::identify::SGLS_KEYED == 0
+        {
             return Err(HostError::Protocol(
                 "the controller does not support keyed SGLs".into(),
             ));

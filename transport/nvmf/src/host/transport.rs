@@ -87,6 +87,13 @@ pub trait HostQueue {
     /// the core then fails every outstanding command.
     fn poll(&mut self, done: &mut Vec<(u16, NvmeCompletion)>) -> Result<bool, HostError>;
 
+    /// Whether this transport needs keyed SGLs (RDMA: the target reaches
+    /// host memory by key, so a controller without them is refused).
+    /// NVMe/TCP moves data in PDUs and needs none. Default: yes.
+    fn needs_keyed_sgls(&self) -> bool {
+        true
+    }
+
     /// Whether the Connect on this queue asks the target to disable SQ flow
     /// control (NVMe/TCP hosts do, as Linux does: the target may then
     /// answer a read with C2H SUCCESS and no response capsule). Default: no.

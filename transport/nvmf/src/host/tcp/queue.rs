@@ -606,6 +606,12 @@ impl HostQueue for TcpQueue {
         true
     }
 
+    /// Data moves in PDUs: a controller without keyed SGLs (Linux
+    /// nvmet-tcp) is fine.
+    fn needs_keyed_sgls(&self) -> bool {
+        false
+    }
+
     fn abandon(&mut self, slot: u16) {
         if let Some(s) = self.slots.get_mut(usize::from(slot)) {
             s.busy = false;

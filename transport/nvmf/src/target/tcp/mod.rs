@@ -30,14 +30,16 @@
 //! where they lie), direct `read`s into request buffers for large H2CData
 //! payloads, and one send buffer per connection written once per poll
 //! (every PDU a poll produced leaves in one `write` when the socket takes
-//! it). Why not io_uring: the reactor already polls; a non-blocking
-//! `read`/`write` per socket per poll costs two syscalls with no extra
-//! ring state, works in every container and kernel the tests run on
-//! (io_uring is often disabled by seccomp), and keeps the transport free
-//! of `unsafe` (buffers registered with a ring would need it). The engine
-//! is the connection's `read`/`write` calls only, so a ring-based engine
-//! can replace them behind the same connection code if measurements show
-//! a gain.
+//! it). Chosen without a measurement (the shared development machine
+//! cannot give one; the benchmarks on a quiet machine decide): the reactor
+//! already polls, so a non-blocking call per socket per poll needs no ring
+//! state; it works where io_uring is disabled (containers, seccomp); and it
+//! keeps this crate free of `unsafe` (a ring with provided or registered
+//! buffers would live in `pollux_reactor::io`, where `unsafe` is allowed).
+//! The engine is the connection's `read`/`write` calls and the shared
+//! send/receive buffers (`tcp_bufs.rs`) only, so an io_uring engine
+//! (multishot receive into provided buffers, one send SQE per socket per
+//! poll) can replace them behind the same connection code if it wins.
 //!
 //! Addresses: a [`TransportId`](crate::spec::transport_id::TransportId)
 //! with `trtype` TCP, `adrfam` IPv4 or IPv6, `traddr` an IP address and

@@ -54,7 +54,7 @@ pub struct TcpOptions {
     /// at most the target's). Admin queues accept up to 8 KiB or this,
     /// whichever the target allows.
     pub in_capsule_data_size: u32,
-    /// Most entries per queue (SPDK `max_queue_depth`; at most the target's).
+    /// Most entries per queue (SPDK `max_queue_depth`; 2 up to the target's).
     pub max_queue_depth: u16,
     /// Most I/O queues one controller may connect over TCP (SPDK
     /// `max_io_qpairs_per_ctrlr`): a Connect for a higher QID is refused
@@ -114,8 +114,11 @@ impl TcpOptions {
         if self.sock_priority > 6 {
             return bad(format!("sock_priority {} is over 6", self.sock_priority));
         }
-        if self.max_queue_depth < 2 {
-            return bad("max_queue_depth must be at least 2".into());
+        if self.max_queue_depth < 2 || self.max_queue_depth > t.max_queue_depth {
+            return bad(format!(
+                "max_queue_depth {} must lie in 2..={} (the target's)",
+                self.max_queue_depth, t.max_queue_depth
+            ));
         }
         if self.max_io_qpairs_per_ctrlr == 0 {
             return bad("max_io_qpairs_per_ctrlr must be at least 1".into());
@@ -136,5 +139,74 @@ impl TcpOptions {
     pub(crate) fn capsule_limit(&self) -> u32 {
         self.in_capsule_data_size
             .max(crate::spec::tcp::ADMIN_ICD_SIZE)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn digest_policies_grant_what_they_say() {
+        let both = Digests {
+            header: true,
+            data: true,
+        };
+        let hdr = Digests {
+            header: true,
+            data: false,
+        };
+        assert_eq!(DigestPolicy::Allow.grant(hdr), Some(hdr));
+        assert_eq!(DigestPolicy::Disable.grant(both), Some(Digests::default()));
+        assert_eq!(DigestPolicy::Require.grant(hdr), None);
+        assert_eq!(DigestPolicy::Require.grant(both), Some(both));
+        assert_eq!(DigestPolicy::parse("require"), Ok(DigestPolicy::Require));
+        assert!(DigestPolicy::parse("sometimes").is_err());
+    }
+
+    #[test]
+    fn options_that_cannot_work_are_named() {
+        let t = TargetOptions::default();
+        assert!(TcpOptions::default().validate(&t).is_ok());
+        for (o, what) in [
+            (
+                TcpOptions {
+                    maxh2cdata: 1024,
+                    ..TcpOptions::default()
+                },
+                "maxh2cdata",
+            ),
+            (
+                TcpOptions {
+                    sock_priority: 7,
+                    ..TcpOptions::default()
+                },
+                "sock_priority",
+            ),
+            (
+                TcpOptions {
+                    max_queue_depth: 1024,
+                    ..TcpOptions::default()
+                },
+                "max_queue_depth",
+            ),
+            (
+                TcpOptions {
+                    in_capsule_data_size: 65536,
+                    ..TcpOptions::default()
+                },
+                "in_capsule_data_size",
+            ),
+            (
+                TcpOptions {
+                    max_io_qpairs_per_ctrlr: 0,
+                    ..TcpOptions::default()
+                },
+                "max_io_qpairs_per_ctrlr",
+            ),
+        ] {
+            let e = o.validate(&t).expect_err(what);
+            assert!(e.to_string().contains(what), "{e}");
+        }
     }
 }

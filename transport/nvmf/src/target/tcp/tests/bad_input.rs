@@ -33,8 +33,7 @@ fn a_pdu_before_icreq_is_a_sequence_error() {
 fn a_length_that_lies_names_plen() {
     let f = fixture(TcpOptions::default());
     let mut r = Raw::handshake(&f, Digests::default());
-    let (cmd, data) = connect_cmd(0, CNTLID_DYNAMIC, SglDescriptor::in_capsule(0, 1024));
-    let mut p = r.capsule(&cmd, &data);
+    let mut p = r.admin_connect();
     // plen says less than the header.
     p[4..8].copy_from_slice(&40u32.to_le_bytes());
     r.send(&p);
@@ -61,8 +60,7 @@ fn a_bad_header_digest_is_fatal() {
         data: true,
     };
     let mut r = Raw::handshake(&f, both);
-    let (cmd, data) = connect_cmd(0, CNTLID_DYNAMIC, SglDescriptor::in_capsule(0, 1024));
-    let mut p = r.capsule(&cmd, &data);
+    let mut p = r.admin_connect();
     p[72] ^= 0xFF; // the header digest
     r.send(&p);
     r.expect_term(&f, Fes::HeaderDigest, None);
@@ -77,8 +75,7 @@ fn a_bad_data_digest_fails_only_its_command() {
         data: true,
     };
     let mut r = Raw::handshake(&f, ddgst);
-    let (cmd, data) = connect_cmd(0, CNTLID_DYNAMIC, SglDescriptor::in_capsule(0, 1024));
-    let mut p = r.capsule(&cmd, &data);
+    let mut p = r.admin_connect();
     let last = p.len() - 1;
     p[last] ^= 0xFF;
     r.send(&p);
@@ -87,7 +84,7 @@ fn a_bad_data_digest_fails_only_its_command() {
     let cpl = NvmeCompletion::parse(&rsp[8..24]).unwrap();
     assert_eq!(cpl.status, NvmeStatus::TRANSIENT_TRANSPORT_ERROR);
     // The same Connect with a good digest succeeds on the same connection.
-    let p = r.capsule(&cmd, &data);
+    let p = r.admin_connect();
     r.send(&p);
     let rsp = r.pdu(&f);
     let cpl = NvmeCompletion::parse(&rsp[8..24]).unwrap();

@@ -4,19 +4,16 @@
 //! serves it (ICReq, Connect) and tears it down on its own core. With
 //! `ListenerCore` placement every connection stays on the listener's core.
 
-use super::raw::{connect_cmd, Raw};
+use super::raw::Raw;
 use super::*;
-use crate::spec::connect::CNTLID_DYNAMIC;
 use crate::spec::cpl::NvmeCompletion;
-use crate::spec::sgl::SglDescriptor;
 use crate::spec::tcp::Digests;
 use pollux_verbs::placement::PlacementPolicy;
 
 /// A connection with a connected admin queue (its own controller).
 fn admin(f: &Fx) -> Raw {
     let mut r = Raw::handshake(f, Digests::default());
-    let (cmd, data) = connect_cmd(0, CNTLID_DYNAMIC, SglDescriptor::in_capsule(0, 1024));
-    let p = r.capsule(&cmd, &data);
+    let p = r.admin_connect();
     r.send(&p);
     let rsp = r.pdu(f);
     let cpl = NvmeCompletion::parse(&rsp[8..24]).unwrap();

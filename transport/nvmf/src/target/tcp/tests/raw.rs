@@ -7,7 +7,7 @@ use std::net::TcpStream;
 
 use super::*;
 use crate::spec::cmd::NvmeCmd;
-use crate::spec::connect::{ConnectCmd, ConnectData, CONNECT_DATA_SIZE};
+use crate::spec::connect::{ConnectCmd, ConnectData, CNTLID_DYNAMIC, CONNECT_DATA_SIZE};
 use crate::spec::sgl::SglDescriptor;
 use crate::spec::tcp::{
     crc32c, CapsuleCmdHdr, CommonHeader, Digests, Fes, H2cData, IcReq, IcResp, PduType, SendLayout,
@@ -121,6 +121,13 @@ impl Raw {
             out.extend_from_slice(&crc32c(data).to_le_bytes());
         }
         out
+    }
+
+    /// An admin-queue Connect capsule (new controller) with its 1 KiB of
+    /// data in the capsule, laid out for this connection's digests.
+    pub(super) fn admin_connect(&self) -> Vec<u8> {
+        let (cmd, data) = connect_cmd(0, CNTLID_DYNAMIC, SglDescriptor::in_capsule(0, 1024));
+        self.capsule(&cmd, &data)
     }
 
     pub(super) fn h2c(&self, h: &H2cData, data: &[u8]) -> Vec<u8> {
