@@ -59,10 +59,15 @@ done
 grep -q 'pollux-tgt: ready' "$W/tgt.log" || { cat "$W/tgt.log"; echo "FAIL pollux-tgt did not start"; exit 1; }
 pass "pollux-tgt ready"
 R="trtype:rdma adrfam:ipv4 traddr:$T trsvcid:$PORT"
-perf() { # perf SUBNQN EXTRA...: pollux-perf on the host device, 2 I/O queues, --verify
+ARGS=(--device "$LAB_HOST_DEV" --cores "${LAB_USER_PERF_CORE:-1}" --mem pool -P 2 -q 8 -o 8192 -w randrw --verify)
+perf() { # perf SUBNQN EXTRA...: pollux-perf on the host device, 2 I/O queues, --verify (90 s at most)
   local nqn=$1; shift
-  "$PERF" -r "$R subnqn:$nqn" --device "$LAB_HOST_DEV" --cores "${LAB_USER_PERF_CORE:-1}" \
-    --mem pool -P 2 -q 8 -o 8192 -w randrw --verify "$@"
+  timeout -k 5 90 "$PERF" -r "$R subnqn:$nqn" "${ARGS[@]}" "$@"
+}
+perf_bg() { # perf_bg LOG EXTRA...: pollux-perf in the background (P: its own pid, to signal)
+  local log=$1; shift
+  "$PERF" -r "$R subnqn:$NQN" "${ARGS[@]}" "$@" >"$log" 2>&1 &
+  P=$!
 }
 # idle: wait (60 s at most) until the stats file counts no connection.
 idle() {
@@ -79,15 +84,13 @@ declare -a tally=(0 0 0 0)
 for n in $(seq 1 "$CYCLES"); do
   case $((n % 6)) in
     2) # SIGKILLed with I/O in flight
-      perf "$NQN" -t 30 >"$W/perf-$n.log" 2>&1 &
-      P=$!
+      perf_bg "$W/perf-$n.log" -t 30
       for _ in $(seq 100); do grep -q '"connections": *[1-9]' "$W/stats.json" && break; sleep 0.1; done
       sleep 1
       kill -KILL "$P"; wait "$P" 2>/dev/null
       tally[1]=$((tally[1] + 1)) ;;
     4) # stops sending keep-alives: the target's KATO ends it
-      perf "$NQN" -t 30 --kato 2 >"$W/perf-$n.log" 2>&1 &
-      P=$!
+      perf_bg "$W/perf-$n.log" -t 30 --kato 2
       for _ in $(seq 100); do grep -q '"connections": *[1-9]' "$W/stats.json" && break; sleep 0.1; done
       sleep 1
       kill -STOP "$P"
@@ -95,12 +98,12 @@ for n in $(seq 1 "$CYCLES"); do
       kill -KILL "$P"; kill -CONT "$P" 2>/dev/null; wait "$P" 2>/dev/null
       tally[2]=$((tally[2] + 1)) ;;
     5) # refused: no such subsystem
-      if timeout -k 5 60 perf nqn.2016-06.io.pollux:no-such -t 1 >"$W/perf-$n.log" 2>&1; then
+      if perf nqn.2016-06.io.pollux:no-such -t 1 >"$W/perf-$n.log" 2>&1; then
         fail "cycle $n: a connect to an unknown subsystem succeeded"
       fi
       tally[3]=$((tally[3] + 1)) ;;
     *) # clean
-      if ! timeout -k 5 60 perf "$NQN" -t 1 >"$W/perf-$n.log" 2>&1; then
+      if ! perf "$NQN" -t 1 >"$W/perf-$n.log" 2>&1; then
         tail -n 5 "$W/perf-$n.log"; fail "cycle $n: pollux-perf --verify failed"
       fi
       tally[0]=$((tally[0] + 1)) ;;
@@ -127,7 +130,7 @@ else
   fail "no keep-alive timeout counted"
 fi
 # The next host is served normally.
-if timeout -k 5 60 perf "$NQN" -t 2 >"$W/perf-last.log" 2>&1; then
+if perf "$NQN" -t 2 >"$W/perf-last.log" 2>&1; then
   pass "the next host is served (--verify)"
 else
   tail -n 5 "$W/perf-last.log"; fail "the next host failed"
