@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CI entry: connection churn with real verbs. Builds pollux-perf and
+# Connection churn with real verbs. Builds pollux-perf and
 # pollux-tgt --release --features ibverbs and boots the lab with two vCPUs
 # for tests/vm/soak-guest.sh: a small count of hosts that connect, verify
 # and go (cleanly, SIGKILLed, keep-alives stopped, refused) while the
