@@ -586,7 +586,7 @@ fn plan(text: &str, file: TgtFile) -> Result<TgtPlan, AppError> {
             seen("hugepages", v.span());
         }
         if let Some(sec) = &t.tcp {
-            let o = tcp.get_or_insert_with(TcpOptions::default);
+            let o = tcp.get_or_insert_with(|| TcpOptions::for_target(&target));
             let sec = sec.get_ref();
             let key = |k: &'static str| format!("transport.tcp.{k}");
             if let Some(v) = &sec.in_capsule_data_size {
@@ -884,7 +884,7 @@ fn plan(text: &str, file: TgtFile) -> Result<TgtPlan, AppError> {
         let traddr = l.traddr.get_ref().trim().to_string();
         let svc = l.trsvcid.as_ref();
         let ip_kind = if is_tcp {
-            tcp.get_or_insert_with(TcpOptions::default);
+            tcp.get_or_insert_with(|| TcpOptions::for_target(&target));
             ProviderKind::Ibverbs
         } else {
             provider

@@ -474,7 +474,7 @@ impl NvmfSubsystem {
     }
 
     fn make_tcp(&self, svc: &RpcService, req: &CreateTransport) -> Result<Value, RpcError> {
-        let mut o = TcpOptions::default();
+        let mut o = TcpOptions::for_target(self.target.options());
         if let Some(v) = req.max_queue_depth {
             o.max_queue_depth = v;
         }

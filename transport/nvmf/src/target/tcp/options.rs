@@ -99,6 +99,18 @@ impl Default for TcpOptions {
 pub struct TcpOptionsError(pub String);
 
 impl TcpOptions {
+    /// The defaults for a transport of target `t`: the queue depth and the
+    /// in-capsule data size are the default or the target's, whichever is
+    /// smaller, so a configuration that sets neither always validates.
+    pub fn for_target(t: &TargetOptions) -> Self {
+        let d = Self::default();
+        TcpOptions {
+            max_queue_depth: d.max_queue_depth.min(t.max_queue_depth),
+            in_capsule_data_size: d.in_capsule_data_size.min(t.in_capsule_data_size),
+            ..d
+        }
+    }
+
     /// Check the options against each other and the target's.
     ///
     /// # Errors
@@ -162,6 +174,19 @@ mod tests {
         assert_eq!(DigestPolicy::Require.grant(both), Some(both));
         assert_eq!(DigestPolicy::parse("require"), Ok(DigestPolicy::Require));
         assert!(DigestPolicy::parse("sometimes").is_err());
+    }
+
+    #[test]
+    fn defaults_for_a_smaller_target_validate() {
+        let t = TargetOptions {
+            max_queue_depth: 64,
+            in_capsule_data_size: 1024,
+            ..TargetOptions::default()
+        };
+        assert!(TcpOptions::default().validate(&t).is_err());
+        let o = TcpOptions::for_target(&t);
+        assert_eq!((o.max_queue_depth, o.in_capsule_data_size), (64, 1024));
+        assert!(o.validate(&t).is_ok());
     }
 
     #[test]
