@@ -7,6 +7,11 @@ cd "$(dirname "$0")/.."
 quick=0
 [[ "${1:-}" == "--quick" ]] && quick=1
 
+# SPDK's own JSON-RPC client for apps/tests/tgt_spdk_rpc.rs (pinned, into
+# target/spdk-venv; does nothing when it is there already).
+echo "=== SPDK JSON-RPC client (scripts/spdk-rpc-venv.sh)"
+bash scripts/spdk-rpc-venv.sh
+
 echo "=== cargo test --workspace"
 cargo test --workspace --release
 
