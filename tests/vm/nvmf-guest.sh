@@ -32,10 +32,11 @@
 # for fio, default 1), LAB_USER_NVMF_IDLE (pollux-tgt --idle, default busy),
 # LAB_USER_NVMF_RUNS (subset of "base inline16 nosrq kaaer stalls"),
 # LAB_USER_NVMF_STALL_SECS (fio seconds per stall measurement, default 20),
-# LAB_USER_NVMF_STALL_VARIANTS (subset of "nvmet busy nice noinv adaptive":
+# LAB_USER_NVMF_STALL_VARIANTS (subset of "nvmet busy nice noinv adaptive rps":
 # the kernel target; pollux-tgt as configured; at nice 19, below the
 # kernel's softirq threads; without SEND_WITH_INVALIDATE; --idle adaptive,
-# not in the default set: the RDMA poll group registers no wake fd).
+# not in the default set: the RDMA poll group registers no wake fd; as
+# configured with receive packet steering on both veth ends).
 set -u
 [ "${LAB_IN_GUEST:-}" = 1 ] || { echo "run inside tests/vm/lab" >&2; exit 2; }
 TGT=${1:?usage: nvmf-guest.sh PATH/TO/pollux-tgt}
@@ -517,6 +518,22 @@ stall_measure() {
   [ "$c0" = "$c1" ] || echo "rxe counters before: ${c0:-none}"
   [ $rc = 0 ] && [ "$ios" -gt 0 ]
 }
+# rps_on / rps_off: receive packet steering on both veth ends, over every
+# CPU. rxe hands each packet it transmits to the veth, whose other end queues
+# it with netif_rx on a CPU's backlog: without RPS the backlog of the CPU that
+# sent it, so one QP's packets sent from two CPUs (fio's, and softirq work on
+# the target's) can overtake each other; with RPS the flow hash (one UDP
+# source port per QP) picks the backlog, the same for every packet of a QP.
+rps_on() {
+  local mask d
+  mask=$(printf '%x' $(( (1 << $(nproc)) - 1 )))
+  for d in "$LAB_TARGET_IF" "$LAB_HOST_IF"; do echo "$mask" >"/sys/class/net/$d/queues/rx-0/rps_cpus"; done
+  echo "rps_cpus=$mask on $LAB_TARGET_IF and $LAB_HOST_IF"
+}
+rps_off() {
+  local d
+  for d in "$LAB_TARGET_IF" "$LAB_HOST_IF"; do echo 0 >"/sys/class/net/$d/queues/rx-0/rps_cpus"; done
+}
 stall_runs() {
   local v
   for v in $STALL_VARIANTS; do
@@ -527,7 +544,7 @@ stall_runs() {
           check measure 400 stall_measure nvmet "$KNQN" "$KPORT"
         fi
         nvmet_down ;;
-      busy|nice|adaptive|noinv)
+      busy|nice|adaptive|noinv|rps)
         local idle=$IDLE extra="" nice=0
         [ $v = adaptive ] && idle=adaptive
         [ $v = nice ] && nice=19
@@ -538,7 +555,9 @@ stall_runs() {
             check effects-log 30 effects_log
             check disconnect 60 disconnect
           fi
+          [ $v = rps ] && rps_on
           check measure 400 stall_measure "pollux-$v" "$NQN" "$PORT"
+          [ $v = rps ] && rps_off
           stop_tgt
         fi ;;
     esac
