@@ -32,11 +32,12 @@
 # for fio, default 1), LAB_USER_NVMF_IDLE (pollux-tgt --idle, default busy),
 # LAB_USER_NVMF_RUNS (subset of "base inline16 nosrq kaaer stalls"),
 # LAB_USER_NVMF_STALL_SECS (fio seconds per stall measurement, default 20),
-# LAB_USER_NVMF_STALL_VARIANTS (subset of "nvmet busy nice noinv adaptive rps":
-# the kernel target; pollux-tgt as configured; at nice 19, below the
-# kernel's softirq threads; without SEND_WITH_INVALIDATE; --idle adaptive,
-# not in the default set: the RDMA poll group registers no wake fd; as
-# configured with receive packet steering on both veth ends).
+# LAB_USER_NVMF_STALL_VARIANTS (subset of "nvmet busy norps nice noinv
+# adaptive", default "nvmet busy norps": the kernel target; pollux-tgt as
+# configured; the same with receive packet steering off on both veth ends,
+# which the lab turns on; at nice 19, below the kernel's softirq threads;
+# without SEND_WITH_INVALIDATE; --idle adaptive: the RDMA poll group
+# registers no wake fd).
 set -u
 [ "${LAB_IN_GUEST:-}" = 1 ] || { echo "run inside tests/vm/lab" >&2; exit 2; }
 TGT=${1:?usage: nvmf-guest.sh PATH/TO/pollux-tgt}
@@ -47,7 +48,7 @@ SCALE=${LAB_USER_NVMF_SCALE:-1}
 IDLE=${LAB_USER_NVMF_IDLE:-busy}
 RUNS=${LAB_USER_NVMF_RUNS:-base inline16 nosrq kaaer stalls}
 STALL_SECS=${LAB_USER_NVMF_STALL_SECS:-20}
-STALL_VARIANTS=${LAB_USER_NVMF_STALL_VARIANTS:-nvmet busy nice noinv}
+STALL_VARIANTS=${LAB_USER_NVMF_STALL_VARIANTS:-nvmet busy norps}
 W=$(mktemp -d /tmp/pollux-nvmf.XXXXXX)
 OUTDIR=${LAB_OUT:-$W}
 T_ALL=$SECONDS
@@ -518,22 +519,17 @@ stall_measure() {
   [ "$c0" = "$c1" ] || echo "rxe counters before: ${c0:-none}"
   [ $rc = 0 ] && [ "$ios" -gt 0 ]
 }
-# rps_on / rps_off: receive packet steering on both veth ends, over every
-# CPU. rxe hands each packet it transmits to the veth, whose other end queues
-# it with netif_rx on a CPU's backlog: without RPS the backlog of the CPU that
-# sent it, so one QP's packets sent from two CPUs (fio's, and softirq work on
-# the target's) can overtake each other; with RPS the flow hash (one UDP
-# source port per QP) picks the backlog, the same for every packet of a QP.
-rps_on() {
-  local mask d
-  mask=$(printf '%x' $(( (1 << $(nproc)) - 1 )))
-  for d in "$LAB_TARGET_IF" "$LAB_HOST_IF"; do echo "$mask" >"/sys/class/net/$d/queues/rx-0/rps_cpus"; done
-  echo "rps_cpus=$mask on $LAB_TARGET_IF and $LAB_HOST_IF"
-}
-rps_off() {
+# rps_off / rps_on: receive packet steering off and back on for both veth
+# ends (the lab turns it on: see tests/vm/lab). Off, each packet rxe sends is
+# queued on the backlog of the CPU that sent it, and a host QP whose packets
+# leave from two CPUs can be reordered.
+rps_set() {
   local d
-  for d in "$LAB_TARGET_IF" "$LAB_HOST_IF"; do echo 0 >"/sys/class/net/$d/queues/rx-0/rps_cpus"; done
+  for d in "$LAB_TARGET_IF" "$LAB_HOST_IF"; do echo "$1" >"/sys/class/net/$d/queues/rx-0/rps_cpus"; done
+  echo "rps_cpus=$1 on $LAB_TARGET_IF and $LAB_HOST_IF"
 }
+rps_off() { RPS_SAVED=$(cat "/sys/class/net/$LAB_TARGET_IF/queues/rx-0/rps_cpus"); rps_set 0; }
+rps_on() { rps_set "${RPS_SAVED:-0}"; }
 stall_runs() {
   local v
   for v in $STALL_VARIANTS; do
@@ -544,7 +540,7 @@ stall_runs() {
           check measure 400 stall_measure nvmet "$KNQN" "$KPORT"
         fi
         nvmet_down ;;
-      busy|nice|adaptive|noinv|rps)
+      busy|nice|adaptive|noinv|norps)
         local idle=$IDLE extra="" nice=0
         [ $v = adaptive ] && idle=adaptive
         [ $v = nice ] && nice=19
@@ -555,9 +551,9 @@ stall_runs() {
             check effects-log 30 effects_log
             check disconnect 60 disconnect
           fi
-          [ $v = rps ] && rps_on
+          [ $v = norps ] && rps_off
           check measure 400 stall_measure "pollux-$v" "$NQN" "$PORT"
-          [ $v = rps ] && rps_off
+          [ $v = norps ] && rps_on
           stop_tgt
         fi ;;
     esac
