@@ -37,8 +37,11 @@
 //! address on the target when no subsystem had it, records it for the
 //! subsystem, and `nvmf_subsystem_remove_listener` closes it when the last
 //! subsystem lets it go; then every core disconnects the queues that came
-//! in through it (TCP: the connections whose local address is the
-//! listener's), and no other queue. Queues of a subsystem that lets go of
+//! in through it, and no other queue, before the reply goes out (each
+//! transport's poll group knows the listener of each of its queues:
+//! [`TransportPollGroup::disconnect_listener`]; the queues then drain and
+//! give their resources back as after a host that hung up). SIGHUP
+//! reloads remove listeners through this same method. Queues of a subsystem that lets go of
 //! an address another subsystem still lists stay connected.
 //!
 //! # Differences from SPDK, by design

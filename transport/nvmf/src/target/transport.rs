@@ -161,11 +161,13 @@ pub trait TransportPollGroup {
     fn shutdown(&self);
 
     /// Disconnect this core's queues that came in through the listener at
-    /// `trid` (it was closed); returns how many. The default: none (a
-    /// transport whose queues do not know their listener).
-    fn disconnect_listener(&self, _trid: &TransportId) -> usize {
-        0
-    }
+    /// `trid` (it was closed: [`TargetTransport::stop_listen`] ran first,
+    /// so no new queue arrives through it), and no other; returns how
+    /// many. Each queue is torn down as by a host that hung up (its
+    /// transfers drain, then its resources go back) from the group's
+    /// poller; the host sees its connection close. A queue's listener is
+    /// [`QueuePair::listener`](super::QueuePair::listener).
+    fn disconnect_listener(&self, trid: &TransportId) -> usize;
 }
 
 /// Connection counters every transport keeps.

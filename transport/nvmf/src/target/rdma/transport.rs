@@ -245,4 +245,8 @@ impl<P: Provider> TransportPollGroup for RdmaPollGroup<P> {
     fn shutdown(&self) {
         RdmaPollGroup::shutdown(self);
     }
+
+    fn disconnect_listener(&self, trid: &TransportId) -> usize {
+        RdmaPollGroup::disconnect_listener(self, trid)
+    }
 }

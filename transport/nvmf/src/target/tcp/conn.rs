@@ -278,12 +278,6 @@ impl TcpConn {
         busy
     }
 
-    /// The local address of the connection (the listener's address and
-    /// port it came in through).
-    pub(super) fn local_addr(&self) -> Option<std::net::SocketAddr> {
-        self.sock.local_addr().ok()
-    }
-
     /// Close at once (the poll group is going away): fail what waits for
     /// host data, close the socket.
     pub(super) fn shut_down(&mut self) {

@@ -138,22 +138,13 @@ impl TransportPollGroup for TcpPollGroup {
             c.shut_down();
         }
     }
-    /// Closes the connections whose local address is the listener's
-    /// (its port, and its IP unless it listened on every address).
-    fn disconnect_listener(&self, trid: &crate::spec::transport_id::TransportId) -> usize {
-        let Ok(want) = super::transport::socket_addr(trid) else {
-            return 0;
-        };
+
+    fn disconnect_listener(&self, trid: &TransportId) -> usize {
         let mut st = self.state.borrow_mut();
         let mut n = 0;
-        for c in &mut st.conns {
-            let hit = c.local_addr().is_some_and(|a| {
-                a.port() == want.port() && (want.ip().is_unspecified() || a.ip() == want.ip())
-            });
-            if hit {
-                c.shut_down();
-                n += 1;
-            }
+        for c in st.conns.iter_mut().filter(|c| c.queue().listener() == trid) {
+            c.shut_down();
+            n += 1;
         }
         n
     }
