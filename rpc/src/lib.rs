@@ -54,6 +54,7 @@ pub mod framing;
 pub mod fuzz;
 pub mod iscsi;
 pub mod nvmf;
+pub mod options;
 pub mod protocol;
 pub mod server;
 pub mod service;

@@ -53,6 +53,7 @@
 //!   application made at start (options that differ from its own are
 //!   refused with -95); `-t TCP` makes the NVMe/TCP transport.
 
+pub mod options;
 pub mod params;
 
 use std::cell::RefCell;
@@ -173,6 +174,8 @@ struct NvmfState {
     transports: BTreeMap<&'static str, Value>,
     /// Listen addresses per subsystem NQN, in the order added.
     listeners: BTreeMap<String, Vec<TransportId>>,
+    /// `nvmf_set_max_subsystems`.
+    max_subsystems: options::MaxSubsystems,
 }
 
 /// The `nvmf` subsystem over one target and the bdevs of its namespaces.
@@ -412,7 +415,8 @@ impl NvmfSubsystem {
             ),
             (
                 "buf_cache_size",
-                req.buf_cache_size,
+                // SPDK's u32::MAX: "size it automatically", as the target did.
+                req.buf_cache_size.filter(|&c| c != params::BUF_CACHE_AUTO),
                 u32::try_from(o.buffer_cache_size).unwrap_or(u32::MAX),
             ),
         ] {
@@ -596,6 +600,13 @@ impl NvmfSubsystem {
         if self.target.subsystem(&req.nqn).is_some() {
             return Err(RpcError::internal(format!(
                 "Unable to create subsystem {}: it exists",
+                req.nqn
+            )));
+        }
+        let max = st.max_subsystems.now;
+        if usize::try_from(max).is_ok_and(|m| self.made_subsystems() >= m) {
+            return Err(RpcError::internal(format!(
+                "Unable to create subsystem {}: the target holds max_subsystems ({max}; nvmf_set_max_subsystems)",
                 req.nqn
             )));
         }
@@ -1002,12 +1013,14 @@ impl NvmfSubsystem {
     }
 
     fn config_entries(&self) -> Vec<ConfigEntry> {
+        let limit = self.max_subsystems_entry();
         let st = self.lock();
-        let mut out: Vec<ConfigEntry> = st
-            .transports
-            .values()
-            .map(|d| ConfigEntry::new("nvmf_create_transport", d.clone()))
-            .collect();
+        let mut out: Vec<ConfigEntry> = limit.into_iter().collect();
+        out.extend(
+            st.transports
+                .values()
+                .map(|d| ConfigEntry::new("nvmf_create_transport", d.clone())),
+        );
         for s in self.target.subsystems() {
             let (lo, hi) = s.cntlid_range();
             out.push(ConfigEntry::new(
@@ -1089,13 +1102,15 @@ impl Subsystem for NvmfSubsystem {
             ("nvmf_subsystem_get_listeners", |s, _, p| s.get_listeners(p)),
             ("nvmf_get_stats", |s, v, p| s.get_stats(v, p)),
         ];
-        table
+        let mut out: Vec<Method> = table
             .into_iter()
             .map(|(name, body)| {
                 let me = Arc::clone(&self);
                 Method::runtime(name, move |svc, p| body(&me, svc, p))
             })
-            .collect()
+            .collect();
+        out.extend(options::methods(&self));
+        out
     }
 
     fn config(&self, _svc: &RpcService) -> Result<Vec<ConfigEntry>, RpcError> {
@@ -1103,6 +1118,9 @@ impl Subsystem for NvmfSubsystem {
     }
 
     fn undo(&self, method: &str, params: Option<&Value>, result: &Value) -> Option<ConfigEntry> {
+        if method == "nvmf_set_max_subsystems" {
+            return Some(self.undo_max_subsystems());
+        }
         let p = params?;
         let nqn = p.get("nqn")?.clone();
         match method {
