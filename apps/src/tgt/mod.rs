@@ -51,6 +51,7 @@
 pub mod config;
 pub mod fd_limit;
 pub mod iscsi;
+pub mod json_sizing;
 pub mod reload;
 pub mod rpc;
 

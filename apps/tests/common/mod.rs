@@ -39,6 +39,13 @@ impl Tgt {
         Tgt::spawn(cmd)
     }
 
+    /// Starts `pollux-tgt ARGS...` (no TOML file).
+    pub fn start_args(args: &[&str]) -> Tgt {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_pollux-tgt"));
+        cmd.args(args);
+        Tgt::spawn(cmd)
+    }
+
     /// Starts `pollux-tgt -c config` under a descriptor limit
     /// (`RLIMIT_NOFILE`) of `nofile`.
     pub fn start_with_nofile(config: &PathBuf, nofile: u64) -> Tgt {
