@@ -5,7 +5,8 @@
 //! `nvmf_subsystem_add_listener|remove_listener`,
 //! `nvmf_subsystem_add_host|remove_host`, `nvmf_subsystem_allow_any_host`,
 //! `nvmf_subsystem_get_controllers|get_qpairs|get_listeners` and
-//! `nvmf_get_stats`.
+//! `nvmf_get_stats`; SPDK's option methods `nvmf_set_config`,
+//! `nvmf_set_max_subsystems` and `nvmf_set_crdt` are in [`options`].
 //!
 //! # How a change reaches the cores
 //!
