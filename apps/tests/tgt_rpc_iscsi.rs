@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use pollux_iser::initiator::scsi::rw16_cdb;
 use pollux_iser::initiator::{DataDir, IserInitiator, PiPolicy, SessionState};
 use pollux_reactor::mem::{DmaBuf, SgList};
-use pollux_verbs::soft::Soft;
 use pollux_rpc::RpcClient;
+use pollux_verbs::soft::Soft;
 use rustix::process::Signal;
 use serde_json::{json, Value};
 
@@ -131,7 +131,9 @@ fn verified_io(ini: &mut IserInitiator<Soft>, lba: u64, seed: u8) -> Result<(), 
 
 /// Descriptors of process `pid`.
 fn fds(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count()
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count()
 }
 
 /// A session of `initiator` to `target`, retried while the portal opens.
@@ -197,7 +199,10 @@ fn deleting_a_node_closes_its_sessions_and_no_others() {
     assert_eq!(conns[0]["target_node_name"], KEEP);
     let deadline = Instant::now() + WAIT;
     while !matches!(gone.state(), SessionState::Failed(_) | SessionState::Closed) {
-        assert!(Instant::now() < deadline, "the initiator never saw its session close");
+        assert!(
+            Instant::now() < deadline,
+            "the initiator never saw its session close"
+        );
         gone.poll(&mut |_| {});
     }
     drop(gone);
@@ -206,9 +211,15 @@ fn deleting_a_node_closes_its_sessions_and_no_others() {
     o.isid[5] = 3;
     let mut again = IserInitiator::<Soft>::connect(o).unwrap();
     let deadline = Instant::now() + WAIT;
-    while !matches!(again.state(), SessionState::Failed(_) | SessionState::Closed) {
+    while !matches!(
+        again.state(),
+        SessionState::Failed(_) | SessionState::Closed
+    ) {
         assert!(!again.is_ready(), "logged in to a deleted node");
-        assert!(Instant::now() < deadline, "the login was neither refused nor accepted");
+        assert!(
+            Instant::now() < deadline,
+            "the login was neither refused nor accepted"
+        );
         again.poll(&mut |_| {});
     }
     drop(again);

@@ -228,8 +228,16 @@ fn refused_requests_change_nothing() {
         // Groups a node maps stay; unknown ones are named.
         ("iscsi_delete_portal_group", json!({"tag": 1}), -16),
         ("iscsi_delete_initiator_group", json!({"tag": 2}), -16),
-        ("iscsi_delete_portal_group", json!({"tag": 9}), INVALID_PARAMS),
-        ("iscsi_delete_initiator_group", json!({"tag": 9}), INVALID_PARAMS),
+        (
+            "iscsi_delete_portal_group",
+            json!({"tag": 9}),
+            INVALID_PARAMS,
+        ),
+        (
+            "iscsi_delete_initiator_group",
+            json!({"tag": 9}),
+            INVALID_PARAMS,
+        ),
         // A LUN's bdev is not deleted while its node exists.
         ("bdev_malloc_delete", json!({"name": "Malloc0"}), -16),
     ] {
@@ -321,7 +329,11 @@ fn a_configuration_that_fails_half_way_leaves_no_group_and_no_node() {
     assert_eq!(call(&f, "iscsi_get_target_nodes", json!({})), nodes);
     assert_eq!(call(&f, "iscsi_get_portal_groups", json!({})), pgs);
     assert_eq!(call(&f, "iscsi_get_initiator_groups", json!({})), igs);
-    assert_eq!(*f.portals.0.lock().unwrap(), ["@pollux-iser-rpc"], "@half closed");
+    assert_eq!(
+        *f.portals.0.lock().unwrap(),
+        ["@pollux-iser-rpc"],
+        "@half closed"
+    );
 }
 
 #[test]

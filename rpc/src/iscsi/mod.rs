@@ -688,7 +688,9 @@ impl Subsystem for IscsiSubsystem {
                 let NoParams {} = decode(p)?;
                 Ok(s.get_initiator_groups())
             }),
-            ("iscsi_create_target_node", |s, _, p| s.create_target_node(p)),
+            ("iscsi_create_target_node", |s, _, p| {
+                s.create_target_node(p)
+            }),
             ("iscsi_get_target_nodes", |s, _, p| {
                 let NoParams {} = decode(p)?;
                 Ok(s.get_target_nodes())
