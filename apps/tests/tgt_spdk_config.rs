@@ -14,7 +14,7 @@ mod common;
 use common::tcp_host::{free_port, host_io};
 use common::{tmp, Tgt, WAIT};
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 
@@ -41,7 +41,7 @@ fn saved(port: u16) -> String {
     text
 }
 
-fn start(json: &PathBuf, sock: &PathBuf) -> Tgt {
+fn start(json: &Path, sock: &Path) -> Tgt {
     let mut t = Tgt::start_args(&[
         "--json",
         json.to_str().unwrap(),
@@ -65,7 +65,7 @@ fn call(c: &mut RpcClient, method: &str) -> Value {
 }
 
 /// `pollux-tgt --json FILE` that must not start: its stderr.
-fn refused(json: &PathBuf, sock: &PathBuf) -> String {
+fn refused(json: &Path, sock: &Path) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_pollux-tgt"))
         .args([
             "--json",
