@@ -30,21 +30,29 @@ fn call(c: &mut RpcClient, method: &str, params: Value) -> Value {
         .unwrap_or_else(|e| panic!("{method}: {e}"))
 }
 
+/// A soft-provider target with an empty iSCSI target and a 2 MiB malloc
+/// bdev of each name, and a client on its socket.
+fn start(name: &str, bdevs: &[&str]) -> (Tgt, RpcClient) {
+    let cfg = tmp(&format!("{name}.toml"));
+    let mut text = String::from("cores = \"0\"\nprovider = \"soft\"\n");
+    for b in bdevs {
+        text.push_str(&format!(
+            "\n[[bdev]]\nspec = \"malloc:name={b},size=2M,block=512\"\n"
+        ));
+    }
+    text.push_str(&format!("\n{ISCSI_OPTIONS}"));
+    std::fs::write(&cfg, text).unwrap();
+    let sock = tmp(&format!("{name}.sock"));
+    let mut tgt = Tgt::start(&cfg, &["-r", sock.to_str().unwrap()]);
+    tgt.wait_line("pollux-tgt: ready");
+    let c = RpcClient::connect(&sock, WAIT).unwrap();
+    (tgt, c)
+}
+
 #[test]
 fn iscsi_calls_build_a_target_an_initiator_uses() {
     let addr = format!("@pollux-rpc-iscsi-{}", std::process::id());
-    let cfg = tmp("rpc-iscsi.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "cores = \"0\"\nprovider = \"soft\"\n\n[[bdev]]\nspec = \"malloc:name=Plain0,size=2M,block=512\"\n\n{ISCSI_OPTIONS}"
-        ),
-    )
-    .unwrap();
-    let sock = tmp("rpc-iscsi.sock");
-    let mut tgt = Tgt::start(&cfg, &["-r", sock.to_str().unwrap()]);
-    tgt.wait_line("pollux-tgt: ready");
-    let mut c = RpcClient::connect(&sock, WAIT).unwrap();
+    let (mut tgt, mut c) = start("rpc-iscsi", &["Plain0"]);
     call(
         &mut c,
         "iscsi_create_portal_group",
@@ -153,19 +161,8 @@ fn deleting_a_node_closes_its_sessions_and_no_others() {
     const GONE: &str = "iqn.2016-06.io.spdk:gone";
     const KEEP: &str = "iqn.2016-06.io.spdk:keep";
     let addr = format!("@pollux-rpc-iscsi-del-{}", std::process::id());
-    let cfg = tmp("rpc-iscsi-del.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "cores = \"0\"\nprovider = \"soft\"\n\n[[bdev]]\nspec = \"malloc:name=Gone0,size=2M,block=512\"\n\n[[bdev]]\nspec = \"malloc:name=Keep0,size=2M,block=512\"\n\n{ISCSI_OPTIONS}"
-        ),
-    )
-    .unwrap();
-    let sock = tmp("rpc-iscsi-del.sock");
-    let mut tgt = Tgt::start(&cfg, &["-r", sock.to_str().unwrap()]);
-    tgt.wait_line("pollux-tgt: ready");
+    let (mut tgt, mut c) = start("rpc-iscsi-del", &["Gone0", "Keep0"]);
     let pid = tgt.child.id();
-    let mut c = RpcClient::connect(&sock, WAIT).unwrap();
     call(
         &mut c,
         "iscsi_create_portal_group",

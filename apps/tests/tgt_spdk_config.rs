@@ -12,10 +12,9 @@
 mod common;
 
 use common::tcp_host::{free_port, host_io};
-use common::{tmp, Tgt, WAIT};
+use common::{json_refused, tmp, Tgt, WAIT};
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 
 use pollux_rpc::RpcClient;
@@ -42,14 +41,7 @@ fn saved(port: u16) -> String {
 }
 
 fn start(json: &Path, sock: &Path) -> Tgt {
-    let mut t = Tgt::start_args(&[
-        "--json",
-        json.to_str().unwrap(),
-        "-r",
-        sock.to_str().unwrap(),
-        "--cores",
-        "0",
-    ]);
+    let mut t = Tgt::start_json(json, sock);
     t.wait_line("pollux-tgt: ready");
     t
 }
@@ -62,25 +54,6 @@ fn stop(mut t: Tgt) {
 fn call(c: &mut RpcClient, method: &str) -> Value {
     c.call(method, Some(json!({})))
         .unwrap_or_else(|e| panic!("{method}: {e}"))
-}
-
-/// `pollux-tgt --json FILE` that must not start: its stderr.
-fn refused(json: &Path, sock: &Path) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_pollux-tgt"))
-        .args([
-            "--json",
-            json.to_str().unwrap(),
-            "-r",
-            sock.to_str().unwrap(),
-            "--cores",
-            "0",
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    assert!(!String::from_utf8_lossy(&out.stdout).contains("ready"));
-    assert!(!sock.exists());
-    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 #[test]
@@ -135,13 +108,13 @@ fn a_changed_option_or_an_unknown_method_keeps_the_target_from_starting() {
     let changed = text.replace("\"enable_recv_pipe\": true", "\"enable_recv_pipe\": false");
     assert_ne!(changed, text);
     let file = write("spdk-changed.json", &changed);
-    let err = refused(&file, &tmp("spdk-changed.sock"));
+    let err = json_refused(&file, &tmp("spdk-changed.sock"));
     assert!(
         err.contains("sock_impl_set_options") && err.contains("enable_recv_pipe"),
         "{err}"
     );
     let unknown = text.replace("\"bdev_wait_for_examine\"", "\"bdev_examine_all\"");
     let file = write("spdk-unknown.json", &unknown);
-    let err = refused(&file, &tmp("spdk-unknown.sock"));
+    let err = json_refused(&file, &tmp("spdk-unknown.sock"));
     assert!(err.contains("bdev_examine_all"), "{err}");
 }

@@ -327,22 +327,26 @@ fn address(trtype: &str, traddr: &str, port: u16) -> Value {
     json!({"trtype": trtype, "adrfam": "IPv4", "traddr": traddr, "trsvcid": port.to_string()})
 }
 
+/// `traddr:trsvcid` of a listen address.
+fn host_addr(a: &Value) -> String {
+    format!(
+        "{}:{}",
+        a["traddr"].as_str().unwrap(),
+        a["trsvcid"].as_str().unwrap()
+    )
+}
+
 #[test]
 fn removing_an_rdma_listener_disconnects_its_queues_and_returns_their_resources() {
     let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let rig = Rig::new(true);
     rig.call("nvmf_create_transport", json!({"trtype": "RDMA"}));
     let host = |a: &Value| {
-        let addr = format!(
-            "{}:{}",
-            a["traddr"].as_str().unwrap(),
-            a["trsvcid"].as_str().unwrap()
-        );
         let opts = RdmaHostOptions {
             connect_timeout: Duration::from_secs(10),
             ..RdmaHostOptions::default()
         };
-        RdmaHost::<Soft>::open(None, CmAddr::new(addr), opts).unwrap()
+        RdmaHost::<Soft>::open(None, CmAddr::new(host_addr(a)), opts).unwrap()
     };
     remove_one_listener(
         &rig,
@@ -357,14 +361,7 @@ fn removing_a_tcp_listener_disconnects_its_queues_and_returns_their_resources() 
     let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let rig = Rig::new(false);
     rig.call("nvmf_create_transport", json!({"trtype": "TCP"}));
-    let host = |a: &Value| {
-        let addr = format!(
-            "{}:{}",
-            a["traddr"].as_str().unwrap(),
-            a["trsvcid"].as_str().unwrap()
-        );
-        TcpHost::new(addr.parse().unwrap(), TcpHostOptions::default())
-    };
+    let host = |a: &Value| TcpHost::new(host_addr(a).parse().unwrap(), TcpHostOptions::default());
     let (p1, p2) = (common::free_port(), common::free_port());
     remove_one_listener(
         &rig,

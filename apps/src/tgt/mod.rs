@@ -230,6 +230,10 @@ impl pollux_rpc::nvmf::CoreGroups for TgtGroups {
     ) -> usize {
         GROUPS.with(|g| pollux_rpc::nvmf::disconnect_from(g, trid))
     }
+
+    fn apply_listeners(&self, _r: &pollux_reactor::Reactor) -> Result<(), String> {
+        GROUPS.with(pollux_rpc::nvmf::apply_listeners_in)
+    }
 }
 
 /// Runs `f` with this core's poll groups on every reactor; answers in core order.

@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used, dead_code)] // each test file uses a subset
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -20,6 +20,31 @@ pub const WAIT: Duration = Duration::from_secs(20);
 /// A per-process path under cargo's test temp dir.
 pub fn tmp(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()))
+}
+
+/// `--json FILE -r SOCK --cores 0`.
+fn json_args(json: &Path, sock: &Path) -> [String; 6] {
+    [
+        "--json".into(),
+        json.display().to_string(),
+        "-r".into(),
+        sock.display().to_string(),
+        "--cores".into(),
+        "0".into(),
+    ]
+}
+
+/// `pollux-tgt --json FILE -r SOCK --cores 0` that must not start (exit
+/// status 2, no "ready", no socket left): its stderr.
+pub fn json_refused(json: &Path, sock: &Path) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_pollux-tgt"))
+        .args(json_args(json, sock))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("ready"));
+    assert!(!sock.exists());
+    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 /// A running `pollux-tgt`: its stdout lines arrive on `lines`; killed on drop.
@@ -39,10 +64,10 @@ impl Tgt {
         Tgt::spawn(cmd)
     }
 
-    /// Starts `pollux-tgt ARGS...` (no TOML file).
-    pub fn start_args(args: &[&str]) -> Tgt {
+    /// Starts `pollux-tgt --json FILE -r SOCK --cores 0` (no TOML file).
+    pub fn start_json(json: &Path, sock: &Path) -> Tgt {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_pollux-tgt"));
-        cmd.args(args);
+        cmd.args(json_args(json, sock));
         Tgt::spawn(cmd)
     }
 

@@ -104,6 +104,13 @@ pub trait CoreGroups: Send + Sync + 'static {
     /// Disconnect this core's queues that came in through the (closed)
     /// listener `trid`; returns how many.
     fn disconnect_listener(&self, r: &Reactor, trid: &TransportId) -> usize;
+    /// Have this core's groups open and close their listeners now
+    /// ([`TransportPollGroup::apply_listeners`]).
+    ///
+    /// # Errors
+    ///
+    /// The first group's error, in words.
+    fn apply_listeners(&self, r: &Reactor) -> Result<(), String>;
 }
 
 thread_local! {
@@ -140,6 +147,18 @@ pub fn disconnect_from(
         .sum()
 }
 
+/// Has a core's groups open and close their listeners now (for
+/// [`CoreGroups::apply_listeners`] implementations).
+///
+/// # Errors
+///
+/// The first group's error, in words.
+pub fn apply_listeners_in(list: &RefCell<Vec<Rc<dyn TransportPollGroup>>>) -> Result<(), String> {
+    list.borrow()
+        .iter()
+        .try_for_each(|g| g.apply_listeners().map_err(|e| e.to_string()))
+}
+
 /// A core's live queues per transport name (for
 /// [`CoreGroups::connections`] implementations).
 pub fn group_connections(
@@ -166,6 +185,10 @@ impl CoreGroups for LocalGroups {
 
     fn disconnect_listener(&self, _r: &Reactor, trid: &TransportId) -> usize {
         LOCAL_GROUPS.with(|g| disconnect_from(g, trid))
+    }
+
+    fn apply_listeners(&self, _r: &Reactor) -> Result<(), String> {
+        LOCAL_GROUPS.with(apply_listeners_in)
     }
 }
 
@@ -848,6 +871,20 @@ impl NvmfSubsystem {
             self.target
                 .add_listener(trid.clone())
                 .map_err(|e| invalid(format!("Unable to listen on {trid}: {e}")))?;
+            // Opened on its core before the answer (all or nothing).
+            let groups = Arc::clone(&self.groups);
+            let failed = match svc.cores().on_each_core(move |r| groups.apply_listeners(r)) {
+                Ok(answers) => answers
+                    .into_iter()
+                    .find_map(|(c, r)| r.err().map(|e| format!("core {c}: {e}"))),
+                Err(e) => Some(e.to_string()),
+            };
+            if let Some(why) = failed {
+                if let Err(e) = self.target.remove_listener(&trid) {
+                    log::warn!("nvmf: undoing listener {trid}: {e}");
+                }
+                return Err(invalid(format!("Unable to listen on {trid}: {why}")));
+            }
         }
         st.listeners.entry(req.nqn.clone()).or_default().push(trid);
         drop(st);

@@ -160,6 +160,21 @@ pub trait TransportPollGroup {
     /// poller.
     fn shutdown(&self);
 
+    /// Open and close, now, the listeners this group owns after the
+    /// transport's list changed ([`TargetTransport::listen`] and
+    /// [`TargetTransport::stop_listen`] only record the change; run on
+    /// this group's core, by a reactor message). The target's management
+    /// calls this on every core before they answer a listener change, so a
+    /// host may connect as soon as the answer is out. Default: nothing to
+    /// do (a transport whose `listen` opened the socket already).
+    ///
+    /// # Errors
+    ///
+    /// The address this group could not listen on.
+    fn apply_listeners(&self) -> Result<(), TransportError> {
+        Ok(())
+    }
+
     /// Disconnect this core's queues that came in through the listener at
     /// `trid` (it was closed: [`TargetTransport::stop_listen`] ran first,
     /// so no new queue arrives through it), and no other; returns how

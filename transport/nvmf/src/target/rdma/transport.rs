@@ -249,4 +249,8 @@ impl<P: Provider> TransportPollGroup for RdmaPollGroup<P> {
     fn disconnect_listener(&self, trid: &TransportId) -> usize {
         RdmaPollGroup::disconnect_listener(self, trid)
     }
+
+    fn apply_listeners(&self) -> Result<(), TransportError> {
+        RdmaPollGroup::apply_listeners(self)
+    }
 }
