@@ -36,14 +36,17 @@
 //! every listener, as its discovery log says). The provider keeps SPDK's
 //! per-subsystem view on top: `nvmf_subsystem_add_listener` opens the
 //! address on the target when no subsystem had it, records it for the
-//! subsystem, and `nvmf_subsystem_remove_listener` closes it when the last
+//! subsystem (every core's poll groups open what they own before the
+//! reply: [`TransportPollGroup::apply_listeners`]), and
+//! `nvmf_subsystem_remove_listener` closes it when the last
 //! subsystem lets it go; then every core disconnects the queues that came
 //! in through it, and no other queue, before the reply goes out (each
 //! transport's poll group knows the listener of each of its queues:
 //! [`TransportPollGroup::disconnect_listener`]; the queues then drain and
 //! give their resources back as after a host that hung up). SIGHUP
-//! reloads remove listeners through this same method. Queues of a subsystem that lets go of
-//! an address another subsystem still lists stay connected.
+//! reloads add and remove listeners through these same methods. Queues of
+//! a subsystem that lets go of an address another subsystem still lists
+//! stay connected (the address stays open target-wide).
 //!
 //! # Differences from SPDK, by design
 //!
