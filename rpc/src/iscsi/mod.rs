@@ -25,16 +25,19 @@
 //! message that retires it, and the answer waits until they are gone (5 s
 //! at most). A bdev one of its LUNs uses is not deleted (-16: the provider
 //! holds a descriptor on it while the node exists), nor a portal or
-//! initiator group a node maps.
+//! initiator group a node maps; a portal group no node maps closes its
+//! portals and the (discovery) sessions that came in on it.
 //!
 //! A portal address is `host:port`, or the soft RDMA provider's `@name` /
 //! `/path` with an empty or absent port.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use pollux_bdev::{BdevDesc, BdevRegistry};
-use pollux_iser::target::{IscsiTarget, PortalGroup, TargetNode};
+use pollux_iser::target::{IscsiTarget, PortalGroup, SessionInfo, TargetNode};
+use pollux_reactor::CoreId;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
@@ -173,7 +176,7 @@ pub struct DeleteGroup {
 
 /// How long `iscsi_delete_target_node` waits for the sessions it closed
 /// to be gone before it answers.
-const SESSION_CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+const SESSION_CLOSE_WAIT: Duration = Duration::from_secs(5);
 
 /// Methods that take no parameters.
 #[derive(Debug, Deserialize)]
@@ -516,47 +519,53 @@ impl IscsiSubsystem {
         st.maps.remove(&req.name);
         let claims = st.claims.remove(&req.name);
         drop(st);
-        let doomed: Vec<(u16, pollux_reactor::CoreId)> =
-            live.iter().map(|s| (s.tsih, s.core)).collect();
-        if !doomed.is_empty() {
-            let t = Arc::clone(&self.target);
-            let list = doomed.clone();
-            svc.cores().on_each_core(move |r| {
-                for &(tsih, core) in &list {
-                    if core == r.core() {
-                        t.close_session(r, tsih);
-                    }
-                }
-            })?;
-            let start = std::time::Instant::now();
-            while self
-                .target
-                .sessions()
-                .iter()
-                .any(|s| doomed.iter().any(|&(t, _)| t == s.tsih))
-            {
-                if start.elapsed() > SESSION_CLOSE_WAIT {
-                    log::warn!(
-                        "iscsi: sessions of {} still closing after {SESSION_CLOSE_WAIT:?}",
-                        req.name
-                    );
-                    break;
-                }
-                std::thread::sleep(std::time::Duration::from_millis(1));
-            }
-            log::info!(
-                "iscsi: target {} deleted: {} session(s) closed",
-                req.name,
-                doomed.len()
-            );
-        }
+        self.close_sessions(svc, &live, &format!("target {}", req.name))?;
         drop(claims);
         Ok(Value::Bool(true))
     }
 
+    /// Closes `live` sessions on their cores by reactor messages and waits
+    /// (bounded) until they are gone; `what` names why in the log.
+    fn close_sessions(
+        &self,
+        svc: &RpcService,
+        live: &[SessionInfo],
+        what: &str,
+    ) -> Result<(), RpcError> {
+        if live.is_empty() {
+            return Ok(());
+        }
+        let doomed: Vec<(u16, CoreId)> = live.iter().map(|s| (s.tsih, s.core)).collect();
+        let t = Arc::clone(&self.target);
+        let list = doomed.clone();
+        svc.cores().on_each_core(move |r| {
+            for &(tsih, core) in &list {
+                if core == r.core() {
+                    t.close_session(r, tsih);
+                }
+            }
+        })?;
+        let start = Instant::now();
+        while self
+            .target
+            .sessions()
+            .iter()
+            .any(|s| doomed.iter().any(|&(t, _)| t == s.tsih))
+        {
+            if start.elapsed() > SESSION_CLOSE_WAIT {
+                log::warn!("iscsi: sessions of {what} still closing after {SESSION_CLOSE_WAIT:?}");
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        log::info!("iscsi: {what} deleted: {} session(s) closed", doomed.len());
+        Ok(())
+    }
+
     /// `iscsi_delete_portal_group`: refused (-16) while a node maps it;
-    /// its portals close.
-    fn delete_portal_group(&self, p: Option<Value>) -> Result<Value, RpcError> {
+    /// its portals close, and the sessions that came in on it (discovery
+    /// sessions: no node maps it) are closed.
+    fn delete_portal_group(&self, svc: &RpcService, p: Option<Value>) -> Result<Value, RpcError> {
         let req: DeleteGroup = decode(p)?;
         let tag = tag16("tag", req.tag)?;
         let _st = self.lock();
@@ -580,6 +589,13 @@ impl IscsiSubsystem {
                 log::warn!("iscsi: closing portal {a}: {e}");
             }
         }
+        let live: Vec<SessionInfo> = self
+            .target
+            .sessions()
+            .into_iter()
+            .filter(|s| s.tpgt == tag)
+            .collect();
+        self.close_sessions(svc, &live, &format!("portal group {tag}"))?;
         Ok(Value::Bool(true))
     }
 
@@ -674,8 +690,8 @@ impl Subsystem for IscsiSubsystem {
             ("iscsi_create_portal_group", |s, _, p| {
                 s.create_portal_group(p)
             }),
-            ("iscsi_delete_portal_group", |s, _, p| {
-                s.delete_portal_group(p)
+            ("iscsi_delete_portal_group", |s, v, p| {
+                s.delete_portal_group(v, p)
             }),
             ("iscsi_get_portal_groups", |s, _, p| s.get_portal_groups(p)),
             ("iscsi_create_initiator_group", |s, _, p| {
