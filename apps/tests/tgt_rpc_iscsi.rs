@@ -3,7 +3,8 @@
 //! initiator group and a target node by calls; our initiator logs in and
 //! reads the LUN, `iscsi_get_connections` lists its session, the LUN's
 //! bdev is not deleted while the node exists; deleting a node with a live
-//! session closes that session and no other, and gives back what it held.
+//! session closes that session and no other, and gives back what it held;
+//! deleting a portal group no node maps closes the discovery session on it.
 
 #![allow(clippy::unwrap_used)] // test helpers: a failed unwrap is a failed test
 
@@ -247,6 +248,48 @@ fn deleting_a_node_closes_its_sessions_and_no_others() {
         .unwrap_err();
     assert!(e.to_string().contains("-16"), "{e}");
     verified_io(&mut keep, 0, 99).unwrap();
+
+    // A portal group no node maps goes with the discovery session on it.
+    let disc_addr = format!("{addr}-disc");
+    call(
+        &mut c,
+        "iscsi_create_portal_group",
+        json!({"tag": 5, "portals": [{"host": disc_addr}]}),
+    );
+    let deadline = Instant::now() + WAIT;
+    let mut disc = loop {
+        let o = pollux_iser::initiator::InitiatorOptions::discovery(&disc_addr, INI);
+        let mut d = IserInitiator::<Soft>::connect(o).unwrap();
+        while !d.is_ready() && !matches!(d.state(), SessionState::Failed(_)) {
+            assert!(Instant::now() < deadline, "no discovery session");
+            d.poll(&mut |_| {});
+        }
+        if d.is_ready() {
+            break d;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(
+        call(&mut c, "iscsi_get_connections", json!({}))
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    call(&mut c, "iscsi_delete_portal_group", json!({"tag": 5}));
+    let conns = call(&mut c, "iscsi_get_connections", json!({}));
+    assert_eq!(conns.as_array().unwrap().len(), 1, "{conns}");
+    assert_eq!(conns[0]["target_node_name"], KEEP);
+    let deadline = Instant::now() + WAIT;
+    while !matches!(disc.state(), SessionState::Failed(_) | SessionState::Closed) {
+        assert!(
+            Instant::now() < deadline,
+            "the discovery session stayed open"
+        );
+        disc.poll(&mut |_| {});
+    }
+    drop(disc);
+    verified_io(&mut keep, 0, 100).unwrap();
     drive(&mut keep, |i, _| i.is_ready());
     logout(keep);
     drop(c);
