@@ -3,9 +3,10 @@
 //! `sock_set_default_impl`, `sock_impl_set_options`, `accel_set_options`,
 //! `bdev_set_options`, `bdev_raid_set_options`, `bdev_nvme_set_options`,
 //! `bdev_nvme_set_hotplug`, `bdev_wait_for_examine`,
-//! `framework_set_scheduler`; the nvmf ones, `nvmf_set_config`,
-//! `nvmf_set_max_subsystems` and `nvmf_set_crdt`, live with the
-//! [`nvmf`](crate::nvmf) provider, which honours the first).
+//! `framework_set_scheduler`; `sock_impl_set_options`, `nvmf_set_config`,
+//! `nvmf_set_max_subsystems` and `nvmf_set_crdt` live with the
+//! [`nvmf`](crate::nvmf) provider, whose TCP transport is the one user of
+//! sockets).
 //!
 //! Pollux has none of the machinery these options tune (no iobuf pools, no
 //! accel framework, no socket layer with pluggable implementations, no
@@ -23,7 +24,10 @@
 //!   `bdev_wait_for_examine` (a barrier: it answers once every core has
 //!   gone round its loop since the bdevs before it were made, so they are
 //!   visible everywhere), `nvmf_set_max_subsystems` (the limit
-//!   `nvmf_create_subsystem` enforces);
+//!   `nvmf_create_subsystem` enforces), `sock_impl_set_options` of
+//!   `posix`: `recv_buf_size` and `send_buf_size` become `SO_RCVBUF` and
+//!   `SO_SNDBUF` of the sockets of a TCP transport made after it (SPDK's
+//!   default, 2 MiB, leaves the kernel's sizing, as before);
 //! - any **other value** is refused with -95 naming the method, the
 //!   parameter, the value and SPDK's default: the target would not do what
 //!   the file asks, so it does not start from it;
@@ -31,7 +35,8 @@
 //!
 //! The methods may be called in any state (SPDK takes most of them only
 //! before `framework_start_init`; Pollux applies nothing that needs it).
-//! They leave nothing to undo, except `nvmf_set_max_subsystems`.
+//! They leave nothing to undo, except `nvmf_set_max_subsystems` and
+//! `sock_impl_set_options`.
 
 use serde_json::{json, Map, Value};
 
@@ -253,7 +258,6 @@ fn defaults_only(name: &'static str) -> Method {
 pub(crate) fn methods() -> Vec<Method> {
     let mut out: Vec<Method> = [
         "iobuf_set_options",
-        "sock_impl_set_options",
         "accel_set_options",
         "bdev_set_options",
         "bdev_raid_set_options",

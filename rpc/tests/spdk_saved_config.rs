@@ -281,3 +281,39 @@ fn an_unknown_method_is_refused_by_name_and_nothing_is_called() {
     }
     assert_eq!(rig.get("bdev_get_bdevs"), json!([]));
 }
+
+#[test]
+fn posix_socket_sizes_go_to_the_next_tcp_transport() {
+    let rig = Rig::new();
+    let posix =
+        |size: u32| json!({"impl_name": "posix", "recv_buf_size": size, "send_buf_size": size});
+    common::ok(rig.svc(), "sock_impl_set_options", posix(98304));
+    let saved = rig.get("save_config").to_string();
+    assert!(saved.contains("\"recv_buf_size\":98304"), "{saved}");
+    // Other implementations take SPDK's defaults only.
+    let e = common::refused(
+        rig.svc(),
+        "sock_impl_set_options",
+        json!({"impl_name": "uring", "recv_buf_size": 98304}),
+    );
+    assert!(e.to_string().contains("recv_buf_size"), "{e}");
+    common::ok(rig.svc(), "nvmf_create_transport", json!({"trtype": "TCP"}));
+    // The transport runs with them: a change is refused, the same is not.
+    let e = common::refused(rig.svc(), "sock_impl_set_options", posix(65536));
+    assert_eq!(e.code, -16, "{e}");
+    common::ok(rig.svc(), "sock_impl_set_options", posix(98304));
+
+    // A file that changes them and then fails leaves them as they were.
+    let fresh = Rig::new();
+    let bad = JsonConfig::parse(
+        &json!({"subsystems": [{"subsystem": "sock", "config": [
+            {"method": "sock_impl_set_options", "params": posix(65536)},
+            {"method": "bdev_set_options", "params": {"bdev_io_pool_size": 1}},
+        ]}]})
+        .to_string(),
+    )
+    .unwrap();
+    assert!(bad.apply(fresh.svc()).is_err());
+    let saved = fresh.get("save_config").to_string();
+    assert!(!saved.contains("sock_impl_set_options"), "{saved}");
+}

@@ -203,6 +203,9 @@ struct NvmfState {
     listeners: BTreeMap<String, Vec<TransportId>>,
     /// `nvmf_set_max_subsystems`.
     max_subsystems: options::MaxSubsystems,
+    /// `sock_impl_set_options` of `posix`: the next TCP transport's
+    /// socket buffer sizes.
+    sock: options::SockBuffers,
 }
 
 /// The `nvmf` subsystem over one target and the bdevs of its namespaces.
@@ -459,7 +462,7 @@ impl NvmfSubsystem {
             self.target.transport_for(&TransportId::tcp_ipv4("", "")),
         ) {
             (TrType::Tcp, Some(_)) | (TrType::Rdma, _) => self.adopt(trtype, &req)?,
-            (TrType::Tcp, None) => self.make_tcp(svc, &req)?,
+            (TrType::Tcp, None) => self.make_tcp(svc, &req, st.sock)?,
             _ => return Err(invalid(format!("trtype `{}`", req.trtype))),
         };
         st.transports.insert(name, desc);
@@ -507,8 +510,15 @@ impl NvmfSubsystem {
         Ok(have)
     }
 
-    fn make_tcp(&self, svc: &RpcService, req: &CreateTransport) -> Result<Value, RpcError> {
+    fn make_tcp(
+        &self,
+        svc: &RpcService,
+        req: &CreateTransport,
+        sock: options::SockBuffers,
+    ) -> Result<Value, RpcError> {
         let mut o = TcpOptions::for_target(self.target.options());
+        o.recv_buf_size = sock.recv;
+        o.send_buf_size = sock.send;
         if let Some(v) = req.max_queue_depth {
             o.max_queue_depth = v;
         }
@@ -1054,9 +1064,10 @@ impl NvmfSubsystem {
     }
 
     fn config_entries(&self) -> Vec<ConfigEntry> {
+        let sock = self.sock_options_entry();
         let limit = self.max_subsystems_entry();
         let st = self.lock();
-        let mut out: Vec<ConfigEntry> = limit.into_iter().collect();
+        let mut out: Vec<ConfigEntry> = sock.into_iter().chain(limit).collect();
         out.extend(
             st.transports
                 .values()
@@ -1161,6 +1172,9 @@ impl Subsystem for NvmfSubsystem {
     fn undo(&self, method: &str, params: Option<&Value>, result: &Value) -> Option<ConfigEntry> {
         if method == "nvmf_set_max_subsystems" {
             return Some(self.undo_max_subsystems());
+        }
+        if method == "sock_impl_set_options" {
+            return Some(self.undo_sock_options());
         }
         let p = params?;
         let nqn = p.get("nqn")?.clone();

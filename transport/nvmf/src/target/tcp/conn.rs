@@ -278,6 +278,12 @@ impl TcpConn {
         busy
     }
 
+    /// `(SO_RCVBUF, SO_SNDBUF)` of the socket, as the kernel reports them.
+    pub(super) fn socket_buffers(&self) -> Option<(usize, usize)> {
+        let s = socket2::SockRef::from(&self.sock);
+        Some((s.recv_buffer_size().ok()?, s.send_buffer_size().ok()?))
+    }
+
     /// Close at once (the poll group is going away): fail what waits for
     /// host data, close the socket.
     pub(super) fn shut_down(&mut self) {
