@@ -70,15 +70,7 @@ fn iscsi_calls_build_a_target_an_initiator_uses() {
         json!({"name": "disk0", "pg_ig_maps": [{"pg_tag": 1, "ig_tag": 2}],
                "luns": [{"bdev_name": "Plain0", "lun_id": 0}], "queue_depth": 16}),
     );
-    // The portal opens on its poll group shortly after the call.
-    let deadline = Instant::now() + WAIT;
-    let mut ini = loop {
-        match std::panic::catch_unwind(|| connect(&addr, INI, IQN, PiPolicy::Off, 1)) {
-            Ok(i) => break i,
-            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
-            Err(e) => std::panic::resume_unwind(e),
-        }
-    };
+    let mut ini = log_in(&addr, INI, IQN, 1);
     let g = read_capacity(&mut ini, 0);
     assert_eq!((g.block_size, g.blocks), (512, 4096));
 
@@ -138,6 +130,22 @@ fn verified_io(ini: &mut IserInitiator<Soft>, lba: u64, seed: u8) -> Result<(), 
     Ok(())
 }
 
+/// The target lists one session, to `node`.
+fn only_session_left(c: &mut RpcClient, node: &str) {
+    let conns = call(c, "iscsi_get_connections", json!({}));
+    assert_eq!(conns.as_array().unwrap().len(), 1, "{conns}");
+    assert_eq!(conns[0]["target_node_name"], node);
+}
+
+/// Poll `ini` until the target has closed its session (bounded).
+fn wait_closed(ini: &mut IserInitiator<Soft>) {
+    let deadline = Instant::now() + WAIT;
+    while !matches!(ini.state(), SessionState::Failed(_) | SessionState::Closed) {
+        assert!(Instant::now() < deadline, "the session stayed open");
+        ini.poll(&mut |_| {});
+    }
+}
+
 /// Descriptors of process `pid`.
 fn fds(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
@@ -145,7 +153,8 @@ fn fds(pid: u32) -> usize {
         .count()
 }
 
-/// A session of `initiator` to `target`, retried while the portal opens.
+/// A session of `initiator` to `target`, retried while the portal opens
+/// (on its poll group, shortly after the call).
 fn log_in(addr: &str, initiator: &str, target: &str, isid: u8) -> IserInitiator<Soft> {
     let deadline = Instant::now() + WAIT;
     loop {
@@ -192,17 +201,8 @@ fn deleting_a_node_closes_its_sessions_and_no_others() {
 
     call(&mut c, "iscsi_delete_target_node", json!({"name": GONE}));
     // The answer came once its session was gone on the target.
-    let conns = call(&mut c, "iscsi_get_connections", json!({}));
-    assert_eq!(conns.as_array().unwrap().len(), 1, "{conns}");
-    assert_eq!(conns[0]["target_node_name"], KEEP);
-    let deadline = Instant::now() + WAIT;
-    while !matches!(gone.state(), SessionState::Failed(_) | SessionState::Closed) {
-        assert!(
-            Instant::now() < deadline,
-            "the initiator never saw its session close"
-        );
-        gone.poll(&mut |_| {});
-    }
+    only_session_left(&mut c, KEEP);
+    wait_closed(&mut gone);
     drop(gone);
     // No way back to the deleted node; nothing left of the session.
     let mut o = pollux_iser::initiator::InitiatorOptions::new(&addr, INI, GONE);
@@ -277,17 +277,8 @@ fn deleting_a_node_closes_its_sessions_and_no_others() {
         2
     );
     call(&mut c, "iscsi_delete_portal_group", json!({"tag": 5}));
-    let conns = call(&mut c, "iscsi_get_connections", json!({}));
-    assert_eq!(conns.as_array().unwrap().len(), 1, "{conns}");
-    assert_eq!(conns[0]["target_node_name"], KEEP);
-    let deadline = Instant::now() + WAIT;
-    while !matches!(disc.state(), SessionState::Failed(_) | SessionState::Closed) {
-        assert!(
-            Instant::now() < deadline,
-            "the discovery session stayed open"
-        );
-        disc.poll(&mut |_| {});
-    }
+    only_session_left(&mut c, KEEP);
+    wait_closed(&mut disc);
     drop(disc);
     verified_io(&mut keep, 0, 100).unwrap();
     drive(&mut keep, |i, _| i.is_ready());
