@@ -5,8 +5,9 @@
 //! namespace removed from the file goes away the same way, a broken file
 //! changes nothing, and the stats file counts the Keep Alives and events;
 //! subsystems, hosts and listeners follow the file too (through the
-//! JSON-RPC methods), and a reload whose listener cannot open leaves
-//! nothing of its additions.
+//! JSON-RPC methods), a reload whose listener cannot open leaves
+//! nothing of its additions, and a listener that leaves the file
+//! disconnects the queues that came in through it and no others.
 
 #![allow(clippy::unwrap_used)] // test helpers: a failed unwrap is a failed test
 
@@ -315,6 +316,141 @@ fn sighup_applies_subsystems_hosts_and_listeners_all_or_nothing() {
     assert_eq!(subsystems(&mut c).len(), 2);
     TcpListener::bind(("127.0.0.1", port)).expect("the TCP port is free again");
     drop(c);
+    tgt.signal(Signal::TERM);
+    assert!(tgt.wait_exit().success());
+}
+
+/// The one completion on `qp` (its data); `Err` when it fails or the
+/// queue closes.
+fn wait_one<Q: pollux_nvmf::host::HostQueue>(
+    qp: &mut pollux_nvmf::host::Qpair<Q>,
+) -> Result<Vec<u8>, String> {
+    let deadline = Instant::now() + WAIT;
+    let mut got = None;
+    while got.is_none() {
+        if !qp.is_alive() {
+            return Err("the queue closed".into());
+        }
+        assert!(Instant::now() < deadline, "no completion and no close");
+        qp.poll(&mut |c| {
+            got = Some(c.result.map_err(|e| format!("{e:?}")).map(|_| {
+                let mut have = vec![0u8; 4096];
+                c.data.copy_to_slice(&mut have);
+                have
+            }))
+        });
+    }
+    got.unwrap_or_else(|| Err("no completion".into()))
+}
+
+/// One 4 KiB write of a pattern to `lba` of namespace 1 and its read-back;
+/// `Err` when the queue fails or closes.
+fn write_read<Q: pollux_nvmf::host::HostQueue>(
+    qp: &mut pollux_nvmf::host::Qpair<Q>,
+    lba: u64,
+) -> Result<(), String> {
+    let mut w = DmaBuf::alloc(4096).unwrap();
+    w.as_mut_slice()
+        .iter_mut()
+        .enumerate()
+        .for_each(|(i, x)| *x = (i as u64 ^ lba) as u8);
+    let want = w.as_slice().to_vec();
+    qp.write(1, lba, 8, SgList::from_buf(w), 1)
+        .map_err(|e| format!("{e:?}"))?;
+    wait_one(qp)?;
+    qp.read(1, lba, 8, SgList::from_buf(DmaBuf::alloc(4096).unwrap()), 2)
+        .map_err(|e| format!("{e:?}"))?;
+    if wait_one(qp)? == want {
+        Ok(())
+    } else {
+        Err(format!("lba {lba}: read back differs"))
+    }
+}
+
+fn live_queues(c: &mut RpcClient) -> u64 {
+    let st = c.call("nvmf_get_stats", Some(json!({}))).unwrap();
+    st["poll_groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["current_io_qpairs"].as_u64().unwrap())
+        .sum()
+}
+
+fn rdma_host(addr: &str, id: u8) -> (RdmaHost<Soft>, Result<Controller<RdmaHost<Soft>>, String>) {
+    let opts = RdmaHostOptions {
+        connect_timeout: Duration::from_secs(5),
+        ..RdmaHostOptions::default()
+    };
+    let t = RdmaHost::<Soft>::open(None, CmAddr::new(addr.to_owned()), opts).unwrap();
+    let mut hostid = *b"pollux-reload-l0";
+    hostid[15] = id;
+    let who = HostIdentity {
+        hostnqn: format!("{DEFAULT_HOSTNQN}-{id}"),
+        hostid,
+        subnqn: NQN.into(),
+    };
+    let c = Controller::connect(&t, who, CtrlOptions::default()).map_err(|e| e.to_string());
+    (t, c)
+}
+
+#[test]
+fn sighup_removing_a_listener_disconnects_its_queues_and_no_others() {
+    let addr = format!("@pollux-tgt-reload-lsnr-{}", std::process::id());
+    let other = format!("{addr}-2");
+    let cfg = tmp("tgt-reload-lsnr.toml");
+    let sock = tmp("tgt-reload-lsnr.sock");
+    let base = config(&addr, r#"{ bdev = "Malloc0", nsid = 1 }"#);
+    std::fs::write(
+        &cfg,
+        format!("{base}\n[[listener]]\ntraddr = \"{other}\"\n"),
+    )
+    .unwrap();
+    let mut tgt = Tgt::start(&cfg, &["-r", sock.to_str().unwrap()]);
+    tgt.wait_line("pollux-tgt: ready");
+    let mut rpc = RpcClient::connect(&sock, WAIT).unwrap();
+
+    let (kt, kc) = rdma_host(&addr, 1);
+    let kc = kc.unwrap();
+    let mut keep = kc.connect_io(&kt, 1, 16, None).unwrap();
+    let (gt, gc) = rdma_host(&other, 2);
+    let gc = gc.unwrap();
+    let mut gone = gc.connect_io(&gt, 1, 16, None).unwrap();
+    write_read(&mut keep, 0).unwrap();
+    write_read(&mut gone, 8).unwrap();
+    assert_eq!(live_queues(&mut rpc), 4);
+    let destroyed = rpc.call("nvmf_get_stats", Some(json!({}))).unwrap()["destroyed"]
+        .as_u64()
+        .unwrap();
+
+    // The second listener leaves the file.
+    std::fs::write(&cfg, &base).unwrap();
+    tgt.signal(Signal::HUP);
+    let line = tgt.wait_line("pollux-tgt: reload");
+    assert!(line.contains("0 listener(s) added, 1 removed"), "{line}");
+    assert!(
+        write_read(&mut gone, 8).is_err(),
+        "a queue of the removed listener still serves I/O"
+    );
+    for round in 0..20 {
+        write_read(&mut keep, 16 * round).unwrap();
+    }
+    let deadline = Instant::now() + WAIT;
+    while live_queues(&mut rpc) != 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the removed listener's queues stay"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let st = rpc.call("nvmf_get_stats", Some(json!({}))).unwrap();
+    assert_eq!(st["destroyed"].as_u64().unwrap(), destroyed + 2);
+    drop((gone, gc, gt));
+    let (_t, refused) = rdma_host(&other, 3);
+    assert!(refused.is_err(), "connected through a removed listener");
+    write_read(&mut keep, 0).unwrap();
+    assert_eq!(live_queues(&mut rpc), 2);
+    drop(rpc);
     tgt.signal(Signal::TERM);
     assert!(tgt.wait_exit().success());
 }

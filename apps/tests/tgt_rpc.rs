@@ -115,36 +115,21 @@ fn unknown_methods_in_json_are_named_and_the_target_does_not_start() {
             {"subsystem": "bdev", "config": [
                 {"method": "bdev_malloc_create", "params": {"name": "M", "num_blocks": 8, "block_size": 512}},
                 {"method": "bdev_nvme_attach_controller", "params": {"name": "Nvme0"}}]},
-            {"subsystem": "nvmf", "config": [{"method": "nvmf_set_config", "params": {"admin_cmd_passthru": {"identify_ctrlr": false}}}]}]})
+            {"subsystem": "nvmf", "config": [{"method": "nvmf_subsystem_set_keys", "params": {"nqn": "nqn.2016-06.io.spdk:cnode1", "host": "h"}}]}]})
         .to_string(),
     );
-    let sock = tmp("rpc-unknown.sock");
-    let out = Command::new(env!("CARGO_BIN_EXE_pollux-tgt"))
-        .args([
-            "--json",
-            bad.to_str().unwrap(),
-            "-r",
-            sock.to_str().unwrap(),
-            "--cores",
-            "0",
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = common::json_refused(&bad, &tmp("rpc-unknown.sock"));
     assert!(
-        err.contains("bdev_nvme_attach_controller") && err.contains("nvmf_set_config"),
+        err.contains("bdev_nvme_attach_controller") && err.contains("nvmf_subsystem_set_keys"),
         "{err}"
     );
-    assert!(!String::from_utf8_lossy(&out.stdout).contains("ready"));
-    assert!(!sock.exists());
     // --check says the same without starting anything.
     let out = Command::new(env!("CARGO_BIN_EXE_pollux-tgt"))
         .args(["--json", bad.to_str().unwrap(), "--check"])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("nvmf_set_config"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nvmf_subsystem_set_keys"));
     // A file that is not a configuration names what is wrong.
     let junk = write("rpc-junk.json", "{\"subsystems\": 3}");
     let out = Command::new(env!("CARGO_BIN_EXE_pollux-tgt"))

@@ -2,7 +2,9 @@
 //! PyPI package `spdk` at the version `scripts/spdk-rpc-venv.sh` pins,
 //! installed in `target/spdk-venv` (CI runs that script; `POLLUX_SPDK_RPC`
 //! may name another `spdk-rpc`). Without it the test says so and skips,
-//! except under CI (`CI=true`), where it fails.
+//! except under CI (`CI=true`), where it fails. `spdk-rpc load_config`
+//! loads a configuration SPDK v25.09's `nvmf_tgt` saved, option methods
+//! included, and a host does I/O to what it made.
 
 #![allow(clippy::unwrap_used)] // test helpers: a failed unwrap is a failed test
 
@@ -252,6 +254,53 @@ fn spdk_rpc_builds_an_nvmf_tcp_target_that_a_host_uses_and_spdk_cli_shows() {
     t.wait_line("pollux-tgt: ready");
     let fresh = Spdk { bin, sock };
     assert_eq!(fresh.json(&["nvmf_get_subsystems"]), subs);
+    t.signal(Signal::TERM);
+    assert!(t.wait_exit().success());
+}
+
+#[test]
+fn spdk_rpc_load_config_loads_what_spdks_nvmf_tgt_saved() {
+    let Some(bin) = spdk_rpc_or_skip() else {
+        return;
+    };
+    // The data buffers of the file's TCP transport (target-wide in Pollux).
+    let cfg = tmp("spdk-load.toml");
+    std::fs::write(
+        &cfg,
+        "cores = \"0\"\n[transport]\nio_unit_size = \"16k\"\nin_capsule_data_size = 8192\nnum_shared_buffers = 511\nhugepages = \"never\"\n",
+    )
+    .unwrap();
+    let sock = tmp("spdk-load.sock");
+    let mut t = Tgt::start(&cfg, &["-r", sock.to_str().unwrap()]);
+    t.wait_line("pollux-tgt: ready");
+    let rpc = Spdk { bin, sock };
+    let port = free_port();
+    let saved = include_str!("data/spdk-v25.09-nvmf_tgt-save_config.json")
+        .replace("\"4421\"", &format!("\"{port}\""));
+    let file = tmp("spdk-load.json");
+    std::fs::write(&file, saved).unwrap();
+    rpc.ok(&["load_config", "-j", file.to_str().unwrap()]);
+    let subs = rpc.json(&["nvmf_get_subsystems"]);
+    assert_eq!(subs[1]["nqn"], "nqn.2016-06.io.spdk:cnode1");
+    assert_eq!(subs[1]["namespaces"].as_array().unwrap().len(), 2);
+    assert_eq!(subs[2]["hosts"][0]["nqn"], "nqn.2016-06.io.spdk:host1");
+    let stop = AtomicBool::new(true);
+    let run = host_io(
+        port,
+        "nqn.2016-06.io.spdk:cnode1",
+        &stop,
+        &AtomicU64::new(0),
+    );
+    assert!(run.completions >= 40);
+    // An option SPDK's defaults do not have is refused by name.
+    let out = rpc.run(&["bdev_set_options", "-p", "4096"]);
+    assert!(!out.status.success());
+    let err = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(err.contains("bdev_io_pool_size"), "{err}");
     t.signal(Signal::TERM);
     assert!(t.wait_exit().success());
 }

@@ -17,6 +17,9 @@
 //!   [`nvmf::NvmfSubsystem`] (the NVMe-oF target's subsystems, namespaces,
 //!   hosts, listeners and transports) and [`iscsi::IscsiSubsystem`]
 //!   (portal groups, initiator groups and target nodes of the iSER target).
+//!   SPDK's framework-option methods, which its `save_config` always
+//!   writes, are in [`options`]: SPDK's defaults pass, what Pollux honours
+//!   is applied, other values are refused naming method and parameter.
 //! - [`RpcServer`] serves a service on a Unix socket from one control
 //!   thread (never a reactor); [`CoreBus`] carries what a method needs
 //!   from the cores as reactor messages and waits for every core's answer.
@@ -54,6 +57,7 @@ pub mod framing;
 pub mod fuzz;
 pub mod iscsi;
 pub mod nvmf;
+pub mod options;
 pub mod protocol;
 pub mod server;
 pub mod service;

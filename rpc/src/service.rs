@@ -157,7 +157,8 @@ impl std::fmt::Debug for RpcService {
 }
 
 impl RpcService {
-    /// A service with the framework's methods (see [`crate::framework`]),
+    /// A service with the framework's methods (see [`crate::framework`])
+    /// and SPDK's option methods that no provider owns ([`crate::options`]),
     /// reaching the reactors through `cores`, in the runtime state.
     pub fn new(cores: CoreBus) -> Self {
         let mut svc = Self {
@@ -167,7 +168,10 @@ impl RpcService {
             cores,
             state: AtomicU8::new(RpcState::Runtime as u8),
         };
-        for m in crate::framework::methods() {
+        for m in crate::framework::methods()
+            .into_iter()
+            .chain(crate::options::methods())
+        {
             // The framework's names are distinct (checked by its tests).
             svc.methods.insert(m.name, m);
         }

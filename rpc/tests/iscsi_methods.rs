@@ -133,6 +133,8 @@ fn refused_requests_change_nothing() {
     let f = fixture();
     populated(&f);
     let before = call(&f, "iscsi_get_target_nodes", json!({}));
+    let pgs = call(&f, "iscsi_get_portal_groups", json!({}));
+    let igs = call(&f, "iscsi_get_initiator_groups", json!({}));
     let node = |extra: Value| {
         let mut v = json!({"name": "disk2", "pg_ig_maps": [{"pg_tag": 1, "ig_tag": 2}],
             "luns": [{"bdev_name": "Malloc0", "lun_id": 0}], "queue_depth": 64});
@@ -223,12 +225,27 @@ fn refused_requests_change_nothing() {
             INVALID_PARAMS,
         ),
         ("iscsi_get_target_nodes", json!({"x": 1}), INVALID_PARAMS),
+        // Groups a node maps stay; unknown ones are named.
+        ("iscsi_delete_portal_group", json!({"tag": 1}), -16),
+        ("iscsi_delete_initiator_group", json!({"tag": 2}), -16),
+        (
+            "iscsi_delete_portal_group",
+            json!({"tag": 9}),
+            INVALID_PARAMS,
+        ),
+        (
+            "iscsi_delete_initiator_group",
+            json!({"tag": 9}),
+            INVALID_PARAMS,
+        ),
         // A LUN's bdev is not deleted while its node exists.
         ("bdev_malloc_delete", json!({"name": "Malloc0"}), -16),
     ] {
         let e = err(&f, method, params.clone());
         assert_eq!(e.code, code, "{method} {params}: {e}");
         assert_eq!(call(&f, "iscsi_get_target_nodes", json!({})), before);
+        assert_eq!(call(&f, "iscsi_get_portal_groups", json!({})), pgs);
+        assert_eq!(call(&f, "iscsi_get_initiator_groups", json!({})), igs);
     }
     assert_eq!(f.target.portal_groups().len(), 1);
 }
@@ -260,4 +277,77 @@ fn save_config_then_load_gives_the_same_nodes() {
         .unwrap();
     assert_eq!(call(&g, "iscsi_get_target_nodes", json!({})), nodes);
     assert_eq!(call(&g, "iscsi_get_portal_groups", json!({})), groups);
+}
+
+#[test]
+fn a_node_whose_second_lun_is_refused_leaves_no_node_and_no_claim() {
+    let f = fixture();
+    populated(&f);
+    call(
+        &f,
+        "bdev_malloc_create",
+        json!({"name": "Malloc1", "num_blocks": 128, "block_size": 512}),
+    );
+    let before = call(&f, "iscsi_get_target_nodes", json!({}));
+    for luns in [
+        json!([{"bdev_name": "Malloc1", "lun_id": 0}, {"bdev_name": "Missing", "lun_id": 1}]),
+        json!([{"bdev_name": "Malloc1", "lun_id": 0}, {"bdev_name": "Malloc1", "lun_id": 0}]),
+        json!([{"bdev_name": "Malloc1", "lun_id": 0}, {"bdev_name": "Malloc0", "lun_id": 16384}]),
+    ] {
+        let e = err(
+            &f,
+            "iscsi_create_target_node",
+            json!({"name": "disk2", "pg_ig_maps": [{"pg_tag": 1, "ig_tag": 2}],
+                   "luns": luns, "queue_depth": 64}),
+        );
+        assert_eq!(e.code, INVALID_PARAMS, "{luns}: {e}");
+        assert_eq!(call(&f, "iscsi_get_target_nodes", json!({})), before);
+    }
+    // No descriptor of the refused nodes is left on the first LUN's bdev.
+    call(&f, "bdev_malloc_delete", json!({"name": "Malloc1"}));
+}
+
+#[test]
+fn a_configuration_that_fails_half_way_leaves_no_group_and_no_node() {
+    let f = fixture();
+    populated(&f);
+    let nodes = call(&f, "iscsi_get_target_nodes", json!({}));
+    let pgs = call(&f, "iscsi_get_portal_groups", json!({}));
+    let igs = call(&f, "iscsi_get_initiator_groups", json!({}));
+    let bad = json!({"subsystems": [{"subsystem": "iscsi", "config": [
+        {"method": "iscsi_create_portal_group", "params": {"tag": 7, "portals": [{"host": "@half"}]}},
+        {"method": "iscsi_create_initiator_group", "params": {"tag": 8, "initiators": ["ANY"], "netmasks": ["ANY"]}},
+        {"method": "iscsi_create_target_node", "params": {"name": "disk7",
+            "pg_ig_maps": [{"pg_tag": 7, "ig_tag": 8}], "queue_depth": 16,
+            "luns": [{"bdev_name": "Malloc0", "lun_id": 0}, {"bdev_name": "Missing", "lun_id": 1}]}},
+    ]}]});
+    let e = JsonConfig::parse(&bad.to_string())
+        .unwrap()
+        .apply(&f.svc)
+        .unwrap_err();
+    assert!(e.to_string().contains("Missing"), "{e}");
+    assert_eq!(call(&f, "iscsi_get_target_nodes", json!({})), nodes);
+    assert_eq!(call(&f, "iscsi_get_portal_groups", json!({})), pgs);
+    assert_eq!(call(&f, "iscsi_get_initiator_groups", json!({})), igs);
+    assert_eq!(
+        *f.portals.0.lock().unwrap(),
+        ["@pollux-iser-rpc"],
+        "@half closed"
+    );
+}
+
+#[test]
+fn groups_go_once_no_node_maps_them() {
+    let f = fixture();
+    populated(&f);
+    call(
+        &f,
+        "iscsi_delete_target_node",
+        json!({"name": "iqn.2016-06.io.spdk:disk1"}),
+    );
+    call(&f, "iscsi_delete_initiator_group", json!({"tag": 2}));
+    call(&f, "iscsi_delete_portal_group", json!({"tag": 1}));
+    assert_eq!(call(&f, "iscsi_get_portal_groups", json!({})), json!([]));
+    assert_eq!(call(&f, "iscsi_get_initiator_groups", json!({})), json!([]));
+    assert!(f.portals.0.lock().unwrap().is_empty(), "its portal closed");
 }

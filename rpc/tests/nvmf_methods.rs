@@ -54,15 +54,6 @@ fn err(f: &Fixture, method: &str, params: Value) -> RpcError {
     common::refused(&f.svc, method, params)
 }
 
-/// A port nobody listens on now.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn listen_address(port: u16) -> Value {
     json!({"trtype": "tcp", "adrfam": "ipv4", "traddr": "127.0.0.1", "trsvcid": port.to_string()})
 }
@@ -110,7 +101,7 @@ fn a_target_built_by_calls_has_spdks_shapes() {
     assert_eq!(s.len(), 1, "only the discovery subsystem");
     assert_eq!(s[0]["subtype"], "Discovery");
 
-    let port = free_port();
+    let port = common::free_port();
     populated(&f, port);
     let t = call(&f, "nvmf_get_transports", json!({}));
     assert_eq!(t[0]["trtype"], "TCP");
@@ -206,7 +197,7 @@ fn a_target_built_by_calls_has_spdks_shapes() {
 #[test]
 fn every_method_refuses_bad_requests_and_changes_nothing() {
     let f = fixture();
-    let port = free_port();
+    let port = common::free_port();
     populated(&f, port);
     let before = subsystems(&f);
     let other = "nqn.2016-06.io.spdk:nope";
@@ -350,7 +341,7 @@ fn every_method_refuses_bad_requests_and_changes_nothing() {
         ),
         (
             "nvmf_subsystem_remove_listener",
-            json!({"nqn": NQN, "listen_address": listen_address(free_port())}),
+            json!({"nqn": NQN, "listen_address": listen_address(common::free_port())}),
             INVALID_PARAMS,
         ),
         (
@@ -398,7 +389,7 @@ fn every_method_refuses_bad_requests_and_changes_nothing() {
 #[test]
 fn a_listener_that_cannot_bind_leaves_nothing() {
     let f = fixture();
-    let port = free_port();
+    let port = common::free_port();
     populated(&f, port);
     // Someone else holds this port: the listen fails after every check passed.
     let taken = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -424,7 +415,7 @@ fn a_listener_that_cannot_bind_leaves_nothing() {
 #[test]
 fn a_listener_shared_by_two_subsystems_stays_open_until_the_last_lets_it_go() {
     let f = fixture();
-    let port = free_port();
+    let port = common::free_port();
     populated(&f, port);
     let nqn2 = "nqn.2016-06.io.spdk:cnode2";
     call(&f, "nvmf_create_subsystem", json!({"nqn": nqn2}));
@@ -446,7 +437,7 @@ fn a_listener_shared_by_two_subsystems_stays_open_until_the_last_lets_it_go() {
 #[test]
 fn a_configuration_that_fails_half_way_leaves_nothing() {
     let f = fixture();
-    let port = free_port();
+    let port = common::free_port();
     let text = json!({"subsystems": [
         {"subsystem": "bdev", "config": [
             {"method": "bdev_malloc_create", "params": {"name": "M1", "num_blocks": 64, "block_size": 512}}
@@ -473,7 +464,7 @@ fn a_configuration_that_fails_half_way_leaves_nothing() {
 #[test]
 fn save_config_then_load_gives_the_same_subsystems_and_bdevs() {
     let f = fixture();
-    let port = free_port();
+    let port = common::free_port();
     populated(&f, port);
     call(
         &f,
@@ -517,7 +508,7 @@ fn save_config_then_load_gives_the_same_subsystems_and_bdevs() {
 fn the_tcp_transport_starts_on_every_core_and_changes_wait_for_every_core() {
     let set = launch(LaunchConfig::new(Cores::first(2)), |_| {}).unwrap();
     let f = fixture_on(CoreBus::new(set.messenger().clone()));
-    let port = free_port();
+    let port = common::free_port();
     populated(&f, port);
     let st = call(&f, "nvmf_get_stats", json!({}));
     let groups = st["poll_groups"].as_array().unwrap();

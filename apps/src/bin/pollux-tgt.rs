@@ -37,6 +37,7 @@ use pollux_apps::tgt::rpc::RpcOptions;
 use pollux_apps::tgt::{self, ProviderKind, ReloadOn, ServeOptions, TgtPlan};
 use pollux_apps::AppError;
 use pollux_reactor::Cores;
+use pollux_rpc::JsonConfig;
 
 /// NVMe-oF RDMA target: serves the bdevs of a TOML configuration as
 /// namespaces of NVMe subsystems over the soft RDMA provider (or ibverbs).
@@ -103,10 +104,21 @@ fn real_main(args: &Args) -> Result<(), AppError> {
     let reload = Arc::new(AtomicBool::new(false));
     signal_hook::flag::register(signal_hook::consts::SIGHUP, Arc::clone(&reload))
         .map_err(|e| AppError::Setup(format!("signal handler: {e}")))?;
-    let plan = match &args.config {
+    let mut plan = match &args.config {
         Some(c) => TgtPlan::load(c)?,
         None => TgtPlan::parse("")?,
     };
+    if let Some(j) = &args.json {
+        let cfg = JsonConfig::load(j).map_err(|e| AppError::Config(e.to_string()))?;
+        let set = tgt::json_sizing::size_from_json(&mut plan, &cfg);
+        if !set.is_empty() {
+            println!(
+                "pollux-tgt: target options from {}: {}",
+                j.display(),
+                set.join(", ")
+            );
+        }
+    }
     let cores = if args.reactors.cores.is_some() || args.reactors.mask.is_some() {
         args.reactors.cores()?
     } else {

@@ -51,6 +51,7 @@
 pub mod config;
 pub mod fd_limit;
 pub mod iscsi;
+pub mod json_sizing;
 pub mod reload;
 pub mod rpc;
 
@@ -228,6 +229,10 @@ impl pollux_rpc::nvmf::CoreGroups for TgtGroups {
         trid: &pollux_nvmf::spec::transport_id::TransportId,
     ) -> usize {
         GROUPS.with(|g| pollux_rpc::nvmf::disconnect_from(g, trid))
+    }
+
+    fn apply_listeners(&self, _r: &pollux_reactor::Reactor) -> Result<(), String> {
+        GROUPS.with(pollux_rpc::nvmf::apply_listeners_in)
     }
 }
 

@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used, dead_code)] // each test file uses a subset
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -22,6 +22,31 @@ pub fn tmp(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()))
 }
 
+/// `--json FILE -r SOCK --cores 0`.
+fn json_args(json: &Path, sock: &Path) -> [String; 6] {
+    [
+        "--json".into(),
+        json.display().to_string(),
+        "-r".into(),
+        sock.display().to_string(),
+        "--cores".into(),
+        "0".into(),
+    ]
+}
+
+/// `pollux-tgt --json FILE -r SOCK --cores 0` that must not start (exit
+/// status 2, no "ready", no socket left): its stderr.
+pub fn json_refused(json: &Path, sock: &Path) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_pollux-tgt"))
+        .args(json_args(json, sock))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("ready"));
+    assert!(!sock.exists());
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 /// A running `pollux-tgt`: its stdout lines arrive on `lines`; killed on drop.
 pub struct Tgt {
     /// The target process.
@@ -36,6 +61,13 @@ impl Tgt {
     pub fn start(config: &PathBuf, extra: &[&str]) -> Tgt {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_pollux-tgt"));
         cmd.arg("-c").arg(config).args(extra);
+        Tgt::spawn(cmd)
+    }
+
+    /// Starts `pollux-tgt --json FILE -r SOCK --cores 0` (no TOML file).
+    pub fn start_json(json: &Path, sock: &Path) -> Tgt {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_pollux-tgt"));
+        cmd.args(json_args(json, sock));
         Tgt::spawn(cmd)
     }
 

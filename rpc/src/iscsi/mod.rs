@@ -1,6 +1,7 @@
 //! The `iscsi` subsystem: SPDK's iSCSI target methods that fit Pollux's
 //! iSCSI-over-iSER target — `iscsi_create_portal_group`,
-//! `iscsi_get_portal_groups`, `iscsi_create_initiator_group`,
+//! `iscsi_delete_portal_group`, `iscsi_get_portal_groups`,
+//! `iscsi_create_initiator_group`, `iscsi_delete_initiator_group`,
 //! `iscsi_get_initiator_groups`, `iscsi_create_target_node`,
 //! `iscsi_get_target_nodes`, `iscsi_delete_target_node`,
 //! `iscsi_get_connections` — over one [`IscsiTarget`].
@@ -12,18 +13,31 @@
 //! own: a node's allowed initiators are the union of the initiators of
 //! the groups its `pg_ig_maps` name (`ANY` among them: any initiator).
 //! Netmasks other than `ANY` are refused with -95 (iSER connections have
-//! no IP address to match here). Every change is all or nothing; a node
-//! with live sessions is not deleted (-16), nor is a bdev one of its LUNs
-//! uses (the provider holds a descriptor on it while the node exists).
+//! no IP address to match here).
+//!
+//! Every change is all or nothing: each request is checked whole (bdevs
+//! of every LUN, portal and initiator groups, name, tags) before anything
+//! changes, and a portal that cannot open closes the ones opened before
+//! it; `iscsi_delete_portal_group` and `iscsi_delete_initiator_group` undo
+//! the creations in a configuration that does not load. Deleting a target
+//! node closes the sessions logged in to it, and no others: the node goes
+//! first (new logins to it fail), then each session's core gets a reactor
+//! message that retires it, and the answer waits until they are gone (5 s
+//! at most). A bdev one of its LUNs uses is not deleted (-16: the provider
+//! holds a descriptor on it while the node exists), nor a portal or
+//! initiator group a node maps; a portal group no node maps closes its
+//! portals and the (discovery) sessions that came in on it.
 //!
 //! A portal address is `host:port`, or the soft RDMA provider's `@name` /
 //! `/path` with an empty or absent port.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use pollux_bdev::{BdevDesc, BdevRegistry};
-use pollux_iser::target::{IscsiTarget, PortalGroup, TargetNode};
+use pollux_iser::target::{IscsiTarget, PortalGroup, SessionInfo, TargetNode};
+use pollux_reactor::CoreId;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
@@ -151,6 +165,18 @@ pub struct DeleteTargetNode {
     /// Full name.
     pub name: String,
 }
+
+/// `iscsi_delete_portal_group` and `iscsi_delete_initiator_group`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeleteGroup {
+    /// The group's tag.
+    pub tag: u32,
+}
+
+/// How long `iscsi_delete_target_node` waits for the sessions it closed
+/// to be gone before it answers.
+const SESSION_CLOSE_WAIT: Duration = Duration::from_secs(5);
 
 /// Methods that take no parameters.
 #[derive(Debug, Deserialize)]
@@ -399,7 +425,7 @@ impl IscsiSubsystem {
         if req.pg_ig_maps.is_empty() {
             return Err(invalid("pg_ig_maps is empty"));
         }
-        let st = self.lock();
+        let mut st = self.lock();
         let groups = self.target.portal_groups();
         let mut pgs = Vec::new();
         let mut initiators: Vec<String> = Vec::new();
@@ -446,8 +472,6 @@ impl IscsiSubsystem {
                 portal_groups: pgs,
             })
             .map_err(|e| invalid(e.to_string()))?;
-        drop(st);
-        let mut st = self.lock();
         st.maps
             .insert(name.clone(), (req.pg_ig_maps.clone(), req.queue_depth));
         st.claims.insert(name, claims);
@@ -482,17 +506,117 @@ impl IscsiSubsystem {
         )
     }
 
-    fn delete_target_node(&self, p: Option<Value>) -> Result<Value, RpcError> {
+    /// Removes the node (new logins to it fail), closes the sessions
+    /// logged in to it on their cores by reactor messages, waits (bounded)
+    /// until they are gone, then lets go of its LUNs' bdevs.
+    fn delete_target_node(&self, svc: &RpcService, p: Option<Value>) -> Result<Value, RpcError> {
         let req: DeleteTargetNode = decode(p)?;
         let mut st = self.lock();
-        if self.target.node(&req.name).is_none() {
-            return Err(invalid(format!("no target node {}", req.name)));
-        }
-        self.target
-            .remove_node(&req.name)
-            .map_err(|e| RpcError::errno(Errno::Busy, e.to_string()))?;
+        let (_, live) = self
+            .target
+            .retire_node(&req.name)
+            .map_err(|_| invalid(format!("no target node {}", req.name)))?;
         st.maps.remove(&req.name);
-        st.claims.remove(&req.name);
+        let claims = st.claims.remove(&req.name);
+        drop(st);
+        self.close_sessions(svc, &live, &format!("target {}", req.name))?;
+        drop(claims);
+        Ok(Value::Bool(true))
+    }
+
+    /// Closes `live` sessions on their cores by reactor messages and waits
+    /// (bounded) until they are gone; `what` names why in the log.
+    fn close_sessions(
+        &self,
+        svc: &RpcService,
+        live: &[SessionInfo],
+        what: &str,
+    ) -> Result<(), RpcError> {
+        if live.is_empty() {
+            return Ok(());
+        }
+        let doomed: Vec<(u16, CoreId)> = live.iter().map(|s| (s.tsih, s.core)).collect();
+        let t = Arc::clone(&self.target);
+        let list = doomed.clone();
+        svc.cores().on_each_core(move |r| {
+            for &(tsih, core) in &list {
+                if core == r.core() {
+                    t.close_session(r, tsih);
+                }
+            }
+        })?;
+        let start = Instant::now();
+        while self
+            .target
+            .sessions()
+            .iter()
+            .any(|s| doomed.iter().any(|&(t, _)| t == s.tsih))
+        {
+            if start.elapsed() > SESSION_CLOSE_WAIT {
+                log::warn!("iscsi: sessions of {what} still closing after {SESSION_CLOSE_WAIT:?}");
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        log::info!("iscsi: {what} deleted: {} session(s) closed", doomed.len());
+        Ok(())
+    }
+
+    /// `iscsi_delete_portal_group`: refused (-16) while a node maps it;
+    /// its portals close, and the sessions that came in on it (discovery
+    /// sessions: no node maps it) are closed.
+    fn delete_portal_group(&self, svc: &RpcService, p: Option<Value>) -> Result<Value, RpcError> {
+        let req: DeleteGroup = decode(p)?;
+        let tag = tag16("tag", req.tag)?;
+        let _st = self.lock();
+        if let Some(n) = self
+            .target
+            .nodes()
+            .iter()
+            .find(|n| n.portal_groups.contains(&tag))
+        {
+            return Err(RpcError::errno(
+                Errno::Busy,
+                format!("portal group {tag} is used by target node {}", n.name),
+            ));
+        }
+        let g = self
+            .target
+            .remove_portal_group(tag)
+            .map_err(|_| invalid(format!("no portal group {tag}")))?;
+        for a in &g.addrs {
+            if let Err(e) = self.portals.stop_listen(a) {
+                log::warn!("iscsi: closing portal {a}: {e}");
+            }
+        }
+        let live: Vec<SessionInfo> = self
+            .target
+            .sessions()
+            .into_iter()
+            .filter(|s| s.tpgt == tag)
+            .collect();
+        self.close_sessions(svc, &live, &format!("portal group {tag}"))?;
+        Ok(Value::Bool(true))
+    }
+
+    /// `iscsi_delete_initiator_group`: refused (-16) while a node maps it.
+    fn delete_initiator_group(&self, p: Option<Value>) -> Result<Value, RpcError> {
+        let req: DeleteGroup = decode(p)?;
+        let tag = tag16("tag", req.tag)?;
+        let mut st = self.lock();
+        if let Some((name, _)) = st
+            .maps
+            .iter()
+            .find(|(_, (maps, _))| maps.iter().any(|m| m.ig_tag == u32::from(tag)))
+        {
+            return Err(RpcError::errno(
+                Errno::Busy,
+                format!("initiator group {tag} is used by target node {name}"),
+            ));
+        }
+        st.igs
+            .remove(&tag)
+            .ok_or_else(|| invalid(format!("no initiator group {tag}")))?;
         Ok(Value::Bool(true))
     }
 
@@ -561,24 +685,36 @@ impl Subsystem for IscsiSubsystem {
     }
 
     fn methods(self: Arc<Self>) -> Vec<Method> {
-        type Body = fn(&IscsiSubsystem, Option<Value>) -> Result<Value, RpcError>;
-        let table: [(&'static str, Body); 8] = [
-            ("iscsi_create_portal_group", |s, p| s.create_portal_group(p)),
-            ("iscsi_get_portal_groups", |s, p| s.get_portal_groups(p)),
-            ("iscsi_create_initiator_group", |s, p| {
+        type Body = fn(&IscsiSubsystem, &RpcService, Option<Value>) -> Result<Value, RpcError>;
+        let table: [(&'static str, Body); 10] = [
+            ("iscsi_create_portal_group", |s, _, p| {
+                s.create_portal_group(p)
+            }),
+            ("iscsi_delete_portal_group", |s, v, p| {
+                s.delete_portal_group(v, p)
+            }),
+            ("iscsi_get_portal_groups", |s, _, p| s.get_portal_groups(p)),
+            ("iscsi_create_initiator_group", |s, _, p| {
                 s.create_initiator_group(p)
             }),
-            ("iscsi_get_initiator_groups", |s, p| {
+            ("iscsi_delete_initiator_group", |s, _, p| {
+                s.delete_initiator_group(p)
+            }),
+            ("iscsi_get_initiator_groups", |s, _, p| {
                 let NoParams {} = decode(p)?;
                 Ok(s.get_initiator_groups())
             }),
-            ("iscsi_create_target_node", |s, p| s.create_target_node(p)),
-            ("iscsi_get_target_nodes", |s, p| {
+            ("iscsi_create_target_node", |s, _, p| {
+                s.create_target_node(p)
+            }),
+            ("iscsi_get_target_nodes", |s, _, p| {
                 let NoParams {} = decode(p)?;
                 Ok(s.get_target_nodes())
             }),
-            ("iscsi_delete_target_node", |s, p| s.delete_target_node(p)),
-            ("iscsi_get_connections", |s, p| {
+            ("iscsi_delete_target_node", |s, v, p| {
+                s.delete_target_node(v, p)
+            }),
+            ("iscsi_get_connections", |s, _, p| {
                 let NoParams {} = decode(p)?;
                 Ok(s.get_connections())
             }),
@@ -587,7 +723,7 @@ impl Subsystem for IscsiSubsystem {
             .into_iter()
             .map(|(name, body)| {
                 let me = Arc::clone(&self);
-                Method::runtime(name, move |_svc: &RpcService, p| body(&me, p))
+                Method::runtime(name, move |svc: &RpcService, p| body(&me, svc, p))
             })
             .collect()
     }
@@ -599,6 +735,14 @@ impl Subsystem for IscsiSubsystem {
     fn undo(&self, method: &str, params: Option<&Value>, _result: &Value) -> Option<ConfigEntry> {
         let p = params?;
         match method {
+            "iscsi_create_portal_group" => Some(ConfigEntry::new(
+                "iscsi_delete_portal_group",
+                json!({ "tag": p.get("tag")?.clone() }),
+            )),
+            "iscsi_create_initiator_group" => Some(ConfigEntry::new(
+                "iscsi_delete_initiator_group",
+                json!({ "tag": p.get("tag")?.clone() }),
+            )),
             "iscsi_create_target_node" => {
                 let n = p.get("name")?.as_str()?;
                 let full = if ["iqn.", "eui.", "naa."].iter().any(|x| n.starts_with(x)) {

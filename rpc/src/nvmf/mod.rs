@@ -5,7 +5,8 @@
 //! `nvmf_subsystem_add_listener|remove_listener`,
 //! `nvmf_subsystem_add_host|remove_host`, `nvmf_subsystem_allow_any_host`,
 //! `nvmf_subsystem_get_controllers|get_qpairs|get_listeners` and
-//! `nvmf_get_stats`.
+//! `nvmf_get_stats`; SPDK's option methods `nvmf_set_config`,
+//! `nvmf_set_max_subsystems` and `nvmf_set_crdt` are in [`options`].
 //!
 //! # How a change reaches the cores
 //!
@@ -35,11 +36,17 @@
 //! every listener, as its discovery log says). The provider keeps SPDK's
 //! per-subsystem view on top: `nvmf_subsystem_add_listener` opens the
 //! address on the target when no subsystem had it, records it for the
-//! subsystem, and `nvmf_subsystem_remove_listener` closes it when the last
+//! subsystem (every core's poll groups open what they own before the
+//! reply: [`TransportPollGroup::apply_listeners`]), and
+//! `nvmf_subsystem_remove_listener` closes it when the last
 //! subsystem lets it go; then every core disconnects the queues that came
-//! in through it (TCP: the connections whose local address is the
-//! listener's), and no other queue. Queues of a subsystem that lets go of
-//! an address another subsystem still lists stay connected.
+//! in through it, and no other queue, before the reply goes out (each
+//! transport's poll group knows the listener of each of its queues:
+//! [`TransportPollGroup::disconnect_listener`]; the queues then drain and
+//! give their resources back as after a host that hung up). SIGHUP
+//! reloads add and remove listeners through these same methods. Queues of
+//! a subsystem that lets go of an address another subsystem still lists
+//! stay connected (the address stays open target-wide).
 //!
 //! # Differences from SPDK, by design
 //!
@@ -50,6 +57,7 @@
 //!   application made at start (options that differ from its own are
 //!   refused with -95); `-t TCP` makes the NVMe/TCP transport.
 
+pub mod options;
 pub mod params;
 
 use std::cell::RefCell;
@@ -99,6 +107,13 @@ pub trait CoreGroups: Send + Sync + 'static {
     /// Disconnect this core's queues that came in through the (closed)
     /// listener `trid`; returns how many.
     fn disconnect_listener(&self, r: &Reactor, trid: &TransportId) -> usize;
+    /// Have this core's groups open and close their listeners now
+    /// ([`TransportPollGroup::apply_listeners`]).
+    ///
+    /// # Errors
+    ///
+    /// The first group's error, in words.
+    fn apply_listeners(&self, r: &Reactor) -> Result<(), String>;
 }
 
 thread_local! {
@@ -135,6 +150,18 @@ pub fn disconnect_from(
         .sum()
 }
 
+/// Has a core's groups open and close their listeners now (for
+/// [`CoreGroups::apply_listeners`] implementations).
+///
+/// # Errors
+///
+/// The first group's error, in words.
+pub fn apply_listeners_in(list: &RefCell<Vec<Rc<dyn TransportPollGroup>>>) -> Result<(), String> {
+    list.borrow()
+        .iter()
+        .try_for_each(|g| g.apply_listeners().map_err(|e| e.to_string()))
+}
+
 /// A core's live queues per transport name (for
 /// [`CoreGroups::connections`] implementations).
 pub fn group_connections(
@@ -162,6 +189,10 @@ impl CoreGroups for LocalGroups {
     fn disconnect_listener(&self, _r: &Reactor, trid: &TransportId) -> usize {
         LOCAL_GROUPS.with(|g| disconnect_from(g, trid))
     }
+
+    fn apply_listeners(&self, _r: &Reactor) -> Result<(), String> {
+        LOCAL_GROUPS.with(apply_listeners_in)
+    }
 }
 
 #[derive(Default)]
@@ -170,6 +201,11 @@ struct NvmfState {
     transports: BTreeMap<&'static str, Value>,
     /// Listen addresses per subsystem NQN, in the order added.
     listeners: BTreeMap<String, Vec<TransportId>>,
+    /// `nvmf_set_max_subsystems`.
+    max_subsystems: options::MaxSubsystems,
+    /// `sock_impl_set_options` of `posix`: the next TCP transport's
+    /// socket buffer sizes.
+    sock: options::SockBuffers,
 }
 
 /// The `nvmf` subsystem over one target and the bdevs of its namespaces.
@@ -409,7 +445,8 @@ impl NvmfSubsystem {
             ),
             (
                 "buf_cache_size",
-                req.buf_cache_size,
+                // SPDK's u32::MAX: "size it automatically", as the target did.
+                req.buf_cache_size.filter(|&c| c != params::BUF_CACHE_AUTO),
                 u32::try_from(o.buffer_cache_size).unwrap_or(u32::MAX),
             ),
         ] {
@@ -425,7 +462,7 @@ impl NvmfSubsystem {
             self.target.transport_for(&TransportId::tcp_ipv4("", "")),
         ) {
             (TrType::Tcp, Some(_)) | (TrType::Rdma, _) => self.adopt(trtype, &req)?,
-            (TrType::Tcp, None) => self.make_tcp(svc, &req)?,
+            (TrType::Tcp, None) => self.make_tcp(svc, &req, st.sock)?,
             _ => return Err(invalid(format!("trtype `{}`", req.trtype))),
         };
         st.transports.insert(name, desc);
@@ -473,8 +510,15 @@ impl NvmfSubsystem {
         Ok(have)
     }
 
-    fn make_tcp(&self, svc: &RpcService, req: &CreateTransport) -> Result<Value, RpcError> {
+    fn make_tcp(
+        &self,
+        svc: &RpcService,
+        req: &CreateTransport,
+        sock: options::SockBuffers,
+    ) -> Result<Value, RpcError> {
         let mut o = TcpOptions::for_target(self.target.options());
+        o.recv_buf_size = sock.recv;
+        o.send_buf_size = sock.send;
         if let Some(v) = req.max_queue_depth {
             o.max_queue_depth = v;
         }
@@ -593,6 +637,13 @@ impl NvmfSubsystem {
         if self.target.subsystem(&req.nqn).is_some() {
             return Err(RpcError::internal(format!(
                 "Unable to create subsystem {}: it exists",
+                req.nqn
+            )));
+        }
+        let max = st.max_subsystems.now;
+        if usize::try_from(max).is_ok_and(|m| self.made_subsystems() >= m) {
+            return Err(RpcError::internal(format!(
+                "Unable to create subsystem {}: the target holds max_subsystems ({max}; nvmf_set_max_subsystems)",
                 req.nqn
             )));
         }
@@ -833,6 +884,20 @@ impl NvmfSubsystem {
             self.target
                 .add_listener(trid.clone())
                 .map_err(|e| invalid(format!("Unable to listen on {trid}: {e}")))?;
+            // Opened on its core before the answer (all or nothing).
+            let groups = Arc::clone(&self.groups);
+            let failed = match svc.cores().on_each_core(move |r| groups.apply_listeners(r)) {
+                Ok(answers) => answers
+                    .into_iter()
+                    .find_map(|(c, r)| r.err().map(|e| format!("core {c}: {e}"))),
+                Err(e) => Some(e.to_string()),
+            };
+            if let Some(why) = failed {
+                if let Err(e) = self.target.remove_listener(&trid) {
+                    log::warn!("nvmf: undoing listener {trid}: {e}");
+                }
+                return Err(invalid(format!("Unable to listen on {trid}: {why}")));
+            }
         }
         st.listeners.entry(req.nqn.clone()).or_default().push(trid);
         drop(st);
@@ -999,12 +1064,15 @@ impl NvmfSubsystem {
     }
 
     fn config_entries(&self) -> Vec<ConfigEntry> {
+        let sock = self.sock_options_entry();
+        let limit = self.max_subsystems_entry();
         let st = self.lock();
-        let mut out: Vec<ConfigEntry> = st
-            .transports
-            .values()
-            .map(|d| ConfigEntry::new("nvmf_create_transport", d.clone()))
-            .collect();
+        let mut out: Vec<ConfigEntry> = sock.into_iter().chain(limit).collect();
+        out.extend(
+            st.transports
+                .values()
+                .map(|d| ConfigEntry::new("nvmf_create_transport", d.clone())),
+        );
         for s in self.target.subsystems() {
             let (lo, hi) = s.cntlid_range();
             out.push(ConfigEntry::new(
@@ -1086,13 +1154,15 @@ impl Subsystem for NvmfSubsystem {
             ("nvmf_subsystem_get_listeners", |s, _, p| s.get_listeners(p)),
             ("nvmf_get_stats", |s, v, p| s.get_stats(v, p)),
         ];
-        table
+        let mut out: Vec<Method> = table
             .into_iter()
             .map(|(name, body)| {
                 let me = Arc::clone(&self);
                 Method::runtime(name, move |svc, p| body(&me, svc, p))
             })
-            .collect()
+            .collect();
+        out.extend(options::methods(&self));
+        out
     }
 
     fn config(&self, _svc: &RpcService) -> Result<Vec<ConfigEntry>, RpcError> {
@@ -1100,6 +1170,12 @@ impl Subsystem for NvmfSubsystem {
     }
 
     fn undo(&self, method: &str, params: Option<&Value>, result: &Value) -> Option<ConfigEntry> {
+        if method == "nvmf_set_max_subsystems" {
+            return Some(self.undo_max_subsystems());
+        }
+        if method == "sock_impl_set_options" {
+            return Some(self.undo_sock_options());
+        }
         let p = params?;
         let nqn = p.get("nqn")?.clone();
         match method {

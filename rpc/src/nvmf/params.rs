@@ -25,14 +25,20 @@ pub struct ListenAddress {
     pub trsvcid: Option<String>,
 }
 
+/// SPDK's `buf_cache_size` that asks for a cache sized automatically (what
+/// its `save_config` writes by default): Pollux's target sized its own.
+pub const BUF_CACHE_AUTO: u32 = u32::MAX;
+
 /// `nvmf_create_transport`.
 ///
 /// Pollux's own per-transport options are `max_queue_depth`,
 /// `max_io_qpairs_per_ctrlr`, `in_capsule_data_size`, `c2h_success` and
 /// `sock_priority` (TCP). `max_io_size`, `io_unit_size`,
 /// `num_shared_buffers` and `buf_cache_size` are target-wide in Pollux:
-/// accepted when equal to the target's values, refused with -95
-/// otherwise. The rest of SPDK's options are accepted and have no effect.
+/// accepted when equal to the target's values (`buf_cache_size`: or
+/// [`BUF_CACHE_AUTO`]), refused with -95 otherwise (`pollux-tgt --json`
+/// sizes its target from the file's first `nvmf_create_transport` when its
+/// TOML file does not set them). The rest of SPDK's options are accepted and have no effect.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CreateTransport {

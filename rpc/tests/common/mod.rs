@@ -1,5 +1,5 @@
 //! Helpers shared by the method tests: a call that must succeed, one that
-//! must fail.
+//! must fail, a free TCP port.
 
 #![allow(clippy::unwrap_used, dead_code)] // each test file uses a subset
 
@@ -16,4 +16,13 @@ pub fn ok(svc: &RpcService, method: &str, params: Value) -> Value {
 pub fn refused(svc: &RpcService, method: &str, params: Value) -> RpcError {
     svc.call(method, Some(params))
         .expect_err(&format!("{method} should fail"))
+}
+
+/// A TCP port nobody listens on now (on 127.0.0.1).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }

@@ -274,6 +274,42 @@ impl IscsiTarget {
         Ok(nodes.remove(i))
     }
 
+    /// Remove the node named `name` whatever its sessions (control path):
+    /// new logins to it fail from then on. Returns it and the sessions
+    /// logged in to it, for the caller to close on their cores with
+    /// [`close_session`](Self::close_session).
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] when there is no such node.
+    pub fn retire_node(
+        &self,
+        name: &str,
+    ) -> Result<(Arc<TargetNode>, Vec<SessionInfo>), ConfigError> {
+        let sessions = Self::lock(&self.sessions);
+        let mut nodes = Self::lock(&self.nodes);
+        let i = nodes
+            .iter()
+            .position(|n| n.name == name)
+            .ok_or_else(|| ConfigError::Invalid(format!("no target {name}")))?;
+        let live = sessions
+            .list()
+            .into_iter()
+            .filter(|s| s.target.as_deref() == Some(name))
+            .collect();
+        Ok((nodes.remove(i), live))
+    }
+
+    /// Close session `tsih` if it lives on `reactor`'s core (run on that
+    /// core, from a reactor message): its connection closes at its next
+    /// poll, as a reinstated session's does, and gives back what it holds
+    /// as it goes.
+    pub fn close_session(self: &Arc<Self>, reactor: &Reactor, tsih: u16) {
+        match reactor.channel(self) {
+            Ok(ctx) => ctx.doom(tsih),
+            Err(never) => match never {},
+        }
+    }
+
     /// Remove portal group `tag` (control path; its addresses are the
     /// transport's to close).
     ///

@@ -1144,9 +1144,10 @@ impl Connection {
         if self.core.any_doomed() {
             if let Some(tsih) = self.tsih {
                 if self.core.take_doomed(tsih) {
-                    // Reinstated by a new login: close; I/O in flight
-                    // completes into the void (the bdev owns its buffers).
-                    log::info!("iscsi: session {tsih:#x} reinstated elsewhere; closing");
+                    // Reinstated by a new login, or its target node was
+                    // deleted: close; I/O in flight completes into the
+                    // void (the bdev owns its buffers).
+                    log::info!("iscsi: session {tsih:#x} retired (reinstated elsewhere or its target deleted); closing");
                     self.close(ops);
                     return PollStatus::Busy;
                 }

@@ -27,6 +27,7 @@ use crate::spec::cmd::SQE_SIZE;
 use crate::spec::cpl::{NvmeCompletion, NvmeStatus, SQHD_DISABLED};
 use crate::spec::log_page::ErrorLogEntry;
 use crate::spec::sgl::{SglDescriptor, SglError};
+use crate::spec::transport_id::TransportId;
 
 /// Most AERs outstanding per controller (Identify AERL + 1).
 pub(crate) const AER_LIMIT: usize = 4;
@@ -274,6 +275,13 @@ impl QueuePair {
     /// The controller, once connected.
     pub fn controller(&self) -> Option<&Arc<Controller>> {
         self.ctrlr.as_ref()
+    }
+
+    /// The listener the connection arrived on (what its transport said
+    /// in [`QpairParams::listener`]): a transport closes the queues of a
+    /// listener that goes away by it.
+    pub fn listener(&self) -> &TransportId {
+        &self.params.listener
     }
 
     /// Whether a Connect succeeded on this queue.

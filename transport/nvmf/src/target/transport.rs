@@ -160,12 +160,29 @@ pub trait TransportPollGroup {
     /// poller.
     fn shutdown(&self);
 
-    /// Disconnect this core's queues that came in through the listener at
-    /// `trid` (it was closed); returns how many. The default: none (a
-    /// transport whose queues do not know their listener).
-    fn disconnect_listener(&self, _trid: &TransportId) -> usize {
-        0
+    /// Open and close, now, the listeners this group owns after the
+    /// transport's list changed ([`TargetTransport::listen`] and
+    /// [`TargetTransport::stop_listen`] only record the change; run on
+    /// this group's core, by a reactor message). The target's management
+    /// calls this on every core before they answer a listener change, so a
+    /// host may connect as soon as the answer is out. Default: nothing to
+    /// do (a transport whose `listen` opened the socket already).
+    ///
+    /// # Errors
+    ///
+    /// The address this group could not listen on.
+    fn apply_listeners(&self) -> Result<(), TransportError> {
+        Ok(())
     }
+
+    /// Disconnect this core's queues that came in through the listener at
+    /// `trid` (it was closed: [`TargetTransport::stop_listen`] ran first,
+    /// so no new queue arrives through it), and no other; returns how
+    /// many. Each queue is torn down as by a host that hung up (its
+    /// transfers drain, then its resources go back) from the group's
+    /// poller; the host sees its connection close. A queue's listener is
+    /// [`QueuePair::listener`](super::QueuePair::listener).
+    fn disconnect_listener(&self, trid: &TransportId) -> usize;
 }
 
 /// Connection counters every transport keeps.

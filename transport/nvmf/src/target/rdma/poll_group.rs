@@ -301,6 +301,42 @@ impl<P: Provider> RdmaPollGroup<P> {
     }
 }
 
+impl<P: Provider> RdmaPollGroup<P> {
+    /// Open and close this group's CM listeners now (as its poller does
+    /// every few rounds) after the transport's list changed.
+    ///
+    /// # Errors
+    ///
+    /// The address it could not listen on.
+    pub fn apply_listeners(&self) -> Result<(), TransportError> {
+        match self.state.try_borrow_mut() {
+            Ok(mut s) => s.sync_listeners(),
+            // Inside this group's own poll: it syncs there.
+            Err(_) => Ok(()),
+        }
+    }
+
+    /// Start closing the queues that came in through the listener `trid`
+    /// (a CM disconnect, as [`shutdown`](Self::shutdown) does for all);
+    /// the next polls destroy them and return their receive buffers,
+    /// requests and seats. Returns how many.
+    pub fn disconnect_listener(&self, trid: &TransportId) -> usize {
+        let Ok(mut s) = self.state.try_borrow_mut() else {
+            return 0;
+        };
+        let hit: Vec<usize> = s
+            .conns
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| c.as_ref().filter(|c| c.core.listener() == trid).map(|_| i))
+            .collect();
+        for &i in &hit {
+            s.begin_close(i);
+        }
+        hit.len()
+    }
+}
+
 impl<P: Provider> Drop for RdmaPollGroup<P> {
     fn drop(&mut self) {
         self.reactor.remove_poller(self.poller);

@@ -245,4 +245,12 @@ impl<P: Provider> TransportPollGroup for RdmaPollGroup<P> {
     fn shutdown(&self) {
         RdmaPollGroup::shutdown(self);
     }
+
+    fn disconnect_listener(&self, trid: &TransportId) -> usize {
+        RdmaPollGroup::disconnect_listener(self, trid)
+    }
+
+    fn apply_listeners(&self) -> Result<(), TransportError> {
+        RdmaPollGroup::apply_listeners(self)
+    }
 }

@@ -278,10 +278,10 @@ impl TcpConn {
         busy
     }
 
-    /// The local address of the connection (the listener's address and
-    /// port it came in through).
-    pub(super) fn local_addr(&self) -> Option<std::net::SocketAddr> {
-        self.sock.local_addr().ok()
+    /// `(SO_RCVBUF, SO_SNDBUF)` of the socket, as the kernel reports them.
+    pub(super) fn socket_buffers(&self) -> Option<(usize, usize)> {
+        let s = socket2::SockRef::from(&self.sock);
+        Some((s.recv_buffer_size().ok()?, s.send_buffer_size().ok()?))
     }
 
     /// Close at once (the poll group is going away): fail what waits for

@@ -71,6 +71,13 @@ pub struct TcpOptions {
     /// `SO_PRIORITY` of every accepted socket (SPDK `sock_priority`, 0..=6;
     /// 0 leaves the default).
     pub sock_priority: u8,
+    /// `SO_RCVBUF` of every accepted socket, bytes (SPDK's `posix`
+    /// `sock_impl_set_options recv_buf_size`); 0 leaves the kernel's
+    /// default and its auto-tuning.
+    pub recv_buf_size: u32,
+    /// `SO_SNDBUF` of every accepted socket, bytes (`send_buf_size`); 0
+    /// leaves the kernel's.
+    pub send_buf_size: u32,
     /// Which digests are granted.
     pub digest: DigestPolicy,
     /// Which poll group (core) serves a new connection.
@@ -87,6 +94,8 @@ impl Default for TcpOptions {
             max_c2h_data: 128 * 1024,
             c2h_success: true,
             sock_priority: 0,
+            recv_buf_size: 0,
+            send_buf_size: 0,
             digest: DigestPolicy::Allow,
             placement: pollux_verbs::placement::PlacementPolicy::LeastConnections,
         }

@@ -101,6 +101,17 @@ impl TcpPollGroup {
         self.state.borrow().conns.len()
     }
 
+    /// `(SO_RCVBUF, SO_SNDBUF)` of each connection's socket, as the
+    /// kernel reports them (tests and diagnostics).
+    pub fn socket_buffers(&self) -> Vec<(usize, usize)> {
+        self.state
+            .borrow()
+            .conns
+            .iter()
+            .filter_map(|c| c.socket_buffers())
+            .collect()
+    }
+
     /// Requests in use over this group's queues (tests: 0 once idle).
     pub fn outstanding(&self) -> usize {
         self.state
@@ -138,22 +149,13 @@ impl TransportPollGroup for TcpPollGroup {
             c.shut_down();
         }
     }
-    /// Closes the connections whose local address is the listener's
-    /// (its port, and its IP unless it listened on every address).
-    fn disconnect_listener(&self, trid: &crate::spec::transport_id::TransportId) -> usize {
-        let Ok(want) = super::transport::socket_addr(trid) else {
-            return 0;
-        };
+
+    fn disconnect_listener(&self, trid: &TransportId) -> usize {
         let mut st = self.state.borrow_mut();
         let mut n = 0;
-        for c in &mut st.conns {
-            let hit = c.local_addr().is_some_and(|a| {
-                a.port() == want.port() && (want.ip().is_unspecified() || a.ip() == want.ip())
-            });
-            if hit {
-                c.shut_down();
-                n += 1;
-            }
+        for c in st.conns.iter_mut().filter(|c| c.queue().listener() == trid) {
+            c.shut_down();
+            n += 1;
         }
         n
     }
@@ -291,10 +293,18 @@ impl Ctx {
         let t = &self.transport;
         s.set_nonblocking(true).map_err(|e| e.to_string())?;
         s.set_nodelay(true).map_err(|e| e.to_string())?;
+        let sock = socket2::SockRef::from(&s);
         if t.opts.sock_priority > 0 {
-            socket2::SockRef::from(&s)
-                .set_priority(u32::from(t.opts.sock_priority))
+            sock.set_priority(u32::from(t.opts.sock_priority))
                 .map_err(|e| format!("SO_PRIORITY: {e}"))?;
+        }
+        if t.opts.recv_buf_size > 0 {
+            sock.set_recv_buffer_size(t.opts.recv_buf_size as usize)
+                .map_err(|e| format!("SO_RCVBUF: {e}"))?;
+        }
+        if t.opts.send_buf_size > 0 {
+            sock.set_send_buffer_size(t.opts.send_buf_size as usize)
+                .map_err(|e| format!("SO_SNDBUF: {e}"))?;
         }
         let params = QpairParams {
             depth: t.opts.max_queue_depth,
