@@ -312,8 +312,10 @@ fn target_gone_for_good_fails_after_ctrl_loss_tmo() {
     p.reconnect_delay = Duration::from_millis(200);
     p.ctrl_loss_tmo = Duration::from_secs(1);
     let f = factory(&t, MemMode::RegisterAlways, true);
-    let killer = kill_and_restart(t, BDEV, Duration::from_millis(300), None);
+    // Taken before the killer starts its 300 ms wait: the target goes at least
+    // 300 ms after `start`, and the host may give up only ctrl_loss_tmo after that.
     let start = std::time::Instant::now();
+    let killer = kill_and_restart(t, BDEV, Duration::from_millis(300), None);
     let e = run(f, Cores::parse("0").unwrap(), IdleMode::BusyPoll, &p).unwrap_err();
     assert!(killer.join().unwrap().is_none());
     let took = start.elapsed();
