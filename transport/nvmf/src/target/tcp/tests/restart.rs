@@ -24,3 +24,36 @@ fn a_dropped_target_closes_its_listener_and_the_port_can_be_listened_on_again() 
         .add_listener(TransportId::tcp_ipv4("127.0.0.1", port))
         .unwrap();
 }
+
+#[test]
+fn a_dropped_target_closes_its_soft_rdma_listener_and_the_address_can_be_listened_on_again() {
+    use crate::spec::transport_id::{AdrFam, TrType};
+    use crate::target::rdma::{RdmaOptions, RdmaTransport};
+    use pollux_reactor::TestCluster;
+    use pollux_verbs::soft::Soft;
+
+    let trid = TransportId {
+        trtype: TrType::Rdma,
+        adrfam: AdrFam::IntraHost,
+        traddr: format!("@pollux-restart-{}", std::process::id()),
+        trsvcid: String::new(),
+    };
+    let cl = TestCluster::new(1);
+    let start = || {
+        let target = Target::new(target_options()).unwrap();
+        let rdma = RdmaTransport::<Soft>::new(&target, RdmaOptions::for_tests()).unwrap();
+        target.add_transport(rdma).unwrap();
+        target.add_listener(trid.clone()).unwrap();
+        let groups = cl.on(0, |r| target.start_poll_groups(r)).unwrap();
+        cl.poll_until_idle().unwrap();
+        assert_eq!(groups.iter().map(|g| g.listeners()).sum::<usize>(), 1);
+        (target, groups)
+    };
+    let (target, groups) = start();
+    let weak = Arc::downgrade(&target);
+    drop(groups);
+    drop(target);
+    cl.poll_until_idle().unwrap();
+    assert!(weak.upgrade().is_none(), "the target is freed");
+    let (_target, _groups) = start();
+}
