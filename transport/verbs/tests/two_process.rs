@@ -214,15 +214,8 @@ fn two_processes_connect_read_write_send_and_peer_death() {
     if is_child() {
         return;
     }
-    let _serial = serial();
-    let addr = format!("@pollux-2p-{}", std::process::id());
-    let p = side();
-    let l = p.dev.listen(&CmAddr::new(addr.clone()), 8).unwrap();
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_main", "--nocapture", "--test-threads=1"])
-        .env(CHILD_ENV, &addr)
-        .spawn()
-        .unwrap();
+    let (_serial, addr, p, l) = listening_parent("");
+    let mut child = spawn_peer("child_main", CHILD_ENV, &addr);
     // Reject the first request with private data.
     let r = wait(|| l.get_request().unwrap());
     assert!(r
@@ -302,8 +295,7 @@ fn two_processes_connect_read_write_send_and_peer_death() {
     for _ in 0..1000 {
         let _ = poll_one(&[&p.scq]);
     }
-    child.kill().unwrap();
-    child.wait().unwrap();
+    child.kill();
     // ESTABLISHED (RTU) came earlier and was not consumed yet.
     wait(|| {
         id.get_event()
@@ -426,11 +418,46 @@ fn mr_child_main() {
 /// A spawned peer, killed when the test ends (passed or failed).
 struct Child(std::process::Child);
 
-impl Drop for Child {
-    fn drop(&mut self) {
+impl Child {
+    /// Kill the peer now and reap it.
+    fn kill(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The parent's start: the tests' turn (see [`serial`]), an address
+/// named by `tag`, a side and its listener.
+fn listening_parent(
+    tag: &str,
+) -> (
+    std::sync::MutexGuard<'static, ()>,
+    String,
+    Side,
+    <Soft as Provider>::CmListener,
+) {
+    let turn = serial();
+    let addr = format!("@pollux-2p-{tag}{}", std::process::id());
+    let p = side();
+    let l = p.dev.listen(&CmAddr::new(addr.clone()), 8).unwrap();
+    (turn, addr, p, l)
+}
+
+/// This test binary again, running only test `role` with `env=value`.
+fn spawn_peer(role: &str, env: &str, value: &str) -> Child {
+    Child(
+        std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", role, "--nocapture", "--test-threads=1"])
+            .env(env, value)
+            .spawn()
+            .unwrap(),
+    )
 }
 
 /// The responder's side of [`mr_child_main`]: WRITE into each fresh peer
@@ -441,22 +468,8 @@ fn peer_mrs_are_released(mode: &str) {
     if is_child() {
         return;
     }
-    let _serial = serial();
-    let addr = format!("@pollux-2p-mr-{mode}-{}", std::process::id());
-    let p = side();
-    let l = p.dev.listen(&CmAddr::new(addr.clone()), 8).unwrap();
-    let _child = Child(
-        std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "mr_child_main",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(MR_CHILD_ENV, format!("{addr},{mode}"))
-            .spawn()
-            .unwrap(),
-    );
+    let (_serial, addr, p, l) = listening_parent(&format!("mr-{mode}-"));
+    let _child = spawn_peer("mr_child_main", MR_CHILD_ENV, &format!("{addr},{mode}"));
     let id = wait(|| l.get_request().unwrap());
     p.recv(1, 0);
     id.accept(&p.qp, &ConnParam::with_data(b"ok")).unwrap();
