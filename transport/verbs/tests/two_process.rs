@@ -2,7 +2,9 @@
 //! itself as the peer (`POLLUX_VERBS_CHILD=<addr>`). Covers connect with
 //! private data, reject, accept, RDMA READ/WRITE as single copies between
 //! the processes' arenas, SEND both ways, and peer death mid-transfer (the
-//! survivor sees DISCONNECTED and flush errors; nothing hangs).
+//! survivor sees DISCONNECTED and flush errors; nothing hangs). Also: a
+//! peer that registers fresh memory for every transfer and deregisters it
+//! afterwards leaves no descriptors or mappings behind in this process.
 
 #![allow(clippy::unwrap_used, clippy::panic)]
 
@@ -13,6 +15,23 @@ use pollux_verbs::soft::{Soft, SoftCq, SOFT_DEVICE_NAME};
 use pollux_verbs::*;
 
 const CHILD_ENV: &str = "POLLUX_VERBS_CHILD";
+/// The role of a child that registers a fresh MR per transfer
+/// (`<addr>,regular` or `<addr>,fast-reg`).
+const MR_CHILD_ENV: &str = "POLLUX_VERBS_MR_CHILD";
+
+/// Whether this process is a spawned peer.
+fn is_child() -> bool {
+    std::env::var_os(CHILD_ENV).is_some() || std::env::var_os(MR_CHILD_ENV).is_some()
+}
+
+/// The parent tests run one at a time: the release test counts this
+/// process's descriptors and mappings.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 const MEM: usize = 1 << 20;
 
 /// Generous failure deadline; passing never depends on it.
@@ -43,7 +62,7 @@ fn poll_one(cqs: &[&SoftCq]) -> Option<Wc> {
 
 struct Side {
     dev: <Soft as Provider>::Device,
-    _pd: <Soft as Provider>::Pd,
+    pd: <Soft as Provider>::Pd,
     scq: SoftCq,
     rcq: SoftCq,
     qp: <Soft as Provider>::Qp,
@@ -82,7 +101,7 @@ fn side() -> Side {
         .unwrap();
     Side {
         dev,
-        _pd: pd,
+        pd,
         scq,
         rcq,
         qp,
@@ -192,17 +211,11 @@ fn child_main() {
 
 #[test]
 fn two_processes_connect_read_write_send_and_peer_death() {
-    if std::env::var(CHILD_ENV).is_ok() {
+    if is_child() {
         return;
     }
-    let addr = format!("@pollux-2p-{}", std::process::id());
-    let p = side();
-    let l = p.dev.listen(&CmAddr::new(addr.clone()), 8).unwrap();
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_main", "--nocapture", "--test-threads=1"])
-        .env(CHILD_ENV, &addr)
-        .spawn()
-        .unwrap();
+    let (_serial, addr, p, l) = listening_parent("");
+    let mut child = spawn_peer("child_main", CHILD_ENV, &addr);
     // Reject the first request with private data.
     let r = wait(|| l.get_request().unwrap());
     assert!(r
@@ -282,8 +295,7 @@ fn two_processes_connect_read_write_send_and_peer_death() {
     for _ in 0..1000 {
         let _ = poll_one(&[&p.scq]);
     }
-    child.kill().unwrap();
-    child.wait().unwrap();
+    child.kill();
     // ESTABLISHED (RTU) came earlier and was not consumed yet.
     wait(|| {
         id.get_event()
@@ -297,4 +309,220 @@ fn two_processes_connect_read_write_send_and_peer_death() {
         assert_eq!((w.wr_id, w.status), (WrId(30), WcStatus::WrFlushErr));
         flushed += 1;
     }
+}
+
+/// Transfers in the release test (the first [`WARM_UP`] set the baseline).
+const ROUNDS: u8 = 40;
+const WARM_UP: u8 = 4;
+/// Bytes of each fresh peer buffer, and of each WRITE into it.
+const FRESH: usize = 64 * 1024;
+const WRITE: u32 = 4096;
+
+/// Open descriptors and mapping lines of this process.
+fn fds_and_maps() -> (usize, usize) {
+    let fds = std::fs::read_dir("/proc/self/fd").unwrap().count();
+    let maps = std::fs::read_to_string("/proc/self/maps")
+        .unwrap()
+        .lines()
+        .count();
+    (fds, maps)
+}
+
+/// The peer of the release test: per round a fresh arena and MR (a regular
+/// MR with remote rights, or a local one exposed by a fast registration),
+/// its address and key sent to the parent, the parent's WRITE checked, then
+/// the MR deregistered and the arena dropped. Finally a zero key: "all
+/// released". Does nothing in a normal test run.
+#[test]
+fn mr_child_main() {
+    let Ok(arg) = std::env::var(MR_CHILD_ENV) else {
+        return;
+    };
+    let (addr, mode) = arg.rsplit_once(',').unwrap();
+    let fast_reg = mode == "fast-reg";
+    let s = side();
+    let fr = fast_reg.then(|| s.pd.alloc_fast_reg_mr(16).unwrap());
+    s.recv(1, 0);
+    let id = s
+        .dev
+        .connect(&CmAddr::new(addr), &s.qp, &ConnParam::with_data(b"mr"))
+        .unwrap();
+    match wait(|| id.get_event().unwrap()) {
+        CmEvent::Established { .. } => {}
+        e => panic!("mr child: {e:?}"),
+    }
+    let wait_ok = |want: WrId| {
+        let w = s.next_wc();
+        assert_eq!((w.wr_id, w.status), (want, WcStatus::Success), "mr child");
+    };
+    for round in 0..ROUNDS {
+        let arena = DmaArena::new(
+            FRESH,
+            ArenaOptions::named("2p-fresh").hugepages(HugepageMode::Never),
+        )
+        .unwrap();
+        let remote = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+        let (mr, key) = match &fr {
+            None => {
+                let mr = s.pd.reg_mr(&arena, 0, FRESH, remote).unwrap();
+                let key = mr.rkey();
+                (mr, key)
+            }
+            Some(fr) => {
+                let mr = s.pd.reg_mr(&arena, 0, FRESH, Access::LOCAL_WRITE).unwrap();
+                let key = fr.next_key();
+                let pages = [Sge {
+                    addr: mr.addr(),
+                    length: FRESH as u32,
+                    lkey: mr.lkey(),
+                }];
+                let op = SendOp::RegMr {
+                    key,
+                    iova: mr.addr(),
+                    access: remote,
+                };
+                s.qp.post_send(&[SendWr::new(WrId(2), op, &pages).signaled()])
+                    .unwrap();
+                wait_ok(WrId(2));
+                (mr, key)
+            }
+        };
+        let mut info = [0u8; 12];
+        info[..8].copy_from_slice(&mr.addr().to_le_bytes());
+        info[8..].copy_from_slice(&key.to_le_bytes());
+        s.send(3, 4096, &info);
+        wait_ok(WrId(3));
+        wait_ok(WrId(1));
+        s.recv(1, 0);
+        let mut got = vec![0u8; WRITE as usize];
+        arena.copy_out(0, &mut got).unwrap();
+        assert!(got.iter().all(|&b| b == round), "mr child: round {round}");
+        if let Some(fr) = &fr {
+            let inv = SendOp::LocalInv { key: fr.lkey() };
+            s.qp.post_send(&[SendWr::new(WrId(4), inv, &[]).signaled()])
+                .unwrap();
+            wait_ok(WrId(4));
+        }
+        drop(mr);
+        drop(arena);
+    }
+    s.send(3, 4096, &[0; 12]);
+    wait_ok(WrId(3));
+    wait(|| {
+        id.get_event()
+            .unwrap()
+            .filter(|e| *e == CmEvent::Disconnected)
+    });
+}
+
+/// A spawned peer, killed when the test ends (passed or failed).
+struct Child(std::process::Child);
+
+impl Child {
+    /// Kill the peer now and reap it.
+    fn kill(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The parent's start: the tests' turn (see [`serial`]), an address
+/// named by `tag`, a side and its listener.
+fn listening_parent(
+    tag: &str,
+) -> (
+    std::sync::MutexGuard<'static, ()>,
+    String,
+    Side,
+    <Soft as Provider>::CmListener,
+) {
+    let turn = serial();
+    let addr = format!("@pollux-2p-{tag}{}", std::process::id());
+    let p = side();
+    let l = p.dev.listen(&CmAddr::new(addr.clone()), 8).unwrap();
+    (turn, addr, p, l)
+}
+
+/// This test binary again, running only test `role` with `env=value`.
+fn spawn_peer(role: &str, env: &str, value: &str) -> Child {
+    Child(
+        std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", role, "--nocapture", "--test-threads=1"])
+            .env(env, value)
+            .spawn()
+            .unwrap(),
+    )
+}
+
+/// The responder's side of [`mr_child_main`]: WRITE into each fresh peer
+/// buffer; this process's descriptors and mappings stay at their level
+/// after the warm-up, and the last peer buffer's are gone once the peer
+/// deregistered it.
+fn peer_mrs_are_released(mode: &str) {
+    if is_child() {
+        return;
+    }
+    let (_serial, addr, p, l) = listening_parent(&format!("mr-{mode}-"));
+    let _child = spawn_peer("mr_child_main", MR_CHILD_ENV, &format!("{addr},{mode}"));
+    let id = wait(|| l.get_request().unwrap());
+    p.recv(1, 0);
+    id.accept(&p.qp, &ConnParam::with_data(b"ok")).unwrap();
+    let mut base = None;
+    let mut last = (0, 0);
+    for round in 0..=ROUNDS {
+        let w = p.next_wc();
+        assert_eq!((w.wr_id, w.status), (WrId(1), WcStatus::Success), "{w:?}");
+        let info = p.read(0, 12);
+        p.recv(1, 0);
+        let raddr = u64::from_le_bytes(info[..8].try_into().unwrap());
+        let rkey = u32::from_le_bytes(info[8..].try_into().unwrap());
+        if rkey == 0 {
+            break;
+        }
+        p.fill(8192, round, WRITE as usize);
+        let ws = [p.sge(8192, WRITE)];
+        let remote = RemoteAddr { addr: raddr, rkey };
+        p.qp.post_send(&[SendWr::new(WrId(2), SendOp::RdmaWrite { remote }, &ws).signaled()])
+            .unwrap();
+        let w = p.next_wc();
+        assert_eq!((w.wr_id, w.status), (WrId(2), WcStatus::Success), "{w:?}");
+        last = fds_and_maps();
+        if round < WARM_UP {
+            base = Some(last);
+        }
+        let (b_fds, b_maps) = base.unwrap();
+        assert!(
+            last.0 <= b_fds && last.1 <= b_maps + 4,
+            "round {round}: {last:?} descriptors and mapping lines, {:?} after the warm-up",
+            (b_fds, b_maps)
+        );
+        p.send(3, 16384, &[1]);
+        let w = p.next_wc();
+        assert_eq!((w.wr_id, w.status), (WrId(3), WcStatus::Success), "{w:?}");
+    }
+    // The peer deregistered its last MR and dropped its arena before its
+    // final SEND: what it announced on the way is read with the next poll.
+    let _ = id.get_event().unwrap();
+    let (fds, _) = fds_and_maps();
+    assert!(
+        fds < last.0,
+        "the last peer buffer's descriptor is closed: {fds}, {} while it was registered",
+        last.0
+    );
+}
+
+#[test]
+fn a_peer_registering_fresh_memory_per_transfer_leaves_nothing_behind() {
+    peer_mrs_are_released("regular");
+}
+
+#[test]
+fn a_peer_fast_registering_fresh_memory_per_transfer_leaves_nothing_behind() {
+    peer_mrs_are_released("fast-reg");
 }

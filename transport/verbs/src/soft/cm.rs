@@ -369,6 +369,9 @@ impl Conn {
     /// The peer let go of the arena of slot `id`: unmap ours (unless the
     /// index already holds a newer arena).
     fn drop_arena(&self, id: u64) {
+        if let Some(link) = self.link() {
+            link.rkeys.forget_slot(id);
+        }
         let mut v = self.peer_arenas.borrow_mut();
         if let Some(e) = v.get_mut(slot_index(id)) {
             if e.as_ref().is_some_and(|s| s.id == id) {

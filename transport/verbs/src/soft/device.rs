@@ -36,9 +36,9 @@ struct SlotState {
     generation: u32,
     /// Whether the arena was shipped to peers.
     exposed: bool,
-    /// No MR left, but the arena may still live (its owner may register
-    /// it again: the slot comes back under the same id, nothing is
-    /// shipped). Swept once the arena is gone.
+    /// No MR left over an arena never shipped to peers, which may still
+    /// live (its owner may register it again: the slot comes back under
+    /// the same id). Swept once the arena is gone.
     parked: Option<std::sync::Weak<DmaArena>>,
 }
 
@@ -191,14 +191,17 @@ impl DeviceInner {
         id
     }
 
-    /// One regular MR over slot `id` is gone: when it was the last, the
+    /// One regular MR over slot `id` is gone. When it was the last, the
     /// device lets go of the arena (its fd and mapping close once nothing
-    /// else holds it) and parks the slot; once the arena itself is gone
-    /// ([`sweep_slots`](Self::sweep_slots)) the peers are told to unmap it
-    /// and the index is reused under the next generation.
+    /// else holds it). An exposed slot is freed at once: the peers are told
+    /// to unmap their copies (a peer reaches memory no longer than an MR
+    /// over it lives, as a remote key does) and the index is reused under
+    /// the next generation. A slot never exposed is parked instead, so its
+    /// arena comes back under the same id if it is registered again; it is
+    /// swept once the arena is gone ([`sweep_slots`](Self::sweep_slots)).
     pub(crate) fn release_slot(&self, id: u64) {
         let idx = slot_index(id);
-        {
+        let gone = {
             let mut slots = self.slots.borrow_mut();
             let mut st = self.slot_state.borrow_mut();
             let live = slots
@@ -212,7 +215,20 @@ impl DeviceInner {
             if s.mrs > 0 {
                 return;
             }
-            s.parked = slots[idx].take().map(|a| Arc::downgrade(&a.arena));
+            let arena = slots[idx].take();
+            if std::mem::replace(&mut s.exposed, false) {
+                s.generation = s.generation.wrapping_add(1);
+                self.free_slots.borrow_mut().push(idx);
+                true
+            } else {
+                s.parked = arena.map(|a| Arc::downgrade(&a.arena));
+                false
+            }
+        };
+        if gone {
+            for c in self.live_conns() {
+                c.send_arena_gone(id);
+            }
         }
         self.sweep_slots();
     }

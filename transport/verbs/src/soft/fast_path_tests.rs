@@ -321,8 +321,12 @@ fn remote_key_cache_notices_the_same_key_registered_again_elsewhere() {
     assert_eq!(cached_rkeys(&p), 1);
     // Free the entry and register other memory until the same key value
     // comes back (the consumer byte wraps after 256 registrations).
-    drop(mr);
     let new = F.arena(1 << 16);
+    // One MR keeps `new` registered throughout, so the churn below ships
+    // its arena to the peer once (the last MR over an arena going sends
+    // the peer an unmap, and registering it again ships it again).
+    let _hold = p.b.pd.reg_mr(&new, 4096, 4096, rights).unwrap();
+    drop(mr);
     let mut again = None;
     for _ in 0..300 {
         let m = p.b.pd.reg_mr(&new, 0, 4096, rights).unwrap();

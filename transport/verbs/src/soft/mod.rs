@@ -8,6 +8,9 @@
 //!   fds are passed to connected peers over the CM socket (`SCM_RIGHTS`),
 //!   at connection setup and whenever a new one is exposed, and the peer
 //!   maps them. RDMA WRITE/READ is then one copy between the two mappings.
+//!   When the last MR over an exposed arena is deregistered, the peers are
+//!   told to unmap it (`ARENA_GONE`) and close their descriptor: a peer
+//!   keeps no mapping of memory no key reaches any more.
 //! - **Keys**: each PD has an MR table in a sealed memfd that peers map
 //!   read-only ([`mr`] documents the layout and the seqlock-style update);
 //!   the requester checks rkey, PD, bounds and rights before it copies.

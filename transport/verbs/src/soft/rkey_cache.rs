@@ -14,7 +14,8 @@
 //!
 //! Only regular MRs of one segment are cached (fast-reg keys change per
 //! I/O by design). An entry holds its arena, so its mapping outlives any
-//! change on the peer's side; what a hostile peer can do is what it could
+//! change on the peer's side until the peer announces the arena's end
+//! ([`RemoteKeyCache::forget_slot`]); what a hostile peer can do is what it could
 //! do without the cache: make accesses fail or land in its own memory.
 
 use std::cell::RefCell;
@@ -98,6 +99,17 @@ impl RemoteKeyCache {
             None => {
                 keys[1] = keys[0].take();
                 keys[0] = new;
+            }
+        }
+    }
+
+    /// Forget the keys whose memory is in the peer's arena slot `slot` (the
+    /// full id): the peer let go of that arena, and a cached key would keep
+    /// its mapping (and descriptor) alive.
+    pub(crate) fn forget_slot(&self, slot: u64) {
+        for c in self.keys.borrow_mut().iter_mut() {
+            if c.as_ref().is_some_and(|k| k.snap.slot == slot) {
+                *c = None;
             }
         }
     }

@@ -145,7 +145,11 @@ impl<P: Provider> RdmaPollGroup<P> {
         index: usize,
     ) -> Result<Rc<Self>, TransportError> {
         let opts = &t.opts;
-        let topts = t.target.options();
+        let target = t
+            .target
+            .upgrade()
+            .ok_or_else(|| TransportError::Other("the target is gone".into()))?;
+        let topts = target.options();
         let name = match &opts.device {
             Some(n) => n.clone(),
             None => P::list_devices()
@@ -179,11 +183,11 @@ impl<P: Provider> RdmaPollGroup<P> {
             )
         };
         let mut mrs = MrTable::<P>(Vec::new());
-        let slot_arenas = t.target.slot_pool().map(|p| p.arenas());
+        let slot_arenas = target.slot_pool().map(|p| p.arenas());
         for a in recvs
             .arenas()
             .iter()
-            .chain(t.target.data_pool().arenas())
+            .chain(target.data_pool().arenas())
             .chain(slot_arenas.into_iter().flatten())
         {
             if mrs.lkey(a.id()).is_none() {
@@ -537,7 +541,11 @@ impl<P: Provider> Shared<P> {
     /// handed to another group's core.
     fn admit(&mut self, id: P::CmId, trid: TransportId) {
         let t = Arc::clone(&self.transport);
-        if let Err(st) = check_request(id.request(), t.target.options().max_queue_depth) {
+        let Some(target) = t.target.upgrade() else {
+            self.reject(id, CmRejectStatus::NoResources);
+            return;
+        };
+        if let Err(st) = check_request(id.request(), target.options().max_queue_depth) {
             log::debug!("nvmf rdma: connect rejected: {st:?}");
             self.reject(id, st);
             return;
@@ -629,7 +637,10 @@ impl<P: Provider> Shared<P> {
     /// create the QP and the core's queue, post receives, accept.
     fn connect(&mut self, id: P::CmId, trid: TransportId) -> Result<(), CmRejectStatus> {
         let t = Arc::clone(&self.transport);
-        let topts = t.target.options();
+        let Some(target) = t.target.upgrade() else {
+            return Err(self.reject(id, CmRejectStatus::NoResources));
+        };
+        let topts = target.options();
         let (info, req) = match check_request(id.request(), topts.max_queue_depth) {
             Ok(v) => v,
             Err(st) => return Err(self.reject(id, st)),
@@ -693,7 +704,7 @@ impl<P: Provider> Shared<P> {
             listener: trid,
             qid: Some(req.qid),
         };
-        let core = match QueuePair::with_requests(&t.target, &self.reactor, params, requests) {
+        let core = match QueuePair::with_requests(&target, &self.reactor, params, requests) {
             Ok(c) => c,
             Err(e) => {
                 log::warn!("nvmf rdma: cannot create the queue: {e}");

@@ -5,7 +5,7 @@
 use std::marker::PhantomData;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use pollux_reactor::sync::{Mutex, MutexGuard};
 
@@ -70,8 +70,12 @@ pub struct RdmaTransportStats {
 
 /// The RDMA transport, generic over the verbs provider (`Soft`, or the
 /// `ibverbs` provider with that feature).
+///
+/// It refers to its target weakly: the target holds its transports, so a
+/// strong reference back would keep both (and the listening CM ids) alive
+/// after the application drops the target.
 pub struct RdmaTransport<P: Provider> {
-    pub(crate) target: Arc<Target>,
+    pub(crate) target: Weak<Target>,
     pub(crate) opts: RdmaOptions,
     pub(crate) listeners: Mutex<Vec<ListenEntry>>,
     /// Bumped on every listener change; poll groups compare it once per poll.
@@ -111,7 +115,7 @@ impl<P: Provider> RdmaTransport<P> {
             total: opts.max_qpairs,
         });
         Ok(Arc::new(RdmaTransport {
-            target: Arc::clone(target),
+            target: Arc::downgrade(target),
             opts,
             listeners: Mutex::new(Vec::new()),
             listen_gen: AtomicU64::new(1),

@@ -312,7 +312,8 @@ impl Ctx {
             listener: trid,
             qid: None,
         };
-        let qp = QueuePair::new(&t.target, &self.reactor, params).map_err(|e| e.to_string())?;
+        let target = t.target.upgrade().ok_or("the target is gone")?;
+        let qp = QueuePair::new(&target, &self.reactor, params).map_err(|e| e.to_string())?;
         Ok(TcpConn::new(s, qp, t))
     }
 }

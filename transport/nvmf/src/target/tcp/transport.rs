@@ -8,7 +8,7 @@ use std::collections::VecDeque;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use pollux_reactor::{IoDevice, Reactor};
 use pollux_verbs::placement::Seats;
@@ -66,8 +66,12 @@ impl TcpInbox {
 }
 
 /// The NVMe/TCP target transport.
+///
+/// It refers to its target weakly: the target holds its transports, so a
+/// strong reference back would keep both (and the listening sockets) alive
+/// after the application drops the target.
 pub struct TcpTransport {
-    pub(super) target: Arc<Target>,
+    pub(super) target: Weak<Target>,
     pub(super) opts: TcpOptions,
     pub(super) listeners: Mutex<Vec<ListenEntry>>,
     /// Bumped on every listener change; poll groups compare it once per poll.
@@ -111,7 +115,7 @@ impl TcpTransport {
         opts.validate(target.options())
             .map_err(|e| TransportError::Other(e.to_string()))?;
         Ok(Arc::new(TcpTransport {
-            target: Arc::clone(target),
+            target: Arc::downgrade(target),
             opts,
             listeners: Mutex::new(Vec::new()),
             listen_gen: AtomicU64::new(1),

@@ -8,6 +8,7 @@ mod io;
 mod netns;
 mod placement;
 mod raw;
+mod restart;
 mod sock_buffers;
 
 use std::net::{SocketAddr, TcpListener};
