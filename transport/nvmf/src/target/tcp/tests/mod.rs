@@ -8,6 +8,7 @@ mod io;
 mod netns;
 mod placement;
 mod raw;
+mod teardown;
 
 use std::net::{SocketAddr, TcpListener};
 use std::rc::Rc;
