@@ -3,6 +3,7 @@
 
 mod host;
 mod placement;
+mod teardown;
 
 use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
