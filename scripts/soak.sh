@@ -30,8 +30,22 @@ run() {
   echo "# $label ($test): $cycles cycles, a sample every $every" >&2
   POLLUX_SOAK_CYCLES=$cycles POLLUX_SOAK_SAMPLE_EVERY=$every \
     cargo test --profile "${SOAK_PROFILE:-release}" -q -p pollux-tests --test "$test" "$name" -- --exact --nocapture --test-threads 1 2>&1 |
-    awk -v t="$label" '/^cycle,/ { print "test," $0; fflush(); next } /^[0-9]+,/ { print t "," $0; fflush(); next } /panicked|grew|soak:|iser churn:/ { print "# " $0 > "/dev/stderr" }'
+    csv "$label"
   return "${PIPESTATUS[0]}"
+}
+
+# csv LABEL: the samples from the test's output as CSV lines (LABEL first),
+# its verdicts on stderr; line by line, so a long run shows its curve as it
+# goes.
+csv() {
+  local line
+  while IFS= read -r line; do
+    case $line in
+    cycle,*) echo "test,$line" ;;
+    [0-9]*,*) echo "$1,$line" ;;
+    *panicked* | *grew* | *soak:* | *"iser churn:"*) echo "# $line" >&2 ;;
+    esac
+  done
 }
 
 status=0
