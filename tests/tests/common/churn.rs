@@ -21,7 +21,7 @@ use pollux_nvmf::host::{
 };
 use pollux_nvmf::target::rdma::RdmaOptions;
 use pollux_nvmf::target::tcp::TcpOptions;
-use pollux_nvmf::target::{Target, TargetOptions};
+use pollux_nvmf::target::{Target, TargetOptions, TargetTransport};
 use pollux_reactor::mem::{BufPool, BufPoolOptions, SgList};
 use pollux_reactor::Reactor;
 
@@ -296,16 +296,9 @@ pub fn serve_target_child() {
                 },
             );
             let t2 = transport.clone();
-            let set = super::launch_with_groups("0", move |r| {
-                t2.create_poll_group(r).expect("poll group")
+            serve(&target, transport, move || {
+                t2.queues_per_group().iter().sum()
             });
-            serve_queries(&target, || {
-                let s = transport.stats();
-                let live = transport.queues_per_group().iter().sum();
-                (live, s.accepted, s.destroyed, s.rejected)
-            });
-            set.stop_all();
-            let _ = set.join();
         }
         Fabric::Tcp => {
             let sa = addr.parse().expect("the TCP target's address");
@@ -313,18 +306,27 @@ pub fn serve_target_child() {
             let tcp = TcpOptions::for_target(&topts);
             let (target, transport) = super::tcp_target_with(NQN, bdev, sa, topts, tcp);
             let t2 = transport.clone();
-            let set = super::launch_with_groups("0", move |r| {
-                t2.create_poll_group(r).expect("poll group")
+            serve(&target, transport, move || {
+                t2.queues_per_group().iter().sum()
             });
-            serve_queries(&target, || {
-                let s = transport.stats();
-                let live = transport.queues_per_group().iter().sum();
-                (live, s.accepted, s.destroyed, s.refused)
-            });
-            set.stop_all();
-            let _ = set.join();
         }
     }
+}
+
+/// Serve `target` over `transport` from one reactor on core 0 (one poll
+/// group), answering queries ([`serve_queries`]; `live`: its queues now)
+/// until stdin closes.
+fn serve<T: TargetTransport>(target: &Arc<Target>, transport: Arc<T>, live: impl Fn() -> usize) {
+    let t2 = transport.clone();
+    let set = super::launch_with_groups("0", move |r| {
+        t2.clone().start_poll_group(r).expect("poll group")
+    });
+    serve_queries(target, || {
+        let s = TargetTransport::stats(&*transport);
+        (live(), s.accepted, s.destroyed, s.rejected)
+    });
+    set.stop_all();
+    let _ = set.join();
 }
 
 /// Say the target child is ready, then answer `q` on stdin with the

@@ -15,26 +15,7 @@ fn a_queue_ended_for_a_malformed_capsule_mid_io_returns_everything() {
     assert_eq!(fx.transport.queues_per_group(), vec![2]);
     // Two 128 KiB writes (RDMA READ), a read (RDMA WRITE) and an
     // in-capsule write in flight, then a 20-byte capsule in the same batch.
-    let c1 = rw(0x01, 1, 0, 128 * 1024, &io.keyed(0, 128 * 1024, false));
-    let c2 = rw(
-        0x01,
-        2,
-        256,
-        128 * 1024,
-        &io.keyed(128 * 1024, 128 * 1024, false),
-    );
-    let c3 = rw(
-        0x02,
-        3,
-        0,
-        128 * 1024,
-        &io.keyed(256 * 1024, 128 * 1024, false),
-    );
-    let c4 = rw(0x01, 4, 512, 4096, &SglDescriptor::in_capsule(0, 4096));
-    io.send(&c1, &[]);
-    io.send(&c2, &[]);
-    io.send(&c3, &[]);
-    io.send(&c4, &pattern(9, 4096));
+    io_in_flight(&mut io, 9, false);
     io.send_short(20);
     // The target closes the queue; the host sees it die.
     let gone = spin(&fx.cl, || (fx.pg.connections() == 1).then_some(()));

@@ -10,7 +10,7 @@ use crate::host::{Controller, CtrlOptions};
 use crate::spec::cmd::{IoOpcode, NvmeCmd};
 use crate::spec::cpl::NvmeCompletion;
 use crate::spec::sgl::SglDescriptor;
-use crate::spec::tcp::{Digests, Fes, H2cData, R2t};
+use crate::spec::tcp::{Digests, R2t};
 
 /// Writes by R2T left in flight before the bad PDU.
 const IN_FLIGHT: u16 = 4;
@@ -44,20 +44,6 @@ fn writes_in_flight(f: &Fx, r: &mut Raw) {
     }
 }
 
-/// An H2CData PDU for a transfer tag no R2T handed out: fatal (the field
-/// named is TTAG, offset 10).
-fn bad_h2c(f: &Fx, r: &mut Raw) {
-    let h = H2cData {
-        cccid: 100,
-        ttag: 0xBEEF,
-        datao: 0,
-        datal: 512,
-    };
-    let p = r.h2c(&h, &[0u8; 512]);
-    r.send(&p);
-    r.expect_term(f, Fes::InvalidHeaderField, Some(10));
-}
-
 /// Poll (bounded) until the transport serves `n` connections.
 fn until_connections(f: &Fx, n: usize) {
     for _ in 0..200_000 {
@@ -83,7 +69,7 @@ fn an_io_queue_ended_for_bad_input_mid_io_returns_everything() {
         writes_in_flight(&f, &mut r);
         let busy = f.target.data_pool();
         assert!(busy.available() < busy.count(), "the writes hold buffers");
-        bad_h2c(&f, &mut r);
+        r.h2c_without_r2t(&f);
         // Only the admin queue is left, and every buffer is back.
         until_connections(&f, 1);
         f.assert_pool_full();
@@ -125,7 +111,7 @@ fn an_admin_queue_ended_for_bad_input_frees_its_controller() {
     assert!(cpl.status.is_success(), "{cpl:?}");
     let cntlid = cpl.dw0 as u16;
     assert!(sub.controller(cntlid).is_some());
-    bad_h2c(&f, &mut admin);
+    admin.h2c_without_r2t(&f);
     f.settle();
     f.assert_pool_full();
     assert_eq!(f.transport.queues_per_group(), vec![0]);
