@@ -25,11 +25,26 @@ case "$which" in rdma | tcp | iser | nvmf | all) ;; *)
   ;;
 esac
 
+# run TEST NAME LABEL: build test binary TEST, copy it to a directory of
+# this run's own (a rebuild during a long run would otherwise replace the
+# executable the run re-executes for its target and host children), run
+# test NAME from there.
 run() {
-  local test=$1 name=$2 label=$3
+  local test=$1 name=$2 label=$3 exe
   echo "# $label ($test): $cycles cycles, a sample every $every" >&2
+  exe=$(cargo test --profile "${SOAK_PROFILE:-release}" -q -p pollux-tests --test "$test" --no-run \
+    --message-format=json | python3 -c '
+import json, sys
+for line in sys.stdin:
+    try: m = json.loads(line)
+    except ValueError: continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == sys.argv[1]:
+        print(m["executable"])
+' "$test") || return 1
+  [[ -x $exe ]] || { echo "# no test binary for $test" >&2; return 1; }
+  cp "$exe" "$work/$test" || return 1
   POLLUX_SOAK_CYCLES=$cycles POLLUX_SOAK_SAMPLE_EVERY=$every \
-    cargo test --profile "${SOAK_PROFILE:-release}" -q -p pollux-tests --test "$test" "$name" -- --exact --nocapture --test-threads 1 2>&1 |
+    "$work/$test" "$name" --exact --nocapture --test-threads 1 -q 2>&1 |
     csv "$label"
   return "${PIPESTATUS[0]}"
 }
@@ -43,11 +58,18 @@ csv() {
     case $line in
     cycle,*) echo "test,$line" ;;
     [0-9]*,*) echo "$1,$line" ;;
-    *panicked* | *grew* | *soak:* | *"iser churn:"*) echo "# $line" >&2 ;;
+    *panicked*)
+      echo "# $line" >&2
+      # The panic's message is on the next line.
+      IFS= read -r line && echo "# $line" >&2
+      ;;
+    *grew* | *soak:* | *"iser churn:"*) echo "# $line" >&2 ;;
     esac
   done
 }
 
+work=$(mktemp -d "${TMPDIR:-/tmp}/pollux-soak.XXXXXX")
+trap 'rm -rf "$work"' EXIT
 status=0
 if [[ $which == rdma || $which == nvmf || $which == all ]]; then
   run churn soak_connect_io_disconnect_returns_everything rdma || status=$?
