@@ -17,8 +17,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pollux_nvmf::host::{
-    connect_io_qpair, Controller, CtrlOptions, HostIdentity, HostTransport, Qpair, DEFAULT_HOSTNQN,
+    connect_io_qpair, Controller, CtrlOptions, DataDir, HostIdentity, HostTransport, Qpair,
+    DEFAULT_HOSTNQN,
 };
+use pollux_nvmf::spec::features::{fid, FeatureCmd};
 use pollux_nvmf::target::rdma::RdmaOptions;
 use pollux_nvmf::target::tcp::TcpOptions;
 use pollux_nvmf::target::{Target, TargetOptions, TargetTransport};
@@ -37,6 +39,13 @@ pub const MAX_QPAIRS_ENV: &str = "POLLUX_CHURN_MAX_QPAIRS";
 /// (`ADDR,HOSTS`: connect HOSTS controllers, print READY, run I/O until
 /// killed).
 pub const HOST_ENV: &str = "POLLUX_CHURN_HOST";
+/// Keep-alive timeout of every host while its cycle runs: long, so a
+/// cycle slowed down by a loaded machine is never ended by it.
+const KATO: Duration = Duration::from_secs(60);
+/// Keep-alive timeout a stalled host sets once its cycle is done.
+const STALL_KATO: Duration = Duration::from_secs(1);
+/// Longest wait for one I/O (a bound against a hang, not a speed check).
+const IO_LIMIT: Duration = Duration::from_secs(120);
 /// Bytes of one verified I/O (blocks of 512).
 const IO: usize = 4096;
 /// Longest (ms) the target child serves without a query from the parent
@@ -522,8 +531,8 @@ impl<H: ChurnHost> Hosts<H> {
         let mut got = None;
         while got.is_none() {
             qp.poll(&mut |c| got = Some(c));
-            if start.elapsed() > Duration::from_secs(20) {
-                return Err("an I/O did not complete in 20 s".into());
+            if start.elapsed() > IO_LIMIT {
+                return Err(format!("an I/O did not complete in {IO_LIMIT:?}"));
             }
             r.poll_once();
         }
@@ -540,7 +549,7 @@ impl<H: ChurnHost> Hosts<H> {
             *slot = Some(H::open(addr, 0)?);
         }
         let host = slot.as_ref().ok_or("no host")?;
-        let (ctrl, mut qp) = connect_on(host, NQN, n, Duration::from_secs(10))?;
+        let (ctrl, mut qp) = connect_on(host, NQN, n, KATO)?;
         self.verified_io(r, &mut qp, (n % 2048) * 8, n)?;
         qp.disconnect();
         drop(qp);
@@ -556,14 +565,25 @@ impl<H: ChurnHost> Hosts<H> {
         n: u64,
         end: End,
     ) -> Result<Option<HeldHost<H>>, String> {
-        let kato = if end == End::Stall {
-            Duration::from_secs(1)
-        } else {
-            Duration::from_secs(10)
-        };
-        let (host, mut ctrl, mut qp) = connect::<H>(addr, NQN, n, kato)?;
+        let (host, mut ctrl, mut qp) = connect::<H>(addr, NQN, n, KATO)?;
         self.verified_io(r, &mut qp, (n % 2048) * 8, n)?;
         ctrl.poll().map_err(|e| format!("admin poll: {e}"))?;
+        if end == End::Stall {
+            // From now on no Keep Alive: the target must end the
+            // controller after STALL_KATO (set only now, so a slow
+            // cycle on a loaded machine is not ended early).
+            let ms = u32::try_from(STALL_KATO.as_millis()).unwrap_or(u32::MAX);
+            let cmd = FeatureCmd::set(fid::KEEP_ALIVE_TIMER, ms, 0);
+            ctrl.admin()
+                .exec(
+                    "Set Features (Keep Alive Timer)",
+                    cmd,
+                    DataDir::None,
+                    SgList::new(),
+                    Duration::from_secs(120),
+                )
+                .map_err(|e| format!("set KATO: {e}"))?;
+        }
         match end {
             End::Clean => {
                 qp.disconnect();
@@ -606,7 +626,7 @@ impl<H: ChurnHost> Hosts<H> {
     /// controller goes cleanly. `Ok` with the error the host saw.
     pub fn over_limit(&self, addr: &str, n: u64) -> Result<String, String> {
         let host = H::open(addr, n)?;
-        let ctrl = connect_ctrl(&host, NQN, n, Duration::from_secs(10))?;
+        let ctrl = connect_ctrl(&host, NQN, n, KATO)?;
         let mut info = ctrl.info().clone();
         let granted = info.io_queues;
         info.io_queues = granted.saturating_add(1);
