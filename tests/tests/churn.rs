@@ -1,17 +1,22 @@
-//! Connection churn against an NVMe-oF target process over the soft
-//! provider: whichever way a host goes, the target gives back everything
-//! its queues took (descriptors, mappings, memory).
+//! Connection churn against an NVMe-oF target process, over the soft RDMA
+//! provider and over NVMe/TCP on loopback: whichever way a host goes, the
+//! target gives back everything its queues took (descriptors, mappings,
+//! memory).
 //!
-//! - `soak_connect_io_disconnect_returns_everything`: `POLLUX_SOAK_CYCLES`
-//!   (default 1,000) cycles of connect → verified write/read → end, the end
-//!   mixing clean disconnects, hosts dropped without a word, hosts that stop
-//!   sending keep-alives (the target's KATO ends them), SIGKILLed host
-//!   processes and refused connects. Every `POLLUX_SOAK_SAMPLE_EVERY` (50)
-//!   cycles, once the
-//!   target serves no queue, it samples the target's descriptors, mappings
-//!   and RSS (and this process's, the host side) and prints a CSV line; after
-//!   the warm-up, a sample above the warm-up's highest plus the stated slack
-//!   fails the test. `scripts/soak.sh` runs it long.
+//! - `soak_connect_io_disconnect_returns_everything` (RDMA) and
+//!   `tcp_soak_connect_io_disconnect_returns_everything`:
+//!   `POLLUX_SOAK_CYCLES` (default 500 each) cycles of connect → verified
+//!   write/read → end, the end mixing clean disconnects, hosts dropped
+//!   without a word, hosts that stop sending keep-alives (the target's KATO
+//!   ends them; every one is counted by the subsystem), SIGKILLed host
+//!   processes with I/O in flight, connects refused for an unknown
+//!   subsystem and I/O-queue Connects refused beyond the controller's
+//!   granted queues. Every `POLLUX_SOAK_SAMPLE_EVERY` (50) cycles, once
+//!   the target serves no queue, it samples the target's descriptors,
+//!   mappings and RSS (and this process's, the host side) and prints a CSV
+//!   line; after the warm-up, a sample above the warm-up's highest plus
+//!   the stated slack ([`SLACK`]) fails the test. `scripts/soak.sh` runs
+//!   them long.
 //! - `storm_of_256_hosts_then_all_killed`: 256 hosts in 8 processes connect
 //!   at once to a target limited to 384 queues (some are refused cleanly),
 //!   then all 8 processes are SIGKILLed at once; the target then serves the
@@ -26,6 +31,10 @@ use common::churn::{
     env_or, run_host_child, serve_target_child, sigkill, start_host_child, End, HeldHost, Hosts,
     Sample, TargetProc, SLACK,
 };
+use common::churn_fabric::{ChurnHost, Fabric};
+use pollux_nvmf::host::rdma::RdmaHost;
+use pollux_nvmf::host::tcp::TcpHost;
+use pollux_verbs::soft::Soft;
 
 /// Samples of the warm-up (caches, pools, allocator arenas fill): the
 /// first 4 (200 cycles at the default `POLLUX_SOAK_SAMPLE_EVERY` of 50).
@@ -57,6 +66,8 @@ enum Kind {
     /// A clean cycle through the host transport kept across cycles.
     LongLived,
     Refused,
+    /// An I/O-queue Connect beyond the granted queues.
+    OverLimit,
     Killed,
 }
 
@@ -66,6 +77,7 @@ fn kind(n: u64) -> Kind {
         7 => Kind::End(End::Stall),
         11 => Kind::Refused,
         17 if n % 100 == 17 => Kind::Killed,
+        19 => Kind::OverLimit,
         k if k % 2 == 0 => Kind::LongLived,
         _ => Kind::End(End::Clean),
     }
@@ -73,21 +85,39 @@ fn kind(n: u64) -> Kind {
 
 #[test]
 fn soak_connect_io_disconnect_returns_everything() {
+    soak::<RdmaHost<Soft>>(Fabric::Rdma);
+}
+
+#[test]
+fn tcp_soak_connect_io_disconnect_returns_everything() {
+    soak::<TcpHost>(Fabric::Tcp);
+}
+
+/// The soak over `fabric` (host transport `H`).
+fn soak<H: ChurnHost>(fabric: Fabric) {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let every = env_or("POLLUX_SOAK_SAMPLE_EVERY", 50);
-    let total = env_or("POLLUX_SOAK_CYCLES", 1000).max(every * (WARMUP_SAMPLES + 1));
-    let mut tgt = TargetProc::start("child_target", "soak", 4096);
+    let total = env_or("POLLUX_SOAK_CYCLES", 500).max(every * (WARMUP_SAMPLES + 1));
+    let mut tgt = TargetProc::start("child_target", fabric, "soak", 4096);
     let start = tgt.sample();
-    println!("soak: target pid {}, {total} cycles", tgt.pid());
-    println!("cycle,tgt_fds,tgt_maps,tgt_rss_kib,host_fds,host_maps,host_rss_kib,accepted,destroyed,rejected");
-    println!("0,{},{},{},,,,0,0,0", start.fds, start.maps, start.rss_kib);
+    println!(
+        "soak: {} target pid {}, {total} cycles",
+        fabric.name(),
+        tgt.pid()
+    );
+    println!("cycle,tgt_fds,tgt_maps,tgt_rss_kib,host_fds,host_maps,host_rss_kib,accepted,destroyed,rejected,kato");
+    println!(
+        "0,{},{},{},,,,0,0,0,0",
+        start.fds, start.maps, start.rss_kib
+    );
     let cl = pollux_reactor::TestCluster::new(1);
     let mut warm_t: Option<Sample> = None;
     let mut warm_h: Option<Sample> = None;
-    let mut stalled: Vec<HeldHost> = Vec::new();
-    let mut tally = [0u64; 6];
+    let mut stalled: Vec<HeldHost<H>> = Vec::new();
+    let mut tally = [0u64; 7];
+    let mut last_kato = 0;
     cl.on(0, |r| {
-        let hosts = Hosts::new();
+        let hosts = Hosts::<H>::new();
         for n in 1..=total {
             match kind(n) {
                 Kind::End(end) => {
@@ -110,8 +140,14 @@ fn soak_connect_io_disconnect_returns_everything() {
                         .unwrap_or_else(|e| panic!("cycle {n}: {e}"));
                     tally[3] += 1;
                 }
+                Kind::OverLimit => {
+                    hosts
+                        .over_limit(&tgt.addr, n)
+                        .unwrap_or_else(|e| panic!("cycle {n} (over the limit): {e}"));
+                    tally[6] += 1;
+                }
                 Kind::Killed => {
-                    let (child, ok) = start_host_child("child_host", &tgt.addr, 1, 1, true);
+                    let (child, ok) = start_host_child("child_host", fabric, &tgt.addr, 1, 1, true);
                     assert_eq!(ok, 1, "cycle {n}: the host child could not connect");
                     sigkill(child.0.id());
                     drop(child);
@@ -126,7 +162,7 @@ fn soak_connect_io_disconnect_returns_everything() {
                 let t = tgt.sample();
                 let h = Sample::of(None);
                 println!(
-                    "{n},{},{},{},{},{},{},{},{},{}",
+                    "{n},{},{},{},{},{},{},{},{},{},{}",
                     t.fds,
                     t.maps,
                     t.rss_kib,
@@ -135,7 +171,8 @@ fn soak_connect_io_disconnect_returns_everything() {
                     h.rss_kib,
                     c.accepted,
                     c.destroyed,
-                    c.rejected
+                    c.rejected,
+                    c.kato
                 );
                 if n <= every * WARMUP_SAMPLES {
                     warm_t = Some(warm_t.map_or(t, |w| w.max(t)));
@@ -145,16 +182,33 @@ fn soak_connect_io_disconnect_returns_everything() {
                     h.check("host side", n, warm_h.unwrap(), SLACK);
                 }
                 assert_eq!(c.accepted, c.destroyed, "every accepted queue is destroyed");
+                last_kato = c.kato;
             }
         }
     });
     println!(
-        "soak: {} clean, {} clean through the long-lived host, {} dropped, {} stalled, {} refused, {} killed",
-        tally[0], tally[5], tally[1], tally[2], tally[3], tally[4]
+        "soak: {} {} clean, {} clean through the long-lived host, {} dropped, {} stalled ({} keep-alive timeouts counted), {} refused, {} over the limit, {} killed",
+        fabric.name(),
+        tally[0],
+        tally[5],
+        tally[1],
+        tally[2],
+        last_kato,
+        tally[3],
+        tally[6],
+        tally[4]
     );
     assert!(
         tally.iter().all(|&t| t > 0),
         "every kind of cycle ran: {tally:?}"
+    );
+    // Counted up to the last sample: stalled hosts after it are not.
+    let stalled_sampled = (1..=total - total % every)
+        .filter(|&n| kind(n) == Kind::End(End::Stall))
+        .count() as u64;
+    assert!(
+        last_kato >= stalled_sampled,
+        "{stalled_sampled} hosts stopped their keep-alives, {last_kato} keep-alive timeouts counted"
     );
 }
 
@@ -167,11 +221,13 @@ fn storm_of_256_hosts_then_all_killed() {
     // able to run the target.
     const THREADS: usize = 2;
     const MAX_QPAIRS: usize = 384;
-    let mut tgt = TargetProc::start("child_target", "storm", MAX_QPAIRS);
+    let mut tgt = TargetProc::start("child_target", Fabric::Rdma, "storm", MAX_QPAIRS);
     let cl = pollux_reactor::TestCluster::new(1);
     // One host first: warm the target's pools and caches.
     cl.on(0, |r| {
-        Hosts::new().cycle(r, &tgt.addr, 1, End::Clean).unwrap();
+        Hosts::<RdmaHost<Soft>>::new()
+            .cycle(r, &tgt.addr, 1, End::Clean)
+            .unwrap();
     });
     tgt.wait_idle(NOTICE);
     let before = tgt.sample();
@@ -180,7 +236,9 @@ fn storm_of_256_hosts_then_all_killed() {
     let starters: Vec<_> = (0..PROCS)
         .map(|_| {
             let a = addr.clone();
-            std::thread::spawn(move || start_host_child("child_host", &a, PER_PROC, THREADS, false))
+            std::thread::spawn(move || {
+                start_host_child("child_host", Fabric::Rdma, &a, PER_PROC, THREADS, false)
+            })
         })
         .collect();
     let children: Vec<_> = starters.into_iter().map(|t| t.join().unwrap()).collect();
@@ -215,7 +273,9 @@ fn storm_of_256_hosts_then_all_killed() {
     assert_eq!(after_kill.accepted, after_kill.destroyed, "{after_kill:?}");
     // The next host is served normally.
     cl.on(0, |r| {
-        Hosts::new().cycle(r, &tgt.addr, 2, End::Clean).unwrap();
+        Hosts::<RdmaHost<Soft>>::new()
+            .cycle(r, &tgt.addr, 2, End::Clean)
+            .unwrap();
     });
     tgt.wait_idle(NOTICE);
     let after = tgt.sample();

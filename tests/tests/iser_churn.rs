@@ -5,7 +5,8 @@
 //! RSS must stay within the stated slack of the warm-up's highest, and the
 //! target's task buffers must all be back. Also: the transport's
 //! connection limit refuses the connection beyond it cleanly, and serves
-//! again once one goes.
+//! again once one goes; a connection the target ends for a malformed PDU
+//! behind writes in flight gives back its task buffers, session and seat.
 //!
 //! Its own test binary: the samples are the whole process's, so nothing
 //! else may run beside the soak.
@@ -125,8 +126,12 @@ fn settle(c: &Cluster) {
     );
 }
 
+/// The soak samples the whole process: the other tests here wait for it.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn iser_churn_returns_everything() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let every = env_or("POLLUX_SOAK_SAMPLE_EVERY", 50);
     let total = env_or("POLLUX_SOAK_CYCLES", 1000).max(every * (WARMUP_SAMPLES + 1));
     let c = fixture(IserOptions::for_tests());
@@ -192,7 +197,43 @@ fn iser_churn_returns_everything() {
 }
 
 #[test]
+fn iser_bad_pdu_mid_io_returns_everything() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let c = fixture(IserOptions::for_tests());
+    let mut ini = login(&c, TGT).unwrap();
+    verified_io(&c, &mut ini, 0, 1);
+    let sessions = c.target.live_sessions();
+    assert_eq!(sessions, 1);
+    // Four writes in flight (the target reads their data by RDMA READ)...
+    for k in 0..4u64 {
+        let mut b = DmaBuf::alloc(4096).unwrap();
+        b.as_mut_slice().fill(k as u8);
+        ini.write(0, k * 8, 8, SgList::from_buf(b), 10 + k).unwrap();
+    }
+    // ...and behind them a SEND too short for an iSER header.
+    assert!(ini.send_raw(&[0x10, 0, 0]), "the bad PDU was not sent");
+    let failed = c.spin(|| {
+        ini.poll(&mut |_| {});
+        matches!(ini.state(), SessionState::Failed(_)).then_some(())
+    });
+    assert!(failed.is_some(), "the target kept the connection");
+    drop(ini);
+    // No connection, every task buffer back, the session gone.
+    settle(&c);
+    assert_eq!(c.target.live_sessions(), 0, "the session is gone");
+    let st = c.transport.stats();
+    assert_eq!(st.accepted, st.destroyed);
+    assert_eq!(c.transport.connections_per_group(), vec![0], "seats free");
+    // The next initiator is served.
+    let mut again = login(&c, TGT).unwrap();
+    verified_io(&c, &mut again, 16, 2);
+    c.logout(again);
+    settle(&c);
+}
+
+#[test]
 fn iser_connection_limit_refuses_cleanly_and_serves_again() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let c = fixture(IserOptions {
         max_connections: 2,
         ..IserOptions::for_tests()

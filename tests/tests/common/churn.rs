@@ -3,25 +3,31 @@
 //! a process's descriptors, mappings and RSS (the soak and storm tests).
 //!
 //! The target is the test binary re-executed with `POLLUX_CHURN_TARGET`
-//! set (the `child_target` entry of the test binary); it serves a malloc
-//! namespace over the soft provider and answers `q` on its stdin with one
-//! `live N accepted A destroyed D rejected R` line (queues placed and not
-//! yet destroyed, and the transport's counters).
+//! set (the `child_target` entry of the test binary) and the fabric in
+//! [`FABRIC_ENV`]; it serves a malloc namespace over the soft RDMA
+//! provider or NVMe/TCP on loopback and answers `q` on its stdin with one
+//! `live N accepted A destroyed D rejected R kato K` line (queues placed
+//! and not yet destroyed, the transport's counters and the subsystem's
+//! keep-alive timeouts).
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pollux_nvmf::host::rdma::{MemMode, RdmaHost, RdmaHostOptions};
-use pollux_nvmf::host::{Controller, CtrlOptions, HostIdentity, Qpair, DEFAULT_HOSTNQN};
+use pollux_nvmf::host::{
+    connect_io_qpair, Controller, CtrlOptions, DataDir, HostIdentity, HostTransport, Qpair,
+    DEFAULT_HOSTNQN,
+};
+use pollux_nvmf::spec::features::{fid, FeatureCmd};
 use pollux_nvmf::target::rdma::RdmaOptions;
-use pollux_nvmf::target::TargetOptions;
+use pollux_nvmf::target::tcp::TcpOptions;
+use pollux_nvmf::target::{Target, TargetOptions, TargetTransport};
 use pollux_reactor::mem::{BufPool, BufPoolOptions, SgList};
-use pollux_reactor::{launch, Cores, LaunchConfig, PollStatus, Reactor};
-use pollux_verbs::soft::Soft;
-use pollux_verbs::CmAddr;
+use pollux_reactor::Reactor;
+
+use super::churn_fabric::{ChurnHost, Fabric, FABRIC_ENV};
 
 /// The subsystem the churn target serves.
 pub const NQN: &str = "nqn.2024-01.io.pollux:churn";
@@ -33,10 +39,18 @@ pub const MAX_QPAIRS_ENV: &str = "POLLUX_CHURN_MAX_QPAIRS";
 /// (`ADDR,HOSTS`: connect HOSTS controllers, print READY, run I/O until
 /// killed).
 pub const HOST_ENV: &str = "POLLUX_CHURN_HOST";
+/// Keep-alive timeout of every host while its cycle runs: long, so a
+/// cycle slowed down by a loaded machine is never ended by it.
+const KATO: Duration = Duration::from_secs(60);
+/// Keep-alive timeout a stalled host sets once its cycle is done.
+const STALL_KATO: Duration = Duration::from_secs(1);
+/// Longest wait for one I/O (a bound against a hang, not a speed check).
+const IO_LIMIT: Duration = Duration::from_secs(120);
 /// Bytes of one verified I/O (blocks of 512).
 const IO: usize = 4096;
-/// Longest the target child serves (in case the parent died).
-const CHILD_LIFE: Duration = Duration::from_secs(1800);
+/// Longest (ms) the target child serves without a query from the parent
+/// (in case the parent hangs; a parent that died closes the child's stdin).
+const CHILD_IDLE_MS: u64 = 600_000;
 
 /// Descriptors, mappings and resident memory of one process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,6 +157,8 @@ pub struct TargetProc {
     child: Reaper,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
+    /// Its fabric.
+    pub fabric: Fabric,
     /// Its listen address.
     pub addr: String,
 }
@@ -156,18 +172,22 @@ pub struct TargetCounts {
     pub accepted: u64,
     /// Queues destroyed so far.
     pub destroyed: u64,
-    /// Connect requests rejected so far.
+    /// Connect requests (RDMA) or connections (TCP) refused so far.
     pub rejected: u64,
+    /// Controllers the subsystem ended by keep-alive timeout so far.
+    pub kato: u64,
 }
 
 impl TargetProc {
-    /// Start the target child (the test binary's `entry` test) listening
-    /// at a fresh address, with `max_qpairs`; returns once it listens.
-    pub fn start(entry: &str, tag: &str, max_qpairs: usize) -> TargetProc {
-        let addr = format!("@pollux-churn-{tag}-{}", std::process::id());
+    /// Start the target child (the test binary's `entry` test) over
+    /// `fabric`, listening at a fresh address, with `max_qpairs` (RDMA);
+    /// returns once it listens.
+    pub fn start(entry: &str, fabric: Fabric, tag: &str, max_qpairs: usize) -> TargetProc {
+        let addr = fabric.fresh_addr(tag);
         let mut child = Command::new(std::env::current_exe().expect("exe"))
             .args(["--exact", entry, "--nocapture", "--test-threads", "1"])
             .env(TARGET_ENV, &addr)
+            .env(FABRIC_ENV, fabric.name())
             .env(MAX_QPAIRS_ENV, max_qpairs.to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -188,6 +208,7 @@ impl TargetProc {
             child: Reaper(child),
             stdin,
             stdout,
+            fabric,
             addr,
         }
     }
@@ -216,12 +237,13 @@ impl TargetProc {
                     .split_whitespace()
                     .filter_map(|w| w.parse().ok())
                     .collect();
-                assert_eq!(v.len(), 4, "bad counts line {line:?}");
+                assert_eq!(v.len(), 5, "bad counts line {line:?}");
                 return TargetCounts {
                     live: v[0] as usize,
                     accepted: v[1],
                     destroyed: v[2],
                     rejected: v[3],
+                    kato: v[4],
                 };
             }
         }
@@ -246,6 +268,15 @@ impl TargetProc {
     }
 }
 
+/// The target's options in the child: 4,096 slot buffers (thousands of
+/// queues may be live in the storm).
+fn child_target_options() -> TargetOptions {
+    TargetOptions {
+        num_slot_buffers: 4096,
+        ..TargetOptions::for_tests()
+    }
+}
+
 /// The body of the target child: serve until stdin closes (answering `q`
 /// queries), then stop. Returns at once unless [`TARGET_ENV`] is set.
 pub fn serve_target_child() {
@@ -256,67 +287,91 @@ pub fn serve_target_child() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(4096);
-    let (_target, transport) = super::soft_rdma_target_with(
-        NQN,
-        "malloc:size=16M,block=512,name=churn",
-        &addr,
-        TargetOptions {
-            num_slot_buffers: 4096,
-            ..TargetOptions::for_tests()
-        },
-        RdmaOptions {
-            num_cqe: 1 << 20,
-            max_srq_depth: 1024,
-            max_qpairs,
-            max_qpairs_per_core: max_qpairs,
-            acceptor_backlog: 1024,
-            ..RdmaOptions::for_tests()
-        },
-    );
-    let (tx, rx) = std::sync::mpsc::channel::<()>();
-    let tx = std::sync::Mutex::new(tx);
-    let t2 = transport.clone();
-    let set = launch(
-        LaunchConfig::new(Cores::parse("0").expect("core")),
-        move |r| {
-            let pg = t2.create_poll_group(r).expect("poll group");
-            r.add_poller("keep", move || {
-                let _ = &pg;
-                PollStatus::Idle
+    let bdev = "malloc:size=16M,block=512,name=churn";
+    match Fabric::from_env() {
+        Fabric::Rdma => {
+            let (target, transport) = super::soft_rdma_target_with(
+                NQN,
+                bdev,
+                &addr,
+                child_target_options(),
+                RdmaOptions {
+                    num_cqe: 1 << 20,
+                    max_srq_depth: 1024,
+                    max_qpairs,
+                    max_qpairs_per_core: max_qpairs,
+                    acceptor_backlog: 1024,
+                    ..RdmaOptions::for_tests()
+                },
+            );
+            let t2 = transport.clone();
+            serve(&target, transport, move || {
+                t2.queues_per_group().iter().sum()
             });
-            let _ = tx.lock().map(|t| t.send(()));
-        },
-    )
-    .expect("launch");
-    rx.recv_timeout(Duration::from_secs(30))
-        .expect("poll group");
+        }
+        Fabric::Tcp => {
+            let sa = addr.parse().expect("the TCP target's address");
+            let topts = child_target_options();
+            let tcp = TcpOptions::for_target(&topts);
+            let (target, transport) = super::tcp_target_with(NQN, bdev, sa, topts, tcp);
+            let t2 = transport.clone();
+            serve(&target, transport, move || {
+                t2.queues_per_group().iter().sum()
+            });
+        }
+    }
+}
+
+/// Serve `target` over `transport` from one reactor on core 0 (one poll
+/// group), answering queries ([`serve_queries`]; `live`: its queues now)
+/// until stdin closes.
+fn serve<T: TargetTransport>(target: &Arc<Target>, transport: Arc<T>, live: impl Fn() -> usize) {
+    let t2 = transport.clone();
+    let set = super::launch_with_groups("0", move |r| {
+        t2.clone().start_poll_group(r).expect("poll group")
+    });
+    serve_queries(target, || {
+        let s = TargetTransport::stats(&*transport);
+        (live(), s.accepted, s.destroyed, s.rejected)
+    });
+    set.stop_all();
+    let _ = set.join();
+}
+
+/// Say the target child is ready, then answer `q` on stdin with the
+/// counts (`counts`: live, accepted, destroyed, rejected; the keep-alive
+/// timeouts are the subsystem's) until stdin closes.
+fn serve_queries(target: &Arc<Target>, counts: impl Fn() -> (usize, u64, u64, u64)) {
     println!("POLLUX-CHURN-READY");
     let done = Arc::new(AtomicBool::new(false));
     let d2 = done.clone();
-    // Bounded life even if the parent never closes stdin.
+    let start = Instant::now();
+    // Milliseconds since `start` of the parent's last query.
+    let last = Arc::new(AtomicU64::new(0));
+    let l2 = last.clone();
+    // Bounded life even if the parent hangs without closing stdin.
     std::thread::spawn(move || {
-        let start = Instant::now();
-        while !d2.load(Ordering::Relaxed) && start.elapsed() < CHILD_LIFE {
+        while !d2.load(Ordering::Relaxed) {
+            let now = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
+            if now.saturating_sub(l2.load(Ordering::Relaxed)) > CHILD_IDLE_MS {
+                std::process::exit(0);
+            }
             std::thread::sleep(Duration::from_millis(100));
-        }
-        if !d2.load(Ordering::Relaxed) {
-            std::process::exit(0);
         }
     });
     for line in std::io::stdin().lines() {
         let Ok(line) = line else { break };
+        let now = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        last.store(now, Ordering::Relaxed);
         if line.trim() == "q" {
-            let s = transport.stats();
-            let live: usize = transport.queues_per_group().iter().sum();
-            println!(
-                "POLLUX-CHURN-COUNTS {live} {} {} {}",
-                s.accepted, s.destroyed, s.rejected
-            );
+            let (live, accepted, destroyed, rejected) = counts();
+            let kato = target
+                .subsystem(NQN)
+                .map_or(0, |s| s.counters().snapshot().keep_alive_timeouts);
+            println!("POLLUX-CHURN-COUNTS {live} {accepted} {destroyed} {rejected} {kato}");
         }
     }
     done.store(true, Ordering::Relaxed);
-    set.stop_all();
-    let _ = set.join();
 }
 
 /// How a host cycle ends.
@@ -333,22 +388,22 @@ pub enum End {
 }
 
 /// The connections of a host kept past its cycle ([`End::Stall`]).
-pub struct HeldHost {
-    _qp: HeldQp,
-    _ctrl: Controller<RdmaHost<Soft>>,
-    _host: RdmaHost<Soft>,
+pub struct HeldHost<H: HostTransport> {
+    _qp: HeldQp<H>,
+    _ctrl: Controller<H>,
+    _host: H,
 }
 
 /// Host side of the cycles: one reactor on this thread and one pool of
 /// I/O buffers for every cycle.
-pub struct Hosts {
+pub struct Hosts<H: ChurnHost> {
     pool: BufPool,
     /// One host transport kept across cycles (as `pollux-perf` keeps its
     /// own while it reconnects): opened on first use.
-    long_lived: std::cell::RefCell<Option<RdmaHost<Soft>>>,
+    long_lived: std::cell::RefCell<Option<H>>,
 }
 
-impl Default for Hosts {
+impl<H: ChurnHost> Default for Hosts<H> {
     fn default() -> Self {
         Hosts::new()
     }
@@ -372,36 +427,25 @@ fn pattern(seed: u64, b: &mut [u8]) {
 }
 
 /// Connect a host to `addr` (KATO `kato`) with one I/O queue.
-pub fn connect(addr: &str, subnqn: &str, n: u64, kato: Duration) -> Result<Connected, String> {
-    let host = open_host(addr, n)?;
+pub fn connect<H: ChurnHost>(
+    addr: &str,
+    subnqn: &str,
+    n: u64,
+    kato: Duration,
+) -> Result<Connected<H>, String> {
+    let host = H::open(addr, n)?;
     let (ctrl, qp) = connect_on(&host, subnqn, n, kato)?;
     Ok((host, ctrl, qp))
 }
 
-/// A host transport to `addr` (`register-always` for even `n`, `pool` for
-/// odd).
-pub fn open_host(addr: &str, n: u64) -> Result<RdmaHost<Soft>, String> {
-    let opts = RdmaHostOptions {
-        mem_mode: if n % 2 == 0 {
-            MemMode::RegisterAlways
-        } else {
-            MemMode::Pool
-        },
-        connect_timeout: Duration::from_secs(120),
-        ..RdmaHostOptions::default()
-    };
-    RdmaHost::<Soft>::open(None, CmAddr::new(addr.to_string()), opts)
-        .map_err(|e| format!("open: {e}"))
-}
-
-/// Connect a controller with one I/O queue through `host`.
-pub fn connect_on(
-    host: &RdmaHost<Soft>,
+/// Connect a controller (one I/O queue granted) through `host`.
+fn connect_ctrl<H: ChurnHost>(
+    host: &H,
     subnqn: &str,
     n: u64,
     kato: Duration,
-) -> Result<(Controller<RdmaHost<Soft>>, HeldQp), String> {
-    let ctrl = Controller::connect(
+) -> Result<Controller<H>, String> {
+    Controller::connect(
         host,
         who(subnqn, n),
         CtrlOptions {
@@ -412,7 +456,17 @@ pub fn connect_on(
             ..CtrlOptions::default()
         },
     )
-    .map_err(|e| format!("connect: {e}"))?;
+    .map_err(|e| format!("connect: {e}"))
+}
+
+/// Connect a controller with one I/O queue through `host`.
+pub fn connect_on<H: ChurnHost>(
+    host: &H,
+    subnqn: &str,
+    n: u64,
+    kato: Duration,
+) -> Result<(Controller<H>, HeldQp<H>), String> {
+    let ctrl = connect_ctrl(host, subnqn, n, kato)?;
     let qp = ctrl
         .connect_io(host, 1, 16, None)
         .map_err(|e| format!("I/O queue: {e}"))?;
@@ -420,14 +474,14 @@ pub fn connect_on(
 }
 
 /// The host's I/O queue type.
-pub type HeldQp = Qpair<<RdmaHost<Soft> as pollux_nvmf::host::HostTransport>::Queue>;
+pub type HeldQp<H> = Qpair<<H as HostTransport>::Queue>;
 
 /// A connected host: its transport, controller and I/O queue.
-pub type Connected = (RdmaHost<Soft>, Controller<RdmaHost<Soft>>, HeldQp);
+pub type Connected<H> = (H, Controller<H>, HeldQp<H>);
 
-impl Hosts {
+impl<H: ChurnHost> Hosts<H> {
     /// A host side (call on the thread that runs the cycles).
-    pub fn new() -> Hosts {
+    pub fn new() -> Hosts<H> {
         Hosts {
             pool: BufPool::new(BufPoolOptions::new("churn-host", IO, 8)).expect("host pool"),
             long_lived: std::cell::RefCell::new(None),
@@ -438,7 +492,7 @@ impl Hosts {
     pub fn verified_io(
         &self,
         r: &Reactor,
-        qp: &mut HeldQp,
+        qp: &mut HeldQp<H>,
         lba: u64,
         seed: u64,
     ) -> Result<(), String> {
@@ -470,15 +524,15 @@ impl Hosts {
     fn wait_one(
         &self,
         r: &Reactor,
-        qp: &mut HeldQp,
+        qp: &mut HeldQp<H>,
         check: impl FnOnce(&SgList) -> Result<(), String>,
     ) -> Result<(), String> {
         let start = Instant::now();
         let mut got = None;
         while got.is_none() {
             qp.poll(&mut |c| got = Some(c));
-            if start.elapsed() > Duration::from_secs(20) {
-                return Err("an I/O did not complete in 20 s".into());
+            if start.elapsed() > IO_LIMIT {
+                return Err(format!("an I/O did not complete in {IO_LIMIT:?}"));
             }
             r.poll_once();
         }
@@ -492,10 +546,10 @@ impl Hosts {
     pub fn cycle_long_lived(&self, r: &Reactor, addr: &str, n: u64) -> Result<(), String> {
         let mut slot = self.long_lived.borrow_mut();
         if slot.is_none() {
-            *slot = Some(open_host(addr, 0)?);
+            *slot = Some(H::open(addr, 0)?);
         }
         let host = slot.as_ref().ok_or("no host")?;
-        let (ctrl, mut qp) = connect_on(host, NQN, n, Duration::from_secs(10))?;
+        let (ctrl, mut qp) = connect_on(host, NQN, n, KATO)?;
         self.verified_io(r, &mut qp, (n % 2048) * 8, n)?;
         qp.disconnect();
         drop(qp);
@@ -510,15 +564,26 @@ impl Hosts {
         addr: &str,
         n: u64,
         end: End,
-    ) -> Result<Option<HeldHost>, String> {
-        let kato = if end == End::Stall {
-            Duration::from_secs(1)
-        } else {
-            Duration::from_secs(10)
-        };
-        let (host, mut ctrl, mut qp) = connect(addr, NQN, n, kato)?;
+    ) -> Result<Option<HeldHost<H>>, String> {
+        let (host, mut ctrl, mut qp) = connect::<H>(addr, NQN, n, KATO)?;
         self.verified_io(r, &mut qp, (n % 2048) * 8, n)?;
         ctrl.poll().map_err(|e| format!("admin poll: {e}"))?;
+        if end == End::Stall {
+            // From now on no Keep Alive: the target must end the
+            // controller after STALL_KATO (set only now, so a slow
+            // cycle on a loaded machine is not ended early).
+            let ms = u32::try_from(STALL_KATO.as_millis()).unwrap_or(u32::MAX);
+            let cmd = FeatureCmd::set(fid::KEEP_ALIVE_TIMER, ms, 0);
+            ctrl.admin()
+                .exec(
+                    "Set Features (Keep Alive Timer)",
+                    cmd,
+                    DataDir::None,
+                    SgList::new(),
+                    Duration::from_secs(120),
+                )
+                .map_err(|e| format!("set KATO: {e}"))?;
+        }
         match end {
             End::Clean => {
                 qp.disconnect();
@@ -544,7 +609,7 @@ impl Hosts {
     /// A connect that must be refused (an unknown subsystem): `Ok` when it
     /// was, with the error the host saw.
     pub fn refused(&self, addr: &str, n: u64) -> Result<String, String> {
-        match connect(
+        match connect::<H>(
             addr,
             "nqn.2024-01.io.pollux:no-such-subsystem",
             n,
@@ -554,18 +619,48 @@ impl Hosts {
             Err(e) => Ok(e),
         }
     }
+
+    /// A Connect beyond a limit, which must be refused with its status: a
+    /// controller granted one I/O queue asks for I/O queue 2 (the target
+    /// answers Connect Invalid Parameters naming the QID). Then the
+    /// controller goes cleanly. `Ok` with the error the host saw.
+    pub fn over_limit(&self, addr: &str, n: u64) -> Result<String, String> {
+        let host = H::open(addr, n)?;
+        let ctrl = connect_ctrl(&host, NQN, n, KATO)?;
+        let mut info = ctrl.info().clone();
+        let granted = info.io_queues;
+        info.io_queues = granted.saturating_add(1);
+        let seen = match connect_io_qpair(&host, &info, granted.saturating_add(1), 16, None) {
+            Ok(_) => Err(format!(
+                "I/O queue {} was accepted though the controller was granted {granted}",
+                granted.saturating_add(1)
+            )),
+            Err(e) => Ok(e.to_string()),
+        };
+        ctrl.shutdown().map_err(|e| format!("shutdown: {e}"))?;
+        seen
+    }
 }
 
-/// The body of a host child (`ADDR,HOSTS,THREADS[,io]`): THREADS threads
-/// at once connect HOSTS controllers in all (each its share, one after the
-/// other, KATO 0), each with one verified I/O; prints
-/// `POLLUX-CHURN-HOST-READY ok refused`, then holds the connections until
-/// killed (bounded), idle or, with `io`, running I/O. Returns at once unless [`HOST_ENV`] is
-/// set.
+/// The body of a host child (`ADDR,HOSTS,THREADS[,io]`, the fabric in
+/// [`FABRIC_ENV`]): THREADS threads at once connect HOSTS controllers in
+/// all (each its share, one after the other, KATO 0), each with one
+/// verified I/O; prints `POLLUX-CHURN-HOST-READY ok refused`, then holds
+/// the connections until killed (bounded), idle or, with `io`, running
+/// I/O. Returns at once unless [`HOST_ENV`] is set.
 pub fn run_host_child() {
     let Ok(v) = std::env::var(HOST_ENV) else {
         return;
     };
+    match Fabric::from_env() {
+        Fabric::Rdma => {
+            host_child::<pollux_nvmf::host::rdma::RdmaHost<pollux_verbs::soft::Soft>>(&v)
+        }
+        Fabric::Tcp => host_child::<pollux_nvmf::host::tcp::TcpHost>(&v),
+    }
+}
+
+fn host_child<H: ChurnHost + 'static>(v: &str) {
     let mut it = v.split(',');
     let addr = it.next().unwrap_or_default().to_string();
     let hosts: u64 = it.next().and_then(|h| h.parse().ok()).unwrap_or(1);
@@ -583,11 +678,11 @@ pub fn run_host_child() {
         std::thread::spawn(move || {
             let cl = pollux_reactor::TestCluster::new(1);
             cl.on(0, |r| {
-                let h = Hosts::new();
+                let h = Hosts::<H>::new();
                 let mut held = Vec::new();
                 for k in 0..share {
                     let seed = u64::from(std::process::id()) * 1000 + t * 100 + k;
-                    let res = connect(&addr, NQN, seed, Duration::ZERO).and_then(
+                    let res = connect::<H>(&addr, NQN, seed, Duration::ZERO).and_then(
                         |(host, ctrl, mut qp)| {
                             h.verified_io(r, &mut qp, (seed % 2048) * 8, seed)?;
                             Ok((host, ctrl, qp))
@@ -627,12 +722,13 @@ pub fn run_host_child() {
     std::thread::sleep(Duration::from_secs(300));
 }
 
-/// Start a host child running `hosts` hosts from `threads` threads
-/// against `addr` (the test binary's `entry` test; `io`: keep I/O going);
-/// returns it and, once all connected or were refused, how many
+/// Start a host child over `fabric` running `hosts` hosts from `threads`
+/// threads against `addr` (the test binary's `entry` test; `io`: keep I/O
+/// going); returns it and, once all connected or were refused, how many
 /// connected.
 pub fn start_host_child(
     entry: &str,
+    fabric: Fabric,
     addr: &str,
     hosts: usize,
     threads: usize,
@@ -647,6 +743,7 @@ pub fn start_host_child(
                 if io { "io" } else { "idle" }
             ),
         )
+        .env(FABRIC_ENV, fabric.name())
         .stdout(Stdio::piped())
         .spawn()
         .expect("spawn a host child");

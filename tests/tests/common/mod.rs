@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod churn;
+pub mod churn_fabric;
 pub mod iser;
 pub mod rules;
 
@@ -11,6 +12,7 @@ use std::sync::Arc;
 use pollux_bdev::BdevRegistry;
 use pollux_nvmf::spec::transport_id::{AdrFam, TrType, TransportId};
 use pollux_nvmf::target::rdma::{RdmaOptions, RdmaTransport};
+use pollux_nvmf::target::tcp::{TcpOptions, TcpTransport};
 use pollux_nvmf::target::{NamespaceConfig, SubsystemConfig, Target, TargetOptions};
 use pollux_verbs::soft::Soft;
 
@@ -39,13 +41,7 @@ pub fn soft_rdma_target_with(
     topts: TargetOptions,
     ropts: RdmaOptions,
 ) -> (Arc<Target>, Arc<RdmaTransport<Soft>>) {
-    let target = Target::new(topts).expect("target");
-    let mut sc = SubsystemConfig::new(nqn);
-    sc.allow_any_host = true;
-    let sub = target.add_subsystem(sc).expect("subsystem");
-    let bdev = BdevRegistry::new().create(bdev_spec).expect("bdev");
-    sub.add_namespace(NamespaceConfig::new(bdev).with_nsid(1))
-        .expect("namespace");
+    let target = target_with_subsystem(nqn, bdev_spec, topts);
     let transport = RdmaTransport::<Soft>::new(&target, ropts).expect("transport");
     target
         .add_transport(transport.clone())
@@ -57,6 +53,43 @@ pub fn soft_rdma_target_with(
             traddr: traddr.to_string(),
             trsvcid: String::new(),
         })
+        .expect("listener");
+    (target, transport)
+}
+
+/// A target with one subsystem `nqn` (any host) whose namespace 1 is the
+/// bdev `bdev_spec`, and no transport yet.
+pub fn target_with_subsystem(nqn: &str, bdev_spec: &str, topts: TargetOptions) -> Arc<Target> {
+    let target = Target::new(topts).expect("target");
+    let mut sc = SubsystemConfig::new(nqn);
+    sc.allow_any_host = true;
+    let sub = target.add_subsystem(sc).expect("subsystem");
+    let bdev = BdevRegistry::new().create(bdev_spec).expect("bdev");
+    sub.add_namespace(NamespaceConfig::new(bdev).with_nsid(1))
+        .expect("namespace");
+    target
+}
+
+/// [`target_with_subsystem`] served by an NVMe/TCP transport listening on
+/// `addr` (an IPv4 address and port). Poll groups are the caller's to
+/// create on its reactors.
+pub fn tcp_target_with(
+    nqn: &str,
+    bdev_spec: &str,
+    addr: std::net::SocketAddrV4,
+    topts: TargetOptions,
+    tcp: TcpOptions,
+) -> (Arc<Target>, Arc<TcpTransport>) {
+    let target = target_with_subsystem(nqn, bdev_spec, topts);
+    let transport = TcpTransport::new(&target, tcp).expect("transport");
+    target
+        .add_transport(transport.clone())
+        .expect("add transport");
+    target
+        .add_listener(TransportId::tcp_ipv4(
+            addr.ip().to_string(),
+            addr.port().to_string(),
+        ))
         .expect("listener");
     (target, transport)
 }

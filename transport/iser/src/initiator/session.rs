@@ -477,20 +477,35 @@ impl<P: Provider> IserInitiator<P> {
 
     /// Send a control PDU (login, text, NOP-Out, logout).
     fn send_ctrl(&mut self, bhs: &[u8; BHS_LEN], data: &[u8]) -> bool {
+        self.post_ctrl(ISER_HEADERS_LEN + data.len(), |b| {
+            b[..ISER_HDR_LEN].copy_from_slice(&IserHeader::PLAIN.encode());
+            b[ISER_HDR_LEN..ISER_HEADERS_LEN].copy_from_slice(bhs);
+            b[ISER_HEADERS_LEN..].copy_from_slice(data);
+        })
+    }
+
+    /// Send `raw` as one SEND exactly as given (no iSER header added):
+    /// fault tests hand the target malformed input with it. `false` when
+    /// no control slot is free, `raw` does not fit one, or the post failed
+    /// (the session then fails).
+    #[cfg(feature = "test-util")]
+    pub fn send_raw(&mut self, raw: &[u8]) -> bool {
+        self.post_ctrl(raw.len(), |b| b.copy_from_slice(raw))
+    }
+
+    /// Post one control SEND of `len` bytes that `fill` writes into a free
+    /// control slot.
+    fn post_ctrl(&mut self, len: usize, fill: impl FnOnce(&mut [u8])) -> bool {
         let Some(slot) = self.ctrl_free.pop() else {
             return false;
         };
         let depth = self.tasks.len();
         let off = self.nrecv * RECV_SLOT + depth * HDR_SLOT + slot * CTRL_SLOT;
-        let len = ISER_HEADERS_LEN + data.len();
         if len > CTRL_SLOT {
             self.ctrl_free.push(slot);
             return false;
         }
-        let b = &mut self.ctrl.as_mut_slice()[off..off + len];
-        b[..ISER_HDR_LEN].copy_from_slice(&IserHeader::PLAIN.encode());
-        b[ISER_HDR_LEN..ISER_HEADERS_LEN].copy_from_slice(bhs);
-        b[ISER_HEADERS_LEN..].copy_from_slice(data);
+        fill(&mut self.ctrl.as_mut_slice()[off..off + len]);
         let sge = [Sge {
             addr: self.ctrl_addr(off),
             length: len as u32,

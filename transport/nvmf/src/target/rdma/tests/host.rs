@@ -248,6 +248,22 @@ impl Host {
             .expect("post send");
     }
 
+    /// Send a malformed capsule: the first `len` (< 64) bytes of an SQE.
+    pub(crate) fn send_short(&mut self, len: usize) {
+        let slot = self.next_cap;
+        self.next_cap = (self.next_cap + 1) % CAP_SLOTS;
+        let off = slot * CAP_SLOT;
+        self.mem.as_mut_slice()[off..off + len].fill(0xA5);
+        let sge = [Sge {
+            addr: self.addr(off),
+            length: len as u32,
+            lkey: self.mr.lkey(),
+        }];
+        self.qp
+            .post_send(&[SendWr::new(WrId(1000 + slot as u64), SendOp::Send, &sge)])
+            .expect("post send");
+    }
+
     /// Reap completions; responses go to `rsps`. `false` on a dead queue.
     pub(crate) fn poll(&mut self) -> bool {
         let mut wcs = [Wc::default(); 32];

@@ -3,6 +3,7 @@
 
 mod host;
 mod placement;
+mod teardown;
 
 use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -134,6 +135,22 @@ fn pattern(seed: u8, len: usize) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
         .collect()
+}
+
+/// Put I/O in flight on `io` (cids 1-4): two 128 KiB writes (RDMA READ),
+/// a 128 KiB read (RDMA WRITE; the target invalidates its key when
+/// `invalidate`) and an in-capsule 4 KiB write of `pattern(seed)` (its
+/// receive buffer lent to the bdev).
+fn io_in_flight(io: &mut Host, seed: u8, invalidate: bool) {
+    const L: u32 = 128 * 1024;
+    let c1 = rw(0x01, 1, 0, L, &io.keyed(0, L, false));
+    let c2 = rw(0x01, 2, 256, L, &io.keyed(L as usize, L, false));
+    let c3 = rw(0x02, 3, 0, L, &io.keyed(2 * L as usize, L, invalidate));
+    let c4 = rw(0x01, 4, 512, 4096, &SglDescriptor::in_capsule(0, 4096));
+    io.send(&c1, &[]);
+    io.send(&c2, &[]);
+    io.send(&c3, &[]);
+    io.send(&c4, &pattern(seed, 4096));
 }
 
 fn io_round_trip(opts: RdmaOptions) {
@@ -327,28 +344,7 @@ fn a_thousand_abrupt_disconnects_leak_nothing() {
     assert_eq!(idle_start.recv_buffers_idle, idle_start.recv_buffers);
     for round in 0..1000u32 {
         let mut io = fx.io(cntlid, 8);
-        // Two 128 KiB writes (RDMA READ) and a read (RDMA WRITE) in flight.
-        let c1 = rw(0x01, 1, 0, 128 * 1024, &io.keyed(0, 128 * 1024, false));
-        let c2 = rw(
-            0x01,
-            2,
-            256,
-            128 * 1024,
-            &io.keyed(128 * 1024, 128 * 1024, false),
-        );
-        let c3 = rw(
-            0x02,
-            3,
-            0,
-            128 * 1024,
-            &io.keyed(256 * 1024, 128 * 1024, round % 2 == 0),
-        );
-        // And an in-capsule write (its receive buffer lent to the bdev).
-        let c4 = rw(0x01, 4, 512, 4096, &SglDescriptor::in_capsule(0, 4096));
-        io.send(&c1, &[]);
-        io.send(&c2, &[]);
-        io.send(&c3, &[]);
-        io.send(&c4, &pattern(round as u8, 4096));
+        io_in_flight(&mut io, round as u8, round % 2 == 0);
         // Let the target start some of it (varies with the round).
         for _ in 0..(round % 7) {
             fx.cl.poll_once_all();

@@ -97,15 +97,7 @@ fn a_bad_data_digest_fails_only_its_command() {
 fn h2cdata_without_an_r2t_names_its_ttag() {
     let f = fixture(TcpOptions::default());
     let mut r = Raw::handshake(&f, Digests::default());
-    let h = H2cData {
-        cccid: 1,
-        ttag: 5,
-        datao: 0,
-        datal: 512,
-    };
-    let p = r.h2c(&h, &[0u8; 512]);
-    r.send(&p);
-    r.expect_term(&f, Fes::InvalidHeaderField, Some(10));
+    r.h2c_without_r2t(&f);
     after(&f, 1);
 }
 

@@ -10,6 +10,7 @@ mod placement;
 mod raw;
 mod restart;
 mod sock_buffers;
+mod teardown;
 
 use std::net::{SocketAddr, TcpListener};
 use std::rc::Rc;

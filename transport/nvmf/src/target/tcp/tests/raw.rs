@@ -130,6 +130,20 @@ impl Raw {
         self.capsule(&cmd, &data)
     }
 
+    /// Send an H2CData PDU for a transfer tag no R2T handed out (fatal),
+    /// then expect the C2HTermReq naming TTAG (offset 10) and the close.
+    pub(super) fn h2c_without_r2t(&mut self, f: &Fx) {
+        let h = H2cData {
+            cccid: 1,
+            ttag: 0xBEEF,
+            datao: 0,
+            datal: 512,
+        };
+        let p = self.h2c(&h, &[0u8; 512]);
+        self.send(&p);
+        self.expect_term(f, Fes::InvalidHeaderField, Some(10));
+    }
+
     pub(super) fn h2c(&self, h: &H2cData, data: &[u8]) -> Vec<u8> {
         let mut b = [0u8; 512];
         b[..24].copy_from_slice(&h.encode());

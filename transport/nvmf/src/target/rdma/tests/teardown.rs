@@ -1,0 +1,45 @@
+//! A queue the target ends for a malformed capsule in the middle of I/O
+//! gives back everything it took: its receive buffers, the data buffers
+//! of the transfers in flight, its placement seat and its queue id (the
+//! same QID connects again on the same controller).
+
+use super::host::spin;
+use super::*;
+
+#[test]
+fn a_queue_ended_for_a_malformed_capsule_mid_io_returns_everything() {
+    let fx = fixture(RdmaOptions::for_tests());
+    let (admin, cntlid) = fx.admin();
+    let pool_start = fx.target.data_pool().available() + fx.cached();
+    let mut io = fx.io(cntlid, 8);
+    assert_eq!(fx.transport.queues_per_group(), vec![2]);
+    // Two 128 KiB writes (RDMA READ), a read (RDMA WRITE) and an
+    // in-capsule write in flight, then a 20-byte capsule in the same batch.
+    io_in_flight(&mut io, 9, false);
+    io.send_short(20);
+    // The target closes the queue; the host sees it die.
+    let gone = spin(&fx.cl, || (fx.pg.connections() == 1).then_some(()));
+    assert!(gone.is_some(), "the queue was not destroyed");
+    let dead = spin(&fx.cl, || (!io.poll()).then_some(()));
+    assert!(dead.is_some(), "the host's queue stays up");
+    let _ = fx.cl.poll_until_idle_within(100_000);
+    let st = fx.pg.stats();
+    assert_eq!(
+        st.recv_buffers_idle, st.recv_buffers,
+        "receive buffers leaked"
+    );
+    let back = || fx.target.data_pool().available() + fx.cached() == pool_start;
+    let _ = spin(&fx.cl, || back().then_some(()));
+    assert!(back(), "data buffers leaked");
+    assert_eq!(fx.transport.queues_per_group(), vec![1], "its seat is free");
+    let ts = fx.transport.stats();
+    assert_eq!((ts.accepted, ts.destroyed), (2, 1));
+    // QID 1 of the same controller is free: it connects again and writes.
+    drop(io);
+    let mut again = fx.io(cntlid, 8);
+    let w = rw(0x01, 5, 0, 4096, &SglDescriptor::in_capsule(0, 4096));
+    let rsp = again.exec(&fx.cl, &w, &pattern(3, 4096));
+    assert!(rsp.cpl.status.is_success(), "{:?}", rsp.cpl);
+    drop(again);
+    drop(admin);
+}

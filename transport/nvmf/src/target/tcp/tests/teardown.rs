@@ -1,0 +1,131 @@
+//! A connection the target ends for the host's bad input in the middle of
+//! I/O gives back everything it took: the data buffers of the writes in
+//! flight, its placement seat, its queue id (the same QID connects again
+//! on the same controller), its controller (an admin queue's), and its
+//! socket (the host reads the end of the stream after the C2HTermReq).
+
+use super::raw::{connect_cmd, Raw};
+use super::*;
+use crate::host::{Controller, CtrlOptions};
+use crate::spec::cmd::{IoOpcode, NvmeCmd};
+use crate::spec::cpl::NvmeCompletion;
+use crate::spec::sgl::SglDescriptor;
+use crate::spec::tcp::{Digests, R2t};
+
+/// Writes by R2T left in flight before the bad PDU.
+const IN_FLIGHT: u16 = 4;
+
+/// A raw connection whose Connect for `qid` of controller `cntlid`
+/// succeeded.
+fn queue(f: &Fx, qid: u16, cntlid: u16) -> Raw {
+    let mut r = Raw::handshake(f, Digests::default());
+    let (cmd, data) = connect_cmd(qid, cntlid, SglDescriptor::in_capsule(0, 1024));
+    let p = r.capsule(&cmd, &data);
+    r.send(&p);
+    let rsp = r.pdu(f);
+    let cpl = NvmeCompletion::parse(&rsp[8..24]).unwrap();
+    assert!(cpl.status.is_success(), "Connect QID {qid}: {cpl:?}");
+    r
+}
+
+/// Start [`IN_FLIGHT`] 64 KiB writes by R2T (each holds pool buffers
+/// until its data comes) and take their R2Ts; the data never comes.
+fn writes_in_flight(f: &Fx, r: &mut Raw) {
+    for cid in 0..IN_FLIGHT {
+        let mut w = NvmeCmd::new(IoOpcode::Write.code(), 100 + cid);
+        w.nsid = 1;
+        w.cdw10 = u32::from(cid) * 128;
+        w.cdw12 = 127;
+        w.set_sgl(&SglDescriptor::Transport { len: 65536 });
+        let p = r.capsule(&w, &[]);
+        r.send(&p);
+        let r2t = R2t::parse(&r.pdu(f)).unwrap();
+        assert_eq!(r2t.cccid, 100 + cid);
+    }
+}
+
+/// Poll (bounded) until the transport serves `n` connections.
+fn until_connections(f: &Fx, n: usize) {
+    for _ in 0..200_000 {
+        if f.transport.queues_per_group().iter().sum::<usize>() == n {
+            return;
+        }
+        f.cl.poll_once_all();
+    }
+    panic!(
+        "the target still serves {:?} connections (want {n})",
+        f.transport.queues_per_group()
+    );
+}
+
+#[test]
+fn an_io_queue_ended_for_bad_input_mid_io_returns_everything() {
+    let f = fixture(TcpOptions::default());
+    f.cl.on(0, |_| {
+        let t = f.host(false, false);
+        let c = Controller::connect(&t, who(), CtrlOptions::default()).unwrap();
+        let cntlid = c.info().cntlid;
+        let mut r = queue(&f, 1, cntlid);
+        writes_in_flight(&f, &mut r);
+        let busy = f.target.data_pool();
+        assert!(busy.available() < busy.count(), "the writes hold buffers");
+        r.h2c_without_r2t(&f);
+        // Only the admin queue is left, and every buffer is back.
+        until_connections(&f, 1);
+        f.assert_pool_full();
+        assert_eq!(f.transport.stats().terminated, 1);
+        // QID 1 of the same controller is free: it connects again and
+        // its writes go through.
+        let mut again = queue(&f, 1, cntlid);
+        let mut w = NvmeCmd::new(IoOpcode::Write.code(), 5);
+        w.nsid = 1;
+        w.cdw12 = 1;
+        w.set_sgl(&SglDescriptor::in_capsule(0, 1024));
+        let p = again.capsule(&w, &[0x3C; 1024]);
+        again.send(&p);
+        let rsp = again.pdu(&f);
+        let cpl = NvmeCompletion::parse(&rsp[8..24]).unwrap();
+        assert!(cpl.status.is_success(), "{cpl:?}");
+        drop(again);
+        c.shutdown().unwrap();
+    });
+    f.settle();
+    f.assert_pool_full();
+    assert_eq!(f.transport.queues_per_group(), vec![0]);
+    let st = f.transport.stats();
+    assert_eq!(st.accepted, st.destroyed);
+    let sub = f.target.subsystem(NQN).unwrap();
+    assert_eq!(sub.controller_count(), 0, "the controller is gone");
+}
+
+#[test]
+fn an_admin_queue_ended_for_bad_input_frees_its_controller() {
+    let f = fixture(TcpOptions::default());
+    let sub = f.target.subsystem(NQN).unwrap();
+    // The admin queue of a new controller over a raw connection.
+    let mut admin = Raw::handshake(&f, Digests::default());
+    let p = admin.admin_connect();
+    admin.send(&p);
+    let rsp = admin.pdu(&f);
+    let cpl = NvmeCompletion::parse(&rsp[8..24]).unwrap();
+    assert!(cpl.status.is_success(), "{cpl:?}");
+    let cntlid = cpl.dw0 as u16;
+    assert!(sub.controller(cntlid).is_some());
+    admin.h2c_without_r2t(&f);
+    f.settle();
+    f.assert_pool_full();
+    assert_eq!(f.transport.queues_per_group(), vec![0]);
+    assert!(
+        sub.controller(cntlid).is_none(),
+        "controller {cntlid} is freed"
+    );
+    assert_eq!(sub.controller_count(), 0);
+    // A new host is served.
+    f.cl.on(0, |_| {
+        let t = f.host(false, false);
+        let c = Controller::connect(&t, who(), CtrlOptions::default()).unwrap();
+        c.shutdown().unwrap();
+    });
+    f.settle();
+    f.assert_pool_full();
+}
