@@ -42,6 +42,8 @@ max_io_qpairs_per_ctrlr = 4
 c2h_success = true
 sock_priority = 1
 digest = "allow"
+max_qpairs = 64
+max_qpairs_per_core = 64
 
 [[bdev]]
 spec = "malloc:name=Malloc0,size=8M,block=512"
@@ -242,6 +244,11 @@ fn tcp_listener_errors_name_line_and_field() {
             "digest = \"allow\"",
             "digest = \"maybe\"",
             "transport.tcp.digest",
+        ),
+        (
+            "max_qpairs = 64",
+            "max_qpairs = 0",
+            "transport.tcp.max_qpairs",
         ),
     ] {
         let text = config(soft, 4420).replace(from, to);
