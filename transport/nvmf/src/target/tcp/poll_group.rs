@@ -105,6 +105,12 @@ impl TcpPollGroup {
         self.state.borrow().conns.len()
     }
 
+    /// Connections beyond the limits this core is still answering (their
+    /// sockets open until the Connect's status left or the host went).
+    pub fn refusing(&self) -> usize {
+        self.state.borrow().refusing.len()
+    }
+
     /// `(SO_RCVBUF, SO_SNDBUF)` of each connection's socket, as the
     /// kernel reports them (tests and diagnostics).
     pub fn socket_buffers(&self) -> Vec<(usize, usize)> {

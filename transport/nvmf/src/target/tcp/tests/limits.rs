@@ -15,11 +15,22 @@ use crate::spec::tcp::{Digests, PduType};
 
 /// A new connection's admin Connect and its completion.
 fn connect_admin(f: &Fx) -> (Raw, NvmeCompletion) {
-    let mut r = Raw::handshake(f, Digests::default());
+    connect_admin_with(f, Digests::default())
+}
+
+/// The same with `digests` asked for (and granted).
+fn connect_admin_with(f: &Fx, digests: Digests) -> (Raw, NvmeCompletion) {
+    let mut r = Raw::handshake(f, digests);
     let p = r.admin_connect();
     r.send(&p);
     let rsp = r.pdu(f);
     assert_eq!(rsp[0], PduType::CapsuleResp.code(), "not a CapsuleResp");
+    let hdgst = if digests.header { 4 } else { 0 };
+    assert_eq!(
+        rsp.len(),
+        24 + hdgst,
+        "CapsuleResp length with the granted digests"
+    );
     let cpl = NvmeCompletion::parse(&rsp[8..24]).unwrap();
     (r, cpl)
 }
@@ -95,4 +106,73 @@ fn zero_limits_are_refused_by_the_transport() {
         let e = TcpTransport::new(&target, o).unwrap_err().to_string();
         assert!(e.contains("max_qpairs"), "{e}");
     }
+}
+
+#[test]
+fn max_qpairs_per_core_spreads_then_refuses() {
+    let f = fixture_on(
+        2,
+        "127.0.0.1",
+        TcpOptions {
+            max_qpairs_per_core: 1,
+            ..TcpOptions::default()
+        },
+    );
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let (r, cpl) = connect_admin(&f);
+        assert!(cpl.status.is_success(), "{cpl:?}");
+        held.push(r);
+    }
+    assert_eq!(f.transport.queues_per_group(), [1, 1]);
+    expect_refused(&f);
+    assert_eq!(f.transport.stats().refused_at_limit, 1);
+    drop(held);
+    f.settle();
+    assert_eq!(f.transport.queues_per_group(), [0, 0]);
+}
+
+#[test]
+fn a_refused_host_that_leaves_early_is_let_go() {
+    let f = fixture(TcpOptions {
+        max_qpairs: 1,
+        ..TcpOptions::default()
+    });
+    let (_first, cpl) = connect_admin(&f);
+    assert!(cpl.status.is_success(), "{cpl:?}");
+    // Connects, is refused on accept, and goes before sending its ICReq.
+    let quiet = Raw::connect(&f);
+    for _ in 0..200_000 {
+        if f.pgs[0].refusing() == 1 {
+            break;
+        }
+        f.cl.poll_once_all();
+    }
+    assert_eq!(f.pgs[0].refusing(), 1);
+    drop(quiet);
+    for _ in 0..200_000 {
+        if f.pgs[0].refusing() == 0 {
+            break;
+        }
+        f.cl.poll_once_all();
+    }
+    assert_eq!(f.pgs[0].refusing(), 0, "the refused socket is held");
+    assert_eq!(f.transport.queues_per_group(), [1]);
+}
+
+#[test]
+fn a_refusal_speaks_the_digests_it_granted() {
+    let f = fixture(TcpOptions {
+        max_qpairs: 1,
+        ..TcpOptions::default()
+    });
+    let (_first, cpl) = connect_admin(&f);
+    assert!(cpl.status.is_success(), "{cpl:?}");
+    let both = Digests {
+        header: true,
+        data: true,
+    };
+    let (mut r, cpl) = connect_admin_with(&f, both);
+    assert_eq!(cpl.status, NvmeStatus::CONNECT_CONTROLLER_BUSY, "{cpl:?}");
+    assert!(r.try_recv(&f, 1).is_none(), "the refused socket stays open");
 }
