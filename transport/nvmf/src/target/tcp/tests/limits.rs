@@ -35,6 +35,27 @@ fn connect_admin_with(f: &Fx, digests: Digests) -> (Raw, NvmeCompletion) {
     (r, cpl)
 }
 
+/// A target with `max_qpairs` 1 and the connection that holds it.
+fn full_at_one() -> (Fx, Raw) {
+    let f = fixture(TcpOptions {
+        max_qpairs: 1,
+        ..TcpOptions::default()
+    });
+    let (first, cpl) = connect_admin(&f);
+    assert!(cpl.status.is_success(), "{cpl:?}");
+    (f, first)
+}
+
+/// Poll the cluster until `done` (bounded: the caller asserts after).
+fn poll_until(f: &Fx, done: impl Fn() -> bool) {
+    for _ in 0..200_000 {
+        if done() {
+            return;
+        }
+        f.cl.poll_once_all();
+    }
+}
+
 /// Connect, expect Controller Busy and the target's close.
 fn expect_refused(f: &Fx) {
     let (mut r, cpl) = connect_admin(f);
@@ -69,12 +90,7 @@ fn a_connection_beyond_max_qpairs_is_refused_busy_and_its_seat_comes_back() {
 
     // The I/O queue goes: its seat is free again.
     f.cl.on(0, |_| drop(qp));
-    for _ in 0..200_000 {
-        if f.transport.queues_per_group() == [1] {
-            break;
-        }
-        f.cl.poll_once_all();
-    }
+    poll_until(&f, || f.transport.queues_per_group() == [1]);
     assert_eq!(f.transport.queues_per_group(), [1]);
     let (second, cpl) = connect_admin(&f);
     assert!(cpl.status.is_success(), "{cpl:?}");
@@ -134,40 +150,20 @@ fn max_qpairs_per_core_spreads_then_refuses() {
 
 #[test]
 fn a_refused_host_that_leaves_early_is_let_go() {
-    let f = fixture(TcpOptions {
-        max_qpairs: 1,
-        ..TcpOptions::default()
-    });
-    let (_first, cpl) = connect_admin(&f);
-    assert!(cpl.status.is_success(), "{cpl:?}");
+    let (f, _first) = full_at_one();
     // Connects, is refused on accept, and goes before sending its ICReq.
     let quiet = Raw::connect(&f);
-    for _ in 0..200_000 {
-        if f.pgs[0].refusing() == 1 {
-            break;
-        }
-        f.cl.poll_once_all();
-    }
+    poll_until(&f, || f.pgs[0].refusing() == 1);
     assert_eq!(f.pgs[0].refusing(), 1);
     drop(quiet);
-    for _ in 0..200_000 {
-        if f.pgs[0].refusing() == 0 {
-            break;
-        }
-        f.cl.poll_once_all();
-    }
+    poll_until(&f, || f.pgs[0].refusing() == 0);
     assert_eq!(f.pgs[0].refusing(), 0, "the refused socket is held");
     assert_eq!(f.transport.queues_per_group(), [1]);
 }
 
 #[test]
 fn a_refusal_speaks_the_digests_it_granted() {
-    let f = fixture(TcpOptions {
-        max_qpairs: 1,
-        ..TcpOptions::default()
-    });
-    let (_first, cpl) = connect_admin(&f);
-    assert!(cpl.status.is_success(), "{cpl:?}");
+    let (f, _first) = full_at_one();
     let both = Digests {
         header: true,
         data: true,
