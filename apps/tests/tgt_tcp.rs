@@ -222,6 +222,10 @@ fn serves_tcp_beside_rdma_and_shuts_both_down() {
     let out = tgt.seen.join("\n");
     assert!(st.success(), "{st}; stdout:\n{out}");
     assert!(out.contains("disconnecting 2 queue(s)"), "{out}");
+    assert!(
+        out.contains("tcp limits: max_qpairs 64 max_qpairs_per_core 64"),
+        "{out}"
+    );
     let _ = std::fs::remove_file(&cfg);
 }
 
