@@ -42,6 +42,8 @@ max_io_qpairs_per_ctrlr = 4
 c2h_success = true
 sock_priority = 1
 digest = "allow"
+max_qpairs = 64
+max_qpairs_per_core = 64
 
 [[bdev]]
 spec = "malloc:name=Malloc0,size=8M,block=512"
@@ -220,6 +222,10 @@ fn serves_tcp_beside_rdma_and_shuts_both_down() {
     let out = tgt.seen.join("\n");
     assert!(st.success(), "{st}; stdout:\n{out}");
     assert!(out.contains("disconnecting 2 queue(s)"), "{out}");
+    assert!(
+        out.contains("tcp limits: max_qpairs 64 max_qpairs_per_core 64"),
+        "{out}"
+    );
     let _ = std::fs::remove_file(&cfg);
 }
 
@@ -242,6 +248,11 @@ fn tcp_listener_errors_name_line_and_field() {
             "digest = \"allow\"",
             "digest = \"maybe\"",
             "transport.tcp.digest",
+        ),
+        (
+            "max_qpairs = 64",
+            "max_qpairs = 0",
+            "transport.tcp.max_qpairs",
         ),
     ] {
         let text = config(soft, 4420).replace(from, to);

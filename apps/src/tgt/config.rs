@@ -32,6 +32,8 @@
 //! c2h_success = true           # reads end with C2HData SUCCESS, no response [true]
 //! sock_priority = 0            # SO_PRIORITY 0..=6 of accepted sockets [0]
 //! digest = "allow"             # allow | disable | require header+data digests [allow]
+//! max_qpairs = 1024            # TCP connections (queues) at once, all cores [1024]
+//! max_qpairs_per_core = 1024   # TCP connections one core serves at once [1024]
 //!
 //! [[bdev]]                     # as pollux-bdevperf: a spec string or a table
 //! spec = "null:name=Null0,size=1G,block=4096"
@@ -246,6 +248,11 @@ pub struct TcpSection {
     pub sock_priority: Option<Spanned<u8>>,
     /// Digest policy: `allow`, `disable` or `require`.
     pub digest: Option<Spanned<String>>,
+    /// Connections (queues) served at once (all cores); more are refused
+    /// (Connect Controller Busy).
+    pub max_qpairs: Option<Spanned<usize>>,
+    /// Connections one core serves at once.
+    pub max_qpairs_per_core: Option<Spanned<usize>>,
 }
 
 /// One `[[subsystem]]`.
@@ -623,6 +630,19 @@ fn plan(text: &str, file: TgtFile) -> Result<TgtPlan, AppError> {
             if let Some(v) = &sec.digest {
                 o.digest = DigestPolicy::parse(v.get_ref())
                     .map_err(|e| err(v.span(), &key("digest"), e))?;
+            }
+            for (k, v, field) in [
+                ("max_qpairs", &sec.max_qpairs, &mut o.max_qpairs),
+                (
+                    "max_qpairs_per_core",
+                    &sec.max_qpairs_per_core,
+                    &mut o.max_qpairs_per_core,
+                ),
+            ] {
+                if let Some(v) = v {
+                    *field = *v.get_ref();
+                    tcp_origins.push((k, Origin::new(text, v.span(), key(k))));
+                }
             }
         }
     }

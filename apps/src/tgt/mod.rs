@@ -391,15 +391,23 @@ fn run<P: Provider>(
         .iscsi
         .as_ref()
         .map_or(0, |i| i.transport.options().max_connections);
+    let tcp_max = built.tcp.as_ref().map_or(0, |t| t.options().max_qpairs);
+    let what = match (tcp_max > 0, iser_max > 0) {
+        (false, false) => "max_qpairs",
+        (true, false) => "max_qpairs (RDMA and TCP)",
+        (false, true) => "max_qpairs and the iSCSI max_connections",
+        (true, true) => "max_qpairs (RDMA and TCP) and the iSCSI max_connections",
+    };
     fd_limit::warn_if_short(
         out,
-        if iser_max > 0 {
-            "max_qpairs and the iSCSI max_connections"
-        } else {
-            "max_qpairs"
-        },
-        (built.transport.options().max_qpairs + iser_max) as u64,
-        fd_limit::fds_per_connection(plan.provider == config::ProviderKind::Soft),
+        what,
+        &[
+            (
+                (built.transport.options().max_qpairs + iser_max) as u64,
+                fd_limit::fds_per_connection(plan.provider == config::ProviderKind::Soft),
+            ),
+            (tcp_max as u64, fd_limit::FDS_PER_TCP_CONNECTION),
+        ],
         fd_limit::current_limit(),
     );
     let mut next = Instant::now() + opts.stats_period;
@@ -513,6 +521,11 @@ fn banner<P: Provider>(
             out,
             "  tcp: in_capsule_data_size {} max_queue_depth {} max_io_qpairs_per_ctrlr {} c2h_success {} sock_priority {} digest {:?} maxh2cdata {}",
             o.in_capsule_data_size, o.max_queue_depth, o.max_io_qpairs_per_ctrlr, o.c2h_success, o.sock_priority, o.digest, o.maxh2cdata
+        )?;
+        writeln!(
+            out,
+            "  tcp limits: max_qpairs {} max_qpairs_per_core {} (more are refused: Connect Controller Busy)",
+            o.max_qpairs, o.max_qpairs_per_core
         )?;
     }
     writeln!(

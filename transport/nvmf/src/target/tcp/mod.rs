@@ -11,6 +11,10 @@
 //!   targets ([`pollux_verbs::placement::Seats`]: fewest connections first,
 //!   or the listener's core); a socket for another core travels by reactor
 //!   message. Each group owns and polls its sockets.
+//! - `refusal.rs`: a connection beyond `max_qpairs` or
+//!   `max_qpairs_per_core` (no free seat): accepted, its ICReq answered,
+//!   its Connect failed with Connect Controller Busy, closed; it takes no
+//!   queue.
 //! - `conn.rs`: one queue: the receive state machine over the byte stream
 //!   (ICReq first; CapsuleCmd, H2CData, H2CTermReq), in-capsule data
 //!   handed to the core where it lies, H2CData payloads written into the
@@ -48,6 +52,7 @@
 mod conn;
 mod options;
 mod poll_group;
+mod refusal;
 mod transport;
 
 #[cfg(test)]

@@ -82,6 +82,18 @@ pub struct TcpOptions {
     pub digest: DigestPolicy,
     /// Which poll group (core) serves a new connection.
     pub placement: pollux_verbs::placement::PlacementPolicy,
+    /// Most connections (queues: admin and I/O, all hosts) the transport
+    /// serves at once (SPDK's RDMA `max_qpairs` name, the same limit as
+    /// [`RdmaOptions::max_qpairs`](crate::target::rdma::RdmaOptions::max_qpairs)).
+    /// A connection beyond it is accepted, answered (ICResp, then its
+    /// Connect fails with Connect Controller Busy, SCT 1 SC 0x81) and
+    /// closed, without a queue or any resource beyond its socket.
+    pub max_qpairs: usize,
+    /// Most connections one poll group (core) serves at once; with
+    /// least-connections placement a full group's connections go to
+    /// another group, and are refused like [`max_qpairs`](Self::max_qpairs)
+    /// when every group is full.
+    pub max_qpairs_per_core: usize,
 }
 
 impl Default for TcpOptions {
@@ -98,6 +110,8 @@ impl Default for TcpOptions {
             send_buf_size: 0,
             digest: DigestPolicy::Allow,
             placement: pollux_verbs::placement::PlacementPolicy::LeastConnections,
+            max_qpairs: 1024,
+            max_qpairs_per_core: 1024,
         }
     }
 }
@@ -143,6 +157,9 @@ impl TcpOptions {
         }
         if self.max_io_qpairs_per_ctrlr == 0 {
             return bad("max_io_qpairs_per_ctrlr must be at least 1".into());
+        }
+        if self.max_qpairs == 0 || self.max_qpairs_per_core == 0 {
+            return bad("max_qpairs and max_qpairs_per_core must be positive".into());
         }
         if self.in_capsule_data_size > t.in_capsule_data_size {
             return bad(format!(
@@ -237,6 +254,20 @@ mod tests {
                     ..TcpOptions::default()
                 },
                 "max_io_qpairs_per_ctrlr",
+            ),
+            (
+                TcpOptions {
+                    max_qpairs: 0,
+                    ..TcpOptions::default()
+                },
+                "max_qpairs",
+            ),
+            (
+                TcpOptions {
+                    max_qpairs_per_core: 0,
+                    ..TcpOptions::default()
+                },
+                "max_qpairs_per_core",
             ),
         ] {
             let e = o.validate(&t).expect_err(what);

@@ -21,6 +21,7 @@ use pollux_reactor::{PollStatus, PollerId, Reactor};
 use super::super::qpair::QueuePair;
 use super::super::transport::{QpairParams, TransportPollGroup};
 use super::conn::TcpConn;
+use super::refusal::{Refusal, MAX_REFUSALS};
 use super::transport::{TcpInbox, TcpTransport};
 use crate::spec::transport_id::TransportId;
 
@@ -29,6 +30,8 @@ const ACCEPTS_PER_POLL: usize = 16;
 
 struct GroupState {
     conns: Vec<TcpConn>,
+    /// Connections beyond the limits, being answered and closed.
+    refusing: Vec<Refusal>,
     listeners: Vec<(TransportId, Arc<TcpListener>)>,
     listen_gen: u64,
     /// Accepting no more (its connections are closing).
@@ -68,6 +71,7 @@ impl TcpPollGroup {
         t.seats.join(index, reactor.core());
         let state = Rc::new(RefCell::new(GroupState {
             conns: Vec::new(),
+            refusing: Vec::new(),
             listeners: Vec::new(),
             listen_gen: 0,
             shutting_down: false,
@@ -99,6 +103,12 @@ impl TcpPollGroup {
     /// Live connections on this core.
     pub fn connections(&self) -> usize {
         self.state.borrow().conns.len()
+    }
+
+    /// Connections beyond the limits this core is still answering (their
+    /// sockets open until the Connect's status left or the host went).
+    pub fn refusing(&self) -> usize {
+        self.state.borrow().refusing.len()
     }
 
     /// `(SO_RCVBUF, SO_SNDBUF)` of each connection's socket, as the
@@ -222,6 +232,15 @@ impl Ctx {
             self.adopt(st, s, trid);
         }
         let mut i = 0;
+        while i < st.refusing.len() {
+            if st.refusing[i].poll() {
+                busy = true;
+                st.refusing.swap_remove(i);
+            } else {
+                i += 1;
+            }
+        }
+        let mut i = 0;
         while i < st.conns.len() {
             let mut done = false;
             busy |= st.conns[i].poll(&mut done);
@@ -244,8 +263,9 @@ impl Ctx {
     fn place(&self, st: &mut GroupState, s: TcpStream, trid: TransportId) {
         let t = &self.transport;
         let Some((group, core)) = t.seats.place(self.index, t.opts.placement) else {
-            log::warn!("nvmf tcp: no poll group takes connections; closing");
             t.stats.refused.fetch_add(1, Ordering::Relaxed);
+            t.stats.refused_at_limit.fetch_add(1, Ordering::Relaxed);
+            self.refuse(st, s);
             return;
         };
         if group == self.index {
@@ -270,6 +290,26 @@ impl Ctx {
             log::warn!("nvmf tcp: cannot hand a connection to core {core}: {e}");
             t.seats.release(group);
             t.stats.refused.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// A socket no group has a seat for: answer its Connect with a busy
+    /// status and close it ([`Refusal`]); closed at once when this group
+    /// already answers [`MAX_REFUSALS`].
+    fn refuse(&self, st: &mut GroupState, s: TcpStream) {
+        let l = self.transport.seats.limits();
+        log::warn!(
+            "nvmf tcp: connection refused: limit reached (max_qpairs {}, max_qpairs_per_core {})",
+            l.total,
+            l.per_group
+        );
+        if st.refusing.len() >= MAX_REFUSALS {
+            return;
+        }
+        let o = &self.transport.opts;
+        match Refusal::new(s, o.digest, o.maxh2cdata, o.capsule_limit()) {
+            Ok(r) => st.refusing.push(r),
+            Err(e) => log::debug!("nvmf tcp: refused connection: {e}"),
         }
     }
 

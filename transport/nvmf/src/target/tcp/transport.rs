@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use pollux_reactor::{IoDevice, Reactor};
-use pollux_verbs::placement::Seats;
+use pollux_verbs::placement::{SeatLimits, Seats};
 
 use super::super::target::Target;
 use super::super::transport::{
@@ -36,6 +36,7 @@ pub(super) struct SharedStats {
     pub(super) destroyed: AtomicU64,
     pub(super) terminated: AtomicU64,
     pub(super) refused: AtomicU64,
+    pub(super) refused_at_limit: AtomicU64,
 }
 
 /// A snapshot of [`TcpTransport::stats`].
@@ -47,8 +48,14 @@ pub struct TcpTransportStats {
     pub destroyed: u64,
     /// Of those, ended by a fatal PDU error (a C2HTermReq was sent).
     pub terminated: u64,
-    /// Connections refused (no poll group, queue creation failed).
+    /// Connections refused (no poll group, queue creation failed, a
+    /// limit reached).
     pub refused: u64,
+    /// Of those, refused because no poll group had a free seat
+    /// ([`TcpOptions::max_qpairs`] or [`TcpOptions::max_qpairs_per_core`]
+    /// reached, or no group takes connections); answered with Connect
+    /// Controller Busy when the host got that far.
+    pub refused_at_limit: u64,
 }
 
 /// Accepted sockets handed to this core's poll group by another core.
@@ -114,13 +121,18 @@ impl TcpTransport {
     pub fn new(target: &Arc<Target>, opts: TcpOptions) -> Result<Arc<Self>, TransportError> {
         opts.validate(target.options())
             .map_err(|e| TransportError::Other(e.to_string()))?;
+        let seats = Seats::default();
+        seats.set_limits(SeatLimits {
+            per_group: opts.max_qpairs_per_core,
+            total: opts.max_qpairs,
+        });
         Ok(Arc::new(TcpTransport {
             target: Arc::downgrade(target),
             opts,
             listeners: Mutex::new(Vec::new()),
             listen_gen: AtomicU64::new(1),
             groups: AtomicUsize::new(0),
-            seats: Seats::default(),
+            seats,
             stats: SharedStats::default(),
         }))
     }
@@ -160,6 +172,7 @@ impl TcpTransport {
             destroyed: s.destroyed.load(Ordering::Relaxed),
             terminated: s.terminated.load(Ordering::Relaxed),
             refused: s.refused.load(Ordering::Relaxed),
+            refused_at_limit: s.refused_at_limit.load(Ordering::Relaxed),
         }
     }
 }

@@ -5,6 +5,7 @@
 
 mod bad_input;
 mod io;
+mod limits;
 mod netns;
 mod placement;
 mod raw;
