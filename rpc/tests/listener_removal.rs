@@ -30,7 +30,6 @@ fn fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
 }
 
-
 /// The flow both transports share; `host(address)` makes a host
 /// transport to a listen address.
 fn remove_one_listener<T: HostTransport>(

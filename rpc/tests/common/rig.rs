@@ -244,7 +244,6 @@ impl<T: HostTransport> Host<T> {
     }
 }
 
-
 /// An IPv4 listen address, SPDK's shape.
 pub fn address(trtype: &str, traddr: &str, port: u16) -> Value {
     json!({"trtype": trtype, "adrfam": "IPv4", "traddr": traddr, "trsvcid": port.to_string()})
@@ -272,4 +271,3 @@ pub fn host_addr(a: &Value) -> String {
         a["trsvcid"].as_str().unwrap()
     )
 }
-
