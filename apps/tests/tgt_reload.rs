@@ -436,25 +436,17 @@ fn sighup_removing_a_listener_disconnects_its_queues_and_no_others() {
         .unwrap();
 
     // The second listener leaves the file.
-    std::fs::write(&cfg, &base).unwrap();
-    tgt.signal(Signal::HUP);
-    let line = tgt.wait_line("pollux-tgt: reload");
-    assert!(line.contains("0 listener(s) added, 1 removed"), "{line}");
-    assert!(
-        write_read(&mut gone, 8).is_err(),
-        "a queue of the removed listener still serves I/O"
+    let reload = Reload {
+        tgt: &mut tgt,
+        cfg: &cfg,
+        rpc: &mut rpc,
+    };
+    reload.closes(
+        &base,
+        "0 listener(s) added, 1 removed",
+        &mut keep,
+        &mut gone,
     );
-    for round in 0..20 {
-        write_read(&mut keep, 16 * round).unwrap();
-    }
-    let deadline = Instant::now() + WAIT;
-    while live_queues(&mut rpc) != 2 {
-        assert!(
-            Instant::now() < deadline,
-            "the removed listener's queues stay"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
     let st = rpc.call("nvmf_get_stats", Some(json!({}))).unwrap();
     assert_eq!(st["destroyed"].as_u64().unwrap(), destroyed + 2);
     drop((gone, gc, gt));
@@ -508,22 +500,17 @@ fn sighup_moving_a_listener_to_one_subsystem_disconnects_only_the_others_queues(
             ),
         );
     assert_ne!(after, before);
-    std::fs::write(&cfg, &after).unwrap();
-    tgt.signal(Signal::HUP);
-    let line = tgt.wait_line("pollux-tgt: reload");
-    assert!(line.contains("0 listener(s) added, 0 removed"), "{line}");
-    assert!(
-        write_read(&mut gone, 8).is_err(),
-        "SECOND's queue on the address it left still serves I/O"
+    let reload = Reload {
+        tgt: &mut tgt,
+        cfg: &cfg,
+        rpc: &mut rpc,
+    };
+    reload.closes(
+        &after,
+        "0 listener(s) added, 0 removed",
+        &mut keep,
+        &mut gone,
     );
-    for round in 0..20 {
-        write_read(&mut keep, 16 * round).unwrap();
-    }
-    let deadline = Instant::now() + WAIT;
-    while live_queues(&mut rpc) != 2 {
-        assert!(Instant::now() < deadline, "SECOND's queues stay");
-        std::thread::sleep(Duration::from_millis(10));
-    }
     drop((gone, gc, gt));
     let (_t, refused) = rdma_host_to(&addr, SECOND, 3);
     let e = refused.expect_err("SECOND connected through an address it left");
@@ -537,6 +524,43 @@ fn sighup_moving_a_listener_to_one_subsystem_disconnects_only_the_others_queues(
     drop(rpc);
     tgt.signal(Signal::TERM);
     assert!(tgt.wait_exit().success());
+}
+
+/// A running target, its configuration file and its RPC client.
+struct Reload<'a> {
+    tgt: &'a mut Tgt,
+    cfg: &'a PathBuf,
+    rpc: &'a mut RpcClient,
+}
+
+impl Reload<'_> {
+    /// Writes `text` and reloads it: the report says `report`, `gone`'s
+    /// queue is closed, `keep`'s keeps serving I/O, and only `keep`'s two
+    /// queues are left.
+    fn closes<Q: pollux_nvmf::host::HostQueue>(
+        self,
+        text: &str,
+        report: &str,
+        keep: &mut pollux_nvmf::host::Qpair<Q>,
+        gone: &mut pollux_nvmf::host::Qpair<Q>,
+    ) {
+        std::fs::write(self.cfg, text).unwrap();
+        self.tgt.signal(Signal::HUP);
+        let line = self.tgt.wait_line("pollux-tgt: reload");
+        assert!(line.contains(report), "{line}");
+        assert!(
+            write_read(gone, 8).is_err(),
+            "a queue of the listener that went still serves I/O"
+        );
+        for round in 0..20 {
+            write_read(keep, 16 * round).unwrap();
+        }
+        let deadline = Instant::now() + WAIT;
+        while live_queues(self.rpc) != 2 {
+            assert!(Instant::now() < deadline, "the queues of the listener stay");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
 }
 
 /// `traddr` of each listener of `nqn` (`nvmf_subsystem_get_listeners`).

@@ -922,16 +922,12 @@ fn plan(text: &str, file: TgtFile) -> Result<TgtPlan, AppError> {
                 .into(),
         ));
     }
+    let mut parse = |l: &Spanned<ListenerSection>, field: String| {
+        listener_plan(text, l, &field, provider, &mut tcp, &target)
+    };
     let mut listeners: Vec<ListenerPlan> = Vec::with_capacity(file.listener.len());
     for (li, l) in file.listener.iter().enumerate() {
-        let p = listener_plan(
-            text,
-            l,
-            &format!("listener[{li}]"),
-            provider,
-            &mut tcp,
-            &target,
-        )?;
+        let p = parse(l, format!("listener[{li}]"))?;
         if let Some(prev) = listeners.iter().find(|x| x.trid == p.trid) {
             return Err(p.origin.err(format!(
                 "the same address as listener at line {}",
@@ -943,14 +939,7 @@ fn plan(text: &str, file: TgtFile) -> Result<TgtPlan, AppError> {
     for (si, s) in file.subsystem.iter().enumerate() {
         let mut own: Vec<ListenerPlan> = Vec::new();
         for (li, l) in s.get_ref().listeners.iter().enumerate() {
-            let p = listener_plan(
-                text,
-                l,
-                &format!("subsystem[{si}].listeners[{li}]"),
-                provider,
-                &mut tcp,
-                &target,
-            )?;
+            let p = parse(l, format!("subsystem[{si}].listeners[{li}]"))?;
             if let Some(prev) = listeners.iter().find(|x| x.trid == p.trid) {
                 return Err(p.origin.err(format!(
                     "every subsystem listens there already ([[listener]] at line {})",
