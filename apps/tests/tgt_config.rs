@@ -93,6 +93,88 @@ fn a_good_config_builds_a_target() {
     assert_eq!(b.target.options().max_queue_depth, 64);
 }
 
+/// `GOOD` with a second subsystem that listens on its own address too.
+fn with_own_listener(own: &str) -> String {
+    format!(
+        "{GOOD}\n[[subsystem]]\nnqn = \"nqn.2016-06.io.pollux:own\"\nallow_any_host = true\nnamespaces = [{{ bdev = \"Null1\" }}]\nlisteners = [{own}]\n\n[[bdev]]\nspec = \"null:name=Null1,size=4M,block=4096\"\n"
+    )
+}
+
+#[test]
+fn a_subsystem_listens_on_the_top_level_listeners_and_its_own() {
+    let text = with_own_listener(r#"{ traddr = "@pollux-tgt-config-own" }"#);
+    let p = TgtPlan::parse(&text).unwrap();
+    let own: Vec<&str> = p.subsystems[1]
+        .listeners
+        .iter()
+        .map(|l| l.trid.traddr.as_str())
+        .collect();
+    assert_eq!(own, ["@pollux-tgt-config-own"]);
+    assert!(p.subsystems[0].listeners.is_empty());
+    let b = tgt::build::<Soft>(&p).unwrap();
+    let addrs = |nqn: &str| -> Vec<String> {
+        b.target
+            .subsystem(nqn)
+            .unwrap()
+            .listeners()
+            .into_iter()
+            .map(|t| t.traddr)
+            .collect()
+    };
+    // The top-level [[listener]]: every subsystem of the file, and discovery.
+    assert_eq!(
+        addrs("nqn.2016-06.io.pollux:null0"),
+        ["@pollux-tgt-config-test"]
+    );
+    assert_eq!(
+        addrs("nqn.2016-06.io.pollux:own"),
+        ["@pollux-tgt-config-test", "@pollux-tgt-config-own"]
+    );
+    assert_eq!(
+        addrs(pollux_nvmf::target::DISCOVERY_NQN),
+        ["@pollux-tgt-config-test"]
+    );
+    assert_eq!(b.target.listeners().len(), 2);
+}
+
+#[test]
+fn a_subsystem_listener_is_checked_like_a_top_level_one() {
+    let text = with_own_listener(r#"{ traddr = "10.0.0.1" }"#);
+    let e = error(&text);
+    assert_names(
+        &e,
+        line_of(&text, "listeners = ["),
+        "subsystem[1].listeners[0].traddr",
+    );
+    // An address every subsystem listens on already.
+    let text = with_own_listener(r#"{ traddr = "@pollux-tgt-config-test" }"#);
+    let e = error(&text);
+    assert!(e.contains("every subsystem listens there already"), "{e}");
+    assert_names(
+        &e,
+        line_of(&text, "listeners = ["),
+        "subsystem[1].listeners[0]",
+    );
+    let text = with_own_listener(r#"{ traddr = "@a" }, { traddr = "@a" }"#);
+    assert!(error(&text).contains("the same address as"), "{text}");
+    // Own listeners only: no top-level one is needed.
+    let text = with_own_listener(r#"{ traddr = "@pollux-tgt-config-own" }"#).replacen(
+        "[[listener]]\ntraddr = \"@pollux-tgt-config-test\"\n",
+        "",
+        1,
+    );
+    let e = error(&text);
+    assert!(e.contains("no [[listener]]"), "subsystem 0 has none: {e}");
+    let text = text.replacen(
+        "namespaces = [{ bdev = \"Null0\", nsid = 3 }, { bdev = \"malloc0\" }]",
+        "namespaces = [{ bdev = \"Null0\", nsid = 3 }, { bdev = \"malloc0\" }]\nlisteners = [{ traddr = \"@pollux-tgt-config-zero\" }]",
+        1,
+    );
+    let p = TgtPlan::parse(&text).unwrap();
+    assert!(p.listeners.is_empty());
+    assert_eq!(p.all_listeners().len(), 2);
+}
+
 #[test]
 fn the_shipped_examples_parse() {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/config");

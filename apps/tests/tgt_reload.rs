@@ -7,7 +7,10 @@
 //! subsystems, hosts and listeners follow the file too (through the
 //! JSON-RPC methods), a reload whose listener cannot open leaves
 //! nothing of its additions, and a listener that leaves the file
-//! disconnects the queues that came in through it and no others.
+//! disconnects the queues that came in through it and no others; a
+//! listener that leaves one subsystem (moved from the top-level
+//! `[[listener]]` to the other subsystem's own `listeners`) disconnects
+//! only that subsystem's queues there, and the address stays open.
 
 #![allow(clippy::unwrap_used)] // test helpers: a failed unwrap is a failed test
 
@@ -378,6 +381,15 @@ fn live_queues(c: &mut RpcClient) -> u64 {
 }
 
 fn rdma_host(addr: &str, id: u8) -> (RdmaHost<Soft>, Result<Controller<RdmaHost<Soft>>, String>) {
+    rdma_host_to(addr, NQN, id)
+}
+
+/// Host `id` connected to `subnqn` through the soft RDMA address `addr`.
+fn rdma_host_to(
+    addr: &str,
+    subnqn: &str,
+    id: u8,
+) -> (RdmaHost<Soft>, Result<Controller<RdmaHost<Soft>>, String>) {
     let opts = RdmaHostOptions {
         connect_timeout: Duration::from_secs(5),
         ..RdmaHostOptions::default()
@@ -388,7 +400,7 @@ fn rdma_host(addr: &str, id: u8) -> (RdmaHost<Soft>, Result<Controller<RdmaHost<
     let who = HostIdentity {
         hostnqn: format!("{DEFAULT_HOSTNQN}-{id}"),
         hostid,
-        subnqn: NQN.into(),
+        subnqn: subnqn.into(),
     };
     let c = Controller::connect(&t, who, CtrlOptions::default()).map_err(|e| e.to_string());
     (t, c)
@@ -424,25 +436,17 @@ fn sighup_removing_a_listener_disconnects_its_queues_and_no_others() {
         .unwrap();
 
     // The second listener leaves the file.
-    std::fs::write(&cfg, &base).unwrap();
-    tgt.signal(Signal::HUP);
-    let line = tgt.wait_line("pollux-tgt: reload");
-    assert!(line.contains("0 listener(s) added, 1 removed"), "{line}");
-    assert!(
-        write_read(&mut gone, 8).is_err(),
-        "a queue of the removed listener still serves I/O"
+    let reload = Reload {
+        tgt: &mut tgt,
+        cfg: &cfg,
+        rpc: &mut rpc,
+    };
+    reload.closes(
+        &base,
+        "0 listener(s) added, 1 removed",
+        &mut keep,
+        &mut gone,
     );
-    for round in 0..20 {
-        write_read(&mut keep, 16 * round).unwrap();
-    }
-    let deadline = Instant::now() + WAIT;
-    while live_queues(&mut rpc) != 2 {
-        assert!(
-            Instant::now() < deadline,
-            "the removed listener's queues stay"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
     let st = rpc.call("nvmf_get_stats", Some(json!({}))).unwrap();
     assert_eq!(st["destroyed"].as_u64().unwrap(), destroyed + 2);
     drop((gone, gc, gt));
@@ -453,4 +457,119 @@ fn sighup_removing_a_listener_disconnects_its_queues_and_no_others() {
     drop(rpc);
     tgt.signal(Signal::TERM);
     assert!(tgt.wait_exit().success());
+}
+
+#[test]
+fn sighup_moving_a_listener_to_one_subsystem_disconnects_only_the_others_queues() {
+    let addr = format!("@pollux-tgt-reload-own-{}", std::process::id());
+    let own = format!("{addr}-second");
+    let cfg = tmp("tgt-reload-own.toml");
+    let sock = tmp("tgt-reload-own.sock");
+    let second = format!(
+        "\n[[subsystem]]\nnqn = \"{SECOND}\"\nallow_any_host = true\nnamespaces = [{{ bdev = \"Malloc1\", nsid = 1 }}]\nlisteners = [{{ traddr = \"{own}\" }}]\n"
+    );
+    // Both subsystems on the top-level address, SECOND on its own too.
+    let before = format!(
+        "{}{second}",
+        config(&addr, r#"{ bdev = "Malloc0", nsid = 1 }"#)
+    );
+    std::fs::write(&cfg, &before).unwrap();
+    let mut tgt = Tgt::start(&cfg, &["-r", sock.to_str().unwrap()]);
+    tgt.wait_line("pollux-tgt: ready");
+    let mut rpc = RpcClient::connect(&sock, WAIT).unwrap();
+    let (kt, kc) = rdma_host_to(&addr, NQN, 1);
+    let kc = kc.unwrap();
+    let mut keep = kc.connect_io(&kt, 1, 16, None).unwrap();
+    let (gt, gc) = rdma_host_to(&addr, SECOND, 2);
+    let gc = gc.unwrap();
+    let mut gone = gc.connect_io(&gt, 1, 16, None).unwrap();
+    write_read(&mut keep, 0).unwrap();
+    write_read(&mut gone, 8).unwrap();
+    assert_eq!(live_queues(&mut rpc), 4);
+
+    // The address becomes NQN's own: SECOND lets go of it.
+    let after = before
+        .replace(
+            &format!("[[listener]]\ntraddr = \"{addr}\"\n"),
+            "",
+        )
+        .replace(
+            "namespaces = [{ bdev = \"Malloc0\", nsid = 1 }]",
+            &format!(
+                "namespaces = [{{ bdev = \"Malloc0\", nsid = 1 }}]\nlisteners = [{{ traddr = \"{addr}\" }}]"
+            ),
+        );
+    assert_ne!(after, before);
+    let reload = Reload {
+        tgt: &mut tgt,
+        cfg: &cfg,
+        rpc: &mut rpc,
+    };
+    reload.closes(
+        &after,
+        "0 listener(s) added, 0 removed",
+        &mut keep,
+        &mut gone,
+    );
+    drop((gone, gc, gt));
+    let (_t, refused) = rdma_host_to(&addr, SECOND, 3);
+    let e = refused.expect_err("SECOND connected through an address it left");
+    assert!(e.contains("host not allowed"), "{e}");
+    let (ot, oc) = rdma_host_to(&own, SECOND, 4);
+    oc.expect("SECOND through its own address");
+    drop(ot);
+    assert_eq!(rpc_listeners(&mut rpc, NQN), vec![addr.clone()]);
+    assert_eq!(rpc_listeners(&mut rpc, SECOND), vec![own.clone()]);
+    write_read(&mut keep, 0).unwrap();
+    drop(rpc);
+    tgt.signal(Signal::TERM);
+    assert!(tgt.wait_exit().success());
+}
+
+/// A running target, its configuration file and its RPC client.
+struct Reload<'a> {
+    tgt: &'a mut Tgt,
+    cfg: &'a PathBuf,
+    rpc: &'a mut RpcClient,
+}
+
+impl Reload<'_> {
+    /// Writes `text` and reloads it: the report says `report`, `gone`'s
+    /// queue is closed, `keep`'s keeps serving I/O, and only `keep`'s two
+    /// queues are left.
+    fn closes<Q: pollux_nvmf::host::HostQueue>(
+        self,
+        text: &str,
+        report: &str,
+        keep: &mut pollux_nvmf::host::Qpair<Q>,
+        gone: &mut pollux_nvmf::host::Qpair<Q>,
+    ) {
+        std::fs::write(self.cfg, text).unwrap();
+        self.tgt.signal(Signal::HUP);
+        let line = self.tgt.wait_line("pollux-tgt: reload");
+        assert!(line.contains(report), "{line}");
+        assert!(
+            write_read(gone, 8).is_err(),
+            "a queue of the listener that went still serves I/O"
+        );
+        for round in 0..20 {
+            write_read(keep, 16 * round).unwrap();
+        }
+        let deadline = Instant::now() + WAIT;
+        while live_queues(self.rpc) != 2 {
+            assert!(Instant::now() < deadline, "the queues of the listener stay");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+/// `traddr` of each listener of `nqn` (`nvmf_subsystem_get_listeners`).
+fn rpc_listeners(c: &mut RpcClient, nqn: &str) -> Vec<String> {
+    c.call("nvmf_subsystem_get_listeners", Some(json!({"nqn": nqn})))
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["address"]["traddr"].as_str().unwrap().to_owned())
+        .collect()
 }

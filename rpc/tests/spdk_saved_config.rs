@@ -5,7 +5,9 @@
 //! dispatcher: the bdevs and subsystems SPDK made are there, a saved
 //! configuration loads back to the same, a changed option is refused
 //! naming the method and the parameter (nothing is left), an unknown
-//! method is refused by name (nothing is called).
+//! method is refused by name (nothing is called). The listener is the
+//! one subsystem's, as SPDK saved it: the other subsystem's host is
+//! refused through it after the round trip.
 
 #![allow(clippy::unwrap_used)] // test helpers: a failed unwrap is a failed test
 
@@ -14,6 +16,9 @@ mod common;
 use std::sync::Arc;
 
 use pollux_bdev::BdevRegistry;
+use pollux_nvmf::host::tcp::{TcpHost, TcpHostOptions};
+use pollux_nvmf::host::{Controller, CtrlOptions, HostError, HostIdentity};
+use pollux_nvmf::spec::cpl::NvmeStatus;
 use pollux_nvmf::target::{Target, TargetOptions};
 use pollux_reactor::{launch, Cores, LaunchConfig, ReactorSet};
 use pollux_rpc::bdev::BdevSubsystem;
@@ -118,6 +123,7 @@ fn spdks_saved_configuration_loads_and_saves_back_to_the_same() {
     assert_eq!(one["model_number"], "SPDK_Controller1");
     assert_eq!(one["allow_any_host"], true);
     assert_eq!(one["listen_addresses"][0]["trsvcid"], port.to_string());
+    assert_eq!(one["listen_addresses"].as_array().unwrap().len(), 1);
     assert_eq!(
         one["namespaces"][0]["nguid"],
         "08E06E8D41FC49B7A85D1135FFC257DF"
@@ -128,6 +134,11 @@ fn spdks_saved_configuration_loads_and_saves_back_to_the_same() {
     assert_eq!(two["allow_any_host"], false);
     assert_eq!(two["hosts"][0]["nqn"], "nqn.2016-06.io.spdk:host1");
     assert_eq!(two["namespaces"], json!([]));
+    assert_eq!(
+        two["listen_addresses"],
+        json!([]),
+        "the listener is cnode1's"
+    );
     let transports = rig.get("nvmf_get_transports");
     assert_eq!(transports[0]["trtype"], "TCP");
     assert_eq!(transports[0]["in_capsule_data_size"], 8192);
@@ -142,6 +153,23 @@ fn spdks_saved_configuration_loads_and_saves_back_to_the_same() {
     assert_eq!(again.get("nvmf_get_subsystems"), subs_before);
     assert_eq!(again.get("bdev_get_bdevs"), bdevs_before);
     assert_eq!(again.get("save_config"), mine);
+    // The listener is cnode1's only: cnode2's own host is refused there.
+    let t = TcpHost::new(
+        format!("127.0.0.1:{port}").parse().unwrap(),
+        TcpHostOptions::default(),
+    );
+    let who = HostIdentity {
+        hostnqn: "nqn.2016-06.io.spdk:host1".into(),
+        hostid: *b"pollux-spdk-cfg1",
+        subnqn: "nqn.2016-06.io.spdk:cnode2".into(),
+    };
+    match Controller::connect(&t, who, CtrlOptions::default()) {
+        Err(HostError::ConnectRefused { status, .. }) => {
+            assert_eq!(status, NvmeStatus::CONNECT_INVALID_HOST);
+        }
+        Err(e) => panic!("refused for another reason: {e}"),
+        Ok(_) => panic!("cnode2 took a host through cnode1's listener"),
+    }
 }
 
 #[test]

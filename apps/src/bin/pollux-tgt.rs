@@ -175,7 +175,7 @@ fn print_plan(plan: &TgtPlan, opts: &ServeOptions) {
         opts.cores,
         plan.bdevs.len(),
         plan.subsystems.len(),
-        plan.listeners.len()
+        plan.all_listeners().len()
     );
     for s in &plan.subsystems {
         println!("  subsystem {}", s.config.nqn);
@@ -183,7 +183,7 @@ fn print_plan(plan: &TgtPlan, opts: &ServeOptions) {
             println!("    namespace {}: bdev {}", n.nsid, n.bdev);
         }
     }
-    for l in &plan.listeners {
+    for l in plan.all_listeners() {
         println!("  listener {}", pollux_nvmf::target::rdma::cm_addr(&l.trid));
     }
     if let Some(i) = &plan.iscsi {

@@ -46,9 +46,12 @@
 //! max_namespaces = 1024        # [1024]
 //! max_io_queues = 127          # [127]
 //! namespaces = [{ bdev = "Null0", nsid = 1 }]   # nsid optional: lowest free
+//! listeners = [{ trtype = "tcp", traddr = "127.0.0.1", trsvcid = "4421" }]
+//!                              # this subsystem's own listeners, beside the
+//!                              # top-level ones (same keys as [[listener]]) [none]
 //!
-//! [[listener]]                 # the target listens on every listener for
-//! traddr = "@pollux-tgt"       # every subsystem; soft: @name or /path,
+//! [[listener]]                 # every subsystem of the file listens here;
+//! traddr = "@pollux-tgt"       # soft: @name or /path,
 //! trsvcid = ""                 # ibverbs: traddr = "10.99.0.1", trsvcid = "4420"
 //!
 //! [[listener]]                 # NVMe/TCP, beside RDMA
@@ -57,9 +60,13 @@
 //! trsvcid = "4420"             # port [4420]
 //! ```
 //!
-//! Listeners are target-wide (the core's [`Target::add_listener`]): each
-//! subsystem is reachable on each listener, which is why they are a
-//! top-level `[[listener]]` and not a key of `[[subsystem]]`.
+//! Listeners belong to subsystems, as in SPDK (the core's
+//! [`Target::add_subsystem_listener`]): a host connects to a subsystem only
+//! through an address that subsystem listens on. A top-level
+//! `[[listener]]` is shorthand for "every subsystem in the file listens
+//! here" (one `nvmf_subsystem_add_listener` per subsystem); a subsystem's
+//! `listeners` adds addresses only it listens on. Discovery is served on
+//! every address. Each subsystem needs at least one listener.
 //!
 //! Syntax errors, unknown keys and values of the wrong type come from
 //! `toml` (line, column, key); semantic errors (unknown bdev, bad NQN,
@@ -67,7 +74,7 @@
 //! `line L, column C: FIELD: what is wrong`, with FIELD a path such as
 //! `subsystem[0].namespaces[1].nsid`.
 //!
-//! [`Target::add_listener`]: pollux_nvmf::target::Target::add_listener
+//! [`Target::add_subsystem_listener`]: pollux_nvmf::target::Target::add_subsystem_listener
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
@@ -277,6 +284,9 @@ pub struct SubsystemSection {
     /// Namespaces.
     #[serde(default)]
     pub namespaces: Vec<Spanned<NamespaceSection>>,
+    /// This subsystem's own listeners (beside the top-level ones).
+    #[serde(default)]
+    pub listeners: Vec<Spanned<ListenerSection>>,
 }
 
 /// One namespace of a subsystem.
@@ -289,7 +299,7 @@ pub struct NamespaceSection {
     pub nsid: Option<Spanned<u32>>,
 }
 
-/// One `[[listener]]`.
+/// One `[[listener]]`, or one of a subsystem's `listeners`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ListenerSection {
@@ -357,6 +367,9 @@ pub struct SubsystemPlan {
     pub config: SubsystemConfig,
     /// Its namespaces, in file order.
     pub namespaces: Vec<NamespacePlan>,
+    /// Its own listeners (its `listeners`), in file order; it listens on
+    /// the top-level ones too ([`TgtPlan::listeners_of`]).
+    pub listeners: Vec<ListenerPlan>,
     /// The `[[subsystem]]` entry.
     pub origin: Origin,
 }
@@ -388,7 +401,7 @@ pub struct TgtPlan {
     pub bdevs: Vec<BdevPlan>,
     /// Subsystems, in order.
     pub subsystems: Vec<SubsystemPlan>,
-    /// Listeners, in order.
+    /// Top-level listeners (every subsystem listens there), in order.
     pub listeners: Vec<ListenerPlan>,
     /// Where each `[transport]` key was given, to place option errors.
     pub option_origins: Vec<(&'static str, Origin)>,
@@ -451,6 +464,24 @@ impl TgtPlan {
     pub fn parse(text: &str) -> Result<TgtPlan, AppError> {
         let file: TgtFile = toml::from_str(text).map_err(|e| AppError::Config(e.to_string()))?;
         plan(text, file)
+    }
+
+    /// Where hosts may connect to `s`: the top-level listeners, then its
+    /// own.
+    pub fn listeners_of<'a>(&'a self, s: &'a SubsystemPlan) -> Vec<&'a ListenerPlan> {
+        self.listeners.iter().chain(&s.listeners).collect()
+    }
+
+    /// Every address of the file: the top-level listeners, then each
+    /// subsystem's own, each once.
+    pub fn all_listeners(&self) -> Vec<&ListenerPlan> {
+        let mut out: Vec<&ListenerPlan> = self.listeners.iter().collect();
+        for l in self.subsystems.iter().flat_map(|s| &s.listeners) {
+            if !out.iter().any(|x| x.trid == l.trid) {
+                out.push(l);
+            }
+        }
+        out
     }
 
     /// An option error from the target core or the transport, placed at
@@ -873,109 +904,57 @@ fn plan(text: &str, file: TgtFile) -> Result<TgtPlan, AppError> {
         subsystems.push(SubsystemPlan {
             config,
             namespaces,
+            listeners: Vec::new(),
             origin,
         });
     }
 
     // Listeners (a file without subsystems needs none).
-    if file.listener.is_empty() && iscsi.is_none() && !file.subsystem.is_empty() {
+    if file.listener.is_empty()
+        && iscsi.is_none()
+        && file
+            .subsystem
+            .iter()
+            .any(|s| s.get_ref().listeners.is_empty())
+    {
         return Err(AppError::Config(
             "listener: no [[listener]]: no host could reach the target (soft provider: traddr = \"@pollux-tgt\")"
                 .into(),
         ));
     }
+    let mut parse = |l: &Spanned<ListenerSection>, field: String| {
+        listener_plan(text, l, &field, provider, &mut tcp, &target)
+    };
     let mut listeners: Vec<ListenerPlan> = Vec::with_capacity(file.listener.len());
     for (li, l) in file.listener.iter().enumerate() {
-        let origin = Origin::new(text, l.span(), format!("listener[{li}]"));
-        let l = l.get_ref();
-        let f = |k: &str| format!("listener[{li}].{k}");
-        let is_tcp = match &l.trtype {
-            None => false,
-            Some(t) if t.get_ref().eq_ignore_ascii_case("rdma") => false,
-            Some(t) if t.get_ref().eq_ignore_ascii_case("tcp") => true,
-            Some(t) => {
-                return Err(err(
-                    t.span(),
-                    &f("trtype"),
-                    format!("'{}': expected rdma or tcp", t.get_ref()),
-                ))
-            }
-        };
-        let traddr = l.traddr.get_ref().trim().to_string();
-        let svc = l.trsvcid.as_ref();
-        let ip_kind = if is_tcp {
-            tcp.get_or_insert_with(|| TcpOptions::for_target(&target));
-            ProviderKind::Ibverbs
-        } else {
-            provider
-        };
-        let (adrfam, trsvcid) = match ip_kind {
-            ProviderKind::Soft => {
-                if !(traddr.len() > 1 && (traddr.starts_with('@') || traddr.starts_with('/'))) {
-                    return Err(err(
-                        l.traddr.span(),
-                        &f("traddr"),
-                        format!("'{traddr}': the soft provider listens on an abstract socket name (@pollux-tgt) or a socket path (/run/pollux-tgt.sock)"),
-                    ));
-                }
-                if let Some(s) = svc.filter(|s| !s.get_ref().is_empty()) {
-                    return Err(err(
-                        s.span(),
-                        &f("trsvcid"),
-                        "the soft provider has no ports: leave trsvcid empty".into(),
-                    ));
-                }
-                (AdrFam::IntraHost, String::new())
-            }
-            ProviderKind::Ibverbs => {
-                let ip: IpAddr = traddr.parse().map_err(|_| {
-                    err(
-                        l.traddr.span(),
-                        &f("traddr"),
-                        format!(
-                            "'{traddr}' is not an IP address ({})",
-                            if is_tcp { "tcp" } else { "ibverbs" }
-                        ),
-                    )
-                })?;
-                let port = match svc {
-                    None => "4420".to_string(),
-                    Some(s) => {
-                        s.get_ref()
-                            .parse::<u16>()
-                            .ok()
-                            .filter(|p| *p != 0)
-                            .ok_or_else(|| {
-                                err(
-                                    s.span(),
-                                    &f("trsvcid"),
-                                    format!("'{}' is not a port number", s.get_ref()),
-                                )
-                            })?;
-                        s.get_ref().clone()
-                    }
-                };
-                let fam = if ip.is_ipv4() {
-                    AdrFam::Ipv4
-                } else {
-                    AdrFam::Ipv6
-                };
-                (fam, port)
-            }
-        };
-        let trid = TransportId {
-            trtype: if is_tcp { TrType::Tcp } else { TrType::Rdma },
-            adrfam,
-            traddr,
-            trsvcid,
-        };
-        if let Some(prev) = listeners.iter().find(|p| p.trid == trid) {
-            return Err(origin.err(format!(
+        let p = parse(l, format!("listener[{li}]"))?;
+        if let Some(prev) = listeners.iter().find(|x| x.trid == p.trid) {
+            return Err(p.origin.err(format!(
                 "the same address as listener at line {}",
                 prev.origin.line
             )));
         }
-        listeners.push(ListenerPlan { trid, origin });
+        listeners.push(p);
+    }
+    for (si, s) in file.subsystem.iter().enumerate() {
+        let mut own: Vec<ListenerPlan> = Vec::new();
+        for (li, l) in s.get_ref().listeners.iter().enumerate() {
+            let p = parse(l, format!("subsystem[{si}].listeners[{li}]"))?;
+            if let Some(prev) = listeners.iter().find(|x| x.trid == p.trid) {
+                return Err(p.origin.err(format!(
+                    "every subsystem listens there already ([[listener]] at line {})",
+                    prev.origin.line
+                )));
+            }
+            if let Some(prev) = own.iter().find(|x| x.trid == p.trid) {
+                return Err(p.origin.err(format!(
+                    "the same address as {} (line {})",
+                    prev.origin.field, prev.origin.line
+                )));
+            }
+            own.push(p);
+        }
+        subsystems[si].listeners = own;
     }
 
     if let Some(t) = tcp.as_mut() {
@@ -997,6 +976,103 @@ fn plan(text: &str, file: TgtFile) -> Result<TgtPlan, AppError> {
     };
     plan.check_options()?;
     Ok(plan)
+}
+
+/// One listener entry (a `[[listener]]` or one of a subsystem's
+/// `listeners`, at `field`), checked; a TCP one turns the TCP transport on.
+fn listener_plan(
+    text: &str,
+    entry: &Spanned<ListenerSection>,
+    field: &str,
+    provider: ProviderKind,
+    tcp: &mut Option<TcpOptions>,
+    target: &TargetOptions,
+) -> Result<ListenerPlan, AppError> {
+    let err = |span: Range<usize>, field: &str, msg: String| at(text, span, field, msg);
+    let origin = Origin::new(text, entry.span(), field.to_owned());
+    let l = entry.get_ref();
+    let f = |k: &str| format!("{field}.{k}");
+    let is_tcp = match &l.trtype {
+        None => false,
+        Some(t) if t.get_ref().eq_ignore_ascii_case("rdma") => false,
+        Some(t) if t.get_ref().eq_ignore_ascii_case("tcp") => true,
+        Some(t) => {
+            return Err(err(
+                t.span(),
+                &f("trtype"),
+                format!("'{}': expected rdma or tcp", t.get_ref()),
+            ))
+        }
+    };
+    let traddr = l.traddr.get_ref().trim().to_string();
+    let svc = l.trsvcid.as_ref();
+    let ip_kind = if is_tcp {
+        tcp.get_or_insert_with(|| TcpOptions::for_target(target));
+        ProviderKind::Ibverbs
+    } else {
+        provider
+    };
+    let (adrfam, trsvcid) = match ip_kind {
+        ProviderKind::Soft => {
+            if !(traddr.len() > 1 && (traddr.starts_with('@') || traddr.starts_with('/'))) {
+                return Err(err(
+                    l.traddr.span(),
+                    &f("traddr"),
+                    format!("'{traddr}': the soft provider listens on an abstract socket name (@pollux-tgt) or a socket path (/run/pollux-tgt.sock)"),
+                ));
+            }
+            if let Some(s) = svc.filter(|s| !s.get_ref().is_empty()) {
+                return Err(err(
+                    s.span(),
+                    &f("trsvcid"),
+                    "the soft provider has no ports: leave trsvcid empty".into(),
+                ));
+            }
+            (AdrFam::IntraHost, String::new())
+        }
+        ProviderKind::Ibverbs => {
+            let ip: IpAddr = traddr.parse().map_err(|_| {
+                err(
+                    l.traddr.span(),
+                    &f("traddr"),
+                    format!(
+                        "'{traddr}' is not an IP address ({})",
+                        if is_tcp { "tcp" } else { "ibverbs" }
+                    ),
+                )
+            })?;
+            let port = match svc {
+                None => "4420".to_string(),
+                Some(s) => {
+                    s.get_ref()
+                        .parse::<u16>()
+                        .ok()
+                        .filter(|p| *p != 0)
+                        .ok_or_else(|| {
+                            err(
+                                s.span(),
+                                &f("trsvcid"),
+                                format!("'{}' is not a port number", s.get_ref()),
+                            )
+                        })?;
+                    s.get_ref().clone()
+                }
+            };
+            let fam = if ip.is_ipv4() {
+                AdrFam::Ipv4
+            } else {
+                AdrFam::Ipv6
+            };
+            (fam, port)
+        }
+    };
+    let trid = TransportId {
+        trtype: if is_tcp { TrType::Tcp } else { TrType::Rdma },
+        adrfam,
+        traddr,
+        trsvcid,
+    };
+    Ok(ListenerPlan { trid, origin })
 }
 
 impl TgtPlan {

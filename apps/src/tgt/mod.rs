@@ -66,7 +66,9 @@ use std::time::{Duration, Instant};
 use pollux_bdev::BdevRegistry;
 use pollux_nvmf::target::rdma::{cm_addr, RdmaTransport};
 use pollux_nvmf::target::tcp::TcpTransport;
-use pollux_nvmf::target::{CtrlCounterSnapshot, NamespaceConfig, Target, TransportPollGroup};
+use pollux_nvmf::target::{
+    CtrlCounterSnapshot, NamespaceConfig, Target, TransportPollGroup, DISCOVERY_NQN,
+};
 use pollux_reactor::{launch, CoreId, Cores, IdleMode, LaunchConfig, ReactorSet, ReactorStats};
 use pollux_verbs::Provider;
 
@@ -144,10 +146,19 @@ pub fn build<P: Provider>(plan: &TgtPlan) -> Result<Built<P>, AppError> {
                 .map_err(|e| n.origin.err(e))?;
         }
     }
+    // The discovery subsystem listens on the top-level listeners (so
+    // they open with no subsystem too), each subsystem on its own and them.
     for l in &plan.listeners {
         target
-            .add_listener(l.trid.clone())
+            .add_subsystem_listener(DISCOVERY_NQN, l.trid.clone())
             .map_err(|e| l.origin.err(e))?;
+    }
+    for s in &plan.subsystems {
+        for l in plan.listeners_of(s) {
+            target
+                .add_subsystem_listener(&s.config.nqn, l.trid.clone())
+                .map_err(|e| l.origin.err(e))?;
+        }
     }
     let iscsi = match &plan.iscsi {
         Some(p) => Some(iscsi::build::<P>(p, &registry)?),
@@ -227,8 +238,9 @@ impl pollux_rpc::nvmf::CoreGroups for TgtGroups {
         &self,
         _r: &pollux_reactor::Reactor,
         trid: &pollux_nvmf::spec::transport_id::TransportId,
+        subnqn: Option<&str>,
     ) -> usize {
-        GROUPS.with(|g| pollux_rpc::nvmf::disconnect_from(g, trid))
+        GROUPS.with(|g| pollux_rpc::nvmf::disconnect_from(g, trid, subnqn))
     }
 
     fn apply_listeners(&self, _r: &pollux_reactor::Reactor) -> Result<(), String> {
@@ -341,8 +353,8 @@ fn run<P: Provider>(
             Ok(Err(msg)) => {
                 // A listener that cannot bind names its address: place it.
                 let l = plan
-                    .listeners
-                    .iter()
+                    .all_listeners()
+                    .into_iter()
                     .find(|l| msg.contains(&cm_addr(&l.trid).to_string()));
                 return Err(match l {
                     Some(l) => l.origin.err(msg),
@@ -356,10 +368,10 @@ fn run<P: Provider>(
     let listening: usize = ask_all(set, |g| g.iter().map(|g| g.listeners()).sum::<usize>())?
         .into_iter()
         .sum();
-    if listening != plan.listeners.len() {
+    let want = plan.all_listeners().len();
+    if listening != want {
         return Err(AppError::Setup(format!(
-            "{listening} of {} listener(s) open",
-            plan.listeners.len()
+            "{listening} of {want} listener(s) open"
         )));
     }
     if let (Some(p), Some(i)) = (&plan.iscsi, &built.iscsi) {
@@ -584,6 +596,9 @@ fn banner<P: Provider>(
             l.trid.adrfam
         )?;
         for s in &plan.subsystems {
+            if !plan.listeners_of(s).iter().any(|x| x.trid == l.trid) {
+                continue;
+            }
             writeln!(
                 out,
                 "    host: -r '{}'",

@@ -11,10 +11,14 @@
 //! are deleted (refused while hosts are connected to them); in running
 //! subsystems, `allow_any_host` and the host list follow the file,
 //! namespaces that are new are added, namespaces gone are removed and a
-//! namespace whose bdev changed is replaced; listeners new in the file
-//! open for every subsystem (the transport is created by
-//! `nvmf_create_transport` when none of its type runs), listeners gone
-//! close. A namespace change raises a Namespace Attribute Changed event on
+//! namespace whose bdev changed is replaced; each subsystem's listeners
+//! (the top-level `[[listener]]`s and its own `listeners`; the discovery
+//! subsystem's are the top-level ones) follow the file: a listener new for
+//! a subsystem is added to it (the transport is created by
+//! `nvmf_create_transport` when none of its type runs), a listener gone
+//! from it is removed, which disconnects only that subsystem's queues
+//! that came in through the address (the address closes when no
+//! subsystem uses it any more). A namespace change raises a Namespace Attribute Changed event on
 //! the subsystem's controllers (an outstanding AER completes; the
 //! changed-namespace log page lists the NSIDs), so hosts see it without
 //! reconnecting. What needs a restart (transport options, cores, iSCSI)
@@ -28,12 +32,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use pollux_nvmf::spec::transport_id::{TrType, TransportId};
+use pollux_nvmf::target::DISCOVERY_NQN;
 use pollux_rpc::nvmf::{describe_trid, trtype_name};
 use pollux_rpc::{ConfigEntry, RpcService};
 use pollux_verbs::Provider;
 use serde_json::{json, Value};
 
-use super::config::Origin;
+use super::config::{ListenerPlan, Origin};
 use super::{Built, TgtPlan};
 use crate::AppError;
 
@@ -183,7 +188,7 @@ pub fn apply<P: Provider>(
         })
         .unwrap_or_default();
     let mut want_types = BTreeSet::new();
-    for l in &plan.listeners {
+    for l in plan.all_listeners() {
         let name = trtype_name(l.trid.trtype);
         if !have_types.contains(name) && want_types.insert(name) {
             let mut params = json!({ "trtype": name });
@@ -204,12 +209,27 @@ pub fn apply<P: Provider>(
         .map(|s| s.nqn().to_owned())
         .collect();
     let open: Vec<TransportId> = target.listeners().into_iter().map(|l| l.trid).collect();
-    let new_listeners: Vec<_> = plan
-        .listeners
+    let all = plan.all_listeners();
+    rep.listeners_added = all
         .iter()
         .filter(|l| !open.contains(&l.trid))
+        .map(|l| address(&l.trid))
         .collect();
-    rep.listeners_added = new_listeners.iter().map(|l| address(&l.trid)).collect();
+    rep.listeners_removed = open
+        .iter()
+        .filter(|t| !all.iter().any(|l| &l.trid == *t))
+        .map(address)
+        .collect();
+    // The discovery subsystem listens on the top-level listeners.
+    let disc: Vec<&ListenerPlan> = plan.listeners.iter().collect();
+    listener_steps(
+        DISCOVERY_NQN,
+        &disc,
+        &target.discovery_subsystem().listeners(),
+        &whole,
+        &mut adds,
+        &mut removes,
+    );
 
     for s in &plan.subsystems {
         let c = &s.config;
@@ -237,14 +257,14 @@ pub fn apply<P: Provider>(
                     Note::None,
                 ));
             }
-            for l in &plan.listeners {
-                adds.push(step(
-                    "nvmf_subsystem_add_listener",
-                    json!({"nqn": nqn, "listen_address": describe_trid(&l.trid)}),
-                    &l.origin,
-                    Note::None,
-                ));
-            }
+            listener_steps(
+                nqn,
+                &plan.listeners_of(s),
+                &[],
+                &whole,
+                &mut adds,
+                &mut removes,
+            );
             for n in &s.namespaces {
                 adds.push(step(
                     "nvmf_subsystem_add_ns",
@@ -282,15 +302,14 @@ pub fn apply<P: Provider>(
                 Note::Host(format!("-{h} on {nqn}")),
             ));
         }
-        // New listeners open for running subsystems too.
-        for l in &new_listeners {
-            adds.push(step(
-                "nvmf_subsystem_add_listener",
-                json!({"nqn": nqn, "listen_address": describe_trid(&l.trid)}),
-                &l.origin,
-                Note::None,
-            ));
-        }
+        listener_steps(
+            nqn,
+            &plan.listeners_of(s),
+            &sub.listeners(),
+            &whole,
+            &mut adds,
+            &mut removes,
+        );
         // Namespaces: removed or backed by another bdev now, then added.
         let want_ns: BTreeMap<u32, &str> = s
             .namespaces
@@ -329,28 +348,6 @@ pub fn apply<P: Provider>(
                 adds.push(st);
             }
         }
-    }
-    // Listeners gone from the file close for every subsystem.
-    for t in open
-        .iter()
-        .filter(|t| !plan.listeners.iter().any(|l| &l.trid == *t))
-    {
-        for nqn in &running {
-            let on = svc
-                .call("nvmf_subsystem_get_listeners", Some(json!({"nqn": nqn})))
-                .ok()
-                .and_then(|v| v.as_array().cloned())
-                .is_some_and(|a| a.iter().any(|x| x["address"] == describe_trid(t)));
-            if on {
-                removes.push(step(
-                    "nvmf_subsystem_remove_listener",
-                    json!({"nqn": nqn, "listen_address": describe_trid(t)}),
-                    &whole,
-                    Note::None,
-                ));
-            }
-        }
-        rep.listeners_removed.push(address(t));
     }
     // Subsystems gone from the file.
     for nqn in &running {
@@ -406,6 +403,35 @@ pub fn apply<P: Provider>(
     }
     rep.bdevs_created = created;
     Ok(rep)
+}
+
+/// The calls that make subsystem `nqn` listen on `want` when it listens
+/// on `have`: additions for what is new, removals for what is gone (at
+/// `whole`, the file: a removed listener has no line).
+fn listener_steps(
+    nqn: &str,
+    want: &[&ListenerPlan],
+    have: &[TransportId],
+    whole: &Origin,
+    adds: &mut Vec<Step>,
+    removes: &mut Vec<Step>,
+) {
+    for l in want.iter().filter(|l| !have.contains(&l.trid)) {
+        adds.push(step(
+            "nvmf_subsystem_add_listener",
+            json!({"nqn": nqn, "listen_address": describe_trid(&l.trid)}),
+            &l.origin,
+            Note::None,
+        ));
+    }
+    for t in have.iter().filter(|t| !want.iter().any(|l| &l.trid == *t)) {
+        removes.push(step(
+            "nvmf_subsystem_remove_listener",
+            json!({"nqn": nqn, "listen_address": describe_trid(t)}),
+            whole,
+            Note::None,
+        ));
+    }
 }
 
 fn note(rep: &mut ReloadReport, n: Note) {

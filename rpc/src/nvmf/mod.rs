@@ -32,21 +32,28 @@
 //!
 //! # Listeners
 //!
-//! Pollux's target listens target-wide (every subsystem is reachable on
-//! every listener, as its discovery log says). The provider keeps SPDK's
-//! per-subsystem view on top: `nvmf_subsystem_add_listener` opens the
-//! address on the target when no subsystem had it, records it for the
-//! subsystem (every core's poll groups open what they own before the
-//! reply: [`TransportPollGroup::apply_listeners`]), and
-//! `nvmf_subsystem_remove_listener` closes it when the last
-//! subsystem lets it go; then every core disconnects the queues that came
-//! in through it, and no other queue, before the reply goes out (each
-//! transport's poll group knows the listener of each of its queues:
-//! [`TransportPollGroup::disconnect_listener`]; the queues then drain and
-//! give their resources back as after a host that hung up). SIGHUP
-//! reloads add and remove listeners through these same methods. Queues of
-//! a subsystem that lets go of an address another subsystem still lists
-//! stay connected (the address stays open target-wide).
+//! A listener belongs to a subsystem, as in SPDK (the target core keeps
+//! them: [`Target::add_subsystem_listener`]): a host connects to a
+//! subsystem only through an address that subsystem listens on (a Connect
+//! through another is refused, Connect Invalid Host), and the discovery
+//! log lists each subsystem at its own listeners. The transport listens
+//! on an address while any subsystem uses it: `nvmf_subsystem_add_listener`
+//! opens it when no subsystem had it (every core's poll groups open what
+//! they own before the reply: [`TransportPollGroup::apply_listeners`]);
+//! `nvmf_subsystem_remove_listener` disconnects, on every core and before
+//! the reply, the queues of that subsystem that came in through the
+//! address and no other (each transport's poll group knows the listener
+//! and subsystem of each of its queues:
+//! [`TransportPollGroup::disconnect_listener`]; the queues drain and give
+//! their resources back as after a host that hung up), and closes the
+//! address when no subsystem uses it any more (then every queue still on
+//! it goes). `nvmf_delete_subsystem` lets go of the subsystem's listeners
+//! the same way. The discovery subsystem
+//! (`nqn.2014-08.org.nvmexpress.discovery`) takes listeners too: an
+//! address only it listens on serves discovery and nothing else (discovery
+//! is served on every address the target listens on, as SPDK still
+//! allows). SIGHUP reloads add and remove listeners through these same
+//! methods.
 //!
 //! # Differences from SPDK, by design
 //!
@@ -104,9 +111,10 @@ pub trait CoreGroups: Send + Sync + 'static {
     fn release(&self, r: &Reactor, transport: &'static str);
     /// This core's live queues per transport name.
     fn connections(&self, r: &Reactor) -> Vec<(&'static str, usize)>;
-    /// Disconnect this core's queues that came in through the (closed)
-    /// listener `trid`; returns how many.
-    fn disconnect_listener(&self, r: &Reactor, trid: &TransportId) -> usize;
+    /// Disconnect this core's queues that came in through the listener
+    /// `trid` and are connected to subsystem `subnqn` (`None`: every
+    /// queue of `trid`, which closed); returns how many.
+    fn disconnect_listener(&self, r: &Reactor, trid: &TransportId, subnqn: Option<&str>) -> usize;
     /// Have this core's groups open and close their listeners now
     /// ([`TransportPollGroup::apply_listeners`]).
     ///
@@ -138,15 +146,17 @@ pub fn release_groups(list: &RefCell<Vec<Rc<dyn TransportPollGroup>>>, transport
     gone.iter().for_each(|g| g.shutdown());
 }
 
-/// Disconnects a core's queues of the listener `trid` (for
-/// [`CoreGroups::disconnect_listener`] implementations).
+/// Disconnects a core's queues of the listener `trid` (of subsystem
+/// `subnqn` only, when given; for [`CoreGroups::disconnect_listener`]
+/// implementations).
 pub fn disconnect_from(
     list: &RefCell<Vec<Rc<dyn TransportPollGroup>>>,
     trid: &TransportId,
+    subnqn: Option<&str>,
 ) -> usize {
     list.borrow()
         .iter()
-        .map(|g| g.disconnect_listener(trid))
+        .map(|g| g.disconnect_listener(trid, subnqn))
         .sum()
 }
 
@@ -186,8 +196,8 @@ impl CoreGroups for LocalGroups {
         LOCAL_GROUPS.with(group_connections)
     }
 
-    fn disconnect_listener(&self, _r: &Reactor, trid: &TransportId) -> usize {
-        LOCAL_GROUPS.with(|g| disconnect_from(g, trid))
+    fn disconnect_listener(&self, _r: &Reactor, trid: &TransportId, subnqn: Option<&str>) -> usize {
+        LOCAL_GROUPS.with(|g| disconnect_from(g, trid, subnqn))
     }
 
     fn apply_listeners(&self, _r: &Reactor) -> Result<(), String> {
@@ -199,8 +209,6 @@ impl CoreGroups for LocalGroups {
 struct NvmfState {
     /// `nvmf_get_transports` entries by SPDK trtype name (`RDMA`, `TCP`).
     transports: BTreeMap<&'static str, Value>,
-    /// Listen addresses per subsystem NQN, in the order added.
-    listeners: BTreeMap<String, Vec<TransportId>>,
     /// `nvmf_set_max_subsystems`.
     max_subsystems: options::MaxSubsystems,
     /// `sock_impl_set_options` of `posix`: the next TCP transport's
@@ -336,10 +344,10 @@ fn check_tgt(name: Option<&str>) -> Result<(), RpcError> {
 impl NvmfSubsystem {
     /// The subsystem over `target`, whose namespaces take their bdevs from
     /// `registry`; transports made at run time keep their per-core groups
-    /// in `groups`. What the target already holds (subsystems and
+    /// in `groups`. What the target already holds (subsystems and their
     /// listeners from a TOML file, transports the application added) is
-    /// taken as made by calls: every subsystem on every listener, and the
-    /// transports that have a listener.
+    /// taken as made by calls: the transports that have a listener count
+    /// as created.
     pub fn new(
         target: Arc<Target>,
         registry: Arc<BdevRegistry>,
@@ -355,9 +363,6 @@ impl NvmfSubsystem {
             let mut st = me.lock();
             let listeners: Vec<TransportId> =
                 me.target.listeners().into_iter().map(|l| l.trid).collect();
-            for s in me.target.subsystems() {
-                st.listeners.insert(s.nqn().to_owned(), listeners.clone());
-            }
             for l in &listeners {
                 let name = trtype_name(l.trtype);
                 if !st.transports.contains_key(name) {
@@ -633,7 +638,7 @@ impl NvmfSubsystem {
             .unwrap_or(DEFAULT_MAX_NAMESPACES);
         let (lo, hi) = cfg.cntlid_range;
         cfg.cntlid_range = (req.min_cntlid.unwrap_or(lo), req.max_cntlid.unwrap_or(hi));
-        let mut st = self.lock();
+        let st = self.lock();
         if self.target.subsystem(&req.nqn).is_some() {
             return Err(RpcError::internal(format!(
                 "Unable to create subsystem {}: it exists",
@@ -651,7 +656,6 @@ impl NvmfSubsystem {
             TargetError::InvalidOption(why) => invalid(why),
             other => RpcError::internal(format!("Unable to create subsystem {}: {other}", req.nqn)),
         })?;
-        st.listeners.insert(req.nqn.clone(), Vec::new());
         drop(st);
         self.settle(svc)?;
         Ok(Value::Bool(true))
@@ -660,64 +664,76 @@ impl NvmfSubsystem {
     fn delete_subsystem(&self, svc: &RpcService, p: Option<Value>) -> Result<Value, RpcError> {
         let req: SubsystemRef = decode(p)?;
         check_tgt(req.tgt_name.as_deref())?;
-        let mut st = self.lock();
+        let st = self.lock();
         self.subsystem(&req.nqn)?;
-        self.target
+        let closed = self
+            .target
             .remove_subsystem(&req.nqn)
             .map_err(target_error)?;
-        let gone = st.listeners.remove(&req.nqn).unwrap_or_default();
-        for trid in gone {
-            self.release_listener(svc, &st, &trid);
+        for trid in closed {
+            self.disconnect(svc, &trid, None);
         }
         drop(st);
         self.settle(svc)?;
         Ok(Value::Bool(true))
     }
 
-    /// Closes `trid` on the target when no subsystem lists it any more,
-    /// and disconnects the queues that came in through it on every core.
-    fn release_listener(&self, svc: &RpcService, st: &NvmfState, trid: &TransportId) {
-        if st.listeners.values().any(|l| l.contains(trid)) {
-            return;
-        }
-        if let Err(e) = self.target.remove_listener(trid) {
-            log::warn!("nvmf: closing listener {trid}: {e}");
-            return;
-        }
+    /// Disconnects, on every core, the queues that came in through `trid`
+    /// and are connected to `subnqn` (`None`: every queue of `trid`, which
+    /// closed).
+    fn disconnect(&self, svc: &RpcService, trid: &TransportId, subnqn: Option<&str>) {
         let groups = Arc::clone(&self.groups);
         let t = trid.clone();
+        let nqn = subnqn.map(str::to_owned);
         match svc
             .cores()
-            .on_each_core(move |r| groups.disconnect_listener(r, &t))
+            .on_each_core(move |r| groups.disconnect_listener(r, &t, nqn.as_deref()))
         {
             Ok(n) => {
                 let n: usize = n.iter().map(|(_, k)| k).sum();
                 if n > 0 {
-                    log::info!("nvmf: listener {trid} closed: {n} queue(s) disconnected");
+                    log::info!(
+                        "nvmf: listener {trid} of {}: {n} queue(s) disconnected",
+                        subnqn.unwrap_or("every subsystem")
+                    );
                 }
             }
             Err(e) => log::warn!("nvmf: disconnecting the queues of {trid}: {e}"),
         }
     }
 
-    fn describe_subsystem(&self, st: &NvmfState, s: &NvmfSubsys) -> Value {
+    /// The subsystem `nqn` whose listeners a call changes or lists: an NVM
+    /// subsystem or the discovery subsystem.
+    fn listening_subsystem(&self, nqn: &str) -> Result<Arc<NvmfSubsys>, RpcError> {
+        self.target
+            .subsystem(nqn)
+            .ok_or_else(|| invalid(format!("Subsystem with NQN '{nqn}' not found")))
+    }
+
+    /// `listen_addresses` of `s`, SPDK's shape.
+    fn listen_addresses(&self, s: &NvmfSubsys) -> Value {
+        Value::Array(
+            self.target
+                .listeners_of(s)
+                .iter()
+                .map(|l| describe_trid(&l.trid))
+                .collect(),
+        )
+    }
+
+    fn describe_subsystem(&self, s: &NvmfSubsys) -> Value {
         let mut v = Map::new();
         v.insert("nqn".into(), json!(s.nqn()));
         if s.is_discovery() {
             v.insert("subtype".into(), json!("Discovery"));
-            v.insert("listen_addresses".into(), json!([]));
+            v.insert("listen_addresses".into(), self.listen_addresses(s));
             v.insert("allow_any_host".into(), json!(true));
             v.insert("hosts".into(), json!([]));
             return Value::Object(v);
         }
-        let listeners: Vec<Value> = st
-            .listeners
-            .get(s.nqn())
-            .map(|l| l.iter().map(describe_trid).collect())
-            .unwrap_or_default();
         let (lo, hi) = s.cntlid_range();
         v.insert("subtype".into(), json!("NVMe"));
-        v.insert("listen_addresses".into(), Value::Array(listeners));
+        v.insert("listen_addresses".into(), self.listen_addresses(s));
         v.insert("allow_any_host".into(), json!(s.allows_any_host()));
         v.insert(
             "hosts".into(),
@@ -752,17 +768,14 @@ impl NvmfSubsystem {
         if req.trtype.is_some() {
             return Err(invalid("nvmf_get_subsystems takes no trtype"));
         }
-        let st = self.lock();
+        let _st = self.lock();
         if let Some(nqn) = &req.nqn {
-            let s = self
-                .target
-                .subsystem(nqn)
-                .ok_or_else(|| invalid(format!("Subsystem with NQN '{nqn}' not found")))?;
-            return Ok(json!([self.describe_subsystem(&st, &s)]));
+            let s = self.listening_subsystem(nqn)?;
+            return Ok(json!([self.describe_subsystem(&s)]));
         }
-        let mut out = vec![self.describe_subsystem(&st, self.target.discovery_subsystem())];
+        let mut out = vec![self.describe_subsystem(self.target.discovery_subsystem())];
         for s in self.target.subsystems() {
-            out.push(self.describe_subsystem(&st, &s));
+            out.push(self.describe_subsystem(&s));
         }
         Ok(Value::Array(out))
     }
@@ -861,12 +874,13 @@ impl NvmfSubsystem {
             ));
         }
         let trid = parse_trid(&req.listen_address)?;
-        let mut st = self.lock();
-        self.subsystem(&req.nqn)?;
-        if st
-            .listeners
-            .get(&req.nqn)
-            .is_some_and(|l| l.contains(&trid))
+        let st = self.lock();
+        let sub = self.listening_subsystem(&req.nqn)?;
+        if self
+            .target
+            .listeners_of(&sub)
+            .iter()
+            .any(|l| l.trid == trid)
         {
             return Err(invalid(format!(
                 "Listener {trid} already exists for {}",
@@ -874,16 +888,16 @@ impl NvmfSubsystem {
             )));
         }
         let open = self.target.listeners().iter().any(|l| l.trid == trid);
+        if !open && !st.transports.contains_key(trtype_name(trid.trtype)) {
+            return Err(invalid(format!(
+                "Unable to find {} transport (nvmf_create_transport first)",
+                trtype_name(trid.trtype)
+            )));
+        }
+        self.target
+            .add_subsystem_listener(&req.nqn, trid.clone())
+            .map_err(|e| invalid(format!("Unable to listen on {trid}: {e}")))?;
         if !open {
-            if !st.transports.contains_key(trtype_name(trid.trtype)) {
-                return Err(invalid(format!(
-                    "Unable to find {} transport (nvmf_create_transport first)",
-                    trtype_name(trid.trtype)
-                )));
-            }
-            self.target
-                .add_listener(trid.clone())
-                .map_err(|e| invalid(format!("Unable to listen on {trid}: {e}")))?;
             // Opened on its core before the answer (all or nothing).
             let groups = Arc::clone(&self.groups);
             let failed = match svc.cores().on_each_core(move |r| groups.apply_listeners(r)) {
@@ -893,13 +907,12 @@ impl NvmfSubsystem {
                 Err(e) => Some(e.to_string()),
             };
             if let Some(why) = failed {
-                if let Err(e) = self.target.remove_listener(&trid) {
+                if let Err(e) = self.target.remove_subsystem_listener(&req.nqn, &trid) {
                     log::warn!("nvmf: undoing listener {trid}: {e}");
                 }
                 return Err(invalid(format!("Unable to listen on {trid}: {why}")));
             }
         }
-        st.listeners.entry(req.nqn.clone()).or_default().push(trid);
         drop(st);
         self.settle(svc)?;
         Ok(Value::Bool(true))
@@ -909,17 +922,30 @@ impl NvmfSubsystem {
         let req: ListenerParams = decode(p)?;
         check_tgt(req.tgt_name.as_deref())?;
         let trid = parse_trid(&req.listen_address)?;
-        let mut st = self.lock();
-        self.subsystem(&req.nqn)?;
-        let list = st.listeners.entry(req.nqn.clone()).or_default();
-        let Some(i) = list.iter().position(|t| t == &trid) else {
+        let st = self.lock();
+        let sub = self.listening_subsystem(&req.nqn)?;
+        if !sub.listens_on(&trid) {
+            let why = if self
+                .target
+                .listeners_of(&sub)
+                .iter()
+                .any(|l| l.trid == trid)
+            {
+                " (the application's target-wide listener)"
+            } else {
+                ""
+            };
             return Err(invalid(format!(
-                "Unable to find listener {trid} of {}",
+                "Unable to find listener {trid} of {}{why}",
                 req.nqn
             )));
-        };
-        list.remove(i);
-        self.release_listener(svc, &st, &trid);
+        }
+        let closed = self
+            .target
+            .remove_subsystem_listener(&req.nqn, &trid)
+            .map_err(|e| invalid(e.to_string()))?;
+        let only = if closed { None } else { Some(req.nqn.as_str()) };
+        self.disconnect(svc, &trid, only);
         drop(st);
         self.settle(svc)?;
         Ok(Value::Bool(true))
@@ -1020,17 +1046,14 @@ impl NvmfSubsystem {
     fn get_listeners(&self, p: Option<Value>) -> Result<Value, RpcError> {
         let req: SubsystemRef = decode(p)?;
         check_tgt(req.tgt_name.as_deref())?;
-        let st = self.lock();
-        self.subsystem(&req.nqn)?;
+        let _st = self.lock();
+        let sub = self.listening_subsystem(&req.nqn)?;
         Ok(Value::Array(
-            st.listeners
-                .get(&req.nqn)
-                .map(|l| {
-                    l.iter()
-                        .map(|t| json!({"address": describe_trid(t), "ana_state": "optimized"}))
-                        .collect()
-                })
-                .unwrap_or_default(),
+            self.target
+                .listeners_of(&sub)
+                .iter()
+                .map(|l| json!({"address": describe_trid(&l.trid), "ana_state": "optimized"}))
+                .collect(),
         ))
     }
 
@@ -1073,6 +1096,14 @@ impl NvmfSubsystem {
                 .values()
                 .map(|d| ConfigEntry::new("nvmf_create_transport", d.clone())),
         );
+        let add_listener = |nqn: &str, t: &TransportId| {
+            ConfigEntry::new(
+                "nvmf_subsystem_add_listener",
+                json!({"nqn": nqn, "listen_address": describe_trid(t)}),
+            )
+        };
+        let disc = self.target.discovery_subsystem();
+        out.extend(disc.listeners().iter().map(|t| add_listener(disc.nqn(), t)));
         for s in self.target.subsystems() {
             let (lo, hi) = s.cntlid_range();
             out.push(ConfigEntry::new(
@@ -1087,11 +1118,8 @@ impl NvmfSubsystem {
                     "max_cntlid": hi,
                 }),
             ));
-            for t in st.listeners.get(s.nqn()).into_iter().flatten() {
-                out.push(ConfigEntry::new(
-                    "nvmf_subsystem_add_listener",
-                    json!({"nqn": s.nqn(), "listen_address": describe_trid(t)}),
-                ));
+            for l in self.target.listeners_of(&s) {
+                out.push(add_listener(s.nqn(), &l.trid));
             }
             for h in s.hosts() {
                 out.push(ConfigEntry::new(

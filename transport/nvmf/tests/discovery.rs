@@ -18,28 +18,7 @@ use pollux_nvmf::spec::log_page::{
     SUBTYPE_NVME,
 };
 use pollux_nvmf::spec::transport_id::{AdrFam, TrType, TransportId};
-use pollux_nvmf::target::{SubsystemConfig, TargetTransport, TransportError, DISCOVERY_NQN};
-
-/// A transport that only lists RDMA listeners (no connections).
-struct ListOnlyRdma;
-
-impl TargetTransport for ListOnlyRdma {
-    fn name(&self) -> &'static str {
-        "rdma-stub"
-    }
-    fn trtype(&self) -> TrType {
-        TrType::Rdma
-    }
-    fn listen(&self, _trid: &TransportId) -> Result<(), TransportError> {
-        Ok(())
-    }
-    fn stop_listen(&self, _trid: &TransportId) -> Result<(), TransportError> {
-        Ok(())
-    }
-    fn rdma_tsas(&self, _trid: &TransportId) -> Option<RdmaTsas> {
-        Some(RdmaTsas::rc_cm())
-    }
-}
+use pollux_nvmf::target::{SubsystemConfig, DISCOVERY_NQN};
 
 fn read_log(fx: &Fx, q: &mut HostQueue, lpo: u64, len: u64, rae: bool) -> Vec<u8> {
     let cmd = GetLogPageCmd::to_cmd(lid::DISCOVERY, 0, len, lpo, rae, 0).unwrap();

@@ -4,6 +4,8 @@
 //! an RDMA transport relies on.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::sync::Arc;
 
 use pollux_bdev::BdevRegistry;
@@ -95,6 +97,11 @@ fn setup() -> Setup {
     let cluster = TestCluster::new(1);
     let target = Target::new(TargetOptions::for_tests()).unwrap();
     let s = target.add_subsystem(SubsystemConfig::new(NQN)).unwrap();
+    // The subsystem listens where the queues say they came in.
+    target
+        .add_transport(Arc::new(common::ListOnlyRdma))
+        .unwrap();
+    target.add_subsystem_listener(NQN, listener()).unwrap();
     let reg = BdevRegistry::new();
     let b = reg.create("malloc:size=64K,block=512,name=c0").unwrap();
     s.add_namespace(NamespaceConfig::new(b)).unwrap();
@@ -105,11 +112,15 @@ fn setup() -> Setup {
     }
 }
 
+fn listener() -> TransportId {
+    TransportId::rdma_ipv4("10.0.0.1", "4420")
+}
+
 fn new_qp(s: &Setup, depth: u16) -> QueuePair {
     let params = QpairParams {
         depth,
         in_capsule_data_size: 0,
-        listener: TransportId::rdma_ipv4("10.0.0.1", "4420"),
+        listener: listener(),
         qid: Some(0),
     };
     QueuePair::new(&s.target, &s.cluster.reactor(0), params).unwrap()

@@ -16,9 +16,11 @@ use super::subsystem::DISCOVERY_NQN;
 ///
 /// Order (as the Linux target): the current discovery subsystem at the
 /// listener the host came through, then each NVM subsystem the host may
-/// access, once per listener.
+/// access, once per listener of that subsystem
+/// ([`Target::listeners_of`]: its own, then the target-wide ones).
 pub(crate) fn build_log(target: &Target, hostnqn: &str, current: Option<&TransportId>) -> Vec<u8> {
-    let (listeners, transports) = target.listeners_and_transports();
+    let listeners = target.listeners();
+    let transports = target.transports();
     let tsas = |trid: &TransportId| {
         transports
             .iter()
@@ -49,7 +51,7 @@ pub(crate) fn build_log(target: &Target, hostnqn: &str, current: Option<&Transpo
         if !s.host_allowed(hostnqn) {
             continue;
         }
-        for l in &listeners {
+        for l in &target.listeners_of(&s) {
             entries.push(entry(SUBTYPE_NVME, s.nqn(), l));
         }
     }

@@ -107,6 +107,18 @@ impl QueuePair {
                 invalid_param_dw0(data_off::HOSTNQN as u16, true),
             );
         }
+        // SPDK (lib/nvmf/ctrlr.c, nvmf_ctrlr_cmd_connect): a subsystem that
+        // does not listen where the queue came in refuses it with SCT 1
+        // SC 0x84, Connect Invalid Host.
+        if !self.target.listener_allowed(&subsys, &self.params.listener) {
+            log::debug!(
+                "nvmf: subsystem {} does not allow host {} to connect at {}",
+                data.subnqn,
+                data.hostnqn,
+                self.params.listener
+            );
+            return (NvmeStatus::CONNECT_INVALID_HOST, 0);
+        }
         let ctrl = if cc.qid == 0 {
             if data.cntlid != CNTLID_DYNAMIC {
                 return bad_data(data_off::CNTLID);

@@ -284,6 +284,23 @@ impl QueuePair {
         &self.params.listener
     }
 
+    /// Whether this queue came in through the listener `trid` and, when
+    /// `subnqn` is given, is connected to that subsystem (a queue not
+    /// connected yet belongs to none): which queues a listener's removal
+    /// disconnects ([`TransportPollGroup::disconnect_listener`](super::TransportPollGroup::disconnect_listener)).
+    pub fn came_through(&self, trid: &TransportId, subnqn: Option<&str>) -> bool {
+        if &self.params.listener != trid {
+            return false;
+        }
+        match subnqn {
+            None => true,
+            Some(nqn) => self
+                .ctrlr
+                .as_ref()
+                .is_some_and(|c| c.subsystem().nqn() == nqn),
+        }
+    }
+
     /// Whether a Connect succeeded on this queue.
     pub fn is_connected(&self) -> bool {
         self.ctrlr.is_some()

@@ -21,6 +21,7 @@ use super::error::TargetError;
 use super::health::HealthCounters;
 use crate::spec::connect::is_valid_nqn;
 use crate::spec::features::{AsyncEvent, AEN_DISCOVERY_CHANGE};
+use crate::spec::transport_id::TransportId;
 
 /// The well-known discovery subsystem NQN.
 pub const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
@@ -212,6 +213,10 @@ struct SubsysState {
     hosts: BTreeSet<String>,
     ctrlrs: BTreeMap<u16, Arc<Controller>>,
     next_cntlid: u16,
+    /// The addresses hosts may connect to this subsystem through, in the
+    /// order added (the [`Target`](super::Target) keeps them, with the
+    /// transports' listening, under its own lock).
+    listeners: Vec<TransportId>,
 }
 
 /// An NVM (or the discovery) subsystem.
@@ -281,6 +286,7 @@ impl Subsystem {
                 hosts: cfg.hosts.into_iter().collect(),
                 ctrlrs: BTreeMap::new(),
                 next_cntlid: lo,
+                listeners: Vec::new(),
             }),
             disc,
             counters: CtrlCounters::default(),
@@ -479,6 +485,39 @@ impl Subsystem {
         }
         let st = self.lock();
         st.allow_any_host || st.hosts.contains(hostnqn)
+    }
+
+    /// The addresses this subsystem listens on, in the order added
+    /// ([`Target::add_subsystem_listener`](super::Target::add_subsystem_listener));
+    /// the target's own listeners
+    /// ([`Target::add_listener`](super::Target::add_listener)) are not
+    /// among them.
+    pub fn listeners(&self) -> Vec<TransportId> {
+        self.lock().listeners.clone()
+    }
+
+    /// Whether this subsystem listens on `trid` (its own listeners only).
+    pub fn listens_on(&self, trid: &TransportId) -> bool {
+        self.lock().listeners.contains(trid)
+    }
+
+    /// Record `trid` as a listener (the target checked it is new and
+    /// listens there).
+    pub(crate) fn insert_listener(&self, trid: TransportId) {
+        self.lock().listeners.push(trid);
+    }
+
+    /// Forget the listener `trid`; `false` when it was none.
+    pub(crate) fn take_listener(&self, trid: &TransportId) -> bool {
+        let mut st = self.lock();
+        let before = st.listeners.len();
+        st.listeners.retain(|t| t != trid);
+        st.listeners.len() != before
+    }
+
+    /// Forget every listener; returns them.
+    pub(crate) fn take_listeners(&self) -> Vec<TransportId> {
+        std::mem::take(&mut self.lock().listeners)
     }
 
     /// Live controllers.

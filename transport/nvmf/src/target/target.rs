@@ -117,12 +117,84 @@ pub struct Listener {
     pub portid: u16,
 }
 
+/// An address a transport listens on, and how many users it has (each
+/// subsystem listening there, and the target-wide listener there).
+#[derive(Debug, Clone)]
+struct Port {
+    listener: Listener,
+    users: usize,
+}
+
 #[derive(Default)]
 struct TargetState {
     subsystems: Vec<Arc<Subsystem>>,
-    listeners: Vec<Listener>,
+    /// The addresses the transports listen on (refcounted).
+    ports: Vec<Port>,
+    /// Target-wide listeners ([`Target::add_listener`]): every subsystem
+    /// listens there.
+    wide: Vec<TransportId>,
     transports: Vec<Arc<dyn TargetTransport>>,
     next_portid: u16,
+}
+
+impl TargetState {
+    /// Take one more use of `trid`: the transport of its type starts
+    /// listening there on the first. Returns the port id.
+    fn open_port(&mut self, trid: &TransportId) -> Result<u16, TargetError> {
+        if let Some(p) = self.ports.iter_mut().find(|p| &p.listener.trid == trid) {
+            p.users += 1;
+            return Ok(p.listener.portid);
+        }
+        let t = self
+            .transports
+            .iter()
+            .find(|t| t.trtype() == trid.trtype)
+            .ok_or(TargetError::NoTransport(trid.trtype))?;
+        t.listen(trid)?;
+        let portid = self.next_portid;
+        self.next_portid = self.next_portid.wrapping_add(1).max(1);
+        self.ports.push(Port {
+            listener: Listener {
+                trid: trid.clone(),
+                portid,
+            },
+            users: 1,
+        });
+        Ok(portid)
+    }
+
+    /// Give back one use of `trid`: the transport stops listening there
+    /// with the last. Returns whether it did.
+    fn close_port(&mut self, trid: &TransportId) -> bool {
+        let Some(i) = self.ports.iter().position(|p| &p.listener.trid == trid) else {
+            return false;
+        };
+        self.ports[i].users -= 1;
+        if self.ports[i].users > 0 {
+            return false;
+        }
+        self.ports.remove(i);
+        if let Some(t) = self.transports.iter().find(|t| t.trtype() == trid.trtype) {
+            if let Err(e) = t.stop_listen(trid) {
+                log::warn!("nvmf: closing listener {trid}: {e}");
+            }
+        }
+        true
+    }
+
+    fn find(&self, nqn: &str, discovery: &Arc<Subsystem>) -> Option<Arc<Subsystem>> {
+        if nqn == DISCOVERY_NQN {
+            return Some(Arc::clone(discovery));
+        }
+        self.subsystems.iter().find(|s| s.nqn() == nqn).cloned()
+    }
+
+    fn portid(&self, trid: &TransportId) -> Option<u16> {
+        self.ports
+            .iter()
+            .find(|p| &p.listener.trid == trid)
+            .map(|p| p.listener.portid)
+    }
 }
 
 /// Size of a per-request slot buffer ([`TargetOptions::num_slot_buffers`]).
@@ -240,8 +312,8 @@ impl Target {
     /// naming a listener of that type.
     pub fn remove_transport(&self, trtype: TrType) -> Result<(), TargetError> {
         let mut st = self.lock();
-        if let Some(l) = st.listeners.iter().find(|l| l.trid.trtype == trtype) {
-            return Err(TargetError::ListenerExists(l.trid.clone()));
+        if let Some(p) = st.ports.iter().find(|p| p.listener.trid.trtype == trtype) {
+            return Err(TargetError::ListenerExists(p.listener.trid.clone()));
         }
         let i = st
             .transports
@@ -252,7 +324,12 @@ impl Target {
         Ok(())
     }
 
-    /// Listen at `trid` through the transport of its type; returns the port id.
+    /// A target-wide listener: every subsystem (the discovery subsystem
+    /// included, those added later too) listens at `trid`, as if each had
+    /// [`add_subsystem_listener`](Self::add_subsystem_listener) there.
+    /// The shorthand of an application or a test with one address; the
+    /// management plane (SPDK's calls, `pollux-tgt`'s configuration) gives
+    /// each subsystem its own. Returns the port id.
     ///
     /// # Errors
     ///
@@ -260,48 +337,134 @@ impl Target {
     /// transport's error.
     pub fn add_listener(&self, trid: TransportId) -> Result<u16, TargetError> {
         let mut st = self.lock();
-        if st.listeners.iter().any(|l| l.trid == trid) {
+        if st.wide.contains(&trid) {
             return Err(TargetError::ListenerExists(trid));
         }
-        let t = st
-            .transports
-            .iter()
-            .find(|t| t.trtype() == trid.trtype)
-            .cloned()
-            .ok_or(TargetError::NoTransport(trid.trtype))?;
-        t.listen(&trid)?;
-        let portid = st.next_portid;
-        st.next_portid = st.next_portid.wrapping_add(1).max(1);
-        st.listeners.push(Listener { trid, portid });
+        let portid = st.open_port(&trid)?;
+        st.wide.push(trid);
         drop(st);
         self.disc.bump();
         Ok(portid)
     }
 
-    /// Stop listening at `trid`.
+    /// Remove the target-wide listener `trid`
+    /// ([`add_listener`](Self::add_listener)); the transport stops
+    /// listening there unless a subsystem still does.
     ///
     /// # Errors
     ///
-    /// [`TargetError::NoSuchListener`] or the transport's error.
+    /// [`TargetError::NoSuchListener`].
     pub fn remove_listener(&self, trid: &TransportId) -> Result<(), TargetError> {
         let mut st = self.lock();
         let i = st
-            .listeners
+            .wide
             .iter()
-            .position(|l| &l.trid == trid)
+            .position(|t| t == trid)
             .ok_or_else(|| TargetError::NoSuchListener(trid.clone()))?;
-        if let Some(t) = st.transports.iter().find(|t| t.trtype() == trid.trtype) {
-            t.stop_listen(trid)?;
-        }
-        st.listeners.remove(i);
+        st.wide.remove(i);
+        st.close_port(trid);
         drop(st);
         self.disc.bump();
         Ok(())
     }
 
-    /// The listeners.
+    /// Let hosts connect to subsystem `nqn` (the discovery subsystem's
+    /// NQN included) through `trid` (SPDK's `nvmf_subsystem_add_listener`):
+    /// the transport of its type starts listening there when no other
+    /// subsystem did. All or nothing: on an error nothing changed.
+    /// Returns the port id.
+    ///
+    /// # Errors
+    ///
+    /// [`TargetError::NoSuchSubsystem`], [`TargetError::ListenerExists`]
+    /// (the subsystem listens there already, itself or target-wide),
+    /// [`TargetError::NoTransport`], or the transport's error (an address
+    /// it cannot listen on).
+    pub fn add_subsystem_listener(&self, nqn: &str, trid: TransportId) -> Result<u16, TargetError> {
+        let mut st = self.lock();
+        let sub = st
+            .find(nqn, &self.discovery)
+            .ok_or_else(|| TargetError::NoSuchSubsystem(nqn.to_owned()))?;
+        if sub.listens_on(&trid) || st.wide.contains(&trid) {
+            return Err(TargetError::ListenerExists(trid));
+        }
+        let portid = st.open_port(&trid)?;
+        sub.insert_listener(trid);
+        drop(st);
+        self.disc.bump();
+        Ok(portid)
+    }
+
+    /// Stop letting hosts connect to subsystem `nqn` through `trid`; the
+    /// transport stops listening there when no other subsystem (and no
+    /// target-wide listener) uses it. Returns whether it stopped. Queues
+    /// are the caller's: disconnect the subsystem's queues that came in
+    /// through `trid` ([`TransportPollGroup::disconnect_listener`](super::TransportPollGroup::disconnect_listener)),
+    /// every queue of `trid` when it stopped.
+    ///
+    /// # Errors
+    ///
+    /// [`TargetError::NoSuchSubsystem`] or [`TargetError::NoSuchListener`].
+    pub fn remove_subsystem_listener(
+        &self,
+        nqn: &str,
+        trid: &TransportId,
+    ) -> Result<bool, TargetError> {
+        let mut st = self.lock();
+        let sub = st
+            .find(nqn, &self.discovery)
+            .ok_or_else(|| TargetError::NoSuchSubsystem(nqn.to_owned()))?;
+        if !sub.take_listener(trid) {
+            return Err(TargetError::NoSuchListener(trid.clone()));
+        }
+        let closed = st.close_port(trid);
+        drop(st);
+        self.disc.bump();
+        Ok(closed)
+    }
+
+    /// The addresses the transports listen on (each used by a subsystem
+    /// or target-wide), with their port ids.
     pub fn listeners(&self) -> Vec<Listener> {
-        self.lock().listeners.clone()
+        self.lock()
+            .ports
+            .iter()
+            .map(|p| p.listener.clone())
+            .collect()
+    }
+
+    /// Where hosts may connect to `sub`: its own listeners, then the
+    /// target-wide ones, with their port ids (what its discovery log
+    /// entries and `listen_addresses` show).
+    pub fn listeners_of(&self, sub: &Subsystem) -> Vec<Listener> {
+        let own = sub.listeners();
+        let st = self.lock();
+        own.iter()
+            .chain(st.wide.iter().filter(|t| !own.contains(t)))
+            .filter_map(|t| {
+                st.portid(t).map(|portid| Listener {
+                    trid: t.clone(),
+                    portid,
+                })
+            })
+            .collect()
+    }
+
+    /// Whether a host may connect to `sub` through `trid` (checked at
+    /// every Connect): an NVM subsystem only through its own listeners and
+    /// the target-wide ones; the discovery subsystem through any address
+    /// the target listens on (as SPDK, which still allows it on listeners
+    /// not added to it).
+    pub fn listener_allowed(&self, sub: &Subsystem, trid: &TransportId) -> bool {
+        if !sub.is_discovery() && sub.listens_on(trid) {
+            return true;
+        }
+        let st = self.lock();
+        if sub.is_discovery() {
+            st.portid(trid).is_some()
+        } else {
+            st.wide.contains(trid)
+        }
     }
 
     /// The transport of `trid`'s type.
@@ -333,12 +496,15 @@ impl Target {
         Ok(s)
     }
 
-    /// Remove a subsystem that has no controllers.
+    /// Remove a subsystem that has no controllers, with its listeners:
+    /// returns the addresses the transports stopped listening on (no
+    /// other subsystem used them), whose queues are the caller's to
+    /// disconnect.
     ///
     /// # Errors
     ///
     /// [`TargetError::NoSuchSubsystem`] or [`TargetError::SubsystemInUse`].
-    pub fn remove_subsystem(&self, nqn: &str) -> Result<(), TargetError> {
+    pub fn remove_subsystem(&self, nqn: &str) -> Result<Vec<TransportId>, TargetError> {
         let mut st = self.lock();
         let i = st
             .subsystems
@@ -352,10 +518,15 @@ impl Target {
                 controllers: n,
             });
         }
-        st.subsystems.remove(i);
+        let sub = st.subsystems.remove(i);
+        let closed = sub
+            .take_listeners()
+            .into_iter()
+            .filter(|t| st.close_port(t))
+            .collect();
         drop(st);
         self.disc.bump();
-        Ok(())
+        Ok(closed)
     }
 
     /// The subsystem `nqn` (the discovery subsystem included).
@@ -439,13 +610,6 @@ impl Target {
             total.add(&t.stats());
         }
         total
-    }
-
-    pub(crate) fn listeners_and_transports(
-        &self,
-    ) -> (Vec<Listener>, Vec<Arc<dyn TargetTransport>>) {
-        let st = self.lock();
-        (st.listeners.clone(), st.transports.clone())
     }
 
     /// This core's target context (created on first use).

@@ -176,13 +176,15 @@ pub trait TransportPollGroup {
     }
 
     /// Disconnect this core's queues that came in through the listener at
-    /// `trid` (it was closed: [`TargetTransport::stop_listen`] ran first,
-    /// so no new queue arrives through it), and no other; returns how
-    /// many. Each queue is torn down as by a host that hung up (its
-    /// transfers drain, then its resources go back) from the group's
-    /// poller; the host sees its connection close. A queue's listener is
-    /// [`QueuePair::listener`](super::QueuePair::listener).
-    fn disconnect_listener(&self, trid: &TransportId) -> usize;
+    /// `trid` and, when `subnqn` is given, are connected to that subsystem
+    /// (it stopped listening there while others still do); `None`: every
+    /// queue of the listener (it was closed: [`TargetTransport::stop_listen`]
+    /// ran first, so no new queue arrives through it). No other queue is
+    /// touched; returns how many. Each queue is torn down as by a host
+    /// that hung up (its transfers drain, then its resources go back) from
+    /// the group's poller; the host sees its connection close. Which
+    /// queues match: [`QueuePair::came_through`](super::QueuePair::came_through).
+    fn disconnect_listener(&self, trid: &TransportId, subnqn: Option<&str>) -> usize;
 }
 
 /// Connection counters every transport keeps.

@@ -10,10 +10,12 @@ use pollux_nvmf::loopback_host::{Completed, HostData, HostQueue, LoopbackHost};
 use pollux_nvmf::spec::cmd::{IoOpcode, NvmeCmd};
 use pollux_nvmf::spec::cpl::NvmeStatus;
 use pollux_nvmf::spec::identify::IdentifyCmd;
+use pollux_nvmf::spec::log_page::RdmaTsas;
 use pollux_nvmf::spec::nvm::RwCmd;
-use pollux_nvmf::spec::transport_id::TransportId;
+use pollux_nvmf::spec::transport_id::{TrType, TransportId};
 use pollux_nvmf::target::{
     LoopbackTransport, NamespaceConfig, Subsystem, SubsystemConfig, Target, TargetOptions,
+    TargetTransport, TransportError,
 };
 use pollux_reactor::TestCluster;
 
@@ -112,6 +114,27 @@ impl Fx {
     pub fn read(&self, q: &mut HostQueue, nsid: u32, slba: u64, nlb: u32) -> Completed {
         let cmd = RwCmd::to_cmd(IoOpcode::Read, 0, nsid, slba, nlb).unwrap();
         self.exec(q, cmd, HostData::Read(nlb * BLOCK))
+    }
+}
+
+/// A transport that only lists RDMA listeners (no connections).
+pub struct ListOnlyRdma;
+
+impl TargetTransport for ListOnlyRdma {
+    fn name(&self) -> &'static str {
+        "rdma-stub"
+    }
+    fn trtype(&self) -> TrType {
+        TrType::Rdma
+    }
+    fn listen(&self, _trid: &TransportId) -> Result<(), TransportError> {
+        Ok(())
+    }
+    fn stop_listen(&self, _trid: &TransportId) -> Result<(), TransportError> {
+        Ok(())
+    }
+    fn rdma_tsas(&self, _trid: &TransportId) -> Option<RdmaTsas> {
+        Some(RdmaTsas::rc_cm())
     }
 }
 

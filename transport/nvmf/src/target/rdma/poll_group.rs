@@ -321,10 +321,12 @@ impl<P: Provider> RdmaPollGroup<P> {
     }
 
     /// Start closing the queues that came in through the listener `trid`
-    /// (a CM disconnect, as [`shutdown`](Self::shutdown) does for all);
+    /// (of subsystem `subnqn` only, when given: see
+    /// [`QueuePair::came_through`](crate::target::QueuePair::came_through))
+    /// with a CM disconnect, as [`shutdown`](Self::shutdown) does for all;
     /// the next polls destroy them and return their receive buffers,
     /// requests and seats. Returns how many.
-    pub fn disconnect_listener(&self, trid: &TransportId) -> usize {
+    pub fn disconnect_listener(&self, trid: &TransportId, subnqn: Option<&str>) -> usize {
         let Ok(mut s) = self.state.try_borrow_mut() else {
             return 0;
         };
@@ -332,7 +334,11 @@ impl<P: Provider> RdmaPollGroup<P> {
             .conns
             .iter()
             .enumerate()
-            .filter_map(|(i, c)| c.as_ref().filter(|c| c.core.listener() == trid).map(|_| i))
+            .filter_map(|(i, c)| {
+                c.as_ref()
+                    .filter(|c| c.core.came_through(trid, subnqn))
+                    .map(|_| i)
+            })
             .collect();
         for &i in &hit {
             s.begin_close(i);

@@ -250,8 +250,8 @@ impl<P: Provider> TransportPollGroup for RdmaPollGroup<P> {
         RdmaPollGroup::shutdown(self);
     }
 
-    fn disconnect_listener(&self, trid: &TransportId) -> usize {
-        RdmaPollGroup::disconnect_listener(self, trid)
+    fn disconnect_listener(&self, trid: &TransportId, subnqn: Option<&str>) -> usize {
+        RdmaPollGroup::disconnect_listener(self, trid, subnqn)
     }
 
     fn apply_listeners(&self) -> Result<(), TransportError> {

@@ -160,10 +160,14 @@ impl TransportPollGroup for TcpPollGroup {
         }
     }
 
-    fn disconnect_listener(&self, trid: &TransportId) -> usize {
+    fn disconnect_listener(&self, trid: &TransportId, subnqn: Option<&str>) -> usize {
         let mut st = self.state.borrow_mut();
         let mut n = 0;
-        for c in st.conns.iter_mut().filter(|c| c.queue().listener() == trid) {
+        for c in st
+            .conns
+            .iter_mut()
+            .filter(|c| c.queue().came_through(trid, subnqn))
+        {
             c.shut_down();
             n += 1;
         }
