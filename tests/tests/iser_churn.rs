@@ -17,14 +17,13 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use common::churn::{env_or, Sample, SLACK};
-use common::iser::{iscsi_target, unique_addr, Cluster, SPINS};
+use common::iser::{iscsi_target, unique_addr, Cluster};
+use common::iser_io;
 use pollux_bdev::BdevRegistry;
-use pollux_iser::initiator::scsi::{parse_read_capacity16, read_capacity16_cdb};
-use pollux_iser::initiator::{DataDir, InitiatorOptions, IserInitiator, SessionState, TaskResult};
+use pollux_iser::initiator::{IserInitiator, SessionState};
 use pollux_iser::target::iser::IserOptions;
 use pollux_reactor::mem::{DmaBuf, SgList};
 use pollux_verbs::soft::Soft;
@@ -76,72 +75,17 @@ fn fixture(opts: IserOptions) -> Cluster {
 /// Log in to `target_name` (a session of its own: a fresh ISID) and read
 /// LUN 0's capacity: the session, or why it failed.
 fn login(c: &Cluster, target_name: &str) -> Result<IserInitiator<Soft>, String> {
-    static ISID: AtomicU32 = AtomicU32::new(1);
-    let mut o = InitiatorOptions::new(&c.addr, INI, target_name);
-    o.queue_depth = 8;
-    let n = ISID.fetch_add(1, Ordering::Relaxed).to_be_bytes();
-    o.isid = [0x80, 0, n[0], n[1], n[2], n[3]];
-    let mut ini = IserInitiator::<Soft>::connect(o).map_err(|e| e.to_string())?;
-    let mut ready = false;
-    for _ in 0..SPINS {
+    iser_io::login(&c.addr, INI, target_name, &mut || {
         c.cl.poll_once_all();
-        ini.poll(&mut |_| {});
-        match ini.state() {
-            SessionState::Ready => {
-                ready = true;
-                break;
-            }
-            SessionState::Failed(e) => return Err(e.to_string()),
-            _ => {}
-        }
-    }
-    if !ready {
-        return Err("login did not finish".into());
-    }
-    let bufs = SgList::from_buf(DmaBuf::alloc(32).map_err(|e| e.to_string())?);
-    ini.submit(0, &read_capacity16_cdb(), DataDir::Read, Some(bufs), 32, 9)
-        .map_err(|e| format!("{e:?}"))?;
-    let r = wait(c, &mut ini);
-    let d = r.bufs.and_then(|mut b| b.pop()).ok_or("no capacity data")?;
-    let g = parse_read_capacity16(d.as_slice()).ok_or("bad capacity data")?;
-    ini.set_geometry(0, g);
-    Ok(ini)
-}
-
-fn wait(c: &Cluster, ini: &mut IserInitiator<Soft>) -> TaskResult {
-    let mut out = None;
-    for _ in 0..SPINS {
-        c.cl.poll_once_all();
-        ini.poll(&mut |r| out = Some(r));
-        if let Some(r) = out.take() {
-            return r;
-        }
-        if let SessionState::Failed(e) = ini.state() {
-            panic!("session failed: {e}");
-        }
-    }
-    panic!("a task did not finish");
-}
-
-fn pattern(seed: u64) -> Vec<u8> {
-    (0..4096u64)
-        .map(|i| (i.wrapping_mul(29) ^ seed) as u8)
-        .collect()
+    })
 }
 
 /// Write 4 KiB at `lba`, read it back, compare.
 fn verified_io(c: &Cluster, ini: &mut IserInitiator<Soft>, lba: u64, seed: u64) {
-    let data = pattern(seed);
-    let mut b = DmaBuf::alloc(4096).unwrap();
-    b.as_mut_slice().copy_from_slice(&data);
-    ini.write(0, lba, 8, SgList::from_buf(b), 1).unwrap();
-    let w = wait(c, ini);
-    assert!(w.is_good(), "write: {:?}", w.sense);
-    ini.read(0, lba, 8, SgList::from_buf(DmaBuf::alloc(4096).unwrap()), 2)
-        .unwrap();
-    let r = wait(c, ini);
-    assert!(r.is_good(), "read: {:?}", r.sense);
-    assert_eq!(r.bufs.unwrap().pop().unwrap().as_slice(), &data[..]);
+    iser_io::verified_io(ini, lba, seed, &mut || {
+        c.cl.poll_once_all();
+    })
+    .unwrap_or_else(|e| panic!("verified I/O: {e}"));
 }
 
 /// Poll until the target serves no connection and has every task buffer
