@@ -3,7 +3,9 @@
 # (clean, dropped, stalled keep-alive, SIGKILLed host with I/O in flight,
 # refused for an unknown subsystem or beyond the granted queues) against an
 # NVMe-oF target process over the software RDMA provider (rdma) and over
-# NVMe/TCP on loopback (tcp), and the same churn of iSER sessions (iser).
+# NVMe/TCP on loopback (tcp), and the same churn of iSER sessions (iser;
+# also initiators that stop answering, dropped by the target's NOP-In ping,
+# and connections refused beyond the connection limit).
 # Prints each test's samples as CSV (cycle, the target's descriptors,
 # mappings and RSS, ...) and fails, as the CI runs do, when one grows
 # beyond its bound after the warm-up.

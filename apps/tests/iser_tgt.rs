@@ -13,7 +13,7 @@ use common::iser::{connect, logout, one, read_capacity, ISCSI_OPTIONS};
 use common::{tmp, Tgt, WAIT};
 
 use std::process::Command;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use pollux_apps::tgt::TgtPlan;
 use pollux_iser::initiator::{IserInitiator, PiPolicy};
@@ -135,6 +135,28 @@ fn iscsi_config_errors_name_the_line_and_field() {
         &["iscsi.options.first_burst", "max_burst"],
     );
     bad("queue_depth = 16", "bogus = 1", &["bogus"]);
+    bad(
+        "queue_depth = 16",
+        "nop_in_interval = 61",
+        &["line 21", "iscsi.options.nop_in_interval", "0..=60"],
+    );
+    bad(
+        "queue_depth = 16",
+        "nop_timeout = 0",
+        &["line 21", "iscsi.options.nop_timeout", "1..=3600"],
+    );
+    assert_eq!(i.iser.nop_in_interval, Duration::from_secs(30));
+    assert_eq!(i.iser.nop_timeout, Duration::from_secs(60));
+    let p = TgtPlan::parse(&config("@x").replace(
+        "queue_depth = 16",
+        "queue_depth = 16\nnop_in_interval = 5\nnop_timeout = 7",
+    ))
+    .unwrap();
+    let o = &p.iscsi.as_ref().unwrap().iser;
+    assert_eq!(
+        (o.nop_in_interval, o.nop_timeout),
+        (Duration::from_secs(5), Duration::from_secs(7))
+    );
     bad(
         "allowed_initiators = []",
         "allowed_initiators = [\"bob\"]",

@@ -82,6 +82,7 @@ fn wait_per_core(path: &PathBuf, want: &[&[u64]]) {
             if let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) {
                 let got = &v["iscsi_connections_per_core"];
                 if want.iter().any(|w| *got == serde_json::json!(w)) {
+                    assert_eq!(v["iscsi_nop_timeouts"], 0, "{v}");
                     return;
                 }
                 last = v;

@@ -1,7 +1,7 @@
-//! Connection churn against an NVMe-oF target process, over the soft RDMA
-//! provider and over NVMe/TCP on loopback: whichever way a host goes, the
-//! target gives back everything its queues took (descriptors, mappings,
-//! memory).
+//! Connection churn against a target process, NVMe-oF over the soft RDMA
+//! provider and over NVMe/TCP on loopback (and, for the storm, iSCSI over
+//! iSER): whichever way a host goes, the target gives back everything its
+//! queues took (descriptors, mappings, memory).
 //!
 //! - `soak_connect_io_disconnect_returns_everything` (RDMA) and
 //!   `tcp_soak_connect_io_disconnect_returns_everything`:
@@ -17,10 +17,14 @@
 //!   line; after the warm-up, a sample above the warm-up's highest plus
 //!   the stated slack ([`SLACK`]) fails the test. `scripts/soak.sh` runs
 //!   them long.
-//! - `storm_of_256_hosts_then_all_killed`: 256 hosts in 8 processes connect
-//!   at once to a target limited to 384 queues (some are refused cleanly),
-//!   then all 8 processes are SIGKILLed at once; the target then serves the
-//!   next host normally and is back to its descriptors and mappings.
+//! - `storm_of_256_hosts_then_all_killed` (RDMA),
+//!   `tcp_storm_of_256_hosts_then_all_killed` and
+//!   `iser_storm_of_256_initiators_then_all_killed` (iSCSI over iSER on
+//!   the soft provider): 256 hosts in 8 processes connect at once to a
+//!   target that serves at most 192 of them (384 NVMe-oF queues, or 192
+//!   iSER connections; the others are refused cleanly), then all 8
+//!   processes are SIGKILLed at once; the target then serves the next host
+//!   normally and is back to its descriptors and mappings.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -28,10 +32,11 @@ mod common;
 use std::time::Duration;
 
 use common::churn::{
-    env_or, run_host_child, serve_target_child, sigkill, start_host_child, End, HeldHost, Hosts,
-    Sample, TargetProc, SLACK,
+    env_or, run_host_child, serve_target_child, sigkill, start_host_child, End, HeldHost, HostSide,
+    Hosts, Sample, TargetProc, SLACK,
 };
 use common::churn_fabric::{ChurnHost, Fabric};
+use common::churn_iser::IserHosts;
 use pollux_nvmf::host::rdma::RdmaHost;
 use pollux_nvmf::host::tcp::TcpHost;
 use pollux_verbs::soft::Soft;
@@ -214,21 +219,36 @@ fn soak<H: ChurnHost>(fabric: Fabric) {
 
 #[test]
 fn storm_of_256_hosts_then_all_killed() {
+    storm::<Hosts<RdmaHost<Soft>>>(Fabric::Rdma);
+}
+
+#[test]
+fn tcp_storm_of_256_hosts_then_all_killed() {
+    storm::<Hosts<TcpHost>>(Fabric::Tcp);
+}
+
+#[test]
+fn iser_storm_of_256_initiators_then_all_killed() {
+    storm::<IserHosts>(Fabric::Iser);
+}
+
+/// The storm over `fabric` (hosts `S`): 256 hosts in 8 processes connect
+/// at once to a target that serves at most 192 of them, then all 8
+/// processes are SIGKILLed; the next host is served and the target is
+/// back to its descriptors and mappings.
+fn storm<S: HostSide>(fabric: Fabric) {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     const PROCS: usize = 8;
     const PER_PROC: usize = 32;
     // Connecting from a thread spins; 2 per process keeps a small machine
     // able to run the target.
     const THREADS: usize = 2;
-    const MAX_QPAIRS: usize = 384;
-    let mut tgt = TargetProc::start("child_target", Fabric::Rdma, "storm", MAX_QPAIRS);
+    const SERVED: usize = 192;
+    let limit = SERVED * fabric.queues_per_host();
+    let mut tgt = TargetProc::start("child_target", fabric, "storm", limit);
     let cl = pollux_reactor::TestCluster::new(1);
     // One host first: warm the target's pools and caches.
-    cl.on(0, |r| {
-        Hosts::<RdmaHost<Soft>>::new()
-            .cycle(r, &tgt.addr, 1, End::Clean)
-            .unwrap();
-    });
+    cl.on(0, |r| S::new_side().clean_cycle(r, &tgt.addr, 1).unwrap());
     tgt.wait_idle(NOTICE);
     let before = tgt.sample();
     // All 8 processes connect at once (their 32 threads each).
@@ -237,7 +257,7 @@ fn storm_of_256_hosts_then_all_killed() {
         .map(|_| {
             let a = addr.clone();
             std::thread::spawn(move || {
-                start_host_child("child_host", Fabric::Rdma, &a, PER_PROC, THREADS, false)
+                start_host_child("child_host", fabric, &a, PER_PROC, THREADS, false)
             })
         })
         .collect();
@@ -246,7 +266,8 @@ fn storm_of_256_hosts_then_all_killed() {
     let during = tgt.counts();
     let peak = tgt.sample();
     println!(
-        "storm: {connected} of {} hosts connected, target served {} queues (limit {MAX_QPAIRS}), {} rejected; fds {} -> {}, maps {} -> {}",
+        "storm: {} {connected} of {} hosts connected, target served {} queues (limit {limit}), {} rejected; fds {} -> {}, maps {} -> {}",
+        fabric.name(),
         PROCS * PER_PROC,
         during.live,
         during.rejected,
@@ -255,10 +276,10 @@ fn storm_of_256_hosts_then_all_killed() {
         before.maps,
         peak.maps
     );
-    assert!(during.live <= MAX_QPAIRS, "{during:?}");
+    assert!(during.live <= limit, "{during:?}");
     assert!(
-        connected >= MAX_QPAIRS / 2 - PROCS,
-        "only {connected} hosts connected under a limit of {MAX_QPAIRS} queues"
+        connected >= SERVED - PROCS,
+        "only {connected} hosts connected under a limit of {limit} queues"
     );
     assert!(
         connected < PROCS * PER_PROC && during.rejected > 0,
@@ -272,16 +293,18 @@ fn storm_of_256_hosts_then_all_killed() {
     let after_kill = tgt.wait_idle(NOTICE);
     assert_eq!(after_kill.accepted, after_kill.destroyed, "{after_kill:?}");
     // The next host is served normally.
-    cl.on(0, |r| {
-        Hosts::<RdmaHost<Soft>>::new()
-            .cycle(r, &tgt.addr, 2, End::Clean)
-            .unwrap();
-    });
+    cl.on(0, |r| S::new_side().clean_cycle(r, &tgt.addr, 2).unwrap());
     tgt.wait_idle(NOTICE);
     let after = tgt.sample();
     println!(
-        "storm: after: fds {} maps {} rss {} KiB (before: {} {} {} KiB)",
-        after.fds, after.maps, after.rss_kib, before.fds, before.maps, before.rss_kib
+        "storm: {} after: fds {} maps {} rss {} KiB (before: {} {} {} KiB)",
+        fabric.name(),
+        after.fds,
+        after.maps,
+        after.rss_kib,
+        before.fds,
+        before.maps,
+        before.rss_kib
     );
     assert!(
         after.fds <= before.fds + SLACK.fds,

@@ -1,6 +1,9 @@
 //! iSER connection churn in one process over the soft provider: sessions
-//! log in, write and read back, and go (logout, dropped without a word, or
-//! killed mid-I/O), with refused logins mixed in; every
+//! log in, write and read back, and go (logout, dropped without a word,
+//! killed mid-I/O, or stopped: alive but silent, until the target's NOP-In
+//! ping goes unanswered and it drops them), with logins refused for an
+//! unknown node and connections refused beyond `max_connections` mixed in;
+//! every
 //! `POLLUX_SOAK_SAMPLE_EVERY` (50) cycles, with no session left, the process's descriptors, mappings and
 //! RSS must stay within the stated slack of the warm-up's highest, and the
 //! target's task buffers must all be back. Also: the transport's
@@ -14,13 +17,13 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
 
 use common::churn::{env_or, Sample, SLACK};
-use common::iser::{iscsi_target, unique_addr, Cluster, SPINS};
+use common::iser::{iscsi_target, unique_addr, Cluster};
+use common::iser_io;
 use pollux_bdev::BdevRegistry;
-use pollux_iser::initiator::scsi::{parse_read_capacity16, read_capacity16_cdb};
-use pollux_iser::initiator::{DataDir, InitiatorOptions, IserInitiator, SessionState, TaskResult};
+use pollux_iser::initiator::{IserInitiator, SessionState};
 use pollux_iser::target::iser::IserOptions;
 use pollux_reactor::mem::{DmaBuf, SgList};
 use pollux_verbs::soft::Soft;
@@ -30,6 +33,35 @@ const INI: &str = "iqn.2024-01.io.pollux:iser-churn-host";
 /// Samples of the warm-up: the first 4 (200 cycles at the default
 /// `POLLUX_SOAK_SAMPLE_EVERY` of 50).
 const WARMUP_SAMPLES: u64 = 4;
+/// The churn target's `nop_in_interval` and `nop_timeout` (the clock is
+/// the test cluster's manual one: it moves only when a cycle moves it).
+const NOP: Duration = Duration::from_secs(1);
+/// The churn target's `max_connections`.
+const MAX_CONNECTIONS: usize = 4;
+/// Cluster polls that let a ping and its answer cross.
+const ROUNDS: usize = 200;
+
+/// What cycle `n` of the churn does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Logout,
+    Killed,
+    Dropped,
+    Refused,
+    Stopped,
+    OverLimit,
+}
+
+fn kind(n: u64) -> Kind {
+    match n % 10 {
+        1 => Kind::OverLimit,
+        3 => Kind::Refused,
+        5 => Kind::Killed,
+        7 => Kind::Dropped,
+        9 => Kind::Stopped,
+        _ => Kind::Logout,
+    }
+}
 
 fn fixture(opts: IserOptions) -> Cluster {
     let lun = BdevRegistry::new()
@@ -43,72 +75,17 @@ fn fixture(opts: IserOptions) -> Cluster {
 /// Log in to `target_name` (a session of its own: a fresh ISID) and read
 /// LUN 0's capacity: the session, or why it failed.
 fn login(c: &Cluster, target_name: &str) -> Result<IserInitiator<Soft>, String> {
-    static ISID: AtomicU32 = AtomicU32::new(1);
-    let mut o = InitiatorOptions::new(&c.addr, INI, target_name);
-    o.queue_depth = 8;
-    let n = ISID.fetch_add(1, Ordering::Relaxed).to_be_bytes();
-    o.isid = [0x80, 0, n[0], n[1], n[2], n[3]];
-    let mut ini = IserInitiator::<Soft>::connect(o).map_err(|e| e.to_string())?;
-    let mut ready = false;
-    for _ in 0..SPINS {
+    iser_io::login(&c.addr, INI, target_name, &mut || {
         c.cl.poll_once_all();
-        ini.poll(&mut |_| {});
-        match ini.state() {
-            SessionState::Ready => {
-                ready = true;
-                break;
-            }
-            SessionState::Failed(e) => return Err(e.to_string()),
-            _ => {}
-        }
-    }
-    if !ready {
-        return Err("login did not finish".into());
-    }
-    let bufs = SgList::from_buf(DmaBuf::alloc(32).map_err(|e| e.to_string())?);
-    ini.submit(0, &read_capacity16_cdb(), DataDir::Read, Some(bufs), 32, 9)
-        .map_err(|e| format!("{e:?}"))?;
-    let r = wait(c, &mut ini);
-    let d = r.bufs.and_then(|mut b| b.pop()).ok_or("no capacity data")?;
-    let g = parse_read_capacity16(d.as_slice()).ok_or("bad capacity data")?;
-    ini.set_geometry(0, g);
-    Ok(ini)
-}
-
-fn wait(c: &Cluster, ini: &mut IserInitiator<Soft>) -> TaskResult {
-    let mut out = None;
-    for _ in 0..SPINS {
-        c.cl.poll_once_all();
-        ini.poll(&mut |r| out = Some(r));
-        if let Some(r) = out.take() {
-            return r;
-        }
-        if let SessionState::Failed(e) = ini.state() {
-            panic!("session failed: {e}");
-        }
-    }
-    panic!("a task did not finish");
-}
-
-fn pattern(seed: u64) -> Vec<u8> {
-    (0..4096u64)
-        .map(|i| (i.wrapping_mul(29) ^ seed) as u8)
-        .collect()
+    })
 }
 
 /// Write 4 KiB at `lba`, read it back, compare.
 fn verified_io(c: &Cluster, ini: &mut IserInitiator<Soft>, lba: u64, seed: u64) {
-    let data = pattern(seed);
-    let mut b = DmaBuf::alloc(4096).unwrap();
-    b.as_mut_slice().copy_from_slice(&data);
-    ini.write(0, lba, 8, SgList::from_buf(b), 1).unwrap();
-    let w = wait(c, ini);
-    assert!(w.is_good(), "write: {:?}", w.sense);
-    ini.read(0, lba, 8, SgList::from_buf(DmaBuf::alloc(4096).unwrap()), 2)
-        .unwrap();
-    let r = wait(c, ini);
-    assert!(r.is_good(), "read: {:?}", r.sense);
-    assert_eq!(r.bufs.unwrap().pop().unwrap().as_slice(), &data[..]);
+    iser_io::verified_io(ini, lba, seed, &mut || {
+        c.cl.poll_once_all();
+    })
+    .unwrap_or_else(|e| panic!("verified I/O: {e}"));
 }
 
 /// Poll until the target serves no connection and has every task buffer
@@ -134,25 +111,32 @@ fn iser_churn_returns_everything() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let every = env_or("POLLUX_SOAK_SAMPLE_EVERY", 50);
     let total = env_or("POLLUX_SOAK_CYCLES", 1000).max(every * (WARMUP_SAMPLES + 1));
-    let c = fixture(IserOptions::for_tests());
+    let c = fixture(IserOptions {
+        nop_in_interval: NOP,
+        nop_timeout: NOP,
+        max_connections: MAX_CONNECTIONS,
+        ..IserOptions::for_tests()
+    });
     let mut warm: Option<Sample> = None;
-    let mut tally = [0u64; 4];
-    println!("cycle,fds,maps,rss_kib,accepted,destroyed");
+    let mut tally = [0u64; 6];
+    println!("cycle,fds,maps,rss_kib,accepted,destroyed,rejected,nop_timeouts");
     for n in 1..=total {
-        match n % 10 {
-            3 => {
+        let k = kind(n);
+        match k {
+            Kind::Refused => {
                 // Refused: no such target node.
                 let Err(e) = login(&c, "iqn.2024-01.io.pollux:no-such-node") else {
                     panic!("cycle {n}: a login to an unknown node was accepted");
                 };
                 assert!(!e.is_empty());
-                tally[3] += 1;
             }
-            k => {
+            Kind::OverLimit => over_limit(&c, n),
+            Kind::Stopped => stopped(&c, n),
+            _ => {
                 let mut ini = login(&c, TGT).unwrap_or_else(|e| panic!("cycle {n}: {e}"));
                 verified_io(&c, &mut ini, (n % 512) * 8, n);
                 match k {
-                    5 => {
+                    Kind::Killed => {
                         // Killed mid-I/O: a write in flight, the link cut.
                         let mut b = DmaBuf::alloc(4096).unwrap();
                         b.as_mut_slice().fill(n as u8);
@@ -160,29 +144,29 @@ fn iser_churn_returns_everything() {
                         c.cl.poll_once_all();
                         ini.cm_id().unwrap().kill();
                         drop(ini);
-                        tally[1] += 1;
                     }
-                    7 => {
-                        // Dropped without a logout.
-                        drop(ini);
-                        tally[2] += 1;
-                    }
-                    _ => {
-                        c.logout(ini);
-                        tally[0] += 1;
-                    }
+                    // Dropped without a logout.
+                    Kind::Dropped => drop(ini),
+                    _ => c.logout(ini),
                 }
             }
         }
+        tally[k as usize] += 1;
         if n % every == 0 {
             settle(&c);
             let s = Sample::of(None);
             let st = c.transport.stats();
+            let nop_timeouts = c.target.nop_timeouts();
             println!(
-                "{n},{},{},{},{},{}",
-                s.fds, s.maps, s.rss_kib, st.accepted, st.destroyed
+                "{n},{},{},{},{},{},{},{nop_timeouts}",
+                s.fds, s.maps, s.rss_kib, st.accepted, st.destroyed, st.rejected
             );
             assert_eq!(st.accepted, st.destroyed);
+            let stopped = (1..=n).filter(|&m| kind(m) == Kind::Stopped).count() as u64;
+            assert_eq!(
+                nop_timeouts, stopped,
+                "every stopped initiator (and nothing else) ended by a NOP timeout"
+            );
             if n <= every * WARMUP_SAMPLES {
                 warm = Some(warm.map_or(s, |w| w.max(s)));
             } else {
@@ -191,9 +175,97 @@ fn iser_churn_returns_everything() {
         }
     }
     println!(
-        "iser churn: {} logouts, {} killed, {} dropped, {} refused",
-        tally[0], tally[1], tally[2], tally[3]
+        "iser churn: {} logouts, {} killed, {} dropped, {} refused, {} stopped ({} NOP timeouts counted), {} over the connection limit",
+        tally[Kind::Logout as usize],
+        tally[Kind::Killed as usize],
+        tally[Kind::Dropped as usize],
+        tally[Kind::Refused as usize],
+        tally[Kind::Stopped as usize],
+        c.target.nop_timeouts(),
+        tally[Kind::OverLimit as usize]
     );
+}
+
+/// NOP-In pings the target sent so far.
+fn pings(c: &Cluster) -> u64 {
+    c.pgs.iter().map(|g| g.stats().nop_pings).sum()
+}
+
+/// Move the manual clock by `d`, then poll the target (and `ini`, when
+/// given, as a live initiator does) `ROUNDS` times.
+fn pass(c: &Cluster, d: Duration, mut ini: Option<&mut IserInitiator<Soft>>) {
+    c.cl.advance(d);
+    for _ in 0..ROUNDS {
+        c.cl.poll_once_all();
+        if let Some(i) = ini.as_deref_mut() {
+            i.poll(&mut |_| {});
+        }
+    }
+}
+
+/// A stopped initiator: it logs in and does verified I/O; while it polls,
+/// the target's pings are answered and the session lives on; then it
+/// stops reading and sending without a logout (its QP alive), and the
+/// target must ping it, drop it at `nop_timeout`, count it and give back
+/// everything it held.
+fn stopped(c: &Cluster, n: u64) {
+    // Alone on the target: only this connection sees the clock move.
+    settle(c);
+    let mut ini = login(c, TGT).unwrap_or_else(|e| panic!("cycle {n}: {e}"));
+    verified_io(c, &mut ini, (n % 512) * 8, n);
+    let (p0, t0) = (pings(c), c.target.nop_timeouts());
+    pass(c, NOP, Some(&mut ini));
+    assert_eq!(pings(c), p0 + 1, "cycle {n}: no ping after nop_in_interval");
+    pass(c, NOP, Some(&mut ini));
+    assert_eq!(
+        (c.conns(), c.target.nop_timeouts()),
+        (vec![1], t0),
+        "cycle {n}: a live initiator answering the ping was dropped"
+    );
+    verified_io(c, &mut ini, (n % 512) * 8, n + 1);
+    // Stopped: no more polls of `ini`.
+    let p1 = pings(c);
+    pass(c, NOP, None);
+    assert_eq!(
+        pings(c),
+        p1 + 1,
+        "cycle {n}: the stopped initiator was not pinged"
+    );
+    c.cl.advance(NOP);
+    let gone = c.spin(|| (c.conns() == [0]).then_some(()));
+    assert!(
+        gone.is_some(),
+        "cycle {n}: the stopped initiator was not dropped ({} NOP timeouts, {:?})",
+        c.target.nop_timeouts(),
+        c.pgs[0].stats()
+    );
+    assert_eq!(c.target.nop_timeouts(), t0 + 1);
+    assert_eq!(
+        c.target.live_sessions(),
+        0,
+        "cycle {n}: its session is gone"
+    );
+    settle(c);
+    drop(ini);
+}
+
+/// `MAX_CONNECTIONS` sessions at once, then one more that the connection
+/// limit refuses; the held ones keep working, and go.
+fn over_limit(c: &Cluster, n: u64) {
+    settle(c);
+    let rejected = c.transport.stats().rejected;
+    let mut held: Vec<_> = (0..MAX_CONNECTIONS)
+        .map(|_| login(c, TGT).unwrap_or_else(|e| panic!("cycle {n}: {e}")))
+        .collect();
+    assert!(
+        login(c, TGT).is_err(),
+        "cycle {n}: a connection beyond max_connections {MAX_CONNECTIONS} was served"
+    );
+    assert!(c.transport.stats().rejected > rejected);
+    verified_io(c, &mut held[0], (n % 512) * 8, n);
+    for ini in held {
+        c.logout(ini);
+    }
 }
 
 #[test]

@@ -32,6 +32,8 @@
 //! pin_connections_to_listener_core = false # no spreading of connections over the cores [false]
 //! max_connections = 1024           # connections served at once, all cores; more are rejected [1024]
 //! max_connections_per_core = 1024  # connections one core serves at once [1024]
+//! nop_in_interval = 30             # s of silence before a NOP-In ping, 0..=60; 0: never ping [30]
+//! nop_timeout = 60                 # s to wait for any PDU after a ping before dropping, 1..=3600 [60]
 //! ```
 //!
 //! Errors read `line L, column C: iscsi.target[0].luns[1].bdev: ...` like
@@ -158,6 +160,10 @@ pub struct OptionsSection {
     pub hugepages: Option<Spanned<Hugepages>>,
     /// Keep every connection on its listener's core (no placement over cores).
     pub pin_connections_to_listener_core: Option<Spanned<bool>>,
+    /// Seconds of silence before a NOP-In ping (SPDK `nop_in_interval`).
+    pub nop_in_interval: Option<Spanned<u64>>,
+    /// Seconds to wait for an answer to a ping (SPDK `nop_timeout`).
+    pub nop_timeout: Option<Spanned<u64>>,
 }
 
 /// A checked portal group.
@@ -359,6 +365,20 @@ pub fn plan(
         }
         if let Some(v) = &o.hugepages {
             iser.hugepages = (*v.get_ref()).into();
+        }
+        if let Some(v) = &o.nop_in_interval {
+            let n = *v.get_ref();
+            if n > 60 {
+                return Err(at(text, v, &f("nop_in_interval")).err(format!("{n} is not in 0..=60")));
+            }
+            iser.nop_in_interval = Duration::from_secs(n);
+        }
+        if let Some(v) = &o.nop_timeout {
+            let n = *v.get_ref();
+            if !(1..=3600).contains(&n) {
+                return Err(at(text, v, &f("nop_timeout")).err(format!("{n} is not in 1..=3600")));
+            }
+            iser.nop_timeout = Duration::from_secs(n);
         }
         if let Some(v) = &o.pin_connections_to_listener_core {
             iser.placement = if *v.get_ref() {
@@ -814,8 +834,11 @@ pub fn banner<P: Provider>(
     )?;
     writeln!(
         out,
-        "             max_connections {} max_connections_per_core {} (more are rejected)",
-        i.max_connections, i.max_connections_per_core
+        "             max_connections {} max_connections_per_core {} (more are rejected) nop_in_interval {} s nop_timeout {} s",
+        i.max_connections,
+        i.max_connections_per_core,
+        i.nop_in_interval.as_secs(),
+        i.nop_timeout.as_secs()
     )?;
     for g in &plan.portal_groups {
         writeln!(

@@ -44,7 +44,9 @@
 //! within KATO) and `async_events` (AERs completed with an event) count
 //! since start, summed over the subsystems. With an `[iscsi]` section,
 //! `iscsi_connections_per_core` is each core's iSER poll group's live
-//! connections, like `connections_per_core`.
+//! connections, like `connections_per_core`, and `iscsi_nop_timeouts`
+//! counts the connections dropped because their initiator left a NOP-In
+//! ping unanswered for `nop_timeout`.
 
 #![forbid(unsafe_code)]
 
@@ -693,8 +695,9 @@ fn write_stats<P: Provider>(
         "keep_alive_timeouts": ctl.keep_alive_timeouts,
         "async_events": ctl.events,
     });
-    if built.iscsi.is_some() {
+    if let Some(i) = &built.iscsi {
         v["iscsi_connections_per_core"] = serde_json::json!(iscsi::connections_per_core(set)?);
+        v["iscsi_nop_timeouts"] = serde_json::json!(i.target.nop_timeouts());
     }
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");

@@ -5,10 +5,13 @@
 //! The target is the test binary re-executed with `POLLUX_CHURN_TARGET`
 //! set (the `child_target` entry of the test binary) and the fabric in
 //! [`FABRIC_ENV`]; it serves a malloc namespace over the soft RDMA
-//! provider or NVMe/TCP on loopback and answers `q` on its stdin with one
-//! `live N accepted A destroyed D rejected R kato K` line (queues placed
-//! and not yet destroyed, the transport's counters and the subsystem's
-//! keep-alive timeouts).
+//! provider or NVMe/TCP on loopback (or a malloc LU over iSER,
+//! [`super::churn_iser`]) and answers `q` on its stdin with one
+//! `live N accepted A destroyed D rejected R kato K` line (queues or
+//! connections placed and not yet destroyed, the transport's counters and
+//! the subsystem's keep-alive timeouts or the iSCSI target's NOP
+//! timeouts). The host children run NVMe-oF hosts or iSER initiators
+//! through [`HostSide`].
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
@@ -174,7 +177,8 @@ pub struct TargetCounts {
     pub destroyed: u64,
     /// Connect requests (RDMA) or connections (TCP) refused so far.
     pub rejected: u64,
-    /// Controllers the subsystem ended by keep-alive timeout so far.
+    /// Controllers the subsystem ended by keep-alive timeout so far
+    /// (iSER: connections the target ended by NOP timeout).
     pub kato: u64,
 }
 
@@ -312,13 +316,18 @@ pub fn serve_target_child() {
         Fabric::Tcp => {
             let sa = addr.parse().expect("the TCP target's address");
             let topts = child_target_options();
-            let tcp = TcpOptions::for_target(&topts);
+            let tcp = TcpOptions {
+                max_qpairs,
+                max_qpairs_per_core: max_qpairs,
+                ..TcpOptions::for_target(&topts)
+            };
             let (target, transport) = super::tcp_target_with(NQN, bdev, sa, topts, tcp);
             let t2 = transport.clone();
             serve(&target, transport, move || {
                 t2.queues_per_group().iter().sum()
             });
         }
+        Fabric::Iser => super::churn_iser::serve_target(&addr, max_qpairs),
     }
 }
 
@@ -330,18 +339,25 @@ fn serve<T: TargetTransport>(target: &Arc<Target>, transport: Arc<T>, live: impl
     let set = super::launch_with_groups("0", move |r| {
         t2.clone().start_poll_group(r).expect("poll group")
     });
-    serve_queries(target, || {
+    serve_queries(|| {
         let s = TargetTransport::stats(&*transport);
-        (live(), s.accepted, s.destroyed, s.rejected)
+        TargetCounts {
+            live: live(),
+            accepted: s.accepted,
+            destroyed: s.destroyed,
+            rejected: s.rejected,
+            kato: target
+                .subsystem(NQN)
+                .map_or(0, |s| s.counters().snapshot().keep_alive_timeouts),
+        }
     });
     set.stop_all();
     let _ = set.join();
 }
 
 /// Say the target child is ready, then answer `q` on stdin with the
-/// counts (`counts`: live, accepted, destroyed, rejected; the keep-alive
-/// timeouts are the subsystem's) until stdin closes.
-fn serve_queries(target: &Arc<Target>, counts: impl Fn() -> (usize, u64, u64, u64)) {
+/// `counts` until stdin closes.
+pub fn serve_queries(counts: impl Fn() -> TargetCounts) {
     println!("POLLUX-CHURN-READY");
     let done = Arc::new(AtomicBool::new(false));
     let d2 = done.clone();
@@ -364,11 +380,11 @@ fn serve_queries(target: &Arc<Target>, counts: impl Fn() -> (usize, u64, u64, u6
         let now = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
         last.store(now, Ordering::Relaxed);
         if line.trim() == "q" {
-            let (live, accepted, destroyed, rejected) = counts();
-            let kato = target
-                .subsystem(NQN)
-                .map_or(0, |s| s.counters().snapshot().keep_alive_timeouts);
-            println!("POLLUX-CHURN-COUNTS {live} {accepted} {destroyed} {rejected} {kato}");
+            let c = counts();
+            println!(
+                "POLLUX-CHURN-COUNTS {} {} {} {} {}",
+                c.live, c.accepted, c.destroyed, c.rejected, c.kato
+            );
         }
     }
     done.store(true, Ordering::Relaxed);
@@ -642,9 +658,56 @@ impl<H: ChurnHost> Hosts<H> {
     }
 }
 
+/// The hosts of one fabric, as the host children and the storm's one-host
+/// cycles run them: NVMe-oF controllers ([`Hosts`]) or iSER sessions
+/// ([`IserHosts`](super::churn_iser::IserHosts)). Lives on the thread
+/// that runs its hosts (with a reactor of its own, `r`).
+pub trait HostSide {
+    /// One connected host.
+    type Held;
+    /// A host side for this thread.
+    fn new_side() -> Self;
+    /// Connect host `seed` to `addr` (no keep-alive) and do one verified
+    /// I/O.
+    ///
+    /// # Errors
+    /// Why it could not (refused by a limit, I/O failed).
+    fn connect_verified(&self, r: &Reactor, addr: &str, seed: u64) -> Result<Self::Held, String>;
+    /// One more verified I/O on a held host (its errors ignored: the
+    /// host children run it until they are killed).
+    fn exercise(&self, r: &Reactor, held: &mut Self::Held, k: u64);
+    /// A clean cycle: connect, verified I/O, go cleanly.
+    ///
+    /// # Errors
+    /// What went wrong.
+    fn clean_cycle(&self, r: &Reactor, addr: &str, n: u64) -> Result<(), String>;
+}
+
+impl<H: ChurnHost> HostSide for Hosts<H> {
+    type Held = Connected<H>;
+
+    fn new_side() -> Self {
+        Hosts::new()
+    }
+
+    fn connect_verified(&self, r: &Reactor, addr: &str, seed: u64) -> Result<Connected<H>, String> {
+        let (host, ctrl, mut qp) = connect::<H>(addr, NQN, seed, Duration::ZERO)?;
+        self.verified_io(r, &mut qp, (seed % 2048) * 8, seed)?;
+        Ok((host, ctrl, qp))
+    }
+
+    fn exercise(&self, r: &Reactor, held: &mut Connected<H>, k: u64) {
+        let _ = self.verified_io(r, &mut held.2, k * 8, k);
+    }
+
+    fn clean_cycle(&self, r: &Reactor, addr: &str, n: u64) -> Result<(), String> {
+        self.cycle(r, addr, n, End::Clean).map(|_| ())
+    }
+}
+
 /// The body of a host child (`ADDR,HOSTS,THREADS[,io]`, the fabric in
-/// [`FABRIC_ENV`]): THREADS threads at once connect HOSTS controllers in
-/// all (each its share, one after the other, KATO 0), each with one
+/// [`FABRIC_ENV`]): THREADS threads at once connect HOSTS hosts in all
+/// (each its share, one after the other, no keep-alive), each with one
 /// verified I/O; prints `POLLUX-CHURN-HOST-READY ok refused`, then holds
 /// the connections until killed (bounded), idle or, with `io`, running
 /// I/O. Returns at once unless [`HOST_ENV`] is set.
@@ -654,13 +717,14 @@ pub fn run_host_child() {
     };
     match Fabric::from_env() {
         Fabric::Rdma => {
-            host_child::<pollux_nvmf::host::rdma::RdmaHost<pollux_verbs::soft::Soft>>(&v)
+            host_child::<Hosts<pollux_nvmf::host::rdma::RdmaHost<pollux_verbs::soft::Soft>>>(&v)
         }
-        Fabric::Tcp => host_child::<pollux_nvmf::host::tcp::TcpHost>(&v),
+        Fabric::Tcp => host_child::<Hosts<pollux_nvmf::host::tcp::TcpHost>>(&v),
+        Fabric::Iser => host_child::<super::churn_iser::IserHosts>(&v),
     }
 }
 
-fn host_child<H: ChurnHost + 'static>(v: &str) {
+fn host_child<S: HostSide>(v: &str) {
     let mut it = v.split(',');
     let addr = it.next().unwrap_or_default().to_string();
     let hosts: u64 = it.next().and_then(|h| h.parse().ok()).unwrap_or(1);
@@ -678,17 +742,11 @@ fn host_child<H: ChurnHost + 'static>(v: &str) {
         std::thread::spawn(move || {
             let cl = pollux_reactor::TestCluster::new(1);
             cl.on(0, |r| {
-                let h = Hosts::<H>::new();
+                let h = S::new_side();
                 let mut held = Vec::new();
                 for k in 0..share {
                     let seed = u64::from(std::process::id()) * 1000 + t * 100 + k;
-                    let res = connect::<H>(&addr, NQN, seed, Duration::ZERO).and_then(
-                        |(host, ctrl, mut qp)| {
-                            h.verified_io(r, &mut qp, (seed % 2048) * 8, seed)?;
-                            Ok((host, ctrl, qp))
-                        },
-                    );
-                    match res {
+                    match h.connect_verified(r, &addr, seed) {
                         Ok(c) => {
                             held.push(c);
                             let _ = tx.send(true);
@@ -707,8 +765,8 @@ fn host_child<H: ChurnHost + 'static>(v: &str) {
                         std::thread::sleep(Duration::from_millis(100));
                         continue;
                     }
-                    for (k, (_, _, qp)) in held.iter_mut().enumerate() {
-                        let _ = h.verified_io(r, qp, k as u64 * 8, k as u64);
+                    for (k, c) in held.iter_mut().enumerate() {
+                        h.exercise(r, c, k as u64);
                     }
                 }
                 drop(held);

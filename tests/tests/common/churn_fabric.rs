@@ -1,7 +1,7 @@
 //! Which fabric the churn tests run over: NVMe-oF over the soft RDMA
-//! provider or NVMe/TCP on loopback. The target child and the host
-//! children learn it from [`FABRIC_ENV`]; the in-process host opens its
-//! transport through [`ChurnHost`].
+//! provider, NVMe/TCP on loopback, or iSCSI over iSER on the soft provider.
+//! The target child and the host children learn it from [`FABRIC_ENV`];
+//! the in-process NVMe-oF host opens its transport through [`ChurnHost`].
 
 use std::net::{SocketAddr, TcpListener};
 use std::time::Duration;
@@ -22,6 +22,8 @@ pub enum Fabric {
     Rdma,
     /// NVMe/TCP over 127.0.0.1.
     Tcp,
+    /// iSCSI over iSER on the soft provider (an intra-host address).
+    Iser,
 }
 
 impl Fabric {
@@ -30,14 +32,25 @@ impl Fabric {
         match self {
             Fabric::Rdma => "rdma",
             Fabric::Tcp => "tcp",
+            Fabric::Iser => "iser",
+        }
+    }
+
+    /// Queues (NVMe-oF: admin and one I/O queue) or connections (iSER)
+    /// the target serves for one host.
+    pub fn queues_per_host(self) -> usize {
+        match self {
+            Fabric::Rdma | Fabric::Tcp => 2,
+            Fabric::Iser => 1,
         }
     }
 
     /// The fabric a child was started for (RDMA unless [`FABRIC_ENV`]
-    /// says `tcp`).
+    /// says `tcp` or `iser`).
     pub fn from_env() -> Fabric {
         match std::env::var(FABRIC_ENV).as_deref() {
             Ok("tcp") => Fabric::Tcp,
+            Ok("iser") => Fabric::Iser,
             _ => Fabric::Rdma,
         }
     }
@@ -47,7 +60,9 @@ impl Fabric {
     /// just handed out.
     pub fn fresh_addr(self, tag: &str) -> String {
         match self {
-            Fabric::Rdma => format!("@pollux-churn-{tag}-{}", std::process::id()),
+            Fabric::Rdma | Fabric::Iser => {
+                format!("@pollux-churn-{}-{tag}-{}", self.name(), std::process::id())
+            }
             Fabric::Tcp => {
                 let l = TcpListener::bind(("127.0.0.1", 0)).expect("a free port");
                 let a = l.local_addr().expect("its address");

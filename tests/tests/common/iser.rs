@@ -136,12 +136,10 @@ impl Cluster {
     }
 
     /// Log `ini` out and poll until its session is closed.
-    pub fn logout(&self, mut ini: IserInitiator<Soft>) {
-        ini.logout().expect("logout");
-        let closed = self.spin(|| {
-            ini.poll(&mut |_| {});
-            (*ini.state() == SessionState::Closed).then_some(())
-        });
-        assert!(closed.is_some(), "logout did not finish");
+    pub fn logout(&self, ini: IserInitiator<Soft>) {
+        super::iser_io::logout(ini, &mut || {
+            self.cl.poll_once_all();
+        })
+        .expect("logout");
     }
 }

@@ -4,7 +4,9 @@
 
 pub mod churn;
 pub mod churn_fabric;
+pub mod churn_iser;
 pub mod iser;
+pub mod iser_io;
 pub mod rules;
 
 use std::sync::Arc;

@@ -90,6 +90,8 @@ pub struct IscsiTarget {
     /// Live sessions: login and teardown only, never per I/O.
     sessions: Mutex<SessionTable>,
     reinstated: AtomicU64,
+    /// Connections dropped for an unanswered NOP-In ping.
+    nop_timeouts: AtomicU64,
     pool: BufPool,
     /// What the sessions of each (node, LUN) share (reservations, the
     /// COMPARE AND WRITE gate): looked up at login, never per I/O.
@@ -122,6 +124,7 @@ impl IscsiTarget {
             tsih: AtomicU16::new(0),
             sessions: Mutex::new(SessionTable::default()),
             reinstated: AtomicU64::new(0),
+            nop_timeouts: AtomicU64::new(0),
             pool,
             lun_shared: Mutex::new(Vec::new()),
         }))
@@ -149,6 +152,19 @@ impl IscsiTarget {
     /// Sessions closed by a reinstating login so far.
     pub fn reinstatements(&self) -> u64 {
         self.reinstated.load(Ordering::Relaxed)
+    }
+
+    /// Connections dropped so far because their initiator left a NOP-In
+    /// ping unanswered for `nop_timeout` (the iSCSI counterpart of the
+    /// NVMe-oF keep-alive timeouts).
+    pub fn nop_timeouts(&self) -> u64 {
+        self.nop_timeouts.load(Ordering::Relaxed)
+    }
+
+    /// Count a connection dropped for an unanswered ping (control path:
+    /// once per dropped connection).
+    pub(crate) fn nop_timed_out(&self) {
+        self.nop_timeouts.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Record session `tsih` of `nexus`, living on `reactor`'s core (control

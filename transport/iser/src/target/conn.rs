@@ -50,6 +50,8 @@ pub struct ConnParams {
     pub portal_tag: u16,
     /// The initiator accepts SEND_WITH_INVALIDATE (iSER CM flag clear).
     pub send_with_inv: bool,
+    /// When a silent initiator is pinged and when it is given up.
+    pub nop: NopPing,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -188,6 +190,8 @@ pub struct ConnStats {
     pub task_set_full: u64,
     /// Immediate PDUs rejected beyond MaxOutstandingUnexpectedPDUs.
     pub unexpected_rejected: u64,
+    /// NOP-In pings sent to a silent initiator.
+    pub nop_pings: u64,
 }
 
 /// The core of one connection.
@@ -217,6 +221,8 @@ pub struct Connection {
     /// Immediate PDUs outstanding (answered ones leave at once; immediate
     /// SCSI commands stay until their response).
     unexpected: u32,
+    /// The keep-alive ping.
+    nop: NopState,
 }
 
 fn lun_slot(luns: &[LunState], lun: &Lun) -> Option<usize> {
@@ -256,6 +262,7 @@ impl Connection {
             buf_wait: VecDeque::new(),
             tsih: None,
             unexpected: 0,
+            nop: NopState::new(params.nop, reactor.now_ns()),
         }
     }
 
@@ -305,6 +312,15 @@ impl Connection {
         }
     }
 
+    /// Close now, without waiting for queued sends (the initiator went
+    /// silent: they may never complete).
+    fn abort(&mut self, ops: &mut dyn ConnOps) {
+        if !matches!(self.phase, Phase::Closed) {
+            self.phase = Phase::Closed;
+            ops.abort();
+        }
+    }
+
     fn reject(&mut self, raw: &[u8; BHS_LEN], reason: u8, ops: &mut dyn ConnOps) {
         self.stats.rejected += 1;
         let r = Reject {
@@ -325,6 +341,8 @@ impl Connection {
         if matches!(self.phase, Phase::Closed) {
             return false;
         }
+        // Any PDU is a sign of life (answers a ping, restarts the silence).
+        self.nop.touch(self.reactor.now_ns());
         let (write, read) = match *hdr {
             IserHeader::Control { write, read } => (write, read),
             // Hello/HelloReply: not used on IB/RoCE; ignored.
@@ -1153,6 +1171,9 @@ impl Connection {
                 }
             }
         }
+        if self.check_nop(ops) != NopCheck::Quiet {
+            busy = true;
+        }
         if self.is_closed() {
             while let Some(idx) = self.buf_wait.pop_front() {
                 self.free_task(idx);
@@ -1218,7 +1239,11 @@ impl Drop for Connection {
     }
 }
 
+mod nop;
 mod steps;
+
+pub use nop::NopPing;
+use nop::{NopCheck, NopState};
 
 #[cfg(test)]
 mod tests;

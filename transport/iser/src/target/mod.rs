@@ -10,7 +10,7 @@ pub mod ops;
 mod sessions;
 
 pub use config::{ConfigError, IscsiTarget, PortalGroup, TargetNode, TargetOptions};
-pub use conn::{ConnParams, ConnStats, Connection};
+pub use conn::{ConnParams, ConnStats, Connection, NopPing};
 pub use core_ctx::CoreCtx;
 pub use ops::{ConnOps, Transfer};
 pub use sessions::SessionInfo;

@@ -16,6 +16,8 @@
 //!   [`Connection::data_done`](super::Connection::data_done); `Done`: the
 //!   bytes are already out and the response may follow at once.
 //! - [`ConnOps::close`]: tear the connection down once queued sends are out.
+//! - [`ConnOps::abort`]: tear it down now (its initiator stopped answering:
+//!   queued sends may never complete).
 //!
 //! `Busy` is back-pressure: the core parks the task and retries at its
 //! next [`poll`](super::Connection::poll).
@@ -57,4 +59,11 @@ pub trait ConnOps {
 
     /// Close the connection after the queued sends.
     fn close(&mut self);
+
+    /// Close the connection now, without waiting for the queued sends: the
+    /// initiator is alive but silent (an RC SEND to a peer that posts no
+    /// receive is retried without end), so they may never complete.
+    fn abort(&mut self) {
+        self.close();
+    }
 }

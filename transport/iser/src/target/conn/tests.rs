@@ -22,6 +22,8 @@ struct Fake {
     sent: Vec<(Vec<u8>, Option<u32>)>,
     mem: HashMap<u32, Vec<u8>>,
     closed: bool,
+    /// Closed by `abort` (without waiting for queued sends).
+    aborted: bool,
     reads: usize,
     /// Answer Data-In WRITEs with `Pending` (like the iSER transport) and
     /// record the task; the test completes them with `data_done`.
@@ -59,6 +61,10 @@ impl ConnOps for Fake {
     }
     fn close(&mut self) {
         self.closed = true;
+    }
+    fn abort(&mut self) {
+        self.closed = true;
+        self.aborted = true;
     }
 }
 
@@ -118,6 +124,7 @@ fn fixture_with(send_with_inv: bool, opts: TargetOptions) -> Fx {
             ConnParams {
                 portal_tag: 1,
                 send_with_inv,
+                nop: NopPing::default(),
             },
         )
     });
@@ -325,6 +332,7 @@ fn rw10(opc: u8, protect: u8, lba: u32, blocks: u16) -> [u8; 10] {
 }
 
 mod buffers;
+mod nop;
 mod reinstatement;
 mod sbc;
 mod unexpected;

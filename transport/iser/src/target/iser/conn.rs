@@ -70,6 +70,8 @@ pub(crate) struct ConnIo<P: Provider> {
     pub(crate) signaled_inflight: u32,
     pub(crate) closing: bool,
     pub(crate) disconnect_requested: bool,
+    /// Tear down without waiting for the queued SENDs ([`ConnOps::abort`]).
+    pub(crate) abort_requested: bool,
     own_mrs: MrTable<P>,
     pub(crate) doorbells: u64,
     pub(crate) busy: u64,
@@ -111,6 +113,7 @@ impl<P: Provider> ConnIo<P> {
             signaled_inflight: 0,
             closing: false,
             disconnect_requested: false,
+            abort_requested: false,
             own_mrs: MrTable(Vec::new()),
             doorbells: 0,
             busy: 0,
@@ -353,6 +356,11 @@ impl<P: Provider> ConnOps for IserOps<'_, P> {
 
     fn close(&mut self) {
         self.io.disconnect_requested = true;
+    }
+
+    fn abort(&mut self) {
+        self.io.disconnect_requested = true;
+        self.io.abort_requested = true;
     }
 }
 

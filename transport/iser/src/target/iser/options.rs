@@ -1,9 +1,12 @@
 //! [`IserOptions`]: the iSER target transport's knobs and the one place
 //! that sizes queues, CQs and send/receive buffers.
 
+use std::time::Duration;
+
 use pollux_verbs::placement::PlacementPolicy;
 
 use crate::pdu::ISER_HEADERS_LEN;
+use crate::target::NopPing;
 
 /// Data bytes of one receive buffer: a login/text PDU or a command with
 /// immediate data (TargetRecvDataSegmentLength, 8 KiB).
@@ -45,6 +48,13 @@ pub struct IserOptions {
     /// group's requests go to another group, as for `max_connections` when
     /// every group is full).
     pub max_connections_per_core: usize,
+    /// Silence after which a connection in full feature phase gets a
+    /// NOP-In ping (SPDK `nop_in_interval`, default 30 s; zero: never).
+    pub nop_in_interval: Duration,
+    /// How long the target waits for any PDU after its ping before it
+    /// drops the connection and counts a NOP timeout (SPDK
+    /// `nop_timeout`, default 60 s).
+    pub nop_timeout: Duration,
 }
 
 impl Default for IserOptions {
@@ -60,11 +70,21 @@ impl Default for IserOptions {
             placement: PlacementPolicy::LeastConnections,
             max_connections: 1024,
             max_connections_per_core: 1024,
+            nop_in_interval: NopPing::default().interval,
+            nop_timeout: NopPing::default().timeout,
         }
     }
 }
 
 impl IserOptions {
+    /// The keep-alive ping of each connection.
+    pub fn nop_ping(&self) -> NopPing {
+        NopPing {
+            interval: self.nop_in_interval,
+            timeout: self.nop_timeout,
+        }
+    }
+
     /// Small pools and ordinary pages, for tests.
     pub fn for_tests() -> Self {
         IserOptions {

@@ -54,6 +54,10 @@ pub struct IserPollGroupStats {
     pub wc_errors: u64,
     /// Transfers or sends answered `Busy` (the core retried them).
     pub transport_busy: u64,
+    /// NOP-In pings sent to silent initiators (the connections dropped
+    /// for leaving one unanswered are the target's
+    /// [`nop_timeouts`](crate::target::IscsiTarget::nop_timeouts)).
+    pub nop_pings: u64,
     /// Receive buffers posted or waiting to be reposted.
     pub recv_buffers_idle: usize,
     /// Receive buffers in total.
@@ -287,6 +291,7 @@ impl<P: Provider> Shared<P> {
         for c in self.conns.iter().flatten() {
             st.doorbells += c.io.doorbells;
             st.transport_busy += c.io.busy;
+            st.nop_pings += c.core.stats().nop_pings;
         }
         st.recv_buffers_idle = self.srq_posted + self.srq_repost.len();
         st
@@ -535,6 +540,7 @@ impl<P: Provider> Shared<P> {
             ConnParams {
                 portal_tag: tag,
                 send_with_inv: use_inv,
+                nop: t.opts.nop_ping(),
             },
         );
         let rep = IserCmHdr {
@@ -737,8 +743,9 @@ impl<P: Provider> Shared<P> {
             }
         }
         // Logout answered (or a protocol error): close once the last
-        // SEND is out.
-        if c.io.disconnect_requested && c.io.slots_in_use() == 0 {
+        // SEND is out; an initiator that stopped answering at once (the
+        // QP's ERR state flushes what it would never take).
+        if c.io.disconnect_requested && (c.io.slots_in_use() == 0 || c.io.abort_requested) {
             close = true;
         }
         if cm_round && c.state == ConnState::Live {
@@ -774,6 +781,7 @@ impl<P: Provider> Shared<P> {
         self.cq_reserved = self.cq_reserved.saturating_sub(c.cqes);
         self.stats.doorbells += c.io.doorbells;
         self.stats.transport_busy += c.io.busy;
+        self.stats.nop_pings += c.core.stats().nop_pings;
         drop(c.qp);
         drop(c.core);
         drop(c.io);

@@ -16,6 +16,7 @@ fn new_conn(fx: &Fx) -> Connection {
             ConnParams {
                 portal_tag: 1,
                 send_with_inv: true,
+                nop: NopPing::default(),
             },
         )
     })

@@ -231,6 +231,7 @@ fn reservations_between_two_sessions() {
             ConnParams {
                 portal_tag: 1,
                 send_with_inv: true,
+                nop: NopPing::default(),
             },
         )
     });
