@@ -10,7 +10,7 @@ mod common;
 
 use common::{tmp, Tgt, WAIT};
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::process::Command;
 use std::time::Instant;
 
@@ -65,11 +65,7 @@ trsvcid = "{port}"
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    pollux_reactor::free_tcp_port("127.0.0.1")
 }
 
 fn io(qp: &mut pollux_nvmf::host::Qpair<pollux_nvmf::host::tcp::TcpQueue>, size: usize) {

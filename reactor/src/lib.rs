@@ -94,6 +94,8 @@ mod stats;
 pub mod sync;
 #[cfg(any(test, feature = "test-util"))]
 mod test_cluster;
+#[cfg(any(test, feature = "test-util"))]
+mod test_port;
 mod timer;
 mod wake;
 
@@ -113,4 +115,6 @@ pub use reactor::{Reactor, MSG_BATCH};
 pub use stats::{PollerStats, ReactorStats};
 #[cfg(any(test, feature = "test-util"))]
 pub use test_cluster::{NotSettled, TestCluster, DEFAULT_MAX_ROUNDS};
+#[cfg(any(test, feature = "test-util"))]
+pub use test_port::free_tcp_port;
 pub use wake::{IdleMode, WakeFdId};

@@ -157,12 +157,7 @@ fn errors_print_the_request_and_exit_1() {
 fn nvmf_verbs_as_spdk_rpc() {
     let (s, _reg) = server("nvmf");
     const NQN: &str = "nqn.2016-06.io.spdk:cli1";
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-        .to_string();
+    let port = pollux_reactor::free_tcp_port("127.0.0.1").to_string();
     ok(&s, &["bdev_malloc_create", "-b", "Malloc0", "1", "512"]);
     ok(&s, &["nvmf_create_transport", "-t", "TCP"]);
     ok(&s, &["nvmf_create_subsystem", NQN, "-a", "-s", "SN1"]);

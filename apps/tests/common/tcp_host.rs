@@ -2,7 +2,7 @@
 //! 127.0.0.1 and does verified I/O to namespace 1, measuring the longest
 //! gap between two completions.
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -12,13 +12,9 @@ use pollux_reactor::mem::{DmaBuf, SgList};
 
 use super::WAIT;
 
-/// A port nobody listens on now.
+/// A port nobody listens on now, below the ephemeral range.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    pollux_reactor::free_tcp_port("127.0.0.1")
 }
 
 /// What the host did: completions, and the longest gap between two.

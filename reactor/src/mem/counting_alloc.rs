@@ -8,12 +8,18 @@
 //! that [`DataPathCounts::since`] is zero: no allocation, no reallocation and
 //! (with the `count-locks` feature) no lock acquisition in between. It counts
 //! every thread of the process, so such a binary holds one `#[test]`.
+//!
+//! It also keeps the bytes live on the heap ([`CountingAlloc::live_bytes`]):
+//! a soak or storm test compares them before and after, which tells a leak
+//! from memory the system allocator keeps for reuse (RSS cannot).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 static ALLOCS: AtomicU64 = AtomicU64::new(0);
+/// Bytes allocated and not yet freed.
+static LIVE: AtomicUsize = AtomicUsize::new(0);
 /// Backtraces still to print (see [`CountingAlloc::trace`]).
 static TRACE: AtomicU32 = AtomicU32::new(0);
 
@@ -56,6 +62,12 @@ impl CountingAlloc {
         ALLOCS.load(Ordering::Relaxed)
     }
 
+    /// Bytes allocated through it and not yet freed (all threads): 0 in a
+    /// process that does not install it.
+    pub fn live_bytes() -> usize {
+        LIVE.load(Ordering::Relaxed)
+    }
+
     /// Print a backtrace of each of the next `first` counted allocations
     /// to stderr (0: stop), so that a failing rule test shows where its
     /// allocations come from (shown with the test's output).
@@ -65,32 +77,46 @@ impl CountingAlloc {
 }
 
 // SAFETY: every method forwards to `System` with the caller's arguments
-// unchanged, so `System`'s guarantees are ours; the counter is a relaxed
-// atomic add that allocates nothing (tracing, a test's debugging aid,
+// unchanged, so `System`'s guarantees are ours; the counters are relaxed
+// atomic adds that allocate nothing (tracing, a test's debugging aid,
 // allocates through this allocator with a re-entry guard).
 unsafe impl GlobalAlloc for CountingAlloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         count(layout);
         // SAFETY: forwarded with the caller's guarantees (non-zero size).
-        unsafe { System.alloc(layout) }
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            LIVE.fetch_add(layout.size(), Ordering::Relaxed);
+        }
+        p
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         count(layout);
         // SAFETY: as in `alloc`.
-        unsafe { System.alloc_zeroed(layout) }
+        let p = unsafe { System.alloc_zeroed(layout) };
+        if !p.is_null() {
+            LIVE.fetch_add(layout.size(), Ordering::Relaxed);
+        }
+        p
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         count(layout);
         // SAFETY: `ptr` came from this allocator (i.e. `System`) with
         // `layout`, as the caller guarantees.
-        unsafe { System.realloc(ptr, layout, new_size) }
+        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        if !p.is_null() {
+            LIVE.fetch_add(new_size, Ordering::Relaxed);
+            LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+        }
+        p
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         // SAFETY: `ptr` came from this allocator (i.e. `System`) with `layout`.
-        unsafe { System.dealloc(ptr, layout) }
+        unsafe { System.dealloc(ptr, layout) };
+        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
     }
 }
 

@@ -18,11 +18,8 @@ pub fn refused(svc: &RpcService, method: &str, params: Value) -> RpcError {
         .expect_err(&format!("{method} should fail"))
 }
 
-/// A TCP port nobody listens on now (on 127.0.0.1).
+/// A TCP port nobody listens on now (on 127.0.0.1), below the ephemeral
+/// range.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    pollux_reactor::free_tcp_port("127.0.0.1")
 }

@@ -27,7 +27,7 @@ use pollux_nvmf::spec::features::{fid, FeatureCmd};
 use pollux_nvmf::target::rdma::RdmaOptions;
 use pollux_nvmf::target::tcp::TcpOptions;
 use pollux_nvmf::target::{Target, TargetOptions, TargetTransport};
-use pollux_reactor::mem::{BufPool, BufPoolOptions, SgList};
+use pollux_reactor::mem::{BufPool, BufPoolOptions, CountingAlloc, SgList};
 use pollux_reactor::Reactor;
 
 use super::churn_fabric::{ChurnHost, Fabric, FABRIC_ENV};
@@ -180,6 +180,10 @@ pub struct TargetCounts {
     /// Controllers the subsystem ended by keep-alive timeout so far
     /// (iSER: connections the target ended by NOP timeout).
     pub kato: u64,
+    /// Bytes live on the target's heap ([`CountingAlloc::live_bytes`]:
+    /// 0 unless the test binary installs the counting allocator); filled
+    /// in by [`serve_queries`].
+    pub heap: u64,
 }
 
 impl TargetProc {
@@ -241,13 +245,14 @@ impl TargetProc {
                     .split_whitespace()
                     .filter_map(|w| w.parse().ok())
                     .collect();
-                assert_eq!(v.len(), 5, "bad counts line {line:?}");
+                assert_eq!(v.len(), 6, "bad counts line {line:?}");
                 return TargetCounts {
                     live: v[0] as usize,
                     accepted: v[1],
                     destroyed: v[2],
                     rejected: v[3],
                     kato: v[4],
+                    heap: v[5],
                 };
             }
         }
@@ -349,6 +354,7 @@ fn serve<T: TargetTransport>(target: &Arc<Target>, transport: Arc<T>, live: impl
             kato: target
                 .subsystem(NQN)
                 .map_or(0, |s| s.counters().snapshot().keep_alive_timeouts),
+            ..TargetCounts::default()
         }
     });
     set.stop_all();
@@ -382,8 +388,13 @@ pub fn serve_queries(counts: impl Fn() -> TargetCounts) {
         if line.trim() == "q" {
             let c = counts();
             println!(
-                "POLLUX-CHURN-COUNTS {} {} {} {} {}",
-                c.live, c.accepted, c.destroyed, c.rejected, c.kato
+                "POLLUX-CHURN-COUNTS {} {} {} {} {} {}",
+                c.live,
+                c.accepted,
+                c.destroyed,
+                c.rejected,
+                c.kato,
+                CountingAlloc::live_bytes()
             );
         }
     }

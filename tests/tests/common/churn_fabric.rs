@@ -3,7 +3,7 @@
 //! The target child and the host children learn it from [`FABRIC_ENV`];
 //! the in-process NVMe-oF host opens its transport through [`ChurnHost`].
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use pollux_nvmf::host::rdma::{MemMode, RdmaHost, RdmaHostOptions};
@@ -64,9 +64,7 @@ impl Fabric {
                 format!("@pollux-churn-{}-{tag}-{}", self.name(), std::process::id())
             }
             Fabric::Tcp => {
-                let l = TcpListener::bind(("127.0.0.1", 0)).expect("a free port");
-                let a = l.local_addr().expect("its address");
-                a.to_string()
+                format!("127.0.0.1:{}", pollux_reactor::free_tcp_port("127.0.0.1"))
             }
         }
     }

@@ -54,6 +54,7 @@ pub fn serve_target(addr: &str, max_connections: usize) {
             destroyed: s.destroyed,
             rejected: s.rejected,
             kato: target.nop_timeouts(),
+            ..TargetCounts::default()
         }
     });
     set.stop_all();

@@ -10,7 +10,7 @@
 
 use std::cell::RefCell;
 use std::io::{ErrorKind, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -114,11 +114,7 @@ impl Harness {
         let t = TcpTransport::new(&target, TcpOptions::default()).ok()?;
         target.add_transport(t.clone()).ok()?;
         let pg = cluster.on(0, |r| t.create_poll_group(r)).ok()?;
-        let port = TcpListener::bind("127.0.0.1:0")
-            .ok()?
-            .local_addr()
-            .ok()?
-            .port();
+        let port = pollux_reactor::free_tcp_port("127.0.0.1");
         target
             .add_listener(TransportId::tcp_ipv4("127.0.0.1", port.to_string()))
             .ok()?;

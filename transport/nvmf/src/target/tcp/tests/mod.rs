@@ -13,7 +13,7 @@ mod restart;
 mod sock_buffers;
 mod teardown;
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,10 +39,9 @@ pub(super) struct Fx {
     pub(super) _reg: BdevRegistry,
 }
 
-/// A port nobody listens on right now (the OS picks it).
+/// A port nobody listens on right now, below the ephemeral range.
 pub(super) fn free_port(ip: &str) -> u16 {
-    let l = TcpListener::bind((ip, 0)).unwrap();
-    l.local_addr().unwrap().port()
+    pollux_reactor::free_tcp_port(ip)
 }
 
 pub(super) fn target_options() -> TargetOptions {
