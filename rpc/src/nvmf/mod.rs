@@ -680,15 +680,20 @@ impl NvmfSubsystem {
 
     /// Disconnects, on every core, the queues that came in through `trid`
     /// and are connected to `subnqn` (`None`: every queue of `trid`, which
-    /// closed).
+    /// closed: each core's groups first let go of its socket, so the
+    /// address is free when this returns).
     fn disconnect(&self, svc: &RpcService, trid: &TransportId, subnqn: Option<&str>) {
         let groups = Arc::clone(&self.groups);
         let t = trid.clone();
         let nqn = subnqn.map(str::to_owned);
-        match svc
-            .cores()
-            .on_each_core(move |r| groups.disconnect_listener(r, &t, nqn.as_deref()))
-        {
+        match svc.cores().on_each_core(move |r| {
+            if nqn.is_none() {
+                if let Err(e) = groups.apply_listeners(r) {
+                    log::warn!("nvmf: applying the listeners after closing {t}: {e}");
+                }
+            }
+            groups.disconnect_listener(r, &t, nqn.as_deref())
+        }) {
             Ok(n) => {
                 let n: usize = n.iter().map(|(_, k)| k).sum();
                 if n > 0 {

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use pollux_reactor::{PollStatus, PollerId, Reactor};
 
 use super::super::qpair::QueuePair;
-use super::super::transport::{QpairParams, TransportPollGroup};
+use super::super::transport::{QpairParams, TransportError, TransportPollGroup};
 use super::conn::TcpConn;
 use super::refusal::{Refusal, MAX_REFUSALS};
 use super::transport::{TcpInbox, TcpTransport};
@@ -160,6 +160,15 @@ impl TransportPollGroup for TcpPollGroup {
         }
     }
 
+    /// Take up listener changes now rather than at the next poll: a
+    /// closed listener's socket is closed when this returns.
+    fn apply_listeners(&self) -> Result<(), TransportError> {
+        if let Ok(mut st) = self.state.try_borrow_mut() {
+            st.sync_listeners(&self.transport, self.index);
+        }
+        Ok(())
+    }
+
     fn disconnect_listener(&self, trid: &TransportId, subnqn: Option<&str>) -> usize {
         let mut st = self.state.borrow_mut();
         let mut n = 0;
@@ -191,22 +200,29 @@ impl Drop for TcpPollGroup {
     }
 }
 
-impl Ctx {
-    fn poll(&self, st: &mut GroupState) -> bool {
-        let mut busy = false;
-        let gen = self.transport.listen_gen.load(Ordering::Acquire);
-        if st.shutting_down {
-            st.listeners.clear();
-        } else if gen != st.listen_gen {
-            st.listen_gen = gen;
-            st.listeners = self
-                .transport
+impl GroupState {
+    /// Take up the transport's listeners this group owns when they changed
+    /// (a removed one's socket closes here, with its last reference).
+    fn sync_listeners(&mut self, transport: &TcpTransport, index: usize) {
+        let gen = transport.listen_gen.load(Ordering::Acquire);
+        if self.shutting_down {
+            self.listeners.clear();
+        } else if gen != self.listen_gen {
+            self.listen_gen = gen;
+            self.listeners = transport
                 .lock()
                 .iter()
-                .filter(|e| e.owner == self.index)
+                .filter(|e| e.owner == index)
                 .map(|e| (e.trid.clone(), Arc::clone(&e.sock)))
                 .collect();
         }
+    }
+}
+
+impl Ctx {
+    fn poll(&self, st: &mut GroupState) -> bool {
+        let mut busy = false;
+        st.sync_listeners(&self.transport, self.index);
         for li in 0..st.listeners.len() {
             for _ in 0..ACCEPTS_PER_POLL {
                 match st.listeners[li].1.accept() {

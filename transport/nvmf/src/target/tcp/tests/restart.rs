@@ -57,3 +57,21 @@ fn a_dropped_target_closes_its_soft_rdma_listener_and_the_address_can_be_listene
     assert!(weak.upgrade().is_none(), "the target is freed");
     let (_target, _groups) = start();
 }
+
+#[test]
+fn a_removed_listener_is_closed_once_the_groups_apply_the_change() {
+    use crate::target::TransportPollGroup;
+    use std::net::TcpListener;
+
+    let f = fixture(TcpOptions::default());
+    let trid = TransportId::tcp_ipv4("127.0.0.1", f.addr.port().to_string());
+    // The group took the listener up on its first polls.
+    assert!(TcpListener::bind(f.addr).is_err(), "the target listens");
+    f.target.remove_listener(&trid).unwrap();
+    // No poll since: the management plane applies the change on each core
+    // before it answers, and the port is free then.
+    for pg in &f.pgs {
+        pg.apply_listeners().unwrap();
+    }
+    TcpListener::bind(f.addr).expect("the removed listener's port is free");
+}
