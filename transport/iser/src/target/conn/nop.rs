@@ -8,6 +8,12 @@
 //! back its task buffers, session and seat as any close does, and the
 //! target counts it ([`IscsiTarget::nop_timeouts`](crate::target::IscsiTarget::nop_timeouts)).
 //!
+//! A connection still in login gets no ping: one that has received no PDU
+//! for [`NopPing::timeout`] is dropped the same way (an initiator that
+//! opened a connection and went silent before full feature phase would
+//! otherwise hold its seat for ever); it is logged, not counted as a NOP
+//! timeout.
+//!
 //! Any PDU counts as a sign of life (SPDK clears its outstanding ping only
 //! on a NOP-Out and pings every interval whatever the traffic; here a busy
 //! connection is never pinged). The check is one comparison of the
@@ -93,6 +99,8 @@ pub(super) enum NopCheck {
     Pinged,
     /// No answer within the timeout: the connection closed.
     TimedOut,
+    /// Silent in login for the timeout: the connection closed.
+    LoginTimedOut,
 }
 
 impl Connection {
@@ -100,8 +108,21 @@ impl Connection {
     /// (called from [`Connection::poll`]).
     pub(super) fn check_nop(&mut self, ops: &mut dyn ConnOps) -> NopCheck {
         let n = &self.nop;
-        if n.interval_ns == 0 || !matches!(self.phase, Phase::Full) {
-            return NopCheck::Quiet;
+        match self.phase {
+            Phase::Full if n.interval_ns > 0 => {}
+            Phase::Login(_) => {
+                let now = self.reactor.now_ns();
+                if now.saturating_sub(n.last_rx) < n.timeout_ns {
+                    return NopCheck::Quiet;
+                }
+                log::warn!(
+                    "iscsi: a connection in login sent nothing for {} ms (nop_timeout), dropping it",
+                    n.timeout_ns / 1_000_000
+                );
+                self.abort(ops);
+                return NopCheck::LoginTimedOut;
+            }
+            _ => return NopCheck::Quiet,
         }
         let now = self.reactor.now_ns();
         if let Some(ttt) = n.outstanding() {

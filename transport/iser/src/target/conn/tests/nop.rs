@@ -188,8 +188,9 @@ fn sub_second_timers_and_a_zero_interval() {
                 },
             )
         });
-        // Not in full feature phase: never pinged.
-        tick(&mut fx, Duration::from_secs(1));
+        // Not in full feature phase: never pinged (past the interval,
+        // within the login's timeout).
+        tick(&mut fx, Duration::from_millis(250));
         assert!(fx.ops.sent.is_empty());
         assert!(fx.login(INI, "Normal").is_some());
         let from = fx.ops.sent.len();
@@ -199,4 +200,33 @@ fn sub_second_timers_and_a_zero_interval() {
         assert_eq!(fx.conn.is_closed(), pinged, "{interval:?}");
         assert_eq!(fx.target.nop_timeouts(), u64::from(pinged));
     }
+}
+
+#[test]
+fn a_connection_silent_in_login_is_dropped_after_the_timeout_uncounted() {
+    let mut fx = fixture(true);
+    let from = fx.ops.sent.len();
+    tick(&mut fx, TIMEOUT - MS);
+    assert!(!fx.conn.is_closed(), "dropped before the timeout");
+    assert!(
+        pings(&fx, from).is_empty(),
+        "no ping before full feature phase"
+    );
+    tick(&mut fx, MS);
+    assert!(
+        fx.conn.is_closed(),
+        "a connection silent in login is dropped"
+    );
+    assert_eq!(fx.target.nop_timeouts(), 0, "not a NOP timeout");
+}
+
+#[test]
+fn a_login_in_progress_restarts_the_login_silence() {
+    let mut fx = fixture(true);
+    tick(&mut fx, TIMEOUT - MS);
+    // The login arrives just in time, and the connection is then in full
+    // feature phase, where the ping takes over.
+    assert!(fx.login(INI, "Normal").is_some_and(|r| r.status_class == 0));
+    tick(&mut fx, TIMEOUT - MS);
+    assert!(!fx.conn.is_closed());
 }
