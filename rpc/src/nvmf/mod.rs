@@ -390,13 +390,13 @@ impl NvmfSubsystem {
     }
 
     fn subsystem(&self, nqn: &str) -> Result<Arc<NvmfSubsys>, RpcError> {
-        match self.target.subsystem(nqn) {
-            Some(s) if !s.is_discovery() => Ok(s),
-            Some(_) => Err(invalid(format!(
+        let s = self.listening_subsystem(nqn)?;
+        if s.is_discovery() {
+            return Err(invalid(format!(
                 "Subsystem with NQN '{nqn}': the discovery subsystem is not changed by calls"
-            ))),
-            None => Err(invalid(format!("Subsystem with NQN '{nqn}' not found"))),
+            )));
         }
+        Ok(s)
     }
 
     /// The `nvmf_get_transports` entry of a transport: the target-wide

@@ -531,14 +531,7 @@ impl Target {
 
     /// The subsystem `nqn` (the discovery subsystem included).
     pub fn subsystem(&self, nqn: &str) -> Option<Arc<Subsystem>> {
-        if nqn == DISCOVERY_NQN {
-            return Some(Arc::clone(&self.discovery));
-        }
-        self.lock()
-            .subsystems
-            .iter()
-            .find(|s| s.nqn() == nqn)
-            .cloned()
+        self.lock().find(nqn, &self.discovery)
     }
 
     /// The NVM subsystems.
