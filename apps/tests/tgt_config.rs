@@ -15,6 +15,7 @@ num_shared_buffers = 64
 max_srq_depth = 256
 num_cqe = 4096
 hugepages = "never"
+connect_timeout_ms = 5000
 
 [[bdev]]
 spec = "null:name=Null0,size=64M,block=4096"
@@ -64,6 +65,7 @@ fn a_good_config_is_planned_as_written() {
     assert_eq!(p.target.max_queue_depth, 64);
     assert_eq!(p.target.max_io_size, 128 * 1024);
     assert_eq!(p.rdma.max_srq_depth, 256);
+    assert_eq!(p.target.connect_timeout_ms, 5000);
     let names: Vec<&str> = p.bdevs.iter().map(|b| b.name.as_str()).collect();
     assert_eq!(names, ["Null0", "malloc0"]);
     let ns: Vec<(u32, &str)> = p.subsystems[0]
@@ -91,6 +93,7 @@ fn a_good_config_builds_a_target() {
     assert_eq!(ns, [(1, "malloc0".to_string()), (3, "Null0".to_string())]);
     assert_eq!(b.target.listeners().len(), 1);
     assert_eq!(b.target.options().max_queue_depth, 64);
+    assert_eq!(b.target.options().connect_timeout_ms, 5000);
 }
 
 /// `GOOD` with a second subsystem that listens on its own address too.

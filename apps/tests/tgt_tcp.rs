@@ -265,3 +265,59 @@ fn tcp_listener_errors_name_line_and_field() {
         let _ = std::fs::remove_file(&cfg);
     }
 }
+
+/// A host that opens a TCP connection and then says nothing (no ICReq,
+/// no Connect) holds a queue with no controller: `pollux-tgt` closes it
+/// once `[transport] connect_timeout_ms` has passed, and the stats file
+/// counts it in `connect_timeouts`.
+#[test]
+fn a_silent_connection_is_closed_after_the_connect_timeout_and_counted() {
+    use std::io::Read;
+    use std::time::Duration;
+    let port = free_port();
+    let text = config(
+        &format!("@pollux-tgt-tcp-silent-{}", std::process::id()),
+        port,
+    )
+    .replacen(
+        "hugepages = \"never\"",
+        "hugepages = \"never\"\nconnect_timeout_ms = 300",
+        1,
+    );
+    let cfg = tmp("tgt-tcp-silent.toml");
+    std::fs::write(&cfg, text).unwrap();
+    let stats = tmp("tgt-tcp-silent-stats.json");
+    let _ = std::fs::remove_file(&stats);
+    let mut tgt = Tgt::start(&cfg, &["--stats-file", stats.to_str().unwrap()]);
+    tgt.wait_line("pollux-tgt: ready");
+    let start = Instant::now();
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    let mut b = [0u8; 64];
+    // EOF (or a reset): the target closed it without a word.
+    let n = s.read(&mut b).unwrap_or(0);
+    assert_eq!(n, 0, "the target sent {n} bytes to a silent connection");
+    assert!(
+        start.elapsed() >= Duration::from_millis(300),
+        "closed after {:?}, before the timeout",
+        start.elapsed()
+    );
+    assert!(start.elapsed() < WAIT, "the silent connection stayed open");
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let v: serde_json::Value = std::fs::read_to_string(&stats)
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or_default();
+        if v["connect_timeouts"] == 1 {
+            assert_eq!(v["connections"], 0, "{v}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "stats: {v}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    tgt.signal(Signal::TERM);
+    assert!(tgt.wait_exit().success());
+    let _ = std::fs::remove_file(&cfg);
+    let _ = std::fs::remove_file(&stats);
+}

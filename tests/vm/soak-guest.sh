@@ -5,7 +5,9 @@
 # POLLUX_SOAK_VM_CYCLES) pollux-perf runs (ibverbs, rxe_host) connect, write
 # and read back (--verify) and go: cleanly, SIGKILLed with I/O in flight,
 # SIGSTOPped (no more keep-alives: the target's KATO of 2 s ends the
-# controller) then killed, or refused (an unknown subsystem). After a
+# controller; a queue stopped before its Fabrics Connect has no controller
+# and is ended by the target's connect timeout of 5 s) then killed, or
+# refused (an unknown subsystem). After a
 # warm-up of WARMUP cycles and at the end, once the stats file says no
 # connection is left, the target's descriptors and mappings are sampled:
 # the end may exceed the warm-up by at most FD_SLACK / MAPS_SLACK.
@@ -34,6 +36,7 @@ max_qpairs = 16
 max_qpairs_per_core = 16
 device = "$LAB_TARGET_DEV"
 hugepages = "never"
+connect_timeout_ms = 5000
 
 [[bdev]]
 spec = "malloc:name=Malloc0,size=32M,block=512"
@@ -124,6 +127,7 @@ else
   fail "target grew: descriptors $wf -> $ef, mappings $wm -> $em after $CYCLES cycles"
 fi
 grep -o '"keep_alive_timeouts": *[0-9]*' "$W/stats.json"
+grep -o '"connect_timeouts": *[0-9]*' "$W/stats.json"
 if grep -q '"keep_alive_timeouts": *[1-9]' "$W/stats.json"; then
   pass "the target ended stalled hosts by keep-alive timeout"
 else

@@ -24,6 +24,7 @@
 //! pin_queues_to_listener_core = false  # no spreading over cores (debug) [false]
 //! device = "mlx5_0"            # verbs device [the provider's first]
 //! hugepages = "auto"           # auto | require | never [auto]
+//! connect_timeout_ms = 30000   # a queue with no Fabrics Connect by then is dropped; 0: never [30000]
 //!
 //! [transport.tcp]              # NVMe/TCP (SPDK names); present or a tcp listener: TCP on
 //! in_capsule_data_size = 4096  # I/O queues, <= the target's [4096]
@@ -234,6 +235,8 @@ pub struct TransportSection {
     pub device: Option<Spanned<String>>,
     /// Hugepage policy.
     pub hugepages: Option<Spanned<Hugepages>>,
+    /// Milliseconds a new queue may take to complete its Fabrics Connect.
+    pub connect_timeout_ms: Option<Spanned<u32>>,
     /// `[transport.tcp]`: the NVMe/TCP transport.
     pub tcp: Option<Spanned<TcpSection>>,
 }
@@ -613,6 +616,10 @@ fn plan(text: &str, file: TgtFile) -> Result<TgtPlan, AppError> {
         if let Some(v) = &t.num_slot_buffers {
             target.num_slot_buffers = *v.get_ref();
             seen("num_slot_buffers", v.span());
+        }
+        if let Some(v) = &t.connect_timeout_ms {
+            target.connect_timeout_ms = *v.get_ref();
+            seen("connect_timeout_ms", v.span());
         }
         if let Some(v) = &t.device {
             rdma.device = Some(v.get_ref().clone());

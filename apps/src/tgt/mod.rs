@@ -30,7 +30,7 @@
 //!   "busy_ns": [..], "idle_ns": [..], "connections": 2, "connections_per_core": [2],
 //!   "accepted": 2, "rejected": 0, "destroyed": 0, "recv_memory_bytes": 16908288,
 //!   "controllers": 1, "controllers_created": 1, "keep_alives": 4,
-//!   "keep_alive_timeouts": 0, "async_events": 1 }
+//!   "keep_alive_timeouts": 0, "connect_timeouts": 0, "async_events": 1 }
 //! ```
 //!
 //! `connections_per_core` is each core's poll group's live queues (new
@@ -42,7 +42,9 @@
 //! `controllers_created`, `keep_alives` (Keep Alive commands answered),
 //! `keep_alive_timeouts` (controllers torn down because no Keep Alive came
 //! within KATO) and `async_events` (AERs completed with an event) count
-//! since start, summed over the subsystems. With an `[iscsi]` section,
+//! since start, summed over the subsystems; `connect_timeouts` counts the
+//! queues dropped because no Fabrics Connect completed on them within
+//! `connect_timeout_ms`. With an `[iscsi]` section,
 //! `iscsi_connections_per_core` is each core's iSER poll group's live
 //! connections, like `connections_per_core`, and `iscsi_nop_timeouts`
 //! counts the connections dropped because their initiator left a NOP-In
@@ -693,6 +695,7 @@ fn write_stats<P: Provider>(
         "controllers_created": ctl.controllers_created,
         "keep_alives": ctl.keep_alives,
         "keep_alive_timeouts": ctl.keep_alive_timeouts,
+        "connect_timeouts": built.target.connect_timeouts(),
         "async_events": ctl.events,
     });
     if let Some(i) = &built.iscsi {

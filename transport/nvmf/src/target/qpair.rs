@@ -7,7 +7,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use pollux_bdev::{CompletedIo, InPlaceIo, IoChannel, IoCompletion, IoStatus, SgList};
 use pollux_reactor::mem::{BufPool, DmaBuf};
@@ -165,6 +165,9 @@ pub struct QueuePair {
     pub(crate) io_counters: Arc<IoCounters>,
     /// `reactor.now_ns()` when this I/O queue last went from idle to busy.
     busy_since: Option<u64>,
+    /// When the queue was made: a Connect must complete within
+    /// [`TargetOptions::connect_timeout_ms`](super::TargetOptions) of it.
+    created: Instant,
 }
 
 impl std::fmt::Debug for QueuePair {
@@ -259,6 +262,7 @@ impl QueuePair {
             stats: QpairStats::default(),
             io_counters: Arc::new(IoCounters::default()),
             busy_since: None,
+            created: reactor.now(),
         })
     }
 
@@ -845,8 +849,30 @@ impl QueuePair {
             } else if !self.aers.is_empty() && c.has_events() {
                 busy |= self.deliver_events(ops);
             }
+        } else if !self.disconnect_sent {
+            busy |= self.connect_overdue(ops);
         }
         PollStatus::from_work(busy)
+    }
+
+    /// No Connect completed on this queue within the target's
+    /// `connect_timeout_ms`: ask the transport to disconnect it (once) and
+    /// count it. Returns whether it did.
+    #[cold]
+    fn connect_overdue(&mut self, ops: &mut dyn QpairOps) -> bool {
+        let ms = self.target.options().connect_timeout_ms;
+        let waited = self.reactor.now().saturating_duration_since(self.created);
+        if ms == 0 || waited < Duration::from_millis(u64::from(ms)) {
+            return false;
+        }
+        log::warn!(
+            "nvmf: a queue on {} completed no Connect within {ms} ms: disconnecting it",
+            self.listener()
+        );
+        self.target.connect_timed_out();
+        self.disconnect_sent = true;
+        ops.disconnect();
+        true
     }
 
     /// Retry the parked requests of `q`, oldest first, until one stays

@@ -1,6 +1,7 @@
 //! The [`Target`]: options, transports, listeners, subsystems (the
 //! discovery subsystem included) and the shared data buffer pool.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use pollux_reactor::sync::{Mutex, MutexGuard};
@@ -43,6 +44,12 @@ pub struct TargetOptions {
     pub hugepages: HugepageMode,
     /// KATO used for discovery controllers that connect with KATO 0 (Linux: 120 s).
     pub discovery_kato_ms: u32,
+    /// A queue whose transport connection is up but that has not completed
+    /// a Fabrics Connect within this many milliseconds is disconnected: a
+    /// host that stalls or dies between the two would otherwise hold the
+    /// queue (its requests and buffers) forever, since keep-alive starts
+    /// only with a controller. 0 waits forever.
+    pub connect_timeout_ms: u32,
 }
 
 impl Default for TargetOptions {
@@ -57,6 +64,7 @@ impl Default for TargetOptions {
             num_slot_buffers: 2048,
             hugepages: HugepageMode::Auto,
             discovery_kato_ms: 120_000,
+            connect_timeout_ms: 30_000,
         }
     }
 }
@@ -213,6 +221,8 @@ pub struct Target {
     disc: Arc<DiscoveryGen>,
     discovery: Arc<Subsystem>,
     state: Mutex<TargetState>,
+    /// Queues disconnected for sending no Connect in time.
+    connect_timeouts: AtomicU64,
 }
 
 impl std::fmt::Debug for Target {
@@ -264,6 +274,7 @@ impl Target {
                 next_portid: 1,
                 ..TargetState::default()
             }),
+            connect_timeouts: AtomicU64::new(0),
         }))
     }
 
@@ -594,6 +605,17 @@ impl Target {
             }
         }
         Ok(groups)
+    }
+
+    /// Queues disconnected so far because no Fabrics Connect completed on
+    /// them within [`TargetOptions::connect_timeout_ms`].
+    pub fn connect_timeouts(&self) -> u64 {
+        self.connect_timeouts.load(Ordering::Relaxed)
+    }
+
+    /// Count a queue disconnected for a missing Connect (once per queue).
+    pub(crate) fn connect_timed_out(&self) {
+        self.connect_timeouts.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Every transport's connection counters, summed (control path).

@@ -41,12 +41,17 @@ fn fixture(opts: RdmaOptions) -> Fx {
 /// A target on `cores` reactors, one poll group each (the first one owns
 /// the listener).
 fn fixture_on(cores: usize, opts: RdmaOptions) -> Fx {
-    static N: AtomicUsize = AtomicUsize::new(0);
-    let cl = TestCluster::new(cores);
     let topts = TargetOptions {
         in_capsule_data_size: 16384,
         ..TargetOptions::for_tests()
     };
+    fixture_with(cores, opts, topts)
+}
+
+/// [`fixture_on`] with the target's options `topts`.
+fn fixture_with(cores: usize, opts: RdmaOptions, topts: TargetOptions) -> Fx {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let cl = TestCluster::new(cores);
     let target = Target::new(topts).expect("target");
     let mut sc = SubsystemConfig::new(NQN);
     sc.allow_any_host = true;

@@ -43,3 +43,48 @@ fn a_queue_ended_for_a_malformed_capsule_mid_io_returns_everything() {
     drop(again);
     drop(admin);
 }
+
+/// A queue connected at the RDMA CM level whose host never sends a
+/// Fabrics Connect has no controller, so no keep-alive ends it: the
+/// target disconnects it once `connect_timeout_ms` has passed on its
+/// (manual) clock, not before, counts it, and gives back its receive
+/// buffers; the connected admin queue stays.
+#[test]
+fn a_queue_with_no_connect_is_dropped_after_the_connect_timeout() {
+    use std::time::Duration;
+    const LIMIT: Duration = Duration::from_millis(300);
+    let topts = TargetOptions {
+        in_capsule_data_size: 16384,
+        connect_timeout_ms: LIMIT.as_millis() as u32,
+        ..TargetOptions::for_tests()
+    };
+    let fx = fixture_with(1, RdmaOptions::for_tests(), topts);
+    let (admin, _) = fx.admin();
+    let mut silent = host::Host::connect(&fx.cl, &fx.addr, 1, 8);
+    assert_eq!(fx.pg.connections(), 2);
+    fx.cl.advance(LIMIT - Duration::from_millis(1));
+    let _ = fx.cl.poll_until_idle_within(100_000);
+    assert_eq!(fx.pg.connections(), 2, "dropped before the timeout");
+    fx.cl.advance(Duration::from_millis(1));
+    let gone = spin(&fx.cl, || (fx.pg.connections() == 1).then_some(()));
+    assert!(gone.is_some(), "the queue with no Connect stays");
+    assert!(
+        spin(&fx.cl, || (!silent.poll()).then_some(())).is_some(),
+        "the host's queue stays up"
+    );
+    assert_eq!(fx.target.connect_timeouts(), 1);
+    let _ = fx.cl.poll_until_idle_within(100_000);
+    let st = fx.pg.stats();
+    assert_eq!(
+        st.recv_buffers_idle, st.recv_buffers,
+        "receive buffers leaked"
+    );
+    let ts = fx.transport.stats();
+    assert_eq!((ts.accepted, ts.destroyed), (2, 1));
+    // The admin queue outlives the timeout by far.
+    fx.cl.advance(LIMIT * 10);
+    let _ = fx.cl.poll_until_idle_within(100_000);
+    assert_eq!(fx.pg.connections(), 1);
+    drop(silent);
+    drop(admin);
+}

@@ -64,8 +64,13 @@ pub(super) fn fixture_at(ip: &str, opts: TcpOptions) -> Fx {
 
 /// A target with one TCP poll group on each of `cores` reactors.
 pub(super) fn fixture_on(cores: usize, ip: &str, opts: TcpOptions) -> Fx {
+    fixture_with(cores, ip, opts, target_options())
+}
+
+/// [`fixture_on`] with the target's options `topts`.
+pub(super) fn fixture_with(cores: usize, ip: &str, opts: TcpOptions, topts: TargetOptions) -> Fx {
     let cl = TestCluster::new(cores);
-    let target = Target::new(target_options()).unwrap();
+    let target = Target::new(topts).unwrap();
     let mut sc = SubsystemConfig::new(NQN);
     sc.allow_any_host = true;
     let sub = target.add_subsystem(sc).unwrap();

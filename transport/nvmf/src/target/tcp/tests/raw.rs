@@ -83,6 +83,23 @@ impl Raw {
         panic!("no {n} bytes from the target");
     }
 
+    /// Poll until the target closes the connection (EOF or reset; any
+    /// bytes before it are dropped) or `limit` passes; whether it closed.
+    pub(super) fn closed_within(&mut self, f: &Fx, limit: std::time::Duration) -> bool {
+        let start = std::time::Instant::now();
+        let mut tmp = [0u8; 4096];
+        while start.elapsed() < limit {
+            f.cl.poll_once_all();
+            match self.s.read(&mut tmp) {
+                Ok(0) => return true,
+                Ok(_) => {}
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+                Err(_) => return true,
+            }
+        }
+        false
+    }
+
     pub(super) fn recv(&mut self, f: &Fx, n: usize) -> Vec<u8> {
         self.try_recv(f, n)
             .expect("the target closed the connection")

@@ -3,6 +3,8 @@
 //! flight, its placement seat, its queue id (the same QID connects again
 //! on the same controller), its controller (an admin queue's), and its
 //! socket (the host reads the end of the stream after the C2HTermReq).
+//! A connection that never completes a Connect is dropped after the
+//! target's connect timeout.
 
 use super::raw::{connect_cmd, Raw};
 use super::*;
@@ -128,4 +130,46 @@ fn an_admin_queue_ended_for_bad_input_frees_its_controller() {
     });
     f.settle();
     f.assert_pool_full();
+}
+
+/// A connection silent after the TCP handshake and one silent after its
+/// ICReq hold a queue without a controller, so no keep-alive ends them:
+/// the target drops both once `connect_timeout_ms` has passed on its
+/// (manual) clock, not before, counts them, and keeps the connected admin
+/// queue.
+#[test]
+fn a_queue_with_no_connect_is_dropped_after_the_connect_timeout() {
+    use std::time::Duration;
+    const LIMIT: Duration = Duration::from_millis(300);
+    let topts = TargetOptions {
+        connect_timeout_ms: LIMIT.as_millis() as u32,
+        ..target_options()
+    };
+    let f = fixture_with(1, "127.0.0.1", TcpOptions::default(), topts);
+    let _admin = queue(&f, 0, crate::spec::connect::CNTLID_DYNAMIC);
+    let mut silent = Raw::connect(&f);
+    let mut icreq_only = Raw::handshake(&f, Digests::default());
+    until_connections(&f, 3);
+    f.cl.advance(LIMIT - Duration::from_millis(1));
+    assert!(
+        !silent.closed_within(&f, Duration::from_millis(100)),
+        "dropped before the timeout"
+    );
+    assert_eq!(f.target.connect_timeouts(), 0);
+    f.cl.advance(Duration::from_millis(1));
+    assert!(
+        silent.closed_within(&f, Duration::from_secs(10)),
+        "a connection that sent nothing stays open"
+    );
+    assert!(
+        icreq_only.closed_within(&f, Duration::from_secs(10)),
+        "a connection that sent only its ICReq stays open"
+    );
+    until_connections(&f, 1);
+    assert_eq!(f.target.connect_timeouts(), 2);
+    // The admin queue (KATO 30 s) outlives the timeout by far.
+    f.cl.advance(LIMIT * 10);
+    let _ = f.cl.poll_until_idle_within(100_000);
+    assert_eq!(f.transport.queues_per_group(), vec![1]);
+    assert_eq!(f.target.connect_timeouts(), 2);
 }
