@@ -261,6 +261,7 @@ fn sighup_applies_subsystems_hosts_and_listeners_all_or_nothing() {
     let line = tgt.wait_line("pollux-tgt: reload");
     assert!(line.contains("1 subsystem(s) added"), "{line}");
     assert!(line.contains("1 listener(s) added"), "{line}");
+    assert!(!line.contains("not applied"), "{line}");
     let subs = subsystems(&mut c);
     assert_eq!(subs.len(), 3);
     let second = subs.iter().find(|s| s["nqn"] == SECOND).unwrap();
@@ -279,15 +280,22 @@ fn sighup_applies_subsystems_hosts_and_listeners_all_or_nothing() {
         "TCP is open"
     );
 
-    // Hosts change.
+    // Hosts change, and two transport options that need a restart: the
+    // report names them and leaves them alone.
     std::fs::write(
         &cfg,
-        config_plus(&addr, &format!("\"{HOST_B}\""), Some(port)),
+        config_plus(&addr, &format!("\"{HOST_B}\""), Some(port))
+            .replacen("max_queue_depth = 64", "max_queue_depth = 32", 1)
+            .replacen("num_cqe = 4096", "num_cqe = 8192", 1),
     )
     .unwrap();
     tgt.signal(Signal::HUP);
     let line = tgt.wait_line("pollux-tgt: reload");
     assert!(line.contains("2 host change(s)"), "{line}");
+    assert!(
+        line.contains("not applied (restart needed): transport.max_queue_depth; not applied (restart needed): transport.num_cqe"),
+        "{line}"
+    );
     let subs = subsystems(&mut c);
     let second = subs.iter().find(|s| s["nqn"] == SECOND).unwrap();
     assert_eq!(second["hosts"], json!([{"nqn": HOST_B}]));

@@ -21,8 +21,12 @@
 //! subsystem uses it any more). A namespace change raises a Namespace Attribute Changed event on
 //! the subsystem's controllers (an outstanding AER completes; the
 //! changed-namespace log page lists the NSIDs), so hosts see it without
-//! reconnecting. What needs a restart (transport options, cores, iSCSI)
-//! is reported and left alone.
+//! reconnecting. What needs a restart is left alone: a changed
+//! `[transport]` option, a changed `[transport.tcp]` option of a TCP
+//! transport running since start, and an `[iscsi]` section
+//! that came or went are named in the report ([`ReloadReport::ignored`]);
+//! changes inside `[iscsi]` and to `cores` or `provider` are not applied
+//! and not compared.
 //!
 //! A file that does not parse or check leaves the target as it was. When
 //! a call fails, the additions made before it are undone; removals made
@@ -124,6 +128,76 @@ pub fn reload<P: Provider>(
     apply(&plan, built, svc)
 }
 
+/// What the file changes that a reload leaves alone (the options the
+/// running transports and pools were made with, the `[iscsi]` section's
+/// presence): `transport.KEY` per changed key, `transport.tcp` when any
+/// NVMe/TCP option changed, `iscsi` when the section came or went.
+fn restart_needed<P: Provider>(plan: &TgtPlan, built: &Built<P>) -> Vec<String> {
+    let (t, now) = (&plan.target, built.target.options());
+    let (r, rnow) = (&plan.rdma, built.transport.options());
+    let mut out: Vec<String> = [
+        ("max_queue_depth", t.max_queue_depth != now.max_queue_depth),
+        ("max_io_size", t.max_io_size != now.max_io_size),
+        ("io_unit_size", t.io_unit_size != now.io_unit_size),
+        (
+            "in_capsule_data_size",
+            t.in_capsule_data_size != now.in_capsule_data_size,
+        ),
+        (
+            "num_shared_buffers",
+            t.num_data_buffers != now.num_data_buffers,
+        ),
+        (
+            "buf_cache_size",
+            t.buffer_cache_size != now.buffer_cache_size,
+        ),
+        (
+            "num_slot_buffers",
+            t.num_slot_buffers != now.num_slot_buffers,
+        ),
+        (
+            "hugepages",
+            t.hugepages != now.hugepages || r.hugepages != rnow.hugepages,
+        ),
+        (
+            "connect_timeout_ms",
+            t.connect_timeout_ms != now.connect_timeout_ms,
+        ),
+        ("max_srq_depth", r.max_srq_depth != rnow.max_srq_depth),
+        ("no_srq", r.no_srq != rnow.no_srq),
+        ("num_cqe", r.num_cqe != rnow.num_cqe),
+        (
+            "send_with_invalidate",
+            r.send_with_invalidate != rnow.send_with_invalidate,
+        ),
+        ("max_read_depth", r.max_read_depth != rnow.max_read_depth),
+        (
+            "acceptor_backlog",
+            r.acceptor_backlog != rnow.acceptor_backlog,
+        ),
+        ("pin_queues_to_listener_core", r.placement != rnow.placement),
+        ("max_qpairs", r.max_qpairs != rnow.max_qpairs),
+        (
+            "max_qpairs_per_core",
+            r.max_qpairs_per_core != rnow.max_qpairs_per_core,
+        ),
+        ("device", r.device != rnow.device),
+    ]
+    .into_iter()
+    .filter(|&(_, changed)| changed)
+    .map(|(key, _)| format!("transport.{key}"))
+    .collect();
+    if let (Some(o), Some(running)) = (&plan.tcp, &built.tcp) {
+        if o != running.options() {
+            out.push("transport.tcp".into());
+        }
+    }
+    if plan.iscsi.is_some() != built.iscsi.is_some() {
+        out.push("iscsi".into());
+    }
+    out
+}
+
 /// One call of a reload, where in the file it comes from, and what the
 /// report says once it succeeded.
 struct Step {
@@ -166,7 +240,10 @@ pub fn apply<P: Provider>(
     built: &Built<P>,
     svc: &RpcService,
 ) -> Result<ReloadReport, AppError> {
-    let mut rep = ReloadReport::default();
+    let mut rep = ReloadReport {
+        ignored: restart_needed(plan, built),
+        ..ReloadReport::default()
+    };
     let target = &built.target;
     let whole = Origin {
         line: 1,

@@ -16,7 +16,7 @@ use super::transport::{TargetTransport, TransportError};
 use crate::spec::transport_id::{TrType, TransportId};
 
 /// Target-wide options.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TargetOptions {
     /// Most entries per I/O queue (CAP.MQES + 1, Identify MAXCMD).
     pub max_queue_depth: u16,
