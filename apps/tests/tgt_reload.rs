@@ -379,13 +379,7 @@ fn write_read<Q: pollux_nvmf::host::HostQueue>(
 }
 
 fn live_queues(c: &mut RpcClient) -> u64 {
-    let st = c.call("nvmf_get_stats", Some(json!({}))).unwrap();
-    st["poll_groups"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|g| g["current_io_qpairs"].as_u64().unwrap())
-        .sum()
+    pollux_rpc::nvmf::current_qpairs(&c.call("nvmf_get_stats", Some(json!({}))).unwrap()).unwrap()
 }
 
 fn rdma_host(addr: &str, id: u8) -> (RdmaHost<Soft>, Result<Controller<RdmaHost<Soft>>, String>) {

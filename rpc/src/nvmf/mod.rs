@@ -305,6 +305,17 @@ fn parse_trid(a: &ListenAddress) -> Result<TransportId, RpcError> {
     })
 }
 
+/// The queue pairs live on every core, from an `nvmf_get_stats` answer:
+/// the sum of its poll groups' `current_io_qpairs`, `None` when the
+/// answer has no `poll_groups` list or a group no such count.
+pub fn current_qpairs(stats: &Value) -> Option<u64> {
+    stats["poll_groups"]
+        .as_array()?
+        .iter()
+        .map(|g| g["current_io_qpairs"].as_u64())
+        .sum()
+}
+
 /// A listen address as SPDK shows it.
 pub fn describe_trid(t: &TransportId) -> Value {
     json!({

@@ -124,13 +124,7 @@ impl Rig {
 
     /// Live queues on every core, from `nvmf_get_stats`.
     pub fn live(&self) -> u64 {
-        let st = self.call("nvmf_get_stats", json!({}));
-        st["poll_groups"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|g| g["current_io_qpairs"].as_u64().unwrap())
-            .sum()
+        pollux_rpc::nvmf::current_qpairs(&self.call("nvmf_get_stats", json!({}))).unwrap()
     }
 
     pub fn destroyed(&self) -> u64 {

@@ -118,6 +118,16 @@ impl Fx {
         (h, cntlid)
     }
 
+    /// Settle, then every receive buffer of the first poll group is idle.
+    fn assert_recv_buffers_back(&self) {
+        let _ = self.cl.poll_until_idle_within(100_000);
+        let st = self.pg.stats();
+        assert_eq!(
+            st.recv_buffers_idle, st.recv_buffers,
+            "receive buffers leaked"
+        );
+    }
+
     fn io(&self, cntlid: u16, depth: u16) -> Host {
         let mut h = Host::connect(&self.cl, &self.addr, 1, depth);
         let cpl = h.fabrics_connect(&self.cl, 1, NQN, cntlid);
@@ -359,12 +369,7 @@ fn a_thousand_abrupt_disconnects_leak_nothing() {
         assert!(gone.is_some(), "round {round}: queue not destroyed");
     }
     // Let bdev I/O that completed into the void return its buffers.
-    let _ = fx.cl.poll_until_idle_within(100_000);
-    let st = fx.pg.stats();
-    assert_eq!(
-        st.recv_buffers_idle, st.recv_buffers,
-        "receive buffers leaked"
-    );
+    fx.assert_recv_buffers_back();
     let ts = fx.transport.stats();
     assert_eq!(ts.destroyed, 1000);
     assert_eq!(ts.accepted, 1001);

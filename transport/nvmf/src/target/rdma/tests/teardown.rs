@@ -22,12 +22,7 @@ fn a_queue_ended_for_a_malformed_capsule_mid_io_returns_everything() {
     assert!(gone.is_some(), "the queue was not destroyed");
     let dead = spin(&fx.cl, || (!io.poll()).then_some(()));
     assert!(dead.is_some(), "the host's queue stays up");
-    let _ = fx.cl.poll_until_idle_within(100_000);
-    let st = fx.pg.stats();
-    assert_eq!(
-        st.recv_buffers_idle, st.recv_buffers,
-        "receive buffers leaked"
-    );
+    fx.assert_recv_buffers_back();
     let back = || fx.target.data_pool().available() + fx.cached() == pool_start;
     let _ = spin(&fx.cl, || back().then_some(()));
     assert!(back(), "data buffers leaked");
@@ -73,12 +68,7 @@ fn a_queue_with_no_connect_is_dropped_after_the_connect_timeout() {
         "the host's queue stays up"
     );
     assert_eq!(fx.target.connect_timeouts(), 1);
-    let _ = fx.cl.poll_until_idle_within(100_000);
-    let st = fx.pg.stats();
-    assert_eq!(
-        st.recv_buffers_idle, st.recv_buffers,
-        "receive buffers leaked"
-    );
+    fx.assert_recv_buffers_back();
     let ts = fx.transport.stats();
     assert_eq!((ts.accepted, ts.destroyed), (2, 1));
     // The admin queue outlives the timeout by far.
