@@ -86,13 +86,16 @@ echo "cycle,tgt_fds,tgt_maps,tgt_rss_kib"
 declare -a tally=(0 0 0 0)
 for n in $(seq 1 "$CYCLES"); do
   case $((n % 6)) in
-    2) # SIGKILLed with I/O in flight
+    2) # SIGKILLed with I/O in flight (idle first: the wait below must
+       # see this host's connections, not the last cycle's)
+      idle || true
       perf_bg "$W/perf-$n.log" -t 30
       for _ in $(seq 100); do grep -q '"connections": *[1-9]' "$W/stats.json" && break; sleep 0.1; done
       sleep 1
       kill -KILL "$P"; wait "$P" 2>/dev/null
       tally[1]=$((tally[1] + 1)) ;;
     4) # stops sending keep-alives: the target's KATO ends it
+      idle || true
       perf_bg "$W/perf-$n.log" -t 30 --kato 2
       for _ in $(seq 100); do grep -q '"connections": *[1-9]' "$W/stats.json" && break; sleep 0.1; done
       sleep 1
