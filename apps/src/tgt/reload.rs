@@ -187,6 +187,10 @@ fn restart_needed<P: Provider>(plan: &TgtPlan, built: &Built<P>) -> Vec<String> 
     .filter(|&(_, changed)| changed)
     .map(|(key, _)| format!("transport.{key}"))
     .collect();
+    // An option the list above does not name yet still shows.
+    if out.is_empty() && (t != now || r != rnow) {
+        out.push("transport".into());
+    }
     if let (Some(o), Some(running)) = (&plan.tcp, &built.tcp) {
         if o != running.options() {
             out.push("transport.tcp".into());

@@ -165,9 +165,10 @@ pub struct QueuePair {
     pub(crate) io_counters: Arc<IoCounters>,
     /// `reactor.now_ns()` when this I/O queue last went from idle to busy.
     busy_since: Option<u64>,
-    /// When the queue was made: a Connect must complete within
-    /// [`TargetOptions::connect_timeout_ms`](super::TargetOptions) of it.
-    created: Instant,
+    /// When the queue is disconnected unless a Connect has completed:
+    /// [`TargetOptions::connect_timeout_ms`](super::TargetOptions) after it
+    /// was made (`None` when that is 0).
+    connect_deadline: Option<Instant>,
 }
 
 impl std::fmt::Debug for QueuePair {
@@ -262,7 +263,10 @@ impl QueuePair {
             stats: QpairStats::default(),
             io_counters: Arc::new(IoCounters::default()),
             busy_since: None,
-            created: reactor.now(),
+            connect_deadline: match opts.connect_timeout_ms {
+                0 => None,
+                ms => Some(reactor.now() + Duration::from_millis(u64::from(ms))),
+            },
         })
     }
 
@@ -860,14 +864,16 @@ impl QueuePair {
     /// count it. Returns whether it did.
     #[cold]
     fn connect_overdue(&mut self, ops: &mut dyn QpairOps) -> bool {
-        let ms = self.target.options().connect_timeout_ms;
-        let waited = self.reactor.now().saturating_duration_since(self.created);
-        if ms == 0 || waited < Duration::from_millis(u64::from(ms)) {
+        if !self
+            .connect_deadline
+            .is_some_and(|d| self.reactor.now() >= d)
+        {
             return false;
         }
         log::warn!(
-            "nvmf: a queue on {} completed no Connect within {ms} ms: disconnecting it",
-            self.listener()
+            "nvmf: a queue on {} completed no Connect within {} ms: disconnecting it",
+            self.listener(),
+            self.target.options().connect_timeout_ms
         );
         self.target.connect_timed_out();
         self.disconnect_sent = true;
