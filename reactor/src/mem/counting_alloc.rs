@@ -6,8 +6,14 @@
 //! `#[global_allocator] static A: CountingAlloc = CountingAlloc;`, runs a
 //! path warm, takes a [`DataPathCounts::now`], runs N more I/Os and asserts
 //! that [`DataPathCounts::since`] is zero: no allocation, no reallocation and
-//! (with the `count-locks` feature) no lock acquisition in between. It counts
-//! every thread of the process, so such a binary holds one `#[test]`.
+//! (with the `count-locks` feature) no lock acquisition in between.
+//!
+//! Allocations are counted per thread: [`DataPathCounts`] holds those of
+//! the calling thread, the one a [`crate::TestCluster`] polls its reactors
+//! on. The test harness's own threads (libtest records a running test in a
+//! map from its main thread, at a moment of its choosing) then cannot show
+//! up in a measured window; the process-wide total is still there
+//! ([`CountingAlloc::allocations`]).
 //!
 //! It also keeps the bytes live on the heap ([`CountingAlloc::live_bytes`]):
 //! a soak or storm test compares them before and after, which tells a leak
@@ -15,15 +21,17 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 static ALLOCS: AtomicU64 = AtomicU64::new(0);
 /// Bytes allocated and not yet freed.
 static LIVE: AtomicUsize = AtomicUsize::new(0);
-/// Backtraces still to print (see [`CountingAlloc::trace`]).
-static TRACE: AtomicU32 = AtomicU32::new(0);
 
 thread_local! {
+    /// Allocations and reallocations made by this thread.
+    static THREAD_ALLOCS: Cell<u64> = const { Cell::new(0) };
+    /// Backtraces still to print for this thread (see [`CountingAlloc::trace`]).
+    static TRACE: Cell<u32> = const { Cell::new(0) };
     /// Set while this thread prints a trace (printing allocates).
     static TRACING: Cell<bool> = const { Cell::new(false) };
 }
@@ -32,20 +40,20 @@ thread_local! {
 /// where it came from.
 #[inline]
 fn count(layout: Layout) {
-    if TRACING.with(Cell::get) {
+    // `try_with`: a thread's last allocations may come after its
+    // thread-locals are gone; those count in the process total only.
+    if TRACING.try_with(Cell::get).unwrap_or(false) {
         // The trace's own printing: not the code under test.
         return;
     }
     ALLOCS.fetch_add(1, Ordering::Relaxed);
-    if TRACE.load(Ordering::Relaxed) > 0 && !TRACING.with(|t| t.replace(true)) {
-        let take = |n: u32| n.checked_sub(1);
-        if TRACE
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, take)
-            .is_ok()
-        {
-            let bt = std::backtrace::Backtrace::force_capture();
-            eprintln!("counting allocator: {layout:?} allocated at\n{bt}");
-        }
+    let _ = THREAD_ALLOCS.try_with(|c| c.set(c.get() + 1));
+    let left = TRACE.try_with(Cell::get).unwrap_or(0);
+    if left > 0 {
+        TRACE.with(|t| t.set(left - 1));
+        TRACING.with(|t| t.set(true));
+        let bt = std::backtrace::Backtrace::force_capture();
+        eprintln!("counting allocator: {layout:?} allocated at\n{bt}");
         TRACING.with(|t| t.set(false));
     }
 }
@@ -62,24 +70,31 @@ impl CountingAlloc {
         ALLOCS.load(Ordering::Relaxed)
     }
 
+    /// Allocations and reallocations the calling thread made through it so
+    /// far.
+    pub fn thread_allocations() -> u64 {
+        THREAD_ALLOCS.with(Cell::get)
+    }
+
     /// Bytes allocated through it and not yet freed (all threads): 0 in a
     /// process that does not install it.
     pub fn live_bytes() -> usize {
         LIVE.load(Ordering::Relaxed)
     }
 
-    /// Print a backtrace of each of the next `first` counted allocations
-    /// to stderr (0: stop), so that a failing rule test shows where its
-    /// allocations come from (shown with the test's output).
+    /// Print a backtrace of each of the calling thread's next `first`
+    /// counted allocations to stderr (0: stop), so that a failing rule test
+    /// shows where its allocations come from (shown with the test's output).
     pub fn trace(first: u32) {
-        TRACE.store(first, Ordering::Relaxed);
+        TRACE.with(|t| t.set(first));
     }
 }
 
 // SAFETY: every method forwards to `System` with the caller's arguments
 // unchanged, so `System`'s guarantees are ours; the counters are relaxed
-// atomic adds that allocate nothing (tracing, a test's debugging aid,
-// allocates through this allocator with a re-entry guard).
+// atomic adds and const-initialised thread-locals without destructors,
+// none of which allocates (tracing, a test's debugging aid, allocates
+// through this allocator with a re-entry guard).
 unsafe impl GlobalAlloc for CountingAlloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         count(layout);
@@ -123,7 +138,8 @@ unsafe impl GlobalAlloc for CountingAlloc {
 /// Heap allocations and lock acquisitions at one moment (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DataPathCounts {
-    /// Allocations and reallocations ([`CountingAlloc::allocations`]).
+    /// Allocations and reallocations by the calling thread
+    /// ([`CountingAlloc::thread_allocations`]).
     pub allocations: u64,
     /// Lock acquisitions ([`crate::sync::lock_acquisitions`]).
     pub locks: u64,
@@ -133,7 +149,7 @@ impl DataPathCounts {
     /// The counts now.
     pub fn now() -> Self {
         Self {
-            allocations: CountingAlloc::allocations(),
+            allocations: CountingAlloc::thread_allocations(),
             locks: crate::sync::lock_acquisitions(),
         }
     }

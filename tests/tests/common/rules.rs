@@ -55,6 +55,34 @@ pub fn assert_counters_work() {
     drop(m.lock().unwrap());
     let d = c.since();
     assert!(d.allocations >= 1 && d.locks >= 1, "{d:?}");
+    // Another thread's allocations (the harness's) are not this thread's:
+    // the other thread allocates between two readings here, which spin
+    // (allocating nothing) while it does.
+    use std::sync::atomic::{AtomicU8, Ordering::SeqCst};
+    let step = std::sync::Arc::new(AtomicU8::new(0));
+    let other = std::sync::Arc::clone(&step);
+    let t = std::thread::spawn(move || {
+        while other.load(SeqCst) != 1 {
+            std::hint::spin_loop();
+        }
+        drop(std::hint::black_box(vec![2u8; 64]));
+        other.store(2, SeqCst);
+    });
+    let (mine, all) = (DataPathCounts::now(), CountingAlloc::allocations());
+    step.store(1, SeqCst);
+    while step.load(SeqCst) != 2 {
+        std::hint::spin_loop();
+    }
+    let (mine, all) = (mine.since().allocations, CountingAlloc::allocations() - all);
+    t.join().unwrap();
+    assert!(
+        all >= 1,
+        "the other thread's allocation is in the process total"
+    );
+    assert_eq!(
+        mine, 0,
+        "the other thread's allocation counted as this one's"
+    );
 }
 
 /// `n` one-buffer lists of `len` bytes from a pool of their own (which
