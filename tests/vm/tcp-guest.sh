@@ -50,6 +50,7 @@ check() {
   if [ $rc = 0 ]; then pass "$name" $((SECONDS - t0)); return 0; fi
   fail "$name" $((SECONDS - t0)) "rc=$rc"
   tail -n 25 "$W/$RUN-$name.log" | sed 's/^/    | /'
+  tgt_tail 30
   return 1
 }
 
@@ -100,6 +101,13 @@ start_tgt() {
   fail tgt-ready $((SECONDS - t0)) "no 'ready' in 60 s"; tail -n 30 "$W/tgt.log" | sed 's/^/    | /'
   stop_tgt quiet; return 1
 }
+# tgt_tail N: the target's panics, if any, and the last N lines of its log
+# (shown where a check fails: the log goes on past it)
+tgt_tail() {
+  [ -s "$W/tgt.log" ] || return 0
+  grep -n -A3 'panicked' "$W/tgt.log" | head -n 20 | sed 's/^/    tgt! /'
+  tail -n "$1" "$W/tgt.log" | sed 's/^/    tgt| /'
+}
 stop_tgt() {
   [ -n "$TPID" ] || return 0
   local t0=$SECONDS rc
@@ -111,7 +119,7 @@ stop_tgt() {
   else
     wait "$TPID"; rc=$?
     if [ "${1:-}" != quiet ]; then
-      if [ $rc = 0 ]; then pass tgt-stop $((SECONDS - t0)); else fail tgt-stop $((SECONDS - t0)) "exit $rc"; fi
+      if [ $rc = 0 ]; then pass tgt-stop $((SECONDS - t0)); else fail tgt-stop $((SECONDS - t0)) "exit $rc"; tgt_tail 30; fi
     fi
   fi
   cp "$W/tgt.log" "$OUTDIR/" 2>/dev/null
@@ -239,7 +247,7 @@ knvmet_up() {
 knvmet_down() {
   rm -f "$CFG/ports/2/subsystems/$KNQN" 2>/dev/null
   rmdir "$CFG/ports/2" 2>/dev/null
-  echo 0 >"$CFG/subsystems/$KNQN/namespaces/1/enable" 2>/dev/null
+  { echo 0 >"$CFG/subsystems/$KNQN/namespaces/1/enable"; } 2>/dev/null
   rmdir "$CFG/subsystems/$KNQN/namespaces/1" "$CFG/subsystems/$KNQN" 2>/dev/null
   umount /tmp/knvmet 2>/dev/null
 }
