@@ -99,6 +99,14 @@ pub enum LaunchError {
         /// The panic message, when it was a string.
         message: String,
     },
+    /// A reactor thread ended without returning or unwinding: the kernel
+    /// killed it (an oops in one of its system calls leaves the rest of the
+    /// process running).
+    #[error("reactor on core {core} was terminated by the system (see the kernel log)")]
+    Vanished {
+        /// Its core.
+        core: CoreId,
+    },
     /// [`ReactorSet::run_on_current`] without a main core left to run.
     #[error("no main core to run on this thread (none configured, or already run)")]
     NoMainCore,
@@ -314,12 +322,17 @@ impl ReactorSet {
         self.main = None;
         let mut first = Ok(());
         for (core, h) in std::mem::take(&mut self.threads) {
-            let res = match h.join() {
-                Ok(r) => r,
-                Err(p) => Err(LaunchError::Panicked {
+            // `JoinHandle::join` itself panics when the thread ended without
+            // handing back its result (killed by a kernel oops): report that
+            // as an error of that core, not a panic of the caller.
+            let joined = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| h.join()));
+            let res = match joined {
+                Ok(Ok(r)) => r,
+                Ok(Err(p)) => Err(LaunchError::Panicked {
                     core,
                     message: panic_message(p.as_ref()),
                 }),
+                Err(_) => Err(LaunchError::Vanished { core }),
             };
             if let (Err(e), true) = (res, first.is_ok()) {
                 first = Err(e);
