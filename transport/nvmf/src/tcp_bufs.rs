@@ -12,6 +12,10 @@ use crate::spec::tcp::{crc32c, Digests, PduType, SendLayout, MAX_HEADER_LEN};
 /// Most padding a PDU may put before its data (PDO is one byte).
 pub(crate) const MAX_PAD: usize = 256;
 
+/// Sent bytes at the front of a [`SendBuf`] above which a flush that
+/// leaves bytes unsent moves them to the front.
+const COMPACT_MIN: usize = 64 * 1024;
+
 /// PDUs waiting to be written (grows to its high-water mark once, then is
 /// reused: no allocation per PDU in steady state).
 #[derive(Debug)]
@@ -69,7 +73,7 @@ impl SendBuf {
     ///
     /// # Errors
     /// The socket's error (`WriteZero` when the peer is gone).
-    pub(crate) fn flush(&mut self, sock: &mut TcpStream) -> std::io::Result<bool> {
+    pub(crate) fn flush(&mut self, sock: &mut impl Write) -> std::io::Result<bool> {
         let mut wrote = false;
         while self.sent < self.buf.len() {
             match sock.write(&self.buf[self.sent..]) {
@@ -85,6 +89,12 @@ impl SendBuf {
         }
         if self.sent == self.buf.len() {
             self.buf.clear();
+            self.sent = 0;
+        } else if self.sent >= COMPACT_MIN && self.sent * 2 >= self.buf.len() {
+            // A socket that never drains completely must not grow the
+            // buffer without end: move the unsent half (or less) to the
+            // front, so each byte moves at most once on average.
+            self.buf.drain(..self.sent);
             self.sent = 0;
         }
         Ok(wrote)
@@ -130,5 +140,63 @@ impl RecvBuf {
         let n = sock.read(&mut self.buf[self.tail..])?;
         self.tail += n;
         Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Takes at most `per_call` bytes per flush, then would block.
+    struct Trickle {
+        out: Vec<u8>,
+        per_call: usize,
+        took: bool,
+    }
+
+    impl Write for Trickle {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            if self.took {
+                self.took = false;
+                return Err(ErrorKind::WouldBlock.into());
+            }
+            self.took = true;
+            let n = b.len().min(self.per_call);
+            self.out.extend_from_slice(&b[..n]);
+            Ok(n)
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_socket_that_never_drains_does_not_grow_the_send_buffer_without_end() {
+        let mut sb = SendBuf::new(1024);
+        let mut sock = Trickle {
+            out: Vec::new(),
+            per_call: 4096,
+            took: false,
+        };
+        let mut pushed = Vec::new();
+        let mut max_len = 0;
+        // A backlog first, then as much in as goes out each round: the
+        // buffer is never empty after a flush.
+        for round in 0..2000u32 {
+            let n = if round == 0 { 32 * 1024 } else { 4096 };
+            let bytes: Vec<u8> = (0..n).map(|i| (round as usize * 7 + i) as u8).collect();
+            sb.push_raw(&bytes);
+            pushed.extend_from_slice(&bytes);
+            assert!(sb.flush(&mut sock).is_ok());
+            assert!(sb.unsent() > 0);
+            max_len = max_len.max(sb.buf.len());
+        }
+        assert!(max_len < 4 * COMPACT_MIN, "grew to {max_len} B");
+        while sb.unsent() > 0 {
+            assert!(sb.flush(&mut sock).is_ok());
+        }
+        assert!(sock.out == pushed, "bytes out of order or lost");
+        assert!(sb.buf.is_empty());
     }
 }
