@@ -280,20 +280,21 @@ fn sighup_applies_subsystems_hosts_and_listeners_all_or_nothing() {
         "TCP is open"
     );
 
-    // Hosts change, and two transport options that need a restart: the
-    // report names them and leaves them alone.
+    // Hosts change, and two transport options and the cores, which need a
+    // restart: the report names them and leaves them alone.
     std::fs::write(
         &cfg,
         config_plus(&addr, &format!("\"{HOST_B}\""), Some(port))
             .replacen("max_queue_depth = 64", "max_queue_depth = 32", 1)
-            .replacen("num_cqe = 4096", "num_cqe = 8192", 1),
+            .replacen("num_cqe = 4096", "num_cqe = 8192", 1)
+            .replacen("cores = \"0\"", "cores = \"0,1\"", 1),
     )
     .unwrap();
     tgt.signal(Signal::HUP);
     let line = tgt.wait_line("pollux-tgt: reload");
     assert!(line.contains("2 host change(s)"), "{line}");
     assert!(
-        line.contains("not applied (restart needed): transport.max_queue_depth; not applied (restart needed): transport.num_cqe"),
+        line.contains("not applied (restart needed): transport.max_queue_depth; not applied (restart needed): transport.num_cqe; not applied (restart needed): cores"),
         "{line}"
     );
     let subs = subsystems(&mut c);

@@ -223,6 +223,51 @@ impl IscsiPlan {
     pub fn portals(&self) -> usize {
         self.portal_groups.iter().map(|g| g.group.addrs.len()).sum()
     }
+
+    /// The parts of `[iscsi]` in which this plan differs from `running`
+    /// (where in the file an entry sits does not count): `options` (the
+    /// target's limits, maximum I/O and task buffers), `iser`,
+    /// `portal_group`, `target_node`.
+    pub fn changed_parts(&self, running: &IscsiPlan) -> Vec<&'static str> {
+        let groups = |p: &IscsiPlan| {
+            p.portal_groups
+                .iter()
+                .map(|g| g.group.clone())
+                .collect::<Vec<_>>()
+        };
+        /// A node as it serves: name, alias, (LUN, bdev)s, initiators, groups.
+        type NodeKey<'a> = (
+            &'a str,
+            Option<&'a str>,
+            Vec<(u16, &'a str)>,
+            &'a [String],
+            &'a [u16],
+        );
+        fn nodes(p: &IscsiPlan) -> Vec<NodeKey<'_>> {
+            p.nodes
+                .iter()
+                .map(|n| {
+                    let luns = n.luns.iter().map(|l| (l.lun, l.bdev.as_str())).collect();
+                    (
+                        n.name.as_str(),
+                        n.alias.as_deref(),
+                        luns,
+                        n.allowed_initiators.as_slice(),
+                        n.portal_groups.as_slice(),
+                    )
+                })
+                .collect()
+        }
+        [
+            ("options", self.target != running.target),
+            ("iser", self.iser != running.iser),
+            ("portal_group", groups(self) != groups(running)),
+            ("target_node", nodes(self) != nodes(running)),
+        ]
+        .into_iter()
+        .filter_map(|(part, changed)| changed.then_some(part))
+        .collect()
+    }
 }
 
 fn origin(text: &str, span: Range<usize>, field: String) -> Origin {
@@ -988,6 +1033,44 @@ mod tests {
         assert_eq!(
             placement("pin_connections_to_listener_core = false"),
             PlacementPolicy::LeastConnections
+        );
+    }
+
+    #[test]
+    fn changed_parts_name_what_differs_and_ignore_where_it_is_written() {
+        let plan = |groups: &str, lun_bdev: &str, options: &str| {
+            let text = format!(
+                "[[bdev]]\nspec = \"malloc:name=M0,size=1M,block=512\"\n\
+                 [[bdev]]\nspec = \"malloc:name=M1,size=1M,block=512\"\n\
+                 {groups}\
+                 [[iscsi.target]]\nname = \"iqn.2016-06.io.pollux:d\"\n\
+                 luns = [{{ lun = 0, bdev = \"{lun_bdev}\" }}]\n\
+                 [iscsi.options]\n{options}\n"
+            );
+            crate::tgt::config::TgtPlan::parse(&text)
+                .expect("valid config")
+                .iscsi
+                .expect("[iscsi]")
+        };
+        let group = "[[iscsi.portal_group]]\ntag = 1\nlisten = [\"@x\"]\n";
+        let base = plan(group, "M0", "");
+        assert!(base.changed_parts(&base.clone()).is_empty());
+        // The same section further down the file (other origins): no change.
+        let moved = plan(&format!("\n\n\n{group}"), "M0", "");
+        assert!(moved.changed_parts(&base).is_empty());
+        assert_eq!(plan(group, "M1", "").changed_parts(&base), ["target_node"]);
+        assert_eq!(
+            plan(group, "M0", "queue_depth = 64").changed_parts(&base),
+            ["options"]
+        );
+        assert_eq!(
+            plan(group, "M0", "pin_connections_to_listener_core = true").changed_parts(&base),
+            ["iser"]
+        );
+        let other_group = "[[iscsi.portal_group]]\ntag = 1\nlisten = [\"@y\"]\n";
+        assert_eq!(
+            plan(other_group, "M0", "").changed_parts(&base),
+            ["portal_group"]
         );
     }
 }

@@ -96,6 +96,21 @@ pub struct Built<P: Provider> {
     pub tcp: Option<Arc<TcpTransport>>,
     /// The iSCSI target and its iSER transport (`[iscsi]`).
     pub iscsi: Option<iscsi::IscsiBuilt<P>>,
+    /// What the file said, when the target was built, of what only a
+    /// restart changes (a reload names a difference and leaves it).
+    pub started_with: StartedWith,
+}
+
+/// The parts of a configuration that only a restart changes, as the
+/// running target was built from them.
+#[derive(Debug, Clone)]
+pub struct StartedWith {
+    /// `cores` of the file.
+    pub cores: Option<Cores>,
+    /// `provider`.
+    pub provider: config::ProviderKind,
+    /// The `[iscsi]` section.
+    pub iscsi: Option<iscsi::IscsiPlan>,
 }
 
 impl<P: Provider> std::fmt::Debug for Built<P> {
@@ -174,6 +189,11 @@ pub fn build<P: Provider>(plan: &TgtPlan) -> Result<Built<P>, AppError> {
         transport,
         tcp,
         iscsi,
+        started_with: StartedWith {
+            cores: plan.cores.clone(),
+            provider: plan.provider,
+            iscsi: plan.iscsi.clone(),
+        },
     })
 }
 

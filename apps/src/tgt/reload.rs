@@ -21,12 +21,13 @@
 //! subsystem uses it any more). A namespace change raises a Namespace Attribute Changed event on
 //! the subsystem's controllers (an outstanding AER completes; the
 //! changed-namespace log page lists the NSIDs), so hosts see it without
-//! reconnecting. What needs a restart is left alone: a changed
-//! `[transport]` option, a changed `[transport.tcp]` option of a TCP
-//! transport running since start, and an `[iscsi]` section
-//! that came or went are named in the report ([`ReloadReport::ignored`]);
-//! changes inside `[iscsi]` and to `cores` or `provider` are not applied
-//! and not compared.
+//! reconnecting. What needs a restart is left alone and named in the
+//! report ([`ReloadReport::ignored`]): a changed `[transport]` option, a
+//! changed `[transport.tcp]` option of a TCP transport running since
+//! start, a changed `cores` or `provider`, an `[iscsi]` section that came
+//! or went, and a change inside `[iscsi]` (its options, iSER options,
+//! portal groups or target nodes; those change live through the
+//! `iscsi_*` JSON-RPC methods).
 //!
 //! A file that does not parse or check leaves the target as it was. When
 //! a call fails, the additions made before it are undone; removals made
@@ -196,8 +197,21 @@ fn restart_needed<P: Provider>(plan: &TgtPlan, built: &Built<P>) -> Vec<String> 
             out.push("transport.tcp".into());
         }
     }
-    if plan.iscsi.is_some() != built.iscsi.is_some() {
-        out.push("iscsi".into());
+    let was = &built.started_with;
+    if plan.cores != was.cores {
+        out.push("cores".into());
+    }
+    if plan.provider != was.provider {
+        out.push("provider".into());
+    }
+    match (&plan.iscsi, &was.iscsi) {
+        (Some(new), Some(old)) => out.extend(
+            new.changed_parts(old)
+                .into_iter()
+                .map(|part| format!("iscsi.{part}")),
+        ),
+        (None, None) => {}
+        _ => out.push("iscsi".into()),
     }
     out
 }

@@ -57,7 +57,7 @@ pub struct PortalGroup {
 }
 
 /// Options of [`IscsiTarget::new`].
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TargetOptions {
     /// Negotiation limits (queue depth, bursts, receive sizes).
     pub limits: TargetLimits,
