@@ -146,6 +146,34 @@ impl<Mr> Task<Mr> {
         }
     }
 
+    /// Start the slot's next task (slot `idx`: its ITT is the new
+    /// generation and the slot), everything from the last one cleared.
+    /// `at`: first LBA, blocks, block size.
+    pub(crate) fn start(
+        &mut self,
+        idx: u16,
+        ctx: u64,
+        dir: DataDir,
+        pi: PiPath,
+        at: (u64, u32, u32),
+    ) {
+        self.gen = self.gen.wrapping_add(1) & 0x7FFF;
+        self.itt = u32::from(self.gen) << 16 | u32::from(idx);
+        self.active = true;
+        self.ctx = ctx;
+        self.send_done = false;
+        self.rsp = false;
+        self.inv_pending = false;
+        self.dir = dir;
+        self.pi = pi;
+        (self.lba, self.blocks, self.block_size) = at;
+        self.status = 0;
+        self.sense = None;
+        self.residual = 0;
+        self.pi_error = None;
+        self.invalidation = Invalidation::None;
+    }
+
     pub(crate) fn finished(&self) -> bool {
         self.active && self.send_done && self.rsp && !self.inv_pending
     }

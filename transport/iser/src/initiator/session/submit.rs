@@ -1,0 +1,467 @@
+//! Task submission: admission (CmdSN window, free task slots), the page
+//! list, software PI generation, the registration work request and the
+//! SCSI Command PDU with its iSER header.
+
+use super::*;
+
+impl<P: Provider> IserInitiator<P> {
+    /// READ(16) of `blocks` blocks at `lba` of `lun` into `bufs` (at least
+    /// `blocks × block_size` bytes), with the session's PI policy.
+    ///
+    /// # Errors
+    /// [`SubmitError`], which hands the buffers back.
+    pub fn read(
+        &mut self,
+        lun: u16,
+        lba: u64,
+        blocks: u32,
+        bufs: SgList,
+        ctx: u64,
+    ) -> Result<(), SubmitError> {
+        self.block_io(false, lun, lba, blocks, bufs, ctx)
+    }
+
+    /// WRITE(16) of `blocks` blocks at `lba` of `lun` from `bufs`.
+    ///
+    /// # Errors
+    /// [`SubmitError`], which hands the buffers back.
+    pub fn write(
+        &mut self,
+        lun: u16,
+        lba: u64,
+        blocks: u32,
+        bufs: SgList,
+        ctx: u64,
+    ) -> Result<(), SubmitError> {
+        self.block_io(true, lun, lba, blocks, bufs, ctx)
+    }
+
+    pub(super) fn block_io(
+        &mut self,
+        write: bool,
+        lun: u16,
+        lba: u64,
+        blocks: u32,
+        bufs: SgList,
+        ctx: u64,
+    ) -> Result<(), SubmitError> {
+        let Some(g) = self.geometry(lun) else {
+            return Err(SubmitError::Invalid("no geometry for the LUN", Some(bufs)));
+        };
+        let pol = self.opts.pi;
+        let wire_pi = g.prot_en
+            && if write {
+                pol.generates()
+            } else {
+                pol.verifies()
+            };
+        let protect = match (wire_pi, write) {
+            (false, _) => 0,
+            (true, true) => 1,
+            (true, false) => {
+                if self.opts.target_checks {
+                    1
+                } else {
+                    3
+                }
+            }
+        };
+        let cdb = rw16_cdb(write, lba, blocks, protect);
+        let dir = if write { DataDir::Write } else { DataDir::Read };
+        let pi = if !wire_pi {
+            PiPath::None
+        } else if self.offload {
+            PiPath::Offload
+        } else {
+            PiPath::Software
+        };
+        let len = blocks as usize * g.block_size as usize;
+        self.submit_inner(lun, &cdb, dir, Some(bufs), len, pi, lba, g.block_size, ctx)
+    }
+
+    /// Submit any CDB: `len` bytes of data in `dir` through `bufs`. The
+    /// result arrives through [`IserInitiator::poll`].
+    ///
+    /// # Errors
+    /// [`SubmitError`], which hands the buffers back.
+    pub fn submit(
+        &mut self,
+        lun: u16,
+        cdb: &[u8],
+        dir: DataDir,
+        bufs: Option<SgList>,
+        len: usize,
+        ctx: u64,
+    ) -> Result<(), SubmitError> {
+        if cdb.len() > 16 {
+            return Err(SubmitError::Invalid("CDB over 16 bytes", bufs));
+        }
+        let mut c = [0u8; 16];
+        c[..cdb.len()].copy_from_slice(cdb);
+        self.submit_inner(lun, &c, dir, bufs, len, PiPath::None, 0, 512, ctx)
+    }
+
+    /// One task: admitted, its data mapped, registered when the target
+    /// moves data, and its SCSI Command posted (see the phases below).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn submit_inner(
+        &mut self,
+        lun: u16,
+        cdb: &[u8; 16],
+        dir: DataDir,
+        bufs: Option<SgList>,
+        len: usize,
+        pi: PiPath,
+        lba: u64,
+        block: u32,
+        ctx: u64,
+    ) -> Result<(), SubmitError> {
+        let idx = match self.admit(dir, bufs.as_ref(), len) {
+            Ok(idx) => idx,
+            Err(r) => return Err(r.with(bufs)),
+        };
+        let i = usize::from(idx);
+        let blocks = if block > 0 {
+            (len / block as usize) as u32
+        } else {
+            0
+        };
+        let wire_len = if pi == PiPath::None {
+            len
+        } else {
+            blocks as usize * (block as usize + TUPLE)
+        };
+        let pages = match self.page_list(i, pi, dir, bufs.as_ref(), len, (lba, block, blocks)) {
+            Ok(p) => p,
+            Err(r) => {
+                self.free.push(idx);
+                return Err(r.with(bufs));
+            }
+        };
+        let imm = self.immediate_len(dir, pi, len, &pages);
+        let remote = dir == DataDir::Read || (dir == DataDir::Write && imm < len);
+        let pre_key = if self.pre_registered && remote && len > 0 {
+            match pages.one_run().and_then(|a| self.rkey_of(a)) {
+                Some(r) => Some(r),
+                None => {
+                    self.free.push(idx);
+                    return Err(SubmitError::Invalid(
+                        "pre-registered memory: one contiguous buffer per task",
+                        bufs,
+                    ));
+                }
+            }
+        } else {
+            None
+        };
+        self.tasks[i].start(idx, ctx, dir, pi, (lba, blocks, block));
+        let mut wrs = [SendWr::new(WrId(0), SendOp::Send, &[]); 2];
+        let mut n = 0;
+        let stag = match pre_key {
+            Some(rkey) => {
+                let t = &mut self.tasks[i];
+                t.key = rkey;
+                t.registered = false;
+                Some(Stag {
+                    stag: rkey,
+                    va: pages.sges[0].addr,
+                })
+            }
+            None if remote && len > 0 => {
+                let (reg, stag) = self.registration(i, dir, (lba, block), &pages);
+                wrs[0] = reg;
+                n = 1;
+                Some(stag)
+            }
+            None => None,
+        };
+        let off = self.write_command(i, lun, cdb, dir, stag, imm, wire_len);
+        let sges = [
+            Sge {
+                addr: self.ctrl_addr(off),
+                length: ISER_HEADERS_LEN as u32,
+                lkey: self.ctrl_lkey,
+            },
+            Sge {
+                addr: pages.sges[0].addr,
+                length: imm as u32,
+                lkey: pages.sges[0].lkey,
+            },
+        ];
+        let nsge = if imm > 0 { 2 } else { 1 };
+        wrs[n] = SendWr::new(wr(Kind::TaskSend, i), SendOp::Send, &sges[..nsge]).signaled();
+        n += 1;
+        self.tasks[i].bufs = bufs;
+        if let Err(e) = self.qp.post_send(&wrs[..n]) {
+            let t = &mut self.tasks[i];
+            t.active = false;
+            t.registered = false;
+            let b = t.bufs.take();
+            self.free.push(idx);
+            self.fail(InitiatorError::Verbs(format!("post: {e:?}")));
+            return Err(SubmitError::Verbs("post failed".into(), b));
+        }
+        self.sends_in_flight += 1;
+        self.cmd_sn = self.cmd_sn.wrapping_add(1);
+        self.stats.submitted += 1;
+        Ok(())
+    }
+
+    /// Admission: a session in full feature phase, buffers that hold the
+    /// transfer, an open CmdSN window, no registration ahead of an
+    /// unacknowledged SEND where the provider needs that, a free task.
+    fn admit(&mut self, dir: DataDir, bufs: Option<&SgList>, len: usize) -> Result<u16, Refusal> {
+        if !self.is_ready() {
+            return Err(Refusal::NotReady);
+        }
+        let have = bufs.map_or(0, SgList::total_len);
+        if (dir != DataDir::None && have < len) || len > self.opts.max_io_bytes as usize {
+            return Err(Refusal::Invalid(
+                "buffers shorter than the transfer or over max_io_bytes",
+            ));
+        }
+        if bufs.is_some_and(|b| b.len() > MAX_SGES) {
+            return Err(Refusal::Invalid("too many segments"));
+        }
+        let registers_behind_a_send =
+            self.bind_after_sends && dir != DataDir::None && len > 0 && self.sends_in_flight > 0;
+        // Its registration must not run ahead of an unacknowledged SEND.
+        let idx = if !sn_le(self.cmd_sn, self.max_cmd_sn) || registers_behind_a_send {
+            None
+        } else {
+            self.free.pop()
+        };
+        idx.ok_or_else(|| {
+            self.stats.busy += 1;
+            Refusal::Busy
+        })
+    }
+
+    /// The task's data as SGEs: the caller's buffers, or (software PI) its
+    /// bounce slot, into which a write's PI is generated first.
+    /// `pi_at`: first LBA, block size, blocks.
+    fn page_list(
+        &mut self,
+        i: usize,
+        pi: PiPath,
+        dir: DataDir,
+        bufs: Option<&SgList>,
+        len: usize,
+        pi_at: (u64, u32, u32),
+    ) -> Result<PageList, Refusal> {
+        let mut pages = PageList {
+            sges: [Sge::default(); MAX_SGES],
+            n: 0,
+            first_arena: None,
+        };
+        if pi == PiPath::Software {
+            let (lba, block, blocks) = pi_at;
+            let wire_len = blocks as usize * (block as usize + TUPLE);
+            let slot = i * self.bounce_slot;
+            let Some(b) = self.bounce.as_mut() else {
+                return Err(Refusal::Invalid("no bounce buffers"));
+            };
+            if let (DataDir::Write, Some(src)) = (dir, bufs) {
+                pi::generate(
+                    src,
+                    &mut b.as_mut_slice()[slot..slot + wire_len],
+                    lba,
+                    block,
+                    blocks,
+                );
+            }
+            let (addr, arena) = (b.addr() + slot, b.arena().clone());
+            let lkey = self.lkey_of(&arena, true).map_err(Refusal::Verbs)?;
+            pages.push(
+                Sge {
+                    addr: addr as u64,
+                    length: wire_len as u32,
+                    lkey,
+                },
+                arena.id(),
+            );
+        } else if let Some(sg) = bufs {
+            let mut left = len;
+            for b in sg.iter() {
+                if left == 0 {
+                    break;
+                }
+                let arena = b.arena().clone();
+                let lkey = self.lkey_of(&arena, true).map_err(Refusal::Verbs)?;
+                let take = b.len().min(left);
+                pages.push(
+                    Sge {
+                        addr: b.addr() as u64,
+                        length: take as u32,
+                        lkey,
+                    },
+                    arena.id(),
+                );
+                left -= take;
+            }
+        }
+        Ok(pages)
+    }
+
+    /// Immediate data: plain writes only, from the first buffer, within
+    /// the negotiated first burst and send segment.
+    fn immediate_len(&self, dir: DataDir, pi: PiPath, len: usize, pages: &PageList) -> usize {
+        if dir == DataDir::Write
+            && pi == PiPath::None
+            && self.opts.immediate_data
+            && self.params.immediate_data
+        {
+            len.min(pages.sges[0].length as usize)
+                .min(self.params.first_burst as usize)
+                .min(self.params.initiator_send_dsl.min(8192) as usize)
+        } else {
+            0
+        }
+    }
+
+    /// The fast-registration (or, with PI offload, integrity) work request
+    /// of task `i` over `pages`, with a fresh key, and the STag it gives
+    /// the target. `pi_at`: first LBA and block size.
+    fn registration<'a>(
+        &mut self,
+        i: usize,
+        dir: DataDir,
+        pi_at: (u64, u32),
+        pages: &'a PageList,
+    ) -> (SendWr<'a>, Stag) {
+        let t = &mut self.tasks[i];
+        t.key = match (t.pi, t.imr.as_mut()) {
+            (PiPath::Offload, Some((_, k))) => {
+                *k = next_key(*k);
+                *k
+            }
+            _ => {
+                t.fr_key = next_key(t.fr_key);
+                t.fr_key
+            }
+        };
+        let iova = pages.sges[0].addr;
+        let access = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
+        let op = if t.pi == PiPath::Offload {
+            let (lba, block) = pi_at;
+            SendOp::RegMrIntegrity {
+                key: t.key,
+                iova,
+                access,
+                sig: pi::sig_attrs(dir == DataDir::Write, lba, block),
+                prot: &[],
+            }
+        } else {
+            SendOp::RegMr {
+                key: t.key,
+                iova,
+                access,
+            }
+        };
+        t.registered = true;
+        let stag = Stag {
+            stag: t.key,
+            va: iova,
+        };
+        (
+            SendWr::new(wr(Kind::Reg, i), op, &pages.sges[..pages.n]),
+            stag,
+        )
+    }
+
+    /// Write task `i`'s iSER header and SCSI Command PDU into its header
+    /// slot of the control buffer; returns the slot's offset.
+    #[allow(clippy::too_many_arguments)]
+    fn write_command(
+        &mut self,
+        i: usize,
+        lun: u16,
+        cdb: &[u8; 16],
+        dir: DataDir,
+        stag: Option<Stag>,
+        imm: usize,
+        wire_len: usize,
+    ) -> usize {
+        let hdr = match (dir, stag) {
+            (DataDir::Read, Some(s)) => IserHeader::Control {
+                write: None,
+                read: Some(s),
+            },
+            (DataDir::Write, Some(s)) => IserHeader::Control {
+                write: Some(Stag {
+                    stag: s.stag,
+                    va: s.va + imm as u64,
+                }),
+                read: None,
+            },
+            _ => IserHeader::PLAIN,
+        };
+        let cmd = ScsiCommand {
+            immediate: false,
+            final_: true,
+            read: dir == DataDir::Read,
+            write: dir == DataDir::Write,
+            attr: TaskAttr::Simple,
+            lun: Lun::from_index(lun),
+            itt: self.tasks[i].itt,
+            edtl: if dir == DataDir::None {
+                0
+            } else {
+                wire_len as u32
+            },
+            cmd_sn: self.cmd_sn,
+            exp_stat_sn: self.exp_stat_sn,
+            cdb: *cdb,
+        };
+        let off = self.nrecv * RECV_SLOT + i * HDR_SLOT;
+        let h = &mut self.ctrl.as_mut_slice()[off..off + ISER_HEADERS_LEN];
+        h[..ISER_HDR_LEN].copy_from_slice(&hdr.encode());
+        h[ISER_HDR_LEN..].copy_from_slice(&Bhs::ScsiCmd(cmd).encode(0, imm as u32));
+        off
+    }
+}
+
+/// Why a task was not admitted or mapped (its buffers go back with the
+/// [`SubmitError`]).
+enum Refusal {
+    NotReady,
+    Busy,
+    Invalid(&'static str),
+    Verbs(String),
+}
+
+impl Refusal {
+    fn with(self, bufs: Option<SgList>) -> SubmitError {
+        match self {
+            Refusal::NotReady => SubmitError::NotReady(bufs),
+            Refusal::Busy => SubmitError::Busy(bufs),
+            Refusal::Invalid(why) => SubmitError::Invalid(why, bufs),
+            Refusal::Verbs(e) => SubmitError::Verbs(e, bufs),
+        }
+    }
+}
+
+/// A task's data as work-request SGEs (no allocation: a fixed array).
+struct PageList {
+    sges: [Sge; MAX_SGES],
+    n: usize,
+    first_arena: Option<ArenaId>,
+}
+
+impl PageList {
+    fn push(&mut self, sge: Sge, arena: ArenaId) {
+        self.first_arena.get_or_insert(arena);
+        self.sges[self.n] = sge;
+        self.n += 1;
+    }
+
+    /// The arena when the SGEs are one contiguous run of one
+    /// registration (what a pre-registered arena's rkey can cover).
+    fn one_run(&self) -> Option<ArenaId> {
+        let s = &self.sges[..self.n];
+        let contiguous = s
+            .windows(2)
+            .all(|w| w[1].lkey == w[0].lkey && w[1].addr == w[0].addr + u64::from(w[0].length));
+        self.first_arena.filter(|_| contiguous)
+    }
+}
