@@ -21,7 +21,7 @@
 //! I/O relative to the `off` column (`IOPS(off) / IOPS(policy)`; both
 //! sides busy-poll, so time per I/O is the inverse of IOPS).
 
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::rc::Rc;
@@ -37,10 +37,11 @@ use pollux_reactor::mem::{BufPool, BufPoolOptions, DmaBuf, SgList};
 use pollux_reactor::{launch, CoreId, Cores, IdleMode, IoClock, LaunchConfig, PollStatus, Reactor};
 use pollux_verbs::Provider;
 
+use super::job::{Done, Job, JobEnd, JobParams, JobQueues, Outcome, Refused};
 use super::spawn::busy_pct;
 use super::sweep::{cell_of, grid, to_json, SWEEP_SIZES};
 use crate::report::{Report, Tally};
-use crate::workload::{check_pattern, fill_pattern, OffsetGen, Workload};
+use crate::workload::Workload;
 use crate::AppError;
 
 /// The initiator name when the transport ID gives none.
@@ -385,71 +386,56 @@ fn start_core<P: Provider>(
         p.queue_depth,
     ))
     .map_err(|e| format!("buffers: {e}"))?;
-    let mut slots = Vec::with_capacity(p.queue_depth);
+    let mut bufs = Vec::with_capacity(p.queue_depth);
     for _ in 0..p.queue_depth {
-        slots.push(Slot {
-            buf: Some(pool.get().ok_or("buffer pool empty")?),
-            submitted: 0,
-            unit: 0,
-            read: false,
-            iter: 0,
-        });
+        bufs.push(pool.get().ok_or("buffer pool empty")?);
     }
     let seed = 0x9E37_79B9_7F4A_7C15u64 ^ (index as u64 + 1);
-    let job = IserJob {
-        ini,
-        lun: p.trid.lun,
+    let jp = JobParams {
         io_blocks,
         io_bytes: p.io_size as u64,
         units,
+        queue_depth: p.queue_depth,
+        workload: p.workload,
+        read_pct: p.read_pct,
         verify: p.verify,
-        lane0: index as u64 * p.queue_depth as u64,
-        lanes: (jobs * p.queue_depth) as u64,
+        index: index as u64,
+        jobs: jobs as u64,
         warmup: p.warmup,
         duration: p.duration,
-        gen: OffsetGen::new(p.workload, p.workload.read_pct(p.read_pct), units, seed),
-        free: (0..slots.len()).rev().collect(),
-        slots,
-        results: Vec::with_capacity(p.queue_depth + 8),
-        tally: Tally::default(),
-        start_ns: r.now_ns(),
-        clock: IoClock::get(),
-        measure_ns: None,
-        busy0: (0, 0),
-        measured: (0, 0, 0.0),
-        stopping: false,
-        in_flight: 0,
-        failed: None,
-        logout_deadline: None,
+        ride_through: false,
     };
-    let job = Rc::new(RefCell::new(job));
-    if p.warmup.is_zero() {
-        job.borrow_mut().begin_measuring(r);
-    }
+    let lu = IserLu::new(ini, p.trid.lun, p.queue_depth);
+    let mut job = Job::new(lu, jp, bufs, seed);
+    job.start(r);
+    let mut logout = Logout::default();
     let rr = r.clone();
     let pid = Rc::new(Cell::new(None));
     let pid2 = Rc::clone(&pid);
     let id = r.add_poller("perf-iser-job", move || {
         let _keep = &pool;
-        let mut j = job.borrow_mut();
-        let st = j.poll(&rr);
-        if let Some(end) = j.finished() {
-            let msg = match end {
-                Ok(()) => {
-                    let (busy_pct, seconds) = j.measured();
-                    Msg::Done {
-                        core,
-                        tally: Box::new(std::mem::take(&mut j.tally)),
-                        busy_pct,
-                        seconds,
-                    }
+        let st = job.poll(&rr);
+        if !job.is_drained() || !logout.step(job.queues_mut().session()) {
+            return st;
+        }
+        let msg = match job.end() {
+            Some(JobEnd::Failed(why)) => Msg::Failed {
+                core,
+                error: format!("lost the target: {why}"),
+            },
+            _ => {
+                let (busy_pct, seconds) = job.measured();
+                Msg::Done {
+                    core,
+                    tally: Box::new(std::mem::take(&mut job.tally)),
+                    busy_pct,
+                    seconds,
                 }
-                Err(error) => Msg::Failed { core, error },
-            };
-            let _ = tx.send(msg);
-            if let Some(i) = pid2.get() {
-                rr.remove_poller(i);
             }
+        };
+        let _ = tx.send(msg);
+        if let Some(i) = pid2.get() {
+            rr.remove_poller(i);
         }
         st
     });
@@ -457,241 +443,122 @@ fn start_core<P: Provider>(
     Ok(())
 }
 
-struct Slot {
-    buf: Option<DmaBuf>,
-    submitted: u64,
-    unit: u64,
-    read: bool,
-    iter: u64,
-}
-
-struct IserJob<P: Provider> {
+/// The iSER side of a `pollux-perf` job: LUN `lun` behind one session.
+pub struct IserLu<P: Provider> {
     ini: IserInitiator<P>,
     lun: u16,
-    io_blocks: u32,
-    io_bytes: u64,
-    units: u64,
-    verify: bool,
-    lane0: u64,
-    lanes: u64,
-    warmup: Duration,
-    duration: Duration,
-    gen: OffsetGen,
-    slots: Vec<Slot>,
-    free: Vec<usize>,
+    /// Task results of one poll (capacity fixed at the start).
     results: Vec<TaskResult>,
-    tally: Tally,
-    start_ns: u64,
-    /// Per-I/O timestamps (submit and completion).
-    clock: IoClock,
-    measure_ns: Option<u64>,
-    busy0: (u64, u64),
-    measured: (u64, u64, f64),
-    stopping: bool,
-    in_flight: usize,
-    failed: Option<String>,
-    logout_deadline: Option<Instant>,
+    /// A failed task was logged (the first one only).
+    warned: bool,
 }
 
-impl<P: Provider> IserJob<P> {
-    fn begin_measuring(&mut self, r: &Reactor) {
-        self.tally = Tally::default();
-        self.measure_ns = Some(r.now_ns());
-        let s = r.stats();
-        self.busy0 = (s.busy_ns, s.idle_ns);
+impl<P: Provider> IserLu<P> {
+    /// I/O to `lun` over the logged-in session `ini`; `queue_depth` tasks
+    /// at most in flight.
+    pub fn new(ini: IserInitiator<P>, lun: u16, queue_depth: usize) -> Self {
+        IserLu {
+            ini,
+            lun,
+            results: Vec::with_capacity(queue_depth + 8),
+            warned: false,
+        }
     }
 
-    fn measured(&self) -> (f64, f64) {
-        let (b, i, secs) = self.measured;
-        let pct = if b + i == 0 {
-            0.0
+    /// The session (to log out at the end).
+    pub fn session(&mut self) -> &mut IserInitiator<P> {
+        &mut self.ini
+    }
+}
+
+impl<P: Provider> JobQueues for IserLu<P> {
+    fn submit(
+        &mut self,
+        read: bool,
+        lba: u64,
+        blocks: u32,
+        data: SgList,
+        ctx: u64,
+    ) -> Result<(), Refused> {
+        let res = if read {
+            self.ini.read(self.lun, lba, blocks, data, ctx)
         } else {
-            b as f64 * 100.0 / (b + i) as f64
+            self.ini.write(self.lun, lba, blocks, data, ctx)
         };
-        (pct, secs)
-    }
-
-    fn fail(&mut self, why: String) {
-        if self.failed.is_none() {
-            self.failed = Some(why);
-        }
-        self.stopping = true;
-    }
-
-    /// `Some` once the I/O is drained and the session logged out (or lost).
-    fn finished(&mut self) -> Option<Result<(), String>> {
-        if !self.stopping || self.in_flight > 0 {
-            return None;
-        }
-        let closed = matches!(
-            self.ini.state(),
-            SessionState::Closed | SessionState::Failed(_)
-        );
-        let late = self.logout_deadline.is_some_and(|d| Instant::now() >= d);
-        if !closed && !late {
-            return None;
-        }
-        Some(match self.failed.take() {
-            Some(e) => Err(e),
-            None => Ok(()),
+        res.map_err(|e| {
+            let fatal = match &e {
+                SubmitError::Busy(_) => None,
+                other => Some(other.to_string()),
+            };
+            Refused {
+                buf: e.into_bufs().and_then(|mut b| b.pop()),
+                fatal,
+            }
         })
     }
 
-    fn unit_for(&mut self, slot: usize) -> (u64, bool) {
-        if self.verify {
-            let lane = self.lane0 + slot as u64;
-            let unit = (lane + self.slots[slot].iter * self.lanes) % self.units.max(1);
-            (unit, false)
-        } else {
-            (self.gen.next_unit(), self.gen.next_is_read())
-        }
-    }
-
-    /// Submits `slot`; `false` when the session refused it for now (the
-    /// buffer stays in the slot).
-    fn submit(&mut self, slot: usize, unit: u64, read: bool) -> bool {
-        let Some(mut buf) = self.slots[slot].buf.take() else {
-            return false;
-        };
-        let offset = unit * self.io_bytes;
-        if self.verify {
-            if read {
-                buf.as_mut_slice().fill(0xA5);
-            } else {
-                fill_pattern(buf.as_mut_slice(), offset, self.slots[slot].iter);
-            }
-        }
-        let lba = unit * u64::from(self.io_blocks);
-        let data = SgList::from_buf(buf);
-        let res = if read {
-            self.ini
-                .read(self.lun, lba, self.io_blocks, data, slot as u64)
-        } else {
-            self.ini
-                .write(self.lun, lba, self.io_blocks, data, slot as u64)
-        };
-        match res {
-            Ok(()) => {
-                let s = &mut self.slots[slot];
-                s.submitted = self.clock.now();
-                s.unit = unit;
-                s.read = read;
-                self.in_flight += 1;
-                true
-            }
-            Err(e) => {
-                let fatal = match &e {
-                    SubmitError::Busy(_) => None,
-                    other => Some(other.to_string()),
-                };
-                self.slots[slot].buf = e.into_bufs().and_then(|mut b| b.pop());
-                if let Some(why) = fatal {
-                    self.fail(why);
-                }
-                false
-            }
-        }
-    }
-
-    fn complete(&mut self, mut r: TaskResult) -> Option<usize> {
-        self.in_flight = self.in_flight.saturating_sub(1);
-        let slot = r.ctx as usize;
-        let good = r.is_good();
-        let s = self.slots.get_mut(slot)?;
-        s.buf = r.bufs.take().and_then(|mut b| b.pop());
-        if good {
-            if self.measure_ns.is_some() {
-                self.tally.ios += 1;
-                self.tally.bytes += self.io_bytes;
-                let ticks = self.clock.now().wrapping_sub(s.submitted);
-                self.tally.latency.record(self.clock.ticks_to_ns(ticks));
-            }
-            if self.verify {
-                if s.read {
-                    let offset = s.unit * self.io_bytes;
-                    if let Some(b) = &s.buf {
-                        if check_pattern(b.as_slice(), offset, s.iter).is_err() {
-                            self.tally.miscompares += 1;
-                        }
-                    }
-                    s.iter += 1;
-                } else {
-                    // Read it back at once.
-                    return Some(slot);
-                }
-            }
-        } else {
-            self.tally.errors += 1;
-            if r.transport_error {
-                self.fail("connection lost".into());
-            } else if self.tally.errors == 1 {
-                log::warn!(
-                    "pollux-perf: iSER task failed: status {:#x} sense {:?} PI {:?}",
-                    r.status,
-                    r.sense_code(),
-                    r.pi_error
-                );
-            }
-        }
-        self.free.push(slot);
-        None
-    }
-
-    fn poll(&mut self, r: &Reactor) -> PollStatus {
-        let now = r.now_ns();
-        if self.measure_ns.is_none()
-            && !self.stopping
-            && now.saturating_sub(self.start_ns) >= self.warmup.as_nanos() as u64
-        {
-            self.begin_measuring(r);
-        }
-        if let Some(m) = self.measure_ns {
-            if !self.stopping && now.saturating_sub(m) >= self.duration.as_nanos() as u64 {
-                self.stopping = true;
-                let s = r.stats();
-                self.measured = (
-                    s.busy_ns.saturating_sub(self.busy0.0),
-                    s.idle_ns.saturating_sub(self.busy0.1),
-                    now.saturating_sub(m) as f64 / 1e9,
-                );
-            }
-        }
+    fn reap(&mut self, out: &mut Vec<Done>) -> usize {
         let mut results = std::mem::take(&mut self.results);
-        let mut st = self.ini.poll(&mut |t| results.push(t));
-        if let SessionState::Failed(e) = self.ini.state() {
-            if self.logout_deadline.is_none() {
-                let why = format!("lost the target: {e}");
-                self.fail(why);
-                // No completion will come for tasks in flight.
-                self.in_flight = 0;
-            }
-        }
-        for t in results.drain(..) {
-            if let Some(slot) = self.complete(t) {
-                let unit = self.slots[slot].unit;
-                if self.stopping || !self.submit(slot, unit, true) {
-                    self.free.push(slot);
+        let st = self.ini.poll(&mut |t| results.push(t));
+        let work = results.len() + usize::from(st == PollStatus::Busy);
+        for mut t in results.drain(..) {
+            let outcome = if t.is_good() {
+                Outcome::Good
+            } else if t.transport_error {
+                Outcome::Lost("connection lost".into())
+            } else {
+                if !self.warned {
+                    self.warned = true;
+                    log::warn!(
+                        "pollux-perf: iSER task failed: status {:#x} sense {:?} PI {:?}",
+                        t.status,
+                        t.sense_code(),
+                        t.pi_error
+                    );
                 }
-            }
+                Outcome::Failed
+            };
+            out.push(Done {
+                ctx: t.ctx,
+                buf: t.bufs.take().and_then(|mut b| b.pop()),
+                outcome,
+            });
         }
         self.results = results;
-        if !self.stopping {
-            while self.ini.can_submit() {
-                let Some(slot) = self.free.pop() else { break };
-                let (unit, read) = self.unit_for(slot);
-                if !self.submit(slot, unit, read) {
-                    self.free.push(slot);
-                    break;
-                }
-                st = PollStatus::Busy;
-            }
-        } else if self.in_flight == 0 && self.logout_deadline.is_none() {
-            self.logout_deadline = Some(Instant::now() + LOGOUT_TIMEOUT);
-            if self.ini.is_ready() {
-                let _ = self.ini.logout();
+        work
+    }
+
+    fn can_submit(&self) -> bool {
+        self.ini.can_submit()
+    }
+
+    fn lost(&self) -> Option<String> {
+        match self.ini.state() {
+            SessionState::Failed(e) => Some(e.to_string()),
+            _ => None,
+        }
+    }
+}
+
+/// The end of an iSER job: log out once the I/O is drained, and say when
+/// the session is closed (or lost, or the logout took too long).
+#[derive(Default)]
+struct Logout {
+    deadline: Option<Instant>,
+}
+
+impl Logout {
+    /// `true` once the session is closed or given up on.
+    fn step<P: Provider>(&mut self, ini: &mut IserInitiator<P>) -> bool {
+        if self.deadline.is_none() {
+            self.deadline = Some(Instant::now() + LOGOUT_TIMEOUT);
+            if ini.is_ready() {
+                let _ = ini.logout();
             }
         }
-        st
+        ini.poll(&mut |_| {});
+        let closed = matches!(ini.state(), SessionState::Closed | SessionState::Failed(_));
+        closed || self.deadline.is_some_and(|d| Instant::now() >= d)
     }
 }
 

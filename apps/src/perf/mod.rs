@@ -10,6 +10,7 @@
 
 pub mod iser;
 pub mod job;
+pub mod nvmf_queues;
 pub mod spawn;
 pub mod stats_watch;
 pub mod sweep;
@@ -32,6 +33,7 @@ use crate::workload::Workload;
 use crate::AppError;
 
 use self::job::{Job, JobEnd, JobParams};
+use self::nvmf_queues::NvmfQueues;
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -224,8 +226,8 @@ pub fn run<T: HostTransport + 'static>(
         );
     }
     // 2. Every core: its transport, queue pairs, buffers and job.
+    let nsid = ns.nsid;
     let jp = JobParams {
-        nsid: ns.nsid,
         io_blocks: (p.io_size / bs) as u32,
         io_bytes: p.io_size as u64,
         units: ns.num_blocks / (p.io_size / bs) as u64,
@@ -260,7 +262,7 @@ pub fn run<T: HostTransport + 'static>(
                 inline_cap,
                 index,
             };
-            if let Err(error) = start_core::<T>(r, &f, &info, link, jp, q, tx.clone()) {
+            if let Err(error) = start_core::<T>(r, &f, &info, link, (nsid, jp), q, tx.clone()) {
                 let _ = tx.send(Msg::Failed { core, error });
             }
         });
@@ -357,7 +359,7 @@ fn start_core<T: HostTransport + 'static>(
     factory: &TransportFactory<T>,
     info: &CtrlInfo,
     link: CtrlLink,
-    jp: JobParams,
+    (nsid, jp): (u32, JobParams),
     q: QueueSetup,
     tx: mpsc::Sender<Msg>,
 ) -> Result<(), String> {
@@ -393,7 +395,8 @@ fn start_core<T: HostTransport + 'static>(
     // Take the first core's load sample once the warm-up is over.
     let warm = jp.warmup;
     let seed = 0x9E37_79B9_7F4A_7C15u64 ^ (index as u64 + 1);
-    let job = Rc::new(RefCell::new(Job::<T>::new(qps, jp, bufs, seed)));
+    let queues = NvmfQueues::<T>::new(qps, nsid);
+    let job = Rc::new(RefCell::new(Job::new(queues, jp, bufs, seed)));
     job.borrow_mut().start(r);
     let core = r.core();
     let _ = tx.send(Msg::Ready);
@@ -413,8 +416,6 @@ fn start_core<T: HostTransport + 'static>(
         id.set(Some(pid));
     }
     let rr = r.clone();
-    let mut scratch = Vec::with_capacity(qd + 8);
-    let mut resubmit = Vec::with_capacity(qd + 8);
     let pid = Rc::new(std::cell::Cell::new(None));
     let pid2 = Rc::clone(&pid);
     let keep = (t, pool);
@@ -428,42 +429,36 @@ fn start_core<T: HostTransport + 'static>(
     let id = r.add_poller("perf-job", move || {
         let keep = &keep;
         let mut j = job.borrow_mut();
-        let st = j.poll(&rr, &mut scratch, &mut resubmit);
+        let st = j.poll(&rr);
         if j.is_paused() {
             recovery.step(&rr, &keep.0, &mut j);
         }
         if let Some(end) = j.end() {
-            if end_ready(&j) {
-                let msg = match end {
-                    JobEnd::Done => {
-                        let (busy_pct, seconds) = j.measured();
-                        Msg::Done(Box::new(CoreDone {
-                            core,
-                            tally: std::mem::take(&mut j.tally),
-                            busy_pct,
-                            seconds,
-                        }))
-                    }
-                    JobEnd::Failed(why) => Msg::Failed {
+            let msg = match end {
+                JobEnd::Done => {
+                    let (busy_pct, seconds) = j.measured();
+                    Msg::Done(Box::new(CoreDone {
                         core,
-                        error: format!("lost the target: {why}"),
-                    },
-                };
-                let _ = tx.send(msg);
-                drop(j.take_qpairs());
-                if let Some(i) = pid2.get() {
-                    rr.remove_poller(i);
+                        tally: std::mem::take(&mut j.tally),
+                        busy_pct,
+                        seconds,
+                    }))
                 }
+                JobEnd::Failed(why) => Msg::Failed {
+                    core,
+                    error: format!("lost the target: {why}"),
+                },
+            };
+            let _ = tx.send(msg);
+            drop(std::mem::take(j.queues_mut().qpairs_mut()));
+            if let Some(i) = pid2.get() {
+                rr.remove_poller(i);
             }
         }
         st
     });
     pid.set(Some(id));
     Ok(())
-}
-
-fn end_ready<T: HostTransport>(j: &Job<T>) -> bool {
-    j.end().is_some()
 }
 
 /// A paused job's way back: reconnect its dead queue pairs once the
@@ -479,7 +474,7 @@ struct Recovery {
 }
 
 impl Recovery {
-    fn step<T: HostTransport>(&mut self, r: &Reactor, t: &T, j: &mut Job<T>) {
+    fn step<T: HostTransport>(&mut self, r: &Reactor, t: &T, j: &mut Job<NvmfQueues<T>>) {
         let now = r.now_ns();
         if now < self.next_check_ns {
             return;
@@ -489,7 +484,7 @@ impl Recovery {
             j.give_up(self.link.lost_error().to_string());
             return;
         }
-        let qps = j.qpairs_mut();
+        let qps = j.queues_mut().qpairs_mut();
         if self.seen.len() < qps.len() {
             self.seen.resize(qps.len(), 0);
         }
