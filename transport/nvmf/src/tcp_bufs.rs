@@ -68,25 +68,14 @@ impl SendBuf {
         }
     }
 
-    /// Write what is buffered; `Ok(true)` when bytes left. Stops at
-    /// `WouldBlock`; a peer that takes nothing more is an error.
-    ///
-    /// # Errors
-    /// The socket's error (`WriteZero` when the peer is gone).
-    pub(crate) fn flush(&mut self, sock: &mut impl Write) -> std::io::Result<bool> {
-        let mut wrote = false;
-        while self.sent < self.buf.len() {
-            match sock.write(&self.buf[self.sent..]) {
-                Ok(0) => return Err(ErrorKind::WriteZero.into()),
-                Ok(n) => {
-                    self.sent += n;
-                    wrote = true;
-                }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
+    /// The bytes not written yet.
+    pub(crate) fn unsent_bytes(&self) -> &[u8] {
+        &self.buf[self.sent..]
+    }
+
+    /// `n` more bytes (at most [`unsent`](Self::unsent)) were written.
+    pub(crate) fn consume(&mut self, n: usize) {
+        self.sent = (self.sent + n).min(self.buf.len());
         if self.sent == self.buf.len() {
             self.buf.clear();
             self.sent = 0;
@@ -96,6 +85,33 @@ impl SendBuf {
             // front, so each byte moves at most once on average.
             self.buf.drain(..self.sent);
             self.sent = 0;
+        }
+    }
+
+    /// Drop every byte not written yet (the peer is gone).
+    pub(crate) fn discard(&mut self) {
+        self.buf.clear();
+        self.sent = 0;
+    }
+
+    /// Write what is buffered; `Ok(true)` when bytes left. Stops at
+    /// `WouldBlock`; a peer that takes nothing more is an error.
+    ///
+    /// # Errors
+    /// The socket's error (`WriteZero` when the peer is gone).
+    pub(crate) fn flush(&mut self, sock: &mut impl Write) -> std::io::Result<bool> {
+        let mut wrote = false;
+        while self.unsent() > 0 {
+            match sock.write(self.unsent_bytes()) {
+                Ok(0) => return Err(ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    self.consume(n);
+                    wrote = true;
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
         }
         Ok(wrote)
     }

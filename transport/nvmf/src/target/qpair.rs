@@ -783,6 +783,15 @@ impl QueuePair {
         Some(&mut self.reqs[usize::from(slot)].bufs)
     }
 
+    /// The buffers of a request whose response is on its way (a `Pending`
+    /// [`QpairOps::send_response`]): a transport that writes the data
+    /// itself later (NVMe/TCP's scatter-gather send) reads it here. `None`
+    /// for an unknown or stale tag, or a request in another state.
+    pub fn response_bufs(&self, tag: ReqTag) -> Option<&SgList> {
+        let slot = self.slot_of(tag, ReqState::Responding)?;
+        Some(&self.reqs[usize::from(slot)].bufs)
+    }
+
     /// The transport finished a `Pending` [`QpairOps::data_from_host`].
     /// Returns `false` for an unknown or stale tag (ignored).
     pub fn transfer_done(

@@ -10,11 +10,14 @@
 //! request's data buffers, straight from the socket (`read` into the
 //! buffer slice) once the receive buffer holds no more of it.
 //!
-//! Send: PDUs (ICResp, R2T, C2HData headers and data, CapsuleResp,
-//! C2HTermReq) are appended to one send buffer, written once per poll
-//! with as few `write` calls as the socket takes; a partial write resumes
-//! at the next poll. Read data is copied into the send buffer, so a
-//! response is [`Transfer::Done`] at once and its request frees.
+//! Send: PDUs (ICResp, R2T, C2HData headers, CapsuleResp, C2HTermReq) are
+//! appended to one send buffer; read data of a page or more stays in the
+//! request's buffers and goes out by scatter-gather beside the headers
+//! ([`TxQueue`]), the response `Pending` until its last byte is written
+//! (smaller payloads are copied, and their response is
+//! [`Transfer::Done`] at once). The queue is written once per poll with
+//! as few `writev` calls as the socket takes; a partial write resumes at
+//! the next poll.
 //!
 //! Bad input ends the connection with a C2HTermReq carrying the fatal
 //! error status and field offset of the [`TcpPduError`], after which the
@@ -31,6 +34,7 @@ use pollux_reactor::mem::SgList;
 use super::super::qpair::QueuePair;
 use super::super::transport::{QpairOps, RemoteBuf, ReqTag, Response, Transfer, TransportError};
 use super::transport::TcpTransport;
+use super::tx_queue::{TxQueue, BY_REF_MIN};
 use crate::sg_at;
 use crate::spec::cpl::{NvmeCompletion, NvmeStatus};
 use crate::spec::tcp::{
@@ -39,7 +43,7 @@ use crate::spec::tcp::{
     FLAG_LAST_PDU, FLAG_SUCCESS, IC_PDU_LEN, MAX_HEADER_LEN, SHORT_HLEN, TERM_REQ_MAX_DATA,
 };
 use crate::spec::SQE_SIZE;
-use crate::tcp_bufs::{RecvBuf, SendBuf, MAX_PAD};
+use crate::tcp_bufs::{RecvBuf, MAX_PAD};
 
 /// Reads per poll per socket at most (fairness between sockets).
 const READS_PER_POLL: usize = 4;
@@ -88,7 +92,7 @@ enum Phase {
 
 /// The send half: buffered PDUs, and what the core's callbacks need.
 pub(super) struct TcpOps {
-    tx: SendBuf,
+    tx: TxQueue,
     xfers: Vec<Xfer>,
     /// Transfers the core started whose first R2T is not out yet.
     new_xfers: Vec<ReqTag>,
@@ -153,7 +157,7 @@ impl QpairOps for TcpOps {
 
     fn send_response(
         &mut self,
-        _tag: ReqTag,
+        tag: ReqTag,
         rsp: &Response<'_>,
     ) -> Result<Transfer, TransportError> {
         if self.closing {
@@ -164,8 +168,11 @@ impl QpairOps for TcpOps {
         }
         let cpl = &rsp.cpl;
         let mut success_sent = false;
+        let mut by_ref = false;
         if let Some(d) = &rsp.data {
             let total = d.len.min(d.remote.len) as usize;
+            // From the request's buffers when they hold all of it.
+            by_ref = total >= BY_REF_MIN && d.bufs.iter().map(|b| b.len()).sum::<usize>() >= total;
             // SUCCESS only for a plain success (no result dwords to carry).
             let success =
                 self.c2h_success && cpl.status.is_success() && cpl.dw0 == 0 && cpl.dw1 == 0;
@@ -187,15 +194,23 @@ impl QpairOps for TcpOps {
                     datal: n as u32,
                 };
                 self.tx.push_pdu(PduType::C2hData, &h.encode(), flags, n);
-                self.tx.push_data(n, |out| {
-                    sg_at::append_from(d.bufs, off, n, out);
-                });
+                if by_ref {
+                    self.tx.push_ref(tag, d.bufs, off, n);
+                } else {
+                    self.tx.push_data(n, |out| {
+                        sg_at::append_from(d.bufs, off, n, out);
+                    });
+                }
                 off += n;
             }
         }
         if !success_sent {
             self.tx
                 .push_pdu(PduType::CapsuleResp, &CapsuleResp::encode(&rsp.cqe), 0, 0);
+        }
+        if by_ref {
+            self.tx.push_sent(tag);
+            return Ok(Transfer::Pending);
         }
         Ok(Transfer::Done)
     }
@@ -222,6 +237,8 @@ pub(super) struct TcpConn {
     close_polls: u32,
     /// A fatal protocol error ended the connection (a TermReq was sent).
     pub(super) terminated: bool,
+    /// Requests whose responses one flush finished (capacity: all).
+    sent: Vec<ReqTag>,
 }
 
 impl TcpConn {
@@ -234,7 +251,7 @@ impl TcpConn {
             sock,
             qp,
             ops: TcpOps {
-                tx: SendBuf::new(64 * 1024),
+                tx: TxQueue::new(64 * 1024, nreq),
                 xfers: vec![Xfer::default(); nreq],
                 new_xfers: Vec::with_capacity(nreq),
                 maxh2cdata: o.maxh2cdata,
@@ -253,6 +270,7 @@ impl TcpConn {
             peer_gone: false,
             close_polls: 0,
             terminated: false,
+            sent: Vec::with_capacity(nreq),
         }
     }
 
@@ -289,6 +307,7 @@ impl TcpConn {
     pub(super) fn shut_down(&mut self) {
         self.ops.closing = true;
         self.fail_transfers();
+        self.release_responses();
         let _ = self.sock.shutdown(std::net::Shutdown::Both);
     }
 
@@ -306,9 +325,18 @@ impl TcpConn {
         }
     }
 
-    /// Write what the send buffer holds; `true` when bytes left.
+    /// Write what the send queue holds, and free the requests whose
+    /// responses are out; `true` when it wrote.
     fn flush(&mut self) -> bool {
-        match self.ops.tx.flush(&mut self.sock) {
+        let sent = &mut self.sent;
+        let res = self
+            .ops
+            .tx
+            .flush(&mut self.sock, &self.qp, &mut |t| sent.push(t));
+        for t in self.sent.drain(..) {
+            self.qp.response_sent(t);
+        }
+        match res {
             Ok(wrote) => wrote,
             Err(e) => {
                 log::debug!("nvmf tcp: send failed: {e}");
@@ -324,7 +352,10 @@ impl TcpConn {
     fn close_step(&mut self) -> bool {
         self.fail_transfers();
         self.close_polls += 1;
-        let drained = self.ops.tx.unsent() == 0;
+        if self.peer_gone || self.close_polls > CLOSE_POLLS {
+            self.release_responses();
+        }
+        let drained = self.ops.tx.is_empty();
         if (drained || self.peer_gone || self.close_polls > CLOSE_POLLS)
             && self.qp.transfers_in_flight() == 0
         {
@@ -332,6 +363,15 @@ impl TcpConn {
             return true;
         }
         false
+    }
+
+    /// Drop what was not sent and free the requests whose data it held.
+    fn release_responses(&mut self) {
+        let sent = &mut self.sent;
+        self.ops.tx.discard(&mut |t| sent.push(t));
+        for t in self.sent.drain(..) {
+            self.qp.response_sent(t);
+        }
     }
 
     fn fail_transfers(&mut self) {
@@ -630,7 +670,7 @@ impl TcpConn {
         // ICResp itself carries no digest.
         self.ops.tx.push_raw(&rsp.encode());
         self.digests = granted;
-        self.ops.tx.layout = SendLayout::new(granted, req.hpda);
+        self.ops.tx.buf.layout = SendLayout::new(granted, req.hpda);
         self.ic_done = true;
         Ok(())
     }

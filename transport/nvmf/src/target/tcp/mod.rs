@@ -32,9 +32,10 @@
 //! Non-blocking sockets (`std::net`), polled by the reactor: one `read`
 //! into a per-connection receive buffer per round (whole PDUs are handled
 //! where they lie), direct `read`s into request buffers for large H2CData
-//! payloads, and one send buffer per connection written once per poll
-//! (every PDU a poll produced leaves in one `write` when the socket takes
-//! it). Chosen without a measurement (the shared development machine
+//! payloads, and one send queue per connection written once per poll
+//! (every PDU a poll produced leaves in one `writev` when the socket takes
+//! it, read data of a page or more straight from the request's buffers:
+//! `tx_queue.rs`). Chosen without a measurement (the shared development machine
 //! cannot give one; the benchmarks on a quiet machine decide): the reactor
 //! already polls, so a non-blocking call per socket per poll needs no ring
 //! state; it works where io_uring is disabled (containers, seccomp); and it
@@ -54,6 +55,7 @@ mod options;
 mod poll_group;
 mod refusal;
 mod transport;
+mod tx_queue;
 
 #[cfg(test)]
 mod tests;
