@@ -9,12 +9,12 @@ mod common;
 use std::time::Duration;
 
 use common::rules::{
-    assert_clean, assert_counters_work, measure_from_here, measure_to_here, QueueFill, N,
+    assert_clean, assert_counters_work, measure_from_here, measure_to_here, nvmf_queue, run_nvmf,
+    QueueFill, N,
 };
 use pollux_nvmf::host::rdma::{MemMode, RdmaHost, RdmaHostOptions};
-use pollux_nvmf::host::{Controller, CtrlOptions, HostIdentity, HostQueue, Qpair, DEFAULT_HOSTNQN};
 use pollux_reactor::mem::CountingAlloc;
-use pollux_reactor::{Reactor, TestCluster};
+use pollux_reactor::TestCluster;
 use pollux_verbs::soft::Soft;
 use pollux_verbs::CmAddr;
 
@@ -23,26 +23,6 @@ static ALLOC: CountingAlloc = CountingAlloc;
 
 const NQN: &str = "nqn.2024-01.io.pollux:rules";
 const DEPTH: usize = 32;
-
-/// Keep `DEPTH` I/Os in flight on `qp` until `ios` more completed.
-fn run<Q: HostQueue>(r: &Reactor, qp: &mut Qpair<Q>, fill: &mut QueueFill, ios: u64) {
-    fill.run(
-        qp,
-        ios,
-        |qp, io| {
-            let sub = if io.read {
-                qp.read(1, io.lba, io.blocks, io.bufs, io.n)
-            } else {
-                qp.write(1, io.lba, io.blocks, io.bufs, io.n)
-            };
-            sub.map_err(|e| e.data)
-        },
-        |qp, done| {
-            qp.poll(&mut |c| done(c.result.is_ok(), Some(c.data)));
-            r.poll_once();
-        },
-    );
-}
 
 #[test]
 fn nvmf_target_and_host_allocate_nothing_and_lock_nothing_per_io() {
@@ -69,25 +49,11 @@ fn nvmf_target_and_host_allocate_nothing_and_lock_nothing_per_io() {
                 connect_timeout: Duration::from_secs(5),
             };
             let t = RdmaHost::<Soft>::open(None, CmAddr::new(addr.clone()), opts).unwrap();
-            let who = HostIdentity {
-                hostnqn: DEFAULT_HOSTNQN.into(),
-                hostid: *b"rules-nvmf-host1",
-                subnqn: NQN.into(),
-            };
-            let c = Controller::connect(
-                &t,
-                who,
-                CtrlOptions {
-                    io_queues: 1,
-                    ..CtrlOptions::default()
-                },
-            )
-            .unwrap();
-            let mut qp = c.connect_io(&t, 1, 64, inline_cap).unwrap();
+            let (_c, mut qp) = nvmf_queue(&t, *b"rules-nvmf-host1", NQN, inline_cap);
             let mut fill = QueueFill::new("rules-nvmf", size, DEPTH);
-            run(r, &mut qp, &mut fill, N / 10);
+            run_nvmf(r, &mut qp, &mut fill, N / 10);
             let before = measure_from_here();
-            run(r, &mut qp, &mut fill, N);
+            run_nvmf(r, &mut qp, &mut fill, N);
             let after = measure_to_here();
             let st = qp.transport().stats();
             assert_clean(

@@ -13,40 +13,20 @@ use std::net::{SocketAddr, SocketAddrV4};
 use std::time::Duration;
 
 use common::rules::{
-    assert_clean, assert_counters_work, measure_from_here, measure_to_here, QueueFill, N,
+    assert_clean, assert_counters_work, measure_from_here, measure_to_here, nvmf_queue, run_nvmf,
+    QueueFill, N,
 };
-use pollux_nvmf::host::tcp::{TcpHost, TcpHostOptions, TcpQueue};
-use pollux_nvmf::host::{Controller, CtrlOptions, HostIdentity, Qpair, DEFAULT_HOSTNQN};
+use pollux_nvmf::host::tcp::{TcpHost, TcpHostOptions};
 use pollux_nvmf::target::tcp::TcpOptions;
 use pollux_nvmf::target::TargetOptions;
 use pollux_reactor::mem::CountingAlloc;
-use pollux_reactor::{free_tcp_port, Reactor, TestCluster};
+use pollux_reactor::{free_tcp_port, TestCluster};
 
 #[global_allocator]
 static ALLOC: CountingAlloc = CountingAlloc;
 
 const NQN: &str = "nqn.2024-01.io.pollux:rules-tcp";
 const DEPTH: usize = 32;
-
-/// Keep `DEPTH` I/Os in flight on `qp` until `ios` more completed.
-fn run(r: &Reactor, qp: &mut Qpair<TcpQueue>, fill: &mut QueueFill, ios: u64) {
-    fill.run(
-        qp,
-        ios,
-        |qp, io| {
-            let sub = if io.read {
-                qp.read(1, io.lba, io.blocks, io.bufs, io.n)
-            } else {
-                qp.write(1, io.lba, io.blocks, io.bufs, io.n)
-            };
-            sub.map_err(|e| e.data)
-        },
-        |qp, done| {
-            qp.poll(&mut |c| done(c.result.is_ok(), Some(c.data)));
-            r.poll_once();
-        },
-    );
-}
 
 #[test]
 fn nvmf_tcp_target_and_host_allocate_nothing_and_lock_nothing_per_io() {
@@ -77,25 +57,11 @@ fn nvmf_tcp_target_and_host_allocate_nothing_and_lock_nothing_per_io() {
                 connect_timeout: Duration::from_secs(5),
             };
             let t = TcpHost::new(SocketAddr::V4(addr), opts);
-            let who = HostIdentity {
-                hostnqn: DEFAULT_HOSTNQN.into(),
-                hostid: *b"rules-nvmf-tcp-1",
-                subnqn: NQN.into(),
-            };
-            let c = Controller::connect(
-                &t,
-                who,
-                CtrlOptions {
-                    io_queues: 1,
-                    ..CtrlOptions::default()
-                },
-            )
-            .unwrap();
-            let mut qp = c.connect_io(&t, 1, 64, None).unwrap();
+            let (_c, mut qp) = nvmf_queue(&t, *b"rules-nvmf-tcp-1", NQN, None);
             let mut fill = QueueFill::new("rules-nvmf-tcp", size, DEPTH);
-            run(r, &mut qp, &mut fill, N / 10);
+            run_nvmf(r, &mut qp, &mut fill, N / 10);
             let before = measure_from_here();
-            run(r, &mut qp, &mut fill, N);
+            run_nvmf(r, &mut qp, &mut fill, N);
             let after = measure_to_here();
             let st = qp.transport().stats();
             assert_clean(

@@ -304,3 +304,56 @@ impl QueueFill {
         assert_eq!(failed, 0, "failed I/Os");
     }
 }
+
+/// Keep a [`QueueFill`] going on namespace 1 of an NVMe-oF queue pair
+/// until `ios` more completed, polling the reactor `r` (the target's poll
+/// group runs there too) between rounds.
+pub fn run_nvmf<Q: pollux_nvmf::host::HostQueue>(
+    r: &pollux_reactor::Reactor,
+    qp: &mut pollux_nvmf::host::Qpair<Q>,
+    fill: &mut QueueFill,
+    ios: u64,
+) {
+    fill.run(
+        qp,
+        ios,
+        |qp, io| {
+            let sub = if io.read {
+                qp.read(1, io.lba, io.blocks, io.bufs, io.n)
+            } else {
+                qp.write(1, io.lba, io.blocks, io.bufs, io.n)
+            };
+            sub.map_err(|e| e.data)
+        },
+        |qp, done| {
+            qp.poll(&mut |c| done(c.result.is_ok(), Some(c.data)));
+            r.poll_once();
+        },
+    );
+}
+
+/// A controller of `subnqn` over `t` with one I/O queue pair (64 entries,
+/// in-capsule writes up to `inline_cap`).
+pub fn nvmf_queue<T: pollux_nvmf::host::HostTransport>(
+    t: &T,
+    hostid: [u8; 16],
+    subnqn: &str,
+    inline_cap: Option<u32>,
+) -> (
+    pollux_nvmf::host::Controller<T>,
+    pollux_nvmf::host::Qpair<T::Queue>,
+) {
+    use pollux_nvmf::host::{Controller, CtrlOptions, HostIdentity, DEFAULT_HOSTNQN};
+    let who = HostIdentity {
+        hostnqn: DEFAULT_HOSTNQN.into(),
+        hostid,
+        subnqn: subnqn.into(),
+    };
+    let opts = CtrlOptions {
+        io_queues: 1,
+        ..CtrlOptions::default()
+    };
+    let c = Controller::connect(t, who, opts).unwrap();
+    let qp = c.connect_io(t, 1, 64, inline_cap).unwrap();
+    (c, qp)
+}

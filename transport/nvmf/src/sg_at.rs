@@ -33,9 +33,14 @@ pub(crate) fn write_at(bufs: &mut SgList, off: usize, src: &[u8]) -> usize {
     done
 }
 
-/// Append `len` bytes of `bufs` from byte `off` to `out`; returns the bytes
-/// appended (fewer when `bufs` ends first).
-pub(crate) fn append_from(bufs: &SgList, mut off: usize, len: usize, out: &mut Vec<u8>) -> usize {
+/// Calls `f` with each contiguous slice of `len` bytes of `bufs` from byte
+/// `off`, in order (fewer bytes when `bufs` ends first).
+pub(crate) fn for_each_slice<'a>(
+    bufs: &'a SgList,
+    mut off: usize,
+    len: usize,
+    mut f: impl FnMut(&'a [u8]),
+) {
     let mut left = len;
     for b in bufs.iter() {
         if left == 0 {
@@ -47,11 +52,21 @@ pub(crate) fn append_from(bufs: &SgList, mut off: usize, len: usize, out: &mut V
             continue;
         }
         let n = (s.len() - off).min(left);
-        out.extend_from_slice(&s[off..off + n]);
+        f(&s[off..off + n]);
         left -= n;
         off = 0;
     }
-    len - left
+}
+
+/// Append `len` bytes of `bufs` from byte `off` to `out`; returns the bytes
+/// appended (fewer when `bufs` ends first).
+pub(crate) fn append_from(bufs: &SgList, off: usize, len: usize, out: &mut Vec<u8>) -> usize {
+    let mut n = 0;
+    for_each_slice(bufs, off, len, |s| {
+        out.extend_from_slice(s);
+        n += s.len();
+    });
+    n
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ use pollux_reactor::mem::SgList;
 
 use super::super::qpair::QueuePair;
 use super::super::transport::ReqTag;
+use crate::sg_at::for_each_slice;
 use crate::spec::tcp::{crc32c_append, PduType};
 use crate::tcp_bufs::SendBuf;
 
@@ -256,26 +257,6 @@ impl TxQueue {
         }
         self.buf.discard();
         self.by_ref = 0;
-    }
-}
-
-/// Calls `f` with each contiguous slice of `len` bytes of `bufs` from byte
-/// `off` (fewer bytes when `bufs` ends first).
-fn for_each_slice<'a>(bufs: &'a SgList, mut off: usize, len: usize, mut f: impl FnMut(&'a [u8])) {
-    let mut left = len;
-    for b in bufs.iter() {
-        if left == 0 {
-            break;
-        }
-        let s = b.as_slice();
-        if off >= s.len() {
-            off -= s.len();
-            continue;
-        }
-        let m = (s.len() - off).min(left);
-        f(&s[off..off + m]);
-        left -= m;
-        off = 0;
     }
 }
 
