@@ -268,40 +268,45 @@ fn tgt_serves_iser_to_our_initiator_and_perf_then_stops_on_sigterm() {
     // another core than the target's when there is one.
     let two = std::thread::available_parallelism().map_or(1, |n| n.get()) > 1;
     let perf_core = if two { "1" } else { "0" };
-    let out = Command::new(env!("CARGO_BIN_EXE_pollux-perf"))
-        .args([
-            "-r",
-            &format!("trtype:iser traddr:{addr} target:{IQN} lun:0"),
-            "--pi",
-            "both",
-            "-q",
-            "8",
-            "-o",
-            "4096",
-            "-w",
-            "write",
-            "--verify",
-            "-t",
-            "0.5",
-            "--cores",
-            perf_core,
-            "--json",
-        ])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "pollux-perf: {stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
-    assert!(v["ios"].as_u64().unwrap() > 0, "{v}");
-    assert_eq!(
-        (v["errors"].as_u64(), v["miscompares"].as_u64()),
-        (Some(0), Some(0))
-    );
-    assert!(v["cores"][0]["busy_pct"].is_number() && v["lat_p99_us"].is_number());
+    // PI inserted by the initiator, and PI in host memory (DIX: the job
+    // generates the tuples before each write and verifies them after each
+    // read).
+    for pi in ["both", "dix"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_pollux-perf"))
+            .args([
+                "-r",
+                &format!("trtype:iser traddr:{addr} target:{IQN} lun:0"),
+                "--pi",
+                pi,
+                "-q",
+                "8",
+                "-o",
+                "4096",
+                "-w",
+                "write",
+                "--verify",
+                "-t",
+                "0.5",
+                "--cores",
+                perf_core,
+                "--json",
+            ])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "pollux-perf --pi {pi}: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+        assert!(v["ios"].as_u64().unwrap() > 0, "{v}");
+        assert_eq!(
+            (v["errors"].as_u64(), v["miscompares"].as_u64()),
+            (Some(0), Some(0))
+        );
+        assert!(v["cores"][0]["busy_pct"].is_number() && v["lat_p99_us"].is_number());
+    }
 
     // SIGTERM with our session open: disconnected, clean exit.
     tgt.signal(Signal::TERM);

@@ -1,7 +1,8 @@
 //! Data-path rules of iSER over the software RDMA provider: with the
 //! target and the initiator warm, 100,000 reads and writes on a plain LUN
-//! and on a T10 PI LUN (with the signature offload and in software) make
-//! no heap allocation and take no lock, on either side.
+//! and on a T10 PI LUN (insert and DIX, each with the signature offload
+//! and in software) make no heap allocation and take no lock, on either
+//! side.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -16,6 +17,7 @@ use pollux_iser::initiator::{
     DataDir, InitiatorOptions, IserInitiator, PiEngine, PiPolicy, SessionState,
 };
 use pollux_iser::target::iser::IserOptions;
+use pollux_pi::{BuffersMut, PiParams, PiType};
 use pollux_reactor::mem::{CountingAlloc, DmaBuf, SgList};
 use pollux_verbs::soft::Soft;
 
@@ -61,15 +63,30 @@ fn learn_geometry(c: &Cluster, ini: &mut IserInitiator<Soft>, lun: u16) {
     ini.set_geometry(lun, g);
 }
 
-/// Keep `DEPTH` I/Os in flight on `lun` until `ios` more completed.
-fn run(c: &Cluster, ini: &mut IserInitiator<Soft>, lun: u16, fill: &mut QueueFill, ios: u64) {
+/// Keep `DEPTH` I/Os in flight on `lun` until `ios` more completed. With
+/// `dix`, each write's tuples are generated into its buffer first (what
+/// the block layer does before a DIX write).
+fn run(
+    c: &Cluster,
+    ini: &mut IserInitiator<Soft>,
+    lun: u16,
+    dix: bool,
+    fill: &mut QueueFill,
+    ios: u64,
+) {
     fill.run(
         ini,
         ios,
-        |ini, io| {
+        |ini, mut io| {
             let sub = if io.read {
                 ini.read(lun, io.lba, io.blocks, io.bufs, io.n)
             } else {
+                if dix {
+                    let b = io.bufs.iter_mut().next().unwrap();
+                    let (data, pi) = b.as_mut_slice().split_at_mut(IO);
+                    let p = PiParams::for_type(PiType::Type1, 512, io.lba as u32, 0);
+                    pollux_pi::generate(BuffersMut::Dix { data, pi }, &p).unwrap();
+                }
                 ini.write(lun, io.lba, io.blocks, io.bufs, io.n)
             };
             sub.map_err(|e| panic!("submit refused: {e}"))
@@ -92,13 +109,16 @@ fn iser_target_and_initiator_allocate_nothing_and_lock_nothing_per_io() {
     let addr = unique_addr("pollux-rules-iser");
     let target = iscsi_target(TGT, &addr, vec![(0, plain), (1, pi)], 64);
     let c = Cluster::start(1, target, addr, IserOptions::for_tests());
-    let mut fill = QueueFill::new("rules-iser", IO, DEPTH);
-    // (LUN, PI policy, PI engine): plain; PI with the signature offload;
-    // PI generated and checked in software.
+    let mut fill = QueueFill::with_tuples("rules-iser", IO, DEPTH);
+    // (LUN, PI policy, PI engine): plain; PI inserted and stripped, and
+    // PI in host memory (DIX), each with the signature offload and in
+    // software.
     let cases = [
         (0u16, PiPolicy::Off, PiEngine::Auto),
         (1, PiPolicy::Both, PiEngine::Auto),
         (1, PiPolicy::Both, PiEngine::Software),
+        (1, PiPolicy::Dix, PiEngine::Auto),
+        (1, PiPolicy::Dix, PiEngine::Software),
     ];
     for (lun, pol, engine) in cases {
         let mut opts = InitiatorOptions::new(&c.addr, INI, TGT);
@@ -107,9 +127,10 @@ fn iser_target_and_initiator_allocate_nothing_and_lock_nothing_per_io() {
         opts.pi_engine = engine;
         let mut ini = connect(&c, opts);
         learn_geometry(&c, &mut ini, lun);
-        run(&c, &mut ini, lun, &mut fill, N / 10);
+        let dix = pol == PiPolicy::Dix;
+        run(&c, &mut ini, lun, dix, &mut fill, N / 10);
         let before = measure_from_here();
-        run(&c, &mut ini, lun, &mut fill, N);
+        run(&c, &mut ini, lun, dix, &mut fill, N);
         let after = measure_to_here();
         assert_clean(&format!("lun {lun} {pol:?} {engine:?}"), before, after);
         // Logged out and torn down on the target too, before the next

@@ -11,7 +11,7 @@
 #   2. kernel PI over iSER on rxe: SKIP with the evidence (ib_iser reloaded
 #      with pi_enable=1 reports that rxe has no T10-PI offload; sd disables DIF);
 #   3. pollux-perf (our initiator, ibverbs) -> pollux-tgt: LUN 0 --verify,
-#      LUN 1 --pi both/write-generate/read-verify --verify (software PI);
+#      LUN 1 --pi both/write-generate/read-verify/dix --verify (software PI);
 #   4. pollux-perf -> LIO isert (targetcli, ramdisk, portal enable_iser):
 #      write + read back --verify at 4 and 64 KiB, a randread run; LIO PI
 #      over rxe: SKIP (same reason);
@@ -515,6 +515,8 @@ if start_tgt; then
   check pi-both-512-verify 60 perf_sw_pi "$IQN" 1 both -w write --verify -q 16 -o 512 -t 2
   check pi-write-generate 60 perf_sw_pi "$IQN" 1 write-generate -w randwrite -q 16 -o 16k -t 2
   check pi-read-verify 60 perf_sw_pi "$IQN" 1 read-verify -w randread -q 16 -o 16k -t 2
+  check pi-dix-4k-verify 60 perf_sw_pi "$IQN" 1 dix -w write --verify -q 16 -o 4k -t 3
+  check pi-dix-64k-randread 60 perf_sw_pi "$IQN" 1 dix -w randread -q 8 -o 64k -t 2
   RUN=kernel
   stop_tgt
 fi

@@ -126,8 +126,10 @@ struct Args {
     /// Modes of a sweep: `MODE[+inline][+local-inv]`, comma separated.
     #[arg(long = "sweep-modes", default_value = sweep::DEFAULT_MODES)]
     sweep_modes: String,
-    /// T10 PI of an iSER session (`trtype:iser`): off, write-generate,
-    /// read-verify or both.
+    /// T10 PI of an iSER session (`trtype:iser`): off, insert (PI on the
+    /// wire only), dix (PI in host memory too: generated before writes,
+    /// verified after reads), or one direction of insert: write-generate,
+    /// read-verify (`both` = insert).
     #[arg(long = "pi", default_value = "off")]
     pi: String,
     /// The PI columns of an iSER `--sweep`, comma separated.

@@ -5,9 +5,9 @@
 //!
 //! ```text
 //! pollux-perf -r 'trtype:iser traddr:@pollux-iser target:iqn.2016-06.io.pollux:disk0 lun:0' \
-//!             --pi off|write-generate|read-verify|both -q 32 -o 4096 -w randread -t 5 --cores 1
+//!             --pi off|insert|dix -q 32 -o 4096 -w randread -t 5 --cores 1
 //! pollux-perf -r 'trtype:iser traddr:10.99.0.1 trsvcid:3260 target:iqn…' …   # ibverbs build
-//! pollux-perf -r 'trtype:iser …' --sweep [--sweep-pi off,write-generate,read-verify,both]
+//! pollux-perf -r 'trtype:iser …' --sweep [--sweep-pi off,insert,dix]
 //! ```
 //!
 //! Every core logs in its own session (one connection; the ISID differs
@@ -15,6 +15,15 @@
 //! takes `queue_depth` buffers of `io_size` bytes from a pool once, and
 //! keeps them in flight: per I/O nothing is allocated (the buffer travels
 //! with the task and comes back in its result). At the end it logs out.
+//!
+//! `--pi` follows the two modes Linux's iSER is measured in: `insert`
+//! (`write_generate=0 read_verify=0`: no PI in host memory; the initiator's
+//! integrity MR generates it on writes and checks and strips it on reads)
+//! and `dix` (`write_generate=1 read_verify=1`: each buffer carries one
+//! tuple per block after its data; this job generates them before every
+//! write and verifies them after every read, as the block layer does, and
+//! the integrity MR checks them on the way out and in). `write-generate`,
+//! `read-verify` and `both` (= `insert`) pick one direction of `insert`.
 //!
 //! `--sweep` runs block sizes 512 B … 64 KiB (rows) × PI policies
 //! (columns) and prints `IOPS/host CPU%` cells, then the cost of PI per
@@ -33,6 +42,7 @@ use pollux_iser::initiator::scsi::{parse_read_capacity16, read_capacity16_cdb};
 use pollux_iser::initiator::{
     DataDir, InitiatorOptions, IserInitiator, PiPolicy, SessionState, SubmitError, TaskResult,
 };
+use pollux_pi::{Buffers, BuffersMut, PiParams, PiType, TUPLE_SIZE};
 use pollux_reactor::mem::{BufPool, BufPoolOptions, DmaBuf, SgList};
 use pollux_reactor::{launch, CoreId, Cores, IdleMode, IoClock, LaunchConfig, PollStatus, Reactor};
 use pollux_verbs::Provider;
@@ -47,7 +57,7 @@ use crate::AppError;
 /// The initiator name when the transport ID gives none.
 pub const DEFAULT_INITIATOR: &str = "iqn.2016-06.io.pollux:perf-host";
 /// The PI columns of a sweep.
-pub const DEFAULT_SWEEP_PI: &str = "off,write-generate,read-verify,both";
+pub const DEFAULT_SWEEP_PI: &str = "off,insert,dix";
 /// How long login and the LU discovery may take.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the logout may take.
@@ -380,9 +390,16 @@ fn start_core<P: Provider>(
     if p.verify && units < (jobs * p.queue_depth) as u64 {
         return Err("verify needs at least queue depth × cores I/O units in the LU".into());
     }
+    // DIX: one tuple per block after the data.
+    let dix = (p.pi == PiPolicy::Dix && g.prot_en).then(|| Dix::new(bs, p.io_size, g.pi_type));
+    let tuples = if p.pi == PiPolicy::Dix {
+        p.io_size / bs * TUPLE_SIZE
+    } else {
+        0
+    };
     let pool = BufPool::new(BufPoolOptions::new(
         format!("perf-iser-{index}"),
-        p.io_size,
+        p.io_size + tuples,
         p.queue_depth,
     ))
     .map_err(|e| format!("buffers: {e}"))?;
@@ -405,7 +422,7 @@ fn start_core<P: Provider>(
         duration: p.duration,
         ride_through: false,
     };
-    let lu = IserLu::new(ini, p.trid.lun, p.queue_depth);
+    let lu = IserLu::new(ini, p.trid.lun, p.queue_depth, dix);
     let mut job = Job::new(lu, jp, bufs, seed);
     job.start(r);
     let mut logout = Logout::default();
@@ -443,6 +460,60 @@ fn start_core<P: Provider>(
     Ok(())
 }
 
+/// What the block layer does in DIX mode (`write_generate=1
+/// read_verify=1`): tuples generated into the buffer after the data
+/// before a write, verified there after a read.
+#[derive(Debug, Clone, Copy)]
+pub struct Dix {
+    block: usize,
+    data: usize,
+    pi_type: PiType,
+}
+
+impl Dix {
+    /// Blocks of `block` bytes, `data` bytes per I/O, Type `pi_type` (1–3;
+    /// anything else is Type 1).
+    pub fn new(block: usize, data: usize, pi_type: u8) -> Self {
+        let pi_type = match pi_type {
+            2 => PiType::Type2,
+            3 => PiType::Type3,
+            _ => PiType::Type1,
+        };
+        Dix {
+            block,
+            data,
+            pi_type,
+        }
+    }
+
+    fn params(&self, lba: u64) -> PiParams {
+        let seed = if self.pi_type == PiType::Type3 {
+            0
+        } else {
+            lba as u32
+        };
+        PiParams::for_type(self.pi_type, self.block, seed, 0)
+    }
+
+    /// Generate the tuples of `buf`'s data written at `lba`.
+    pub fn generate(&self, buf: &mut [u8], lba: u64) -> bool {
+        let Some(b) = buf.get_mut(..self.data + self.data / self.block * TUPLE_SIZE) else {
+            return false;
+        };
+        let (data, pi) = b.split_at_mut(self.data);
+        pollux_pi::generate(BuffersMut::Dix { data, pi }, &self.params(lba)).is_ok()
+    }
+
+    /// Verify the tuples of `buf`'s data read at `lba`.
+    pub fn verify(&self, buf: &[u8], lba: u64) -> bool {
+        let Some(b) = buf.get(..self.data + self.data / self.block * TUPLE_SIZE) else {
+            return false;
+        };
+        let (data, pi) = b.split_at(self.data);
+        pollux_pi::verify(Buffers::Dix { data, pi }, &self.params(lba)).is_ok()
+    }
+}
+
 /// The iSER side of a `pollux-perf` job: LUN `lun` behind one session.
 pub struct IserLu<P: Provider> {
     ini: IserInitiator<P>,
@@ -451,17 +522,23 @@ pub struct IserLu<P: Provider> {
     results: Vec<TaskResult>,
     /// A failed task was logged (the first one only).
     warned: bool,
+    /// DIX: the tuples' work, and each read in flight's LBA by its context
+    /// (fixed size: the job's slots).
+    dix: Option<Dix>,
+    read_lba: Vec<Option<u64>>,
 }
 
 impl<P: Provider> IserLu<P> {
     /// I/O to `lun` over the logged-in session `ini`; `queue_depth` tasks
-    /// at most in flight.
-    pub fn new(ini: IserInitiator<P>, lun: u16, queue_depth: usize) -> Self {
+    /// at most in flight; `dix` when the buffers carry PI.
+    pub fn new(ini: IserInitiator<P>, lun: u16, queue_depth: usize, dix: Option<Dix>) -> Self {
         IserLu {
             ini,
             lun,
             results: Vec::with_capacity(queue_depth + 8),
             warned: false,
+            dix,
+            read_lba: vec![None; if dix.is_some() { queue_depth } else { 0 }],
         }
     }
 
@@ -480,6 +557,16 @@ impl<P: Provider> JobQueues for IserLu<P> {
         data: SgList,
         ctx: u64,
     ) -> Result<(), Refused> {
+        let mut data = data;
+        if let Some(d) = &self.dix {
+            if read {
+                if let Some(s) = self.read_lba.get_mut(ctx as usize) {
+                    *s = Some(lba);
+                }
+            } else if let Some(b) = data.iter_mut().next() {
+                d.generate(b.as_mut_slice(), lba);
+            }
+        }
         let res = if read {
             self.ini.read(self.lun, lba, blocks, data, ctx)
         } else {
@@ -502,7 +589,15 @@ impl<P: Provider> JobQueues for IserLu<P> {
         let st = self.ini.poll(&mut |t| results.push(t));
         let work = results.len() + usize::from(st == PollStatus::Busy);
         for mut t in results.drain(..) {
-            let outcome = if t.is_good() {
+            // DIX reads: the block layer's read-verify of the tuples.
+            let lba = self.read_lba.get_mut(t.ctx as usize).and_then(Option::take);
+            let tuples_ok = match (&self.dix, lba, &t.bufs) {
+                (Some(d), Some(lba), Some(b)) if t.is_good() => {
+                    b.iter().next().is_some_and(|b| d.verify(b.as_slice(), lba))
+                }
+                _ => true,
+            };
+            let outcome = if t.is_good() && tuples_ok {
                 Outcome::Good
             } else if t.transport_error {
                 Outcome::Lost("connection lost".into())
@@ -510,10 +605,15 @@ impl<P: Provider> JobQueues for IserLu<P> {
                 if !self.warned {
                     self.warned = true;
                     log::warn!(
-                        "pollux-perf: iSER task failed: status {:#x} sense {:?} PI {:?}",
+                        "pollux-perf: iSER task failed: status {:#x} sense {:?} PI {:?}{}",
                         t.status,
                         t.sense_code(),
-                        t.pi_error
+                        t.pi_error,
+                        if tuples_ok {
+                            ""
+                        } else {
+                            " (DIX read-verify of the tuples failed)"
+                        }
                     );
                 }
                 Outcome::Failed
@@ -816,10 +916,26 @@ mod tests {
     }
 
     #[test]
+    fn dix_tuples_follow_the_data_and_catch_a_changed_block() {
+        for ty in [1u8, 3] {
+            let d = Dix::new(512, 4096, ty);
+            let mut buf = vec![7u8; 4096 + 64 + 100];
+            assert!(d.generate(&mut buf, 77));
+            assert!(d.verify(&buf, 77));
+            // Type 1's ref tags follow the LBA; Type 3's do not.
+            assert_eq!(d.verify(&buf, 78), ty == 3);
+            buf[1000] ^= 1;
+            assert!(!d.verify(&buf, 77));
+            assert!(!d.generate(&mut [0u8; 4096], 0), "no room for the tuples");
+        }
+    }
+
+    #[test]
     fn pi_lists_and_table() {
         let v = parse_pi_list(DEFAULT_SWEEP_PI).unwrap();
-        assert_eq!(v.len(), 4);
-        assert_eq!(v[3].1, PiPolicy::Both);
+        assert_eq!(v.len(), 3);
+        assert_eq!((v[1].1, v[2].1), (PiPolicy::Both, PiPolicy::Dix));
+        let v = parse_pi_list("off,write-generate,read-verify,both").unwrap();
         assert!(parse_pi_list("off,fast").is_err());
         assert!(parse_pi_list(",").is_err());
         let cols: Vec<String> = v.iter().map(|c| c.0.clone()).collect();

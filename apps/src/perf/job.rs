@@ -294,10 +294,12 @@ impl<Q: JobQueues> Job<Q> {
         };
         let offset = unit * self.p.io_bytes;
         if self.p.verify {
+            // The data only: a buffer may have room for PI after it.
+            let n = self.p.io_bytes as usize;
             if read {
-                buf.as_mut_slice().fill(0xA5);
+                buf.as_mut_slice()[..n].fill(0xA5);
             } else {
-                fill_pattern(buf.as_mut_slice(), offset, self.slots[slot].iter);
+                fill_pattern(&mut buf.as_mut_slice()[..n], offset, self.slots[slot].iter);
             }
         }
         let lba = unit * u64::from(self.p.io_blocks);
@@ -362,7 +364,8 @@ impl<Q: JobQueues> Job<Q> {
                     let offset = s.unit * self.p.io_bytes;
                     let generation = if ro { 0 } else { s.iter };
                     if let Some(b) = &s.buf {
-                        if check_pattern(b.as_slice(), offset, generation).is_err() {
+                        let data = &b.as_slice()[..self.p.io_bytes as usize];
+                        if check_pattern(data, offset, generation).is_err() {
                             self.tally.miscompares += 1;
                         }
                     }

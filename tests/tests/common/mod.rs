@@ -7,6 +7,7 @@ pub mod churn_fabric;
 pub mod churn_iser;
 pub mod iser;
 pub mod iser_io;
+pub mod iser_loop;
 pub mod rules;
 
 use std::sync::Arc;

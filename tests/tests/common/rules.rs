@@ -260,6 +260,16 @@ impl QueueFill {
         }
     }
 
+    /// Like [`QueueFill::new`], with room after each buffer's `size` data
+    /// bytes for one 8-byte PI tuple per block (DIX).
+    pub fn with_tuples(name: &str, size: usize, depth: usize) -> Self {
+        QueueFill {
+            idle: buffers(name, size + size / 512 * 8, depth),
+            next: 0,
+            size,
+        }
+    }
+
     /// Run `ios` more I/Os on `host`: `submit` hands the buffers back when
     /// the host refuses one for now, `reap` polls everything once and
     /// reports each completion (success, buffers).

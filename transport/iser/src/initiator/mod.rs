@@ -26,12 +26,15 @@
 //!   asks the target not to invalidate. Writes send up to FirstBurstLength
 //!   (8 KiB at most) as immediate data; the rest is RDMA-READ by the
 //!   target. The CmdSN window is honoured (`SubmitError::Busy`).
-//! - T10 PI ([`PiPolicy`]): with signature offload one integrity MR per
-//!   task (memory domain none, wire T10 DIF Type 1: the provider generates
-//!   on write and checks + strips on read; the signature status is read
-//!   after the response); otherwise `pollux-pi` in software through a
-//!   per-task bounce slot. Initiator-detected errors come back as
-//!   [`TaskResult::pi_error`] with the LBA and as ILLEGAL REQUEST 10/0x.
+//! - T10 PI ([`PiPolicy`]), Types 1 and 3: with signature offload one
+//!   integrity MR per task, wire domain T10 DIF and memory domain none
+//!   (insert: the provider generates on write and checks + strips on read)
+//!   or DIX ([`PiPolicy::Dix`]: the caller's tuples follow the data in its
+//!   `SgList`, registered as the MR's protection SGEs, checked both ways);
+//!   the signature status is read after the response. Otherwise
+//!   `pollux-pi` does the same in software through a per-task bounce slot.
+//!   Initiator-detected errors come back as [`TaskResult::pi_error`] with
+//!   the LBA and as ILLEGAL REQUEST 10/0x.
 //! - [`IserInitiator::send_targets`] (discovery), [`IserInitiator::logout`].
 //! - [`scsi`]: CDB builders and parsers for LUN discovery.
 

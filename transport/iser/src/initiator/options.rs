@@ -5,11 +5,15 @@ use std::str::FromStr;
 use thiserror::Error;
 
 /// What the initiator does about T10 PI on a LU formatted with PI
-/// (`--pi write-generate|read-verify|both|off`, after Linux's block
-/// integrity knobs). With the device's signature offload
+/// (`--pi off|insert|dix`, or `write-generate|read-verify|both` for one
+/// direction of insert). Linux's iSER measures the same two modes through
+/// the block layer's integrity knobs: `write_generate=0 read_verify=0`
+/// (no PI in host memory: the HCA inserts and strips, [`PiPolicy::Both`])
+/// and `write_generate=1 read_verify=1` (the block layer's PI in a separate
+/// buffer, [`PiPolicy::Dix`]). With the device's signature offload
 /// (`DeviceCaps::integrity`) one integrity MR per task does the work;
-/// otherwise `pollux-pi` generates and verifies in software through a
-/// per-task bounce buffer.
+/// otherwise `pollux-pi` does it in software through a per-task bounce
+/// buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum PiPolicy {
     /// No PI on the wire: WRPROTECT/RDPROTECT 000b, the target generates
@@ -22,24 +26,37 @@ pub enum PiPolicy {
     /// Reads carry PI that the initiator checks and strips (RDPROTECT
     /// 001b): wire domain T10 DIF, memory domain none.
     ReadVerify,
-    /// Both.
+    /// Both (`insert`): PI on the wire both ways, none in host memory.
     Both,
+    /// PI in host memory as well (DIX): the caller's `SgList` holds the
+    /// data followed by one 8-byte tuple per block. A write's tuples are
+    /// checked on the way out and go on the wire interleaved (WRPROTECT
+    /// 001b); a read's wire tuples are checked and stored after the data
+    /// (RDPROTECT 001b, or 011b without `target_checks`).
+    Dix,
 }
 
 impl PiPolicy {
     /// Writes carry PI.
     pub fn generates(self) -> bool {
-        matches!(self, PiPolicy::WriteGenerate | PiPolicy::Both)
+        matches!(
+            self,
+            PiPolicy::WriteGenerate | PiPolicy::Both | PiPolicy::Dix
+        )
     }
     /// Reads carry PI checked here.
     pub fn verifies(self) -> bool {
-        matches!(self, PiPolicy::ReadVerify | PiPolicy::Both)
+        matches!(self, PiPolicy::ReadVerify | PiPolicy::Both | PiPolicy::Dix)
+    }
+    /// The caller's buffers carry PI after the data (DIX).
+    pub fn in_memory(self) -> bool {
+        self == PiPolicy::Dix
     }
 }
 
 /// An unknown `--pi` value.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
-#[error("unknown PI policy {0:?} (write-generate, read-verify, both, off)")]
+#[error("unknown PI policy {0:?} (off, insert, dix, write-generate, read-verify, both)")]
 pub struct PiPolicyError(pub String);
 
 impl FromStr for PiPolicy {
@@ -49,7 +66,8 @@ impl FromStr for PiPolicy {
             "off" | "none" => Ok(PiPolicy::Off),
             "write-generate" => Ok(PiPolicy::WriteGenerate),
             "read-verify" => Ok(PiPolicy::ReadVerify),
-            "both" => Ok(PiPolicy::Both),
+            "both" | "insert" => Ok(PiPolicy::Both),
+            "dix" => Ok(PiPolicy::Dix),
             _ => Err(PiPolicyError(s.into())),
         }
     }
@@ -103,6 +121,11 @@ pub struct InitiatorOptions {
     pub pi: PiPolicy,
     /// Where PI is computed.
     pub pi_engine: PiEngine,
+    /// Application tag of the tuples the initiator generates (insert).
+    pub app_tag: u16,
+    /// Bits of the application tag the initiator checks (0: none, as
+    /// Linux does; DIX writes and every PI read).
+    pub app_tag_mask: u16,
     /// With PI on the wire for reads, ask the target to check it as well
     /// (RDPROTECT 001b); `false` sends 011b (target does not check), which
     /// leaves detection to the initiator alone.
@@ -133,6 +156,8 @@ impl InitiatorOptions {
             remote_invalidate: true,
             pi: PiPolicy::Off,
             pi_engine: PiEngine::Auto,
+            app_tag: 0,
+            app_tag_mask: 0,
             target_checks: true,
             isid: [0x80, 0x50, 0x4f, 0x4c, 0x00, 0x01],
             pre_registered: false,

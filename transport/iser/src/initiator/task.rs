@@ -2,6 +2,7 @@
 
 use pollux_reactor::mem::SgList;
 
+use super::pi::{PiLayout, PiShape};
 use crate::scsi::sense::Sense;
 
 /// Who undid a task's memory registration.
@@ -85,6 +86,17 @@ pub(crate) enum PiPath {
     Software,
 }
 
+/// The shape of a task without PI.
+pub(crate) const NO_PI: PiShape = PiShape {
+    lba: 0,
+    block: 512,
+    blocks: 0,
+    pi_type: 0,
+    app_tag: 0,
+    app_mask: 0,
+    layout: PiLayout::Insert,
+};
+
 pub(crate) struct Task<Mr> {
     pub(crate) active: bool,
     pub(crate) gen: u16,
@@ -106,9 +118,7 @@ pub(crate) struct Task<Mr> {
     pub(crate) inv_pending: bool,
     pub(crate) dir: DataDir,
     pub(crate) pi: PiPath,
-    pub(crate) lba: u64,
-    pub(crate) blocks: u32,
-    pub(crate) block_size: u32,
+    pub(crate) shape: PiShape,
     pub(crate) status: u8,
     pub(crate) sense: Option<Sense>,
     pub(crate) residual: u32,
@@ -134,9 +144,7 @@ impl<Mr> Task<Mr> {
             inv_pending: false,
             dir: DataDir::None,
             pi: PiPath::None,
-            lba: 0,
-            blocks: 0,
-            block_size: 512,
+            shape: NO_PI,
             status: 0,
             sense: None,
             residual: 0,
@@ -148,14 +156,14 @@ impl<Mr> Task<Mr> {
 
     /// Start the slot's next task (slot `idx`: its ITT is the new
     /// generation and the slot), everything from the last one cleared.
-    /// `at`: first LBA, blocks, block size.
+    /// A PI failure already found (software DIX write) is kept.
     pub(crate) fn start(
         &mut self,
         idx: u16,
         ctx: u64,
         dir: DataDir,
-        pi: PiPath,
-        at: (u64, u32, u32),
+        pi: (PiPath, PiShape),
+        pi_error: Option<PiFailure>,
     ) {
         self.gen = self.gen.wrapping_add(1) & 0x7FFF;
         self.itt = u32::from(self.gen) << 16 | u32::from(idx);
@@ -165,12 +173,11 @@ impl<Mr> Task<Mr> {
         self.rsp = false;
         self.inv_pending = false;
         self.dir = dir;
-        self.pi = pi;
-        (self.lba, self.blocks, self.block_size) = at;
+        (self.pi, self.shape) = pi;
         self.status = 0;
         self.sense = None;
         self.residual = 0;
-        self.pi_error = None;
+        self.pi_error = pi_error;
         self.invalidation = Invalidation::None;
     }
 

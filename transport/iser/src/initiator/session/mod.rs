@@ -22,9 +22,9 @@ use pollux_verbs::{
 
 use super::error::{InitiatorError, SubmitError};
 use super::options::{InitiatorOptions, PiEngine, SessionKind};
-use super::pi::{self, TUPLE};
+use super::pi::{self, PiLayout, PiShape, TUPLE};
 use super::scsi::{rw16_cdb, LunGeometry};
-use super::task::{DataDir, Invalidation, PiFailure, PiPath, Task, TaskResult};
+use super::task::{DataDir, Invalidation, PiFailure, PiPath, Task, TaskResult, NO_PI};
 use crate::pdu::text::{parse_text, push_pair};
 use crate::pdu::{
     Bhs, IserCmHdr, IserHeader, LoginFlags, LoginRequest, LogoutReason, LogoutRequest, Lun, NopOut,
@@ -210,7 +210,8 @@ impl<P: Provider> IserInitiator<P> {
                 caps: QpCaps {
                     max_send_wr: (3 * depth + CTRL_SLOTS + 4) as u32,
                     max_recv_wr: nrecv as u32,
-                    max_send_sge: 2,
+                    // A registration's page list (data and, DIX, tuples).
+                    max_send_sge: (MAX_SGES as u32).min(caps.max_sge).max(2),
                     max_recv_sge: 1,
                     max_inline_data: 0,
                 },

@@ -231,26 +231,22 @@ impl<P: Provider> IserInitiator<P> {
         match t.pi {
             PiPath::Offload => {
                 if let Some(Ok(Some(e))) = t.imr.as_ref().map(|(m, _)| m.check_sig_status()) {
-                    let wb = u64::from(t.block_size) + TUPLE as u64;
+                    let wb = u64::from(t.shape.block) + TUPLE as u64;
                     fail = Some(PiFailure {
                         kind: e.kind,
-                        lba: t.lba + e.offset / wb,
+                        lba: t.shape.lba + e.offset / wb,
                         expected: e.expected,
                         actual: e.actual,
                     });
                 }
             }
+            // A DIX write's bad tuple, found before it went out.
+            PiPath::Software if t.dir == DataDir::Write => fail = t.pi_error.take(),
             PiPath::Software if t.dir == DataDir::Read && status == sense::GOOD => {
                 if let (Some(b), Some(sg)) = (self.bounce.as_ref(), t.bufs.as_mut()) {
                     let off = i * self.bounce_slot;
-                    let wl = t.blocks as usize * (t.block_size as usize + TUPLE);
-                    fail = pi::verify_strip(
-                        &b.as_slice()[off..off + wl],
-                        sg,
-                        t.lba,
-                        t.block_size,
-                        t.blocks,
-                    );
+                    let wl = t.shape.wire_len();
+                    fail = pi::verify_strip(&b.as_slice()[off..off + wl], sg, &t.shape);
                 }
             }
             _ => {}

@@ -6,7 +6,9 @@ use super::*;
 
 impl<P: Provider> IserInitiator<P> {
     /// READ(16) of `blocks` blocks at `lba` of `lun` into `bufs` (at least
-    /// `blocks × block_size` bytes), with the session's PI policy.
+    /// `blocks × block_size` bytes; with [`PiPolicy::Dix`](super::super::PiPolicy::Dix)
+    /// 8 more per block, where the tuples are stored), with the session's
+    /// PI policy.
     ///
     /// # Errors
     /// [`SubmitError`], which hands the buffers back.
@@ -21,7 +23,9 @@ impl<P: Provider> IserInitiator<P> {
         self.block_io(false, lun, lba, blocks, bufs, ctx)
     }
 
-    /// WRITE(16) of `blocks` blocks at `lba` of `lun` from `bufs`.
+    /// WRITE(16) of `blocks` blocks at `lba` of `lun` from `bufs` (with
+    /// [`PiPolicy::Dix`](super::super::PiPolicy::Dix), the data followed by
+    /// one tuple per block).
     ///
     /// # Errors
     /// [`SubmitError`], which hands the buffers back.
@@ -68,15 +72,42 @@ impl<P: Provider> IserInitiator<P> {
         };
         let cdb = rw16_cdb(write, lba, blocks, protect);
         let dir = if write { DataDir::Write } else { DataDir::Read };
-        let pi = if !wire_pi {
+        let path = if !wire_pi {
             PiPath::None
         } else if self.offload {
             PiPath::Offload
         } else {
             PiPath::Software
         };
-        let len = blocks as usize * g.block_size as usize;
-        self.submit_inner(lun, &cdb, dir, Some(bufs), len, pi, lba, g.block_size, ctx)
+        let shape = PiShape {
+            lba,
+            block: g.block_size,
+            blocks,
+            pi_type: g.pi_type,
+            app_tag: self.opts.app_tag,
+            app_mask: self.opts.app_tag_mask,
+            layout: if pol.in_memory() {
+                PiLayout::Dix
+            } else {
+                PiLayout::Insert
+            },
+        };
+        if wire_pi && !matches!(g.pi_type, 1 | 3) {
+            return Err(SubmitError::Invalid(
+                "PI Type 2 needs 32-byte CDBs",
+                Some(bufs),
+            ));
+        }
+        // DIX: the tuples follow the data in the caller's buffers, also
+        // when the LU has no PI (they are left alone then).
+        if pol.in_memory() && bufs.total_len() < shape.data_len() + blocks as usize * TUPLE {
+            return Err(SubmitError::Invalid(
+                "DIX: buffers shorter than the data and its tuples",
+                Some(bufs),
+            ));
+        }
+        let len = shape.data_len();
+        self.submit_inner(lun, &cdb, dir, Some(bufs), len, (path, shape), ctx)
     }
 
     /// Submit any CDB: `len` bytes of data in `dir` through `bufs`. The
@@ -98,11 +129,12 @@ impl<P: Provider> IserInitiator<P> {
         }
         let mut c = [0u8; 16];
         c[..cdb.len()].copy_from_slice(cdb);
-        self.submit_inner(lun, &c, dir, bufs, len, PiPath::None, 0, 512, ctx)
+        self.submit_inner(lun, &c, dir, bufs, len, (PiPath::None, NO_PI), ctx)
     }
 
     /// One task: admitted, its data mapped, registered when the target
     /// moves data, and its SCSI Command posted (see the phases below).
+    /// `len`: data bytes (PI excluded); `pi`: how PI travels, and its shape.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn submit_inner(
         &mut self,
@@ -111,9 +143,7 @@ impl<P: Provider> IserInitiator<P> {
         dir: DataDir,
         bufs: Option<SgList>,
         len: usize,
-        pi: PiPath,
-        lba: u64,
-        block: u32,
+        pi: (PiPath, PiShape),
         ctx: u64,
     ) -> Result<(), SubmitError> {
         let idx = match self.admit(dir, bufs.as_ref(), len) {
@@ -121,24 +151,20 @@ impl<P: Provider> IserInitiator<P> {
             Err(r) => return Err(r.with(bufs)),
         };
         let i = usize::from(idx);
-        let blocks = if block > 0 {
-            (len / block as usize) as u32
-        } else {
-            0
-        };
-        let wire_len = if pi == PiPath::None {
+        let (path, shape) = pi;
+        let wire_len = if path == PiPath::None {
             len
         } else {
-            blocks as usize * (block as usize + TUPLE)
+            shape.wire_len()
         };
-        let pages = match self.page_list(i, pi, dir, bufs.as_ref(), len, (lba, block, blocks)) {
+        let (pages, sw_error) = match self.page_list(i, pi, dir, bufs.as_ref(), len) {
             Ok(p) => p,
             Err(r) => {
                 self.free.push(idx);
                 return Err(r.with(bufs));
             }
         };
-        let imm = self.immediate_len(dir, pi, len, &pages);
+        let imm = self.immediate_len(dir, path, len, &pages);
         let remote = dir == DataDir::Read || (dir == DataDir::Write && imm < len);
         let pre_key = if self.pre_registered && remote && len > 0 {
             match pages.one_run().and_then(|a| self.rkey_of(a)) {
@@ -154,7 +180,7 @@ impl<P: Provider> IserInitiator<P> {
         } else {
             None
         };
-        self.tasks[i].start(idx, ctx, dir, pi, (lba, blocks, block));
+        self.tasks[i].start(idx, ctx, dir, pi, sw_error);
         let mut wrs = [SendWr::new(WrId(0), SendOp::Send, &[]); 2];
         let mut n = 0;
         let stag = match pre_key {
@@ -168,7 +194,7 @@ impl<P: Provider> IserInitiator<P> {
                 })
             }
             None if remote && len > 0 => {
-                let (reg, stag) = self.registration(i, dir, (lba, block), &pages);
+                let (reg, stag) = self.registration(i, dir, &pages);
                 wrs[0] = reg;
                 n = 1;
                 Some(stag)
@@ -237,38 +263,38 @@ impl<P: Provider> IserInitiator<P> {
         })
     }
 
-    /// The task's data as SGEs: the caller's buffers, or (software PI) its
-    /// bounce slot, into which a write's PI is generated first.
-    /// `pi_at`: first LBA, block size, blocks.
+    /// The task's data as SGEs: the caller's buffers (with offloaded DIX,
+    /// their tuples as protection SGEs), or (software PI) its bounce slot,
+    /// into which a write's wire image is made first; a DIX write's first
+    /// bad tuple comes back with it.
     fn page_list(
         &mut self,
         i: usize,
-        pi: PiPath,
+        pi: (PiPath, PiShape),
         dir: DataDir,
         bufs: Option<&SgList>,
         len: usize,
-        pi_at: (u64, u32, u32),
-    ) -> Result<PageList, Refusal> {
+    ) -> Result<(PageList, Option<PiFailure>), Refusal> {
         let mut pages = PageList {
             sges: [Sge::default(); MAX_SGES],
             n: 0,
+            prot: [Sge::default(); MAX_SGES],
+            np: 0,
             first_arena: None,
         };
-        if pi == PiPath::Software {
-            let (lba, block, blocks) = pi_at;
-            let wire_len = blocks as usize * (block as usize + TUPLE);
+        let (path, shape) = pi;
+        let mut failure = None;
+        if path == PiPath::Software {
+            let wire_len = shape.wire_len();
             let slot = i * self.bounce_slot;
             let Some(b) = self.bounce.as_mut() else {
                 return Err(Refusal::Invalid("no bounce buffers"));
             };
+            if wire_len > self.bounce_slot {
+                return Err(Refusal::Invalid("transfer over the bounce slot"));
+            }
             if let (DataDir::Write, Some(src)) = (dir, bufs) {
-                pi::generate(
-                    src,
-                    &mut b.as_mut_slice()[slot..slot + wire_len],
-                    lba,
-                    block,
-                    blocks,
-                );
+                failure = pi::generate(src, &mut b.as_mut_slice()[slot..slot + wire_len], &shape);
             }
             let (addr, arena) = (b.addr() + slot, b.arena().clone());
             let lkey = self.lkey_of(&arena, true).map_err(Refusal::Verbs)?;
@@ -281,26 +307,53 @@ impl<P: Provider> IserInitiator<P> {
                 arena.id(),
             );
         } else if let Some(sg) = bufs {
-            let mut left = len;
-            for b in sg.iter() {
-                if left == 0 {
-                    break;
-                }
-                let arena = b.arena().clone();
-                let lkey = self.lkey_of(&arena, true).map_err(Refusal::Verbs)?;
-                let take = b.len().min(left);
-                pages.push(
-                    Sge {
-                        addr: b.addr() as u64,
-                        length: take as u32,
-                        lkey,
-                    },
-                    arena.id(),
-                );
-                left -= take;
+            self.map_range(sg, 0, len, &mut pages, false)?;
+            if path == PiPath::Offload && shape.layout == PiLayout::Dix {
+                self.map_range(sg, len, shape.pi_len(), &mut pages, true)?;
             }
         }
-        Ok(pages)
+        Ok((pages, failure))
+    }
+
+    /// SGEs for bytes `[from, from + len)` of `sg`, appended to the data
+    /// (or, `prot`, the protection) SGEs of `pages`.
+    fn map_range(
+        &mut self,
+        sg: &SgList,
+        mut from: usize,
+        mut left: usize,
+        pages: &mut PageList,
+        prot: bool,
+    ) -> Result<(), Refusal> {
+        for b in sg.iter() {
+            if left == 0 {
+                break;
+            }
+            if from >= b.len() {
+                from -= b.len();
+                continue;
+            }
+            let arena = b.arena().clone();
+            let lkey = self.lkey_of(&arena, true).map_err(Refusal::Verbs)?;
+            let take = (b.len() - from).min(left);
+            let sge = Sge {
+                addr: (b.addr() + from) as u64,
+                length: take as u32,
+                lkey,
+            };
+            if pages.n + pages.np == MAX_SGES {
+                return Err(Refusal::Invalid("too many segments"));
+            }
+            if prot {
+                pages.prot[pages.np] = sge;
+                pages.np += 1;
+            } else {
+                pages.push(sge, arena.id());
+            }
+            left -= take;
+            from = 0;
+        }
+        Ok(())
     }
 
     /// Immediate data: plain writes only, from the first buffer, within
@@ -321,12 +374,11 @@ impl<P: Provider> IserInitiator<P> {
 
     /// The fast-registration (or, with PI offload, integrity) work request
     /// of task `i` over `pages`, with a fresh key, and the STag it gives
-    /// the target. `pi_at`: first LBA and block size.
+    /// the target.
     fn registration<'a>(
         &mut self,
         i: usize,
         dir: DataDir,
-        pi_at: (u64, u32),
         pages: &'a PageList,
     ) -> (SendWr<'a>, Stag) {
         let t = &mut self.tasks[i];
@@ -343,13 +395,12 @@ impl<P: Provider> IserInitiator<P> {
         let iova = pages.sges[0].addr;
         let access = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
         let op = if t.pi == PiPath::Offload {
-            let (lba, block) = pi_at;
             SendOp::RegMrIntegrity {
                 key: t.key,
                 iova,
                 access,
-                sig: pi::sig_attrs(dir == DataDir::Write, lba, block),
-                prot: &[],
+                sig: pi::sig_attrs(dir == DataDir::Write, &t.shape),
+                prot: &pages.prot[..pages.np],
             }
         } else {
             SendOp::RegMr {
@@ -441,10 +492,13 @@ impl Refusal {
     }
 }
 
-/// A task's data as work-request SGEs (no allocation: a fixed array).
+/// A task's data as work-request SGEs (no allocation: fixed arrays), and
+/// the tuples' SGEs of an offloaded DIX task.
 struct PageList {
     sges: [Sge; MAX_SGES],
     n: usize,
+    prot: [Sge; MAX_SGES],
+    np: usize,
     first_arena: Option<ArenaId>,
 }
 
