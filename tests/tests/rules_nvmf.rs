@@ -1,7 +1,9 @@
 //! Data-path rules of NVMe-oF over the software RDMA provider: with the
 //! target and the host warm, 100,000 I/Os (reads by RDMA WRITE, writes in
 //! the capsule or by RDMA READ) in the host's `pool` and `register-always`
-//! memory modes make no heap allocation and take no lock, on either side.
+//! memory modes make no heap allocation and take no lock, on either side;
+//! nor do 100,000 I/Os on a PI namespace with PRACT (the target spreads,
+//! generates, checks and strips).
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -10,8 +12,9 @@ use std::time::Duration;
 
 use common::rules::{
     assert_clean, assert_counters_work, measure_from_here, measure_to_here, nvmf_queue, run_nvmf,
-    QueueFill, N,
+    run_nvmf_pi, QueueFill, N,
 };
+use pollux_nvmf::host::pi::PiNs;
 use pollux_nvmf::host::rdma::{MemMode, RdmaHost, RdmaHostOptions};
 use pollux_reactor::mem::CountingAlloc;
 use pollux_reactor::TestCluster;
@@ -70,6 +73,48 @@ fn nvmf_target_and_host_allocate_nothing_and_lock_nothing_per_io() {
                 // Every read registers; writes too unless they are in the capsule.
                 assert!(st.registrations >= N / 2, "{st:?}");
             }
+            qp.disconnect();
+        });
+        cl.poll_until_idle().unwrap();
+    }
+    pi_namespace_allocates_nothing_and_locks_nothing_per_io();
+}
+
+/// The PI part of the test (one test per binary: the lock counter is
+/// process-wide).
+fn pi_namespace_allocates_nothing_and_locks_nothing_per_io() {
+    let addr = format!("@pollux-rules-nvmf-pi-{}", std::process::id());
+    let (_target, transport) = common::soft_rdma_target(
+        NQN,
+        "malloc:size=8M,block=512,md=8,md_interleave=true,pi=1,name=rules-nvmf-pi",
+        &addr,
+    );
+    let cl = TestCluster::new(1);
+    let _pg = cl.on(0, |r| transport.create_poll_group(r)).unwrap();
+    cl.poll_until_idle().unwrap();
+    // PRACT: the target spreads each write's blocks, generates their
+    // tuples, and checks and strips each read's (4 KiB in the capsule, 8 KiB
+    // by RDMA READ).
+    for (inline_cap, size) in [(None, 4096), (Some(0), 8192)] {
+        cl.on(0, |r| {
+            let opts = RdmaHostOptions {
+                mem_mode: MemMode::Pool,
+                remote_invalidate: true,
+                connect_timeout: Duration::from_secs(5),
+            };
+            let t = RdmaHost::<Soft>::open(None, CmAddr::new(addr.clone()), opts).unwrap();
+            let (c, mut qp) = nvmf_queue(&t, *b"rules-nvmf-host2", NQN, inline_cap);
+            let fmt = PiNs::of(&c.info().namespaces[0]).expect("a PI namespace");
+            let mut fill = QueueFill::new("rules-nvmf-pi", size, DEPTH);
+            run_nvmf_pi(r, &mut qp, &mut fill, N / 10, Some(fmt));
+            let before = measure_from_here();
+            run_nvmf_pi(r, &mut qp, &mut fill, N, Some(fmt));
+            let after = measure_to_here();
+            assert_clean(
+                &format!("PI inline_cap={inline_cap:?} size={size}"),
+                before,
+                after,
+            );
             qp.disconnect();
         });
         cl.poll_until_idle().unwrap();

@@ -46,7 +46,7 @@ T=$LAB_TARGET_ADDR H=$LAB_HOST_ADDR PORT=4420
 NQN=nqn.2016-06.io.pollux:interop0
 SCALE=${LAB_USER_NVMF_SCALE:-1}
 IDLE=${LAB_USER_NVMF_IDLE:-busy}
-RUNS=${LAB_USER_NVMF_RUNS:-base inline16 nosrq kaaer stalls}
+RUNS=${LAB_USER_NVMF_RUNS:-base inline16 nosrq pi kaaer stalls}
 STALL_SECS=${LAB_USER_NVMF_STALL_SECS:-20}
 STALL_VARIANTS=${LAB_USER_NVMF_STALL_VARIANTS:-nvmet busy norps}
 W=$(mktemp -d /tmp/pollux-nvmf.XXXXXX)
@@ -111,6 +111,8 @@ spec = "malloc:name=Malloc0,size=64M,block=512"
 
 [[bdev]]
 spec = "malloc:name=Malloc1,size=16M,block=512"
+
+${EXTRA_BDEVS:-}
 
 [[subsystem]]
 nqn = "$NQN"
@@ -661,6 +663,53 @@ if want nosrq && start_tgt nosrq 4096 true; then
   check no-nvme-errors 10 no_nvme_errors "$D0" "$C0"
   stop_tgt
 fi
+# 3b. T10 PI: NSID 1 is formatted 512+8 with PI Type 1, NSID 2 512+8
+#     without PI. rxe has no signature offload, so the kernel host does not
+#     put PI on the wire: it sends PRACT (the target generates the tuples
+#     on writes, checks and strips them on reads, as PRCHK asks) and fio's
+#     verify proves the data. A metadata namespace without PI cannot be
+#     used by a fabrics host without integrity offload: the kernel shows it
+#     with capacity 0, as against its own target.
+id_ns_pi() {
+  to nvme id-ns "/dev/$NS" -H >"$W/id-ns-pi.txt" || return 1
+  cat "$W/id-ns-pi.txt"
+  local v
+  for v in "flbas.*: 0x10" "mc .*: 0x1" "dpc .*: 0x11" "dps .*: 0x1"; do
+    grep -qE "^$v\b" "$W/id-ns-pi.txt" || { echo "id-ns -H lacks '$v'"; return 1; }
+  done
+  grep -qE 'LBA Format +0 : Metadata Size: 8 +bytes - Data Size: 512 bytes.*in use' "$W/id-ns-pi.txt" \
+    || { echo "LBA format 0 is not 512+8 in use"; return 1; }
+  local size; size=$(blockdev --getsize64 "/dev/$NS")
+  echo "/dev/$NS: $size bytes"
+  [ "$size" = $((16 * 1024 * 1024)) ] || { echo "PI namespace size $size"; return 1; }
+}
+md_only_unusable() {
+  local md=${NS%n*}n2 size
+  for _ in $(seq 50); do [ -b "/dev/$md" ] && break; sleep 0.2; done
+  [ -b "/dev/$md" ] || { echo "no /dev/$md"; ls /sys/block; return 1; }
+  to nvme id-ns "/dev/$md" | grep -E '^(flbas|mc|dps|lbaf +0) ' || return 1
+  size=$(blockdev --getsize64 "/dev/$md")
+  echo "/dev/$md (metadata, no PI): $size bytes"
+  [ "$size" = 0 ]
+}
+D0=$(dmesg | wc -l) C0=$(counters | tr '\n' ' ')
+if want pi && EXTRA_BDEVS='[[bdev]]
+spec = "malloc:name=PiT1,size=16M,block=512,md=8,md_interleave=true,pi=1"
+[[bdev]]
+spec = "malloc:name=Md8,size=16M,block=512,md=8,md_interleave=true"' \
+   NSLIST='{ bdev = "PiT1", nsid = 1 }, { bdev = "Md8", nsid = 2 }' start_tgt pi 4096 false; then
+  if check connect 60 connect; then
+    check id-ns-pi 30 id_ns_pi
+    check md-only-capacity-0 30 md_only_unusable
+    check fio-pi-512 240 fio_verify 512 "$(kib 512)"
+    check fio-pi-4k 240 fio_verify 4k "$(kib 2048)"
+    check fio-pi-128k 240 fio_verify 128k "$(kib 4096)"
+    check disconnect 60 disconnect
+  fi
+  check no-nvme-errors 10 no_nvme_errors "$D0" "$C0"
+  stop_tgt
+fi
+
 # 4. keep-alive and asynchronous events (reconnects on purpose: no
 #    no-nvme-errors check here)
 if want kaaer && start_tgt kaaer 4096 false; then

@@ -24,6 +24,7 @@ use pollux_apps::perf::{run, PerfParams, TransportFactory};
 use pollux_apps::report::Report;
 use pollux_apps::workload::Workload;
 use pollux_apps::AppError;
+use pollux_nvmf::host::pi::HostPi;
 use pollux_nvmf::host::rdma::{MemMode, RdmaHost, RdmaHostOptions};
 use pollux_nvmf::host::tcp::{TcpHost, TcpHostOptions};
 use pollux_nvmf::host::{HostError, HostTrType, HostTrid};
@@ -126,9 +127,11 @@ struct Args {
     /// Modes of a sweep: `MODE[+inline][+local-inv]`, comma separated.
     #[arg(long = "sweep-modes", default_value = sweep::DEFAULT_MODES)]
     sweep_modes: String,
-    /// T10 PI of an iSER session (`trtype:iser`): off, insert (PI on the
-    /// wire only), dix (PI in host memory too: generated before writes,
-    /// verified after reads), or one direction of insert: write-generate,
+    /// T10 PI on a LU or namespace formatted with it: off (none on the
+    /// wire; NVMe-oF: PRACT, the controller generates, checks and strips),
+    /// insert (PI on the wire only: the host generates and checks it), dix
+    /// (PI in host memory too: generated before writes, verified after
+    /// reads), or for iSER one direction of insert: write-generate,
     /// read-verify (`both` = insert).
     #[arg(long = "pi", default_value = "off")]
     pi: String,
@@ -355,6 +358,10 @@ fn real_run(args: &Args, text: &str, tgt: Option<&SpawnedTarget>) -> Result<Exit
         io_timeout: secs("--io-timeout", args.io_timeout)?,
         reconnect_delay: secs("--reconnect-delay", args.reconnect_delay)?,
         ctrl_loss_tmo: secs("--ctrl-loss-tmo", args.ctrl_loss_tmo)?,
+        pi: args
+            .pi
+            .parse::<HostPi>()
+            .map_err(|e| AppError::Usage(format!("--pi: {e}")))?,
     };
     if args.sweep {
         let modes = SweepMode::parse_list(&args.sweep_modes).map_err(AppError::Usage)?;

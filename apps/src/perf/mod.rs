@@ -8,6 +8,7 @@
 //! ([`Report`]), plus `target_busy_pct` when the target answers Pollux's
 //! reactor-load log page.
 
+pub mod dix;
 pub mod iser;
 pub mod job;
 pub mod nvmf_queues;
@@ -32,8 +33,10 @@ use crate::report::{Report, Tally};
 use crate::workload::Workload;
 use crate::AppError;
 
+use self::dix::Dix;
 use self::job::{Job, JobEnd, JobParams};
-use self::nvmf_queues::NvmfQueues;
+use self::nvmf_queues::{NvmfPi, NvmfQueues};
+use pollux_nvmf::host::pi::{HostPi, PiNs};
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -67,6 +70,9 @@ pub struct PerfParams {
     /// Give up (the run fails) when the controller stayed lost this long;
     /// zero: no reconnect, the first lost queue fails the run.
     pub ctrl_loss_tmo: Duration,
+    /// T10 PI on a namespace formatted with it (`--pi off|insert|dix`;
+    /// `off` is PRACT: the controller generates, checks and strips).
+    pub pi: HostPi,
 }
 
 /// A transport per core: made on the core that uses it.
@@ -225,6 +231,37 @@ pub fn run<T: HostTransport + 'static>(
             )),
         );
     }
+    // PI: a namespace with metadata moves extended blocks; the modes here
+    // cover PI in exactly the metadata's 8 bytes.
+    let pi = if ns.md_size == 0 {
+        if p.pi != HostPi::Pract {
+            eprintln!(
+                "pollux-perf: namespace {} is not formatted with PI: --pi {:?} puts no PI on the wire",
+                ns.nsid, p.pi
+            );
+        }
+        None
+    } else {
+        match PiNs::of(&ns) {
+            Some(fmt) => Some(PiSetup {
+                mode: p.pi,
+                fmt,
+                block: bs,
+                pi_type: ns.pi_type,
+            }),
+            None => {
+                return fail(
+                    set,
+                    AppError::Usage(format!(
+                        "namespace {} has {} bytes of metadata per block{}: pollux-perf drives PI in exactly 8",
+                        ns.nsid,
+                        ns.md_size,
+                        if ns.pi_type == 0 { " and no PI" } else { "" }
+                    )),
+                )
+            }
+        }
+    };
     // 2. Every core: its transport, queue pairs, buffers and job.
     let nsid = ns.nsid;
     let jp = JobParams {
@@ -261,6 +298,7 @@ pub fn run<T: HostTransport + 'static>(
                 qd,
                 inline_cap,
                 index,
+                pi,
             };
             if let Err(error) = start_core::<T>(r, &f, &info, link, (nsid, jp), q, tx.clone()) {
                 let _ = tx.send(Msg::Failed { core, error });
@@ -352,6 +390,17 @@ struct QueueSetup {
     inline_cap: Option<u32>,
     /// The core's index (its queue ids follow from it).
     index: usize,
+    /// PI of a PI namespace.
+    pi: Option<PiSetup>,
+}
+
+/// How a job drives a PI namespace.
+#[derive(Debug, Clone, Copy)]
+struct PiSetup {
+    mode: HostPi,
+    fmt: PiNs,
+    block: usize,
+    pi_type: u8,
 }
 
 fn start_core<T: HostTransport + 'static>(
@@ -368,6 +417,7 @@ fn start_core<T: HostTransport + 'static>(
         qd,
         inline_cap,
         index,
+        pi,
     } = q;
     let t = factory().map_err(|e| e.to_string())?;
     let per_qp = qd.div_ceil(usize::from(qpn)).max(1);
@@ -380,22 +430,46 @@ fn start_core<T: HostTransport + 'static>(
                 .map_err(|e| format!("I/O queue {qid}: {e}"))?,
         );
     }
-    let pool = BufPool::new(BufPoolOptions::new(
-        format!("perf-{index}"),
-        jp.io_bytes as usize,
-        qd,
-    ))
-    .map_err(|e| format!("buffers: {e}"))?;
+    let blocks = jp.io_blocks as usize;
+    // DIX: room for the tuples after the data.
+    let mem_len = pi.map_or(jp.io_bytes as usize, |s| s.fmt.mem_len(s.mode, blocks));
+    let pool = BufPool::new(BufPoolOptions::new(format!("perf-{index}"), mem_len, qd))
+        .map_err(|e| format!("buffers: {e}"))?;
     let mut bufs = Vec::with_capacity(qd);
     for _ in 0..qd {
         let b = pool.get().ok_or("buffer pool empty")?;
         t.register_memory(b.arena()).map_err(|e| e.to_string())?;
         bufs.push(b);
     }
+    // Insert and DIX: one buffer per slot for the wire's extended blocks.
+    let mut wire_pool = None;
+    let nvmf_pi = match pi {
+        None => None,
+        Some(s) => {
+            let mut wire = Vec::new();
+            if s.mode != HostPi::Pract {
+                let wp = BufPool::new(BufPoolOptions::new(
+                    format!("perf-pi-{index}"),
+                    s.fmt.wire_len(s.mode, blocks),
+                    qd,
+                ))
+                .map_err(|e| format!("PI buffers: {e}"))?;
+                for _ in 0..qd {
+                    let b = wp.get().ok_or("PI buffer pool empty")?;
+                    t.register_memory(b.arena()).map_err(|e| e.to_string())?;
+                    wire.push(b);
+                }
+                wire_pool = Some(wp);
+            }
+            let dix =
+                (s.mode == HostPi::Dix).then(|| Dix::new(s.block, jp.io_bytes as usize, s.pi_type));
+            Some(NvmfPi::new(s.mode, s.fmt, blocks, dix, wire))
+        }
+    };
     // Take the first core's load sample once the warm-up is over.
     let warm = jp.warmup;
     let seed = 0x9E37_79B9_7F4A_7C15u64 ^ (index as u64 + 1);
-    let queues = NvmfQueues::<T>::new(qps, nsid);
+    let queues = NvmfQueues::<T>::new(qps, nsid, nvmf_pi);
     let job = Rc::new(RefCell::new(Job::new(queues, jp, bufs, seed)));
     job.borrow_mut().start(r);
     let core = r.core();
@@ -418,7 +492,7 @@ fn start_core<T: HostTransport + 'static>(
     let rr = r.clone();
     let pid = Rc::new(std::cell::Cell::new(None));
     let pid2 = Rc::clone(&pid);
-    let keep = (t, pool);
+    let keep = (t, pool, wire_pool);
     let mut recovery = Recovery {
         link,
         seen: Vec::new(),

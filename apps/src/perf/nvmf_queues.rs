@@ -1,25 +1,163 @@
 //! The NVMe-oF side of a `pollux-perf` job: one namespace behind a core's
-//! I/O queue pairs, I/Os spread over them round-robin.
+//! I/O queue pairs, I/Os spread over them round-robin, and T10 PI on a
+//! namespace formatted with it ([`NvmfPi`]).
 
+use pollux_nvmf::host::pi::{HostPi, PiNs};
 use pollux_nvmf::host::{HostTransport, IoError, Qpair, SubmitErrorKind};
-use pollux_reactor::mem::SgList;
+use pollux_reactor::mem::{DmaBuf, SgList};
 
+use super::dix::Dix;
 use super::job::{Done, JobQueues, Outcome, Refused};
+
+/// PI of a job on a namespace formatted with it: the mode, the format,
+/// and for the modes that put tuples on the wire one wire buffer per job
+/// slot (made once) holding the I/O's extended blocks while the job's own
+/// buffer waits.
+pub struct NvmfPi {
+    mode: HostPi,
+    fmt: PiNs,
+    /// DIX: the block layer's generate/verify on the job's buffers.
+    dix: Option<Dix>,
+    /// Per job slot: its wire buffer when idle.
+    wire: Vec<Option<DmaBuf>>,
+    /// Per job slot: the job's buffer while its wire buffer is out, and
+    /// the I/O's LBA and direction.
+    held: Vec<Option<(DmaBuf, u64, bool)>>,
+    /// Bytes per I/O in the job's buffer and on the wire.
+    mem_len: usize,
+    wire_len: usize,
+}
+
+impl NvmfPi {
+    /// `mode` on format `fmt` for I/Os of `blocks` blocks; `wire` holds one
+    /// buffer of at least the wire length per job slot (used by
+    /// [`HostPi::Insert`] and [`HostPi::Dix`], empty for PRACT).
+    pub fn new(
+        mode: HostPi,
+        fmt: PiNs,
+        blocks: usize,
+        dix: Option<Dix>,
+        wire: Vec<DmaBuf>,
+    ) -> Self {
+        let n = wire.len();
+        NvmfPi {
+            mode,
+            fmt,
+            dix,
+            wire: wire.into_iter().map(Some).collect(),
+            held: (0..n).map(|_| None).collect(),
+            mem_len: fmt.mem_len(mode, blocks),
+            wire_len: fmt.wire_len(mode, blocks),
+        }
+    }
+
+    /// The I/O to put on the wire for job slot `ctx`: the job's buffer
+    /// itself (PRACT), or the slot's wire buffer with the write's extended
+    /// blocks. `Err` hands the job's buffer back with why.
+    fn outbound(
+        &mut self,
+        read: bool,
+        lba: u64,
+        ctx: u64,
+        mut b: DmaBuf,
+    ) -> Result<DmaBuf, (DmaBuf, String)> {
+        if self.mode == HostPi::Pract {
+            return Ok(b);
+        }
+        let i = ctx as usize;
+        let Some(mut w) = self.wire.get_mut(i).and_then(Option::take) else {
+            return Err((b, format!("no wire buffer for slot {ctx}")));
+        };
+        if let (Some(d), false) = (&self.dix, read) {
+            d.generate(b.as_mut_slice(), lba);
+        }
+        if w.set_len(self.wire_len).is_err() || b.len() < self.mem_len {
+            self.wire[i] = Some(w);
+            return Err((b, "PI buffers too short".into()));
+        }
+        if !read {
+            let r = self.fmt.to_wire(
+                self.mode,
+                &b.as_slice()[..self.mem_len],
+                w.as_mut_slice(),
+                lba,
+            );
+            if let Err(e) = r {
+                self.wire[i] = Some(w);
+                return Err((b, format!("PI of the job's write at LBA {lba}: {e}")));
+            }
+        }
+        self.held[i] = Some((b, lba, read));
+        Ok(w)
+    }
+
+    /// A refused submission of slot `ctx`: the wire buffer back in its
+    /// place, the job's buffer returned.
+    fn refused(&mut self, ctx: u64, sent: Option<DmaBuf>) -> Option<DmaBuf> {
+        if self.mode == HostPi::Pract {
+            return sent;
+        }
+        let i = ctx as usize;
+        if let Some(s) = self.wire.get_mut(i) {
+            *s = sent;
+        }
+        self.held.get_mut(i)?.take().map(|h| h.0)
+    }
+
+    /// A completion of slot `ctx` carrying `back`: the job's buffer, with
+    /// a read's data (and, DIX, tuples) taken from the wire after the
+    /// checks; `false` when a check failed.
+    fn inbound(&mut self, ctx: u64, back: Option<DmaBuf>, ok: bool) -> (Option<DmaBuf>, bool) {
+        if self.mode == HostPi::Pract {
+            return (back, true);
+        }
+        let i = ctx as usize;
+        let Some((mut b, lba, read)) = self.held.get_mut(i).and_then(Option::take) else {
+            return (back, true);
+        };
+        let mut good = true;
+        if let Some(w) = back {
+            if read && ok {
+                good = self
+                    .fmt
+                    .from_wire(
+                        self.mode,
+                        w.as_slice(),
+                        &mut b.as_mut_slice()[..self.mem_len],
+                        lba,
+                    )
+                    .is_ok();
+                if let (true, Some(d)) = (good, &self.dix) {
+                    good = d.verify(b.as_slice(), lba);
+                }
+            }
+            if let Some(s) = self.wire.get_mut(i) {
+                *s = Some(w);
+            }
+        }
+        (Some(b), good)
+    }
+}
 
 /// Namespace `nsid` behind `qps`.
 pub struct NvmfQueues<T: HostTransport> {
     qps: Vec<Qpair<T::Queue>>,
     nsid: u32,
     next_qp: usize,
+    pi: Option<NvmfPi>,
+    /// A PI check of the host failed (logged once).
+    warned: bool,
 }
 
 impl<T: HostTransport> NvmfQueues<T> {
-    /// I/O to namespace `nsid` over `qps`.
-    pub fn new(qps: Vec<Qpair<T::Queue>>, nsid: u32) -> Self {
+    /// I/O to namespace `nsid` over `qps`, with `pi` on a PI namespace.
+    pub fn new(qps: Vec<Qpair<T::Queue>>, nsid: u32, pi: Option<NvmfPi>) -> Self {
         NvmfQueues {
             qps,
             nsid,
             next_qp: 0,
+            pi,
+            warned: false,
         }
     }
 
@@ -44,14 +182,35 @@ impl<T: HostTransport> JobQueues for NvmfQueues<T> {
         mut data: SgList,
         ctx: u64,
     ) -> Result<(), Refused> {
+        if let Some(pi) = &mut self.pi {
+            let Some(b) = data.pop() else {
+                return Err(Refused {
+                    buf: None,
+                    fatal: Some("no buffer".into()),
+                });
+            };
+            match pi.outbound(read, lba, ctx, b) {
+                Ok(w) => data = SgList::from_buf(w),
+                Err((b, why)) => {
+                    return Err(Refused {
+                        buf: Some(b),
+                        fatal: Some(why),
+                    })
+                }
+            }
+        }
         let n = self.qps.len();
+        let mut fatal = None;
         for k in 0..n {
             let qi = (self.next_qp + k) % n;
             let qp = &mut self.qps[qi];
-            let res = if read {
-                qp.read(self.nsid, lba, blocks, data, ctx)
-            } else {
-                qp.write(self.nsid, lba, blocks, data, ctx)
+            let res = match &self.pi {
+                Some(pi) => {
+                    let f = pi.fmt.rw_pi(pi.mode, lba);
+                    qp.rw_pi(!read, self.nsid, lba, blocks, data, &f, ctx)
+                }
+                None if read => qp.read(self.nsid, lba, blocks, data, ctx),
+                None => qp.write(self.nsid, lba, blocks, data, ctx),
             };
             match res {
                 Ok(()) => {
@@ -60,7 +219,7 @@ impl<T: HostTransport> JobQueues for NvmfQueues<T> {
                 }
                 Err(e) => {
                     data = e.data;
-                    let fatal = match e.kind {
+                    fatal = match e.kind {
                         SubmitErrorKind::Busy => continue,
                         SubmitErrorKind::Dead => Some(
                             qp.dead_reason()
@@ -68,27 +227,27 @@ impl<T: HostTransport> JobQueues for NvmfQueues<T> {
                         ),
                         SubmitErrorKind::Invalid(err) => Some(err.to_string()),
                     };
-                    return Err(Refused {
-                        buf: data.pop(),
-                        fatal,
-                    });
+                    break;
                 }
             }
         }
-        Err(Refused {
-            buf: data.pop(),
-            fatal: None,
-        })
+        let sent = data.pop();
+        let buf = match &mut self.pi {
+            Some(pi) => pi.refused(ctx, sent),
+            None => sent,
+        };
+        Err(Refused { buf, fatal })
     }
 
     fn reap(&mut self, out: &mut Vec<Done>) -> usize {
         let first = out.len();
         let mut work = 0;
         let mut lost = false;
+        let (pi, warned) = (&mut self.pi, &mut self.warned);
         for qp in &mut self.qps {
             work += qp.poll(&mut |c| {
                 let mut data = c.data;
-                let outcome = match c.result {
+                let mut outcome = match c.result {
                     Ok(_) => Outcome::Good,
                     Err(e @ (IoError::Aborted | IoError::TimedOut)) => {
                         lost = true;
@@ -96,9 +255,22 @@ impl<T: HostTransport> JobQueues for NvmfQueues<T> {
                     }
                     Err(_) => Outcome::Failed,
                 };
+                let mut buf = data.pop();
+                if let Some(pi) = pi.as_mut() {
+                    let ok = matches!(outcome, Outcome::Good);
+                    let (b, good) = pi.inbound(c.ctx, buf, ok);
+                    buf = b;
+                    if !good {
+                        if !*warned {
+                            *warned = true;
+                            log::warn!("pollux-perf: the host's PI check of a read failed");
+                        }
+                        outcome = Outcome::Failed;
+                    }
+                }
                 out.push(Done {
                     ctx: c.ctx,
-                    buf: data.pop(),
+                    buf,
                     outcome,
                 });
             });

@@ -815,7 +815,7 @@ impl NvmfSubsystem {
         if n.hide_metadata == Some(true) {
             return Err(RpcError::errno(
                 Errno::NotSupported,
-                "hide_metadata: bdevs with metadata are not exported",
+                "hide_metadata: a bdev's metadata is always exported (extended LBAs)",
             ));
         }
         if n.no_auto_visible == Some(true) {

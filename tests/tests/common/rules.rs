@@ -324,14 +324,30 @@ pub fn run_nvmf<Q: pollux_nvmf::host::HostQueue>(
     fill: &mut QueueFill,
     ios: u64,
 ) {
+    run_nvmf_pi(r, qp, fill, ios, None);
+}
+
+/// [`run_nvmf`] on a PI namespace of format `pi`: PRACT with guard and
+/// reference tag checks (the target spreads, generates, checks and strips).
+pub fn run_nvmf_pi<Q: pollux_nvmf::host::HostQueue>(
+    r: &pollux_reactor::Reactor,
+    qp: &mut pollux_nvmf::host::Qpair<Q>,
+    fill: &mut QueueFill,
+    ios: u64,
+    pi: Option<pollux_nvmf::host::pi::PiNs>,
+) {
+    use pollux_nvmf::host::pi::HostPi;
     fill.run(
         qp,
         ios,
         |qp, io| {
-            let sub = if io.read {
-                qp.read(1, io.lba, io.blocks, io.bufs, io.n)
-            } else {
-                qp.write(1, io.lba, io.blocks, io.bufs, io.n)
+            let sub = match &pi {
+                Some(f) => {
+                    let rw = f.rw_pi(HostPi::Pract, io.lba);
+                    qp.rw_pi(!io.read, 1, io.lba, io.blocks, io.bufs, &rw, io.n)
+                }
+                None if io.read => qp.read(1, io.lba, io.blocks, io.bufs, io.n),
+                None => qp.write(1, io.lba, io.blocks, io.bufs, io.n),
             };
             sub.map_err(|e| e.data)
         },

@@ -90,6 +90,14 @@ pub struct NsInfo {
     pub block_size: u32,
     /// Number of blocks.
     pub num_blocks: u64,
+    /// Metadata bytes per block (0: none), carried after each block's
+    /// data (extended LBA).
+    pub md_size: u32,
+    /// PI type (0: none, 1-3), in the last 8 bytes of the metadata (or the
+    /// first, with `pi_first`).
+    pub pi_type: u8,
+    /// The PI tuple is in the first 8 bytes of the metadata (DPS bit 3).
+    pub pi_first: bool,
 }
 
 /// What the host learned about a controller; `Send`, so other reactors
@@ -342,6 +350,12 @@ impl<T: HostTransport> Controller<T> {
                 let Some(bs) = ns.block_size().and_then(|b| u32::try_from(b).ok()) else {
                     continue;
                 };
+                let Some((md_size, pi_type, pi_first)) = ns.metadata() else {
+                    log::warn!(
+                        "nvmf host: namespace {nsid}: separate metadata, not usable over a fabric"
+                    );
+                    continue;
+                };
                 if ns.nsze == 0 {
                     continue;
                 }
@@ -349,6 +363,9 @@ impl<T: HostTransport> Controller<T> {
                     nsid,
                     block_size: bs,
                     num_blocks: ns.nsze,
+                    md_size,
+                    pi_type,
+                    pi_first,
                 });
             }
         }
@@ -532,6 +549,21 @@ impl<T: HostTransport> Controller<T> {
         lpo: u64,
     ) -> Result<Vec<u8>, HostError> {
         get_log(&mut self.admin, lid, nsid, len, lpo, self.info.opts.timeout)
+    }
+
+    /// Identify Namespace `nsid` (the whole structure).
+    ///
+    /// # Errors
+    /// As [`Qpair::exec`]; [`HostError::Protocol`] for a short page.
+    pub fn identify_namespace(&mut self, nsid: u32) -> Result<IdentifyNamespace, HostError> {
+        let d = identify(
+            &mut self.admin,
+            cns::NAMESPACE,
+            nsid,
+            self.info.opts.timeout,
+        )?;
+        IdentifyNamespace::parse(&d)
+            .map_err(|e| HostError::Protocol(format!("Identify Namespace {nsid}: {e}")))
     }
 
     /// The discovery log entries (discovery controllers).

@@ -22,6 +22,7 @@ mod ctrlr;
 mod error;
 pub mod fabrics;
 pub mod loopback;
+pub mod pi;
 mod qpair;
 pub mod rdma;
 mod reconnect;

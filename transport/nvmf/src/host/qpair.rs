@@ -24,7 +24,7 @@ use super::transport::{DataDir, HostQueue, Queued};
 use super::{HostError, IoError};
 use crate::spec::cmd::{IoOpcode, NvmeCmd};
 use crate::spec::cpl::{NvmeCompletion, SQHD_DISABLED};
-use crate::spec::nvm::RwCmd;
+use crate::spec::nvm::{RwCmd, RwPi};
 
 /// Slots per queue at most (CIDs carry a 10-bit slot and a 6-bit generation).
 pub const MAX_QUEUE_ENTRIES: u16 = 1024;
@@ -296,6 +296,42 @@ impl<Q: HostQueue> Qpair<Q> {
         ctx: u64,
     ) -> Result<(), SubmitError> {
         self.rw(IoOpcode::Write, DataDir::ToCtrl, nsid, slba, nlb, data, ctx)
+    }
+
+    /// A Read (`write == false`) or Write of `nlb` blocks at `slba` with
+    /// the protection fields `pi`. `data` is what crosses the fabric: on a
+    /// namespace with metadata, each block's data followed by its metadata
+    /// (extended LBA), or the data alone with PRACT on a namespace whose
+    /// metadata is exactly the PI tuple.
+    ///
+    /// # Errors
+    /// As [`Qpair::submit`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn rw_pi(
+        &mut self,
+        write: bool,
+        nsid: u32,
+        slba: u64,
+        nlb: u32,
+        data: SgList,
+        pi: &RwPi,
+        ctx: u64,
+    ) -> Result<(), SubmitError> {
+        let (op, dir) = if write {
+            (IoOpcode::Write, DataDir::ToCtrl)
+        } else {
+            (IoOpcode::Read, DataDir::FromCtrl)
+        };
+        match RwCmd::to_cmd(op, 0, nsid, slba, nlb) {
+            Ok(mut cmd) => {
+                RwCmd::set_pi(&mut cmd, pi);
+                self.submit(cmd, dir, data, ctx)
+            }
+            Err(e) => Err(SubmitError {
+                kind: SubmitErrorKind::Invalid(HostError::Unsupported(e.to_string())),
+                data,
+            }),
+        }
     }
 
     /// Write zeroes to `nlb` blocks at `slba`.

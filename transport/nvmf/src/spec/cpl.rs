@@ -154,8 +154,16 @@ impl NvmeStatus {
         WRITE_FAULT, MediaError, 0x80, false);
     status!(/// Unrecovered Read Error.
         UNRECOVERED_READ_ERROR, MediaError, 0x81, false);
+    status!(/// End-to-end Guard Check Error | DNR.
+        GUARD_CHECK_ERROR, MediaError, 0x82, true);
+    status!(/// End-to-end Application Tag Check Error | DNR.
+        APP_TAG_CHECK_ERROR, MediaError, 0x83, true);
+    status!(/// End-to-end Reference Tag Check Error | DNR.
+        REF_TAG_CHECK_ERROR, MediaError, 0x84, true);
     status!(/// Access Denied | DNR.
         ACCESS_DENIED, MediaError, 0x86, true);
+    status!(/// Invalid Protection Information | DNR.
+        INVALID_PI, CommandSpecific, 0x81, true);
 
     /// A status from its parts (CRD 0, More clear).
     pub const fn new(sct: StatusCodeType, sc: u8, dnr: bool) -> Self {

@@ -443,6 +443,11 @@ const _: () = assert!(ns_off::LBAF0 + 64 * 4 <= IDENTIFY_DATA_SIZE);
 
 /// NSFEAT bit 4 (OPTPERF): NPWG, NPWA, NPDG, NPDA and NOWS are valid.
 pub const NSFEAT_OPTPERF: u8 = 1 << 4;
+/// FLBAS bit 4: metadata is transferred at the end of each block's data
+/// (extended LBA), the only form fabrics carry.
+pub const FLBAS_EXTENDED: u8 = 1 << 4;
+/// DPC bit 4: PI may sit in the last 8 bytes of the metadata.
+pub const DPC_PI_LAST: u8 = 1 << 4;
 
 /// The optimal-I/O hints of a namespace, every one a 0-based count of
 /// logical blocks (NVMe 1.4 Identify Namespace bytes 64-73).
@@ -556,11 +561,31 @@ impl IdentifyNamespace {
         })
     }
 
-    /// The block size of the current format (FLBAS bits 0-3 and 5-6).
-    pub fn block_size(&self) -> Option<u64> {
+    /// The current format (FLBAS bits 0-3 and 5-6).
+    fn format(&self) -> Option<&LbaFormat> {
         let idx = usize::from(self.flbas & 0xF) | (usize::from((self.flbas >> 5) & 3) << 4);
-        let f = self.lbaf.get(idx)?;
-        1u64.checked_shl(u32::from(f.lbads))
+        self.lbaf.get(idx)
+    }
+
+    /// The block size of the current format.
+    pub fn block_size(&self) -> Option<u64> {
+        1u64.checked_shl(u32::from(self.format()?.lbads))
+    }
+
+    /// The metadata of the current format as a fabric carries it:
+    /// `(metadata bytes per block, PI type 0-3, PI in the first 8 bytes)`;
+    /// `None` for metadata that is not extended-LBA (FLBAS bit 4 clear),
+    /// which cannot cross a fabric (the namespace is unusable, as Linux's
+    /// host treats it).
+    pub fn metadata(&self) -> Option<(u32, u8, bool)> {
+        let ms = self.format().map_or(0, |f| u32::from(f.ms));
+        if ms == 0 {
+            return Some((0, 0, false));
+        }
+        if self.flbas & FLBAS_EXTENDED == 0 {
+            return None;
+        }
+        Some((ms, self.dps & 7, self.dps & 8 != 0))
     }
 }
 

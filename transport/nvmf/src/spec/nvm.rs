@@ -19,6 +19,40 @@ pub struct RwCmd {
     pub fua: bool,
     /// Limited retry (CDW12 bit 31).
     pub lr: bool,
+    /// Initial logical block reference tag (CDW14; Type 1: the low 32
+    /// bits of SLBA).
+    pub ilbrt: u32,
+    /// Logical block application tag (CDW15 bits 0-15).
+    pub lbat: u16,
+    /// Logical block application tag mask (CDW15 bits 16-31).
+    pub lbatm: u16,
+}
+
+/// The protection fields of a Read or Write ([`RwCmd::set_pi`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RwPi {
+    /// PRINFO (see [`prinfo`]).
+    pub prinfo: u8,
+    /// Initial logical block reference tag (Type 1: the low 32 bits of
+    /// SLBA).
+    pub ilbrt: u32,
+    /// Application tag.
+    pub lbat: u16,
+    /// Application tag mask.
+    pub lbatm: u16,
+}
+
+/// PRINFO bits (of [`RwCmd::prinfo`], CDW12 bits 26-29 shifted down).
+pub mod prinfo {
+    /// Check the reference tag.
+    pub const PRCHK_REF: u8 = 0x1;
+    /// Check the application tag.
+    pub const PRCHK_APP: u8 = 0x2;
+    /// Check the guard.
+    pub const PRCHK_GUARD: u8 = 0x4;
+    /// Protection information action: the controller inserts PI on a
+    /// write and strips it (after its checks) on a read.
+    pub const PRACT: u8 = 0x8;
 }
 
 impl RwCmd {
@@ -31,7 +65,17 @@ impl RwCmd {
             prinfo: ((cmd.cdw12 >> 26) & 0xF) as u8,
             fua: (cmd.cdw12 >> 30) & 1 != 0,
             lr: cmd.cdw12 >> 31 != 0,
+            ilbrt: cmd.cdw14,
+            lbat: cmd.cdw15 as u16,
+            lbatm: (cmd.cdw15 >> 16) as u16,
         }
+    }
+
+    /// Set the protection fields of a Read or Write SQE.
+    pub fn set_pi(cmd: &mut NvmeCmd, pi: &RwPi) {
+        cmd.cdw12 = (cmd.cdw12 & !(0xF << 26)) | (u32::from(pi.prinfo & 0xF) << 26);
+        cmd.cdw14 = pi.ilbrt;
+        cmd.cdw15 = u32::from(pi.lbat) | (u32::from(pi.lbatm) << 16);
     }
 
     /// An SQE of `opcode` with `nsid`, `slba` and `nlb` (1..=65536) blocks.

@@ -17,9 +17,9 @@ use crate::spec::features::{
 use crate::spec::identify::{
     cns, encode_ns_id_descriptors, encode_ns_list, IdentifyCmd, IdentifyController,
     IdentifyNamespace, LbaFormat, NsIdDescriptor, OptimalIo, CMIC_MULTI_CTRL, CNTRLTYPE_DISCOVERY,
-    CNTRLTYPE_IO, CTRATT_HOSTID_128, IDENTIFY_DATA_SIZE, LPA_CMD_EFFECTS, LPA_EXTENDED,
-    NSFEAT_OPTPERF, ONCS_DSM, ONCS_WRITE_ZEROES, SGLS_KEYED, SGLS_OFFSET, SGLS_SUPPORTED,
-    VWC_NO_BROADCAST_FLUSH, VWC_PRESENT,
+    CNTRLTYPE_IO, CTRATT_HOSTID_128, DPC_PI_LAST, FLBAS_EXTENDED, IDENTIFY_DATA_SIZE,
+    LPA_CMD_EFFECTS, LPA_EXTENDED, NSFEAT_OPTPERF, ONCS_DSM, ONCS_WRITE_ZEROES, SGLS_KEYED,
+    SGLS_OFFSET, SGLS_SUPPORTED, VWC_NO_BROADCAST_FLUSH, VWC_PRESENT,
 };
 use crate::spec::log_page::{
     encode_changed_ns_list, lid, GetLogPageCmd, SmartLog, CHANGED_NS_LIST_SIZE,
@@ -160,6 +160,8 @@ impl QueuePair {
                 }
                 // An inactive NSID reads as zeroes (as the Linux target).
                 if let Some(ns) = subsys.namespace(id.nsid) {
+                    let md = ns.md_size();
+                    let pi = ns.pi_type();
                     let info = IdentifyNamespace {
                         nsze: ns.num_blocks(),
                         ncap: ns.num_blocks(),
@@ -169,8 +171,20 @@ impl QueuePair {
                         nmic: 1,
                         nguid: ns.nguid(),
                         eui64: ns.eui64(),
+                        // Metadata travels interleaved (extended LBA):
+                        // FLBAS bit 4, MC bit 0.
+                        flbas: if md > 0 { FLBAS_EXTENDED } else { 0 },
+                        mc: u8::from(md > 0),
+                        // The one PI type of the format, in the last 8
+                        // bytes of the metadata (DPS bit 3 clear, DPC bit 4).
+                        dps: pi,
+                        dpc: if pi > 0 {
+                            (1 << (pi - 1)) | DPC_PI_LAST
+                        } else {
+                            0
+                        },
                         lbaf: vec![LbaFormat {
-                            ms: 0,
+                            ms: md as u16,
                             lbads: ns.block_size().trailing_zeros() as u8,
                             rp: 0,
                         }],

@@ -6,14 +6,14 @@
 //! the namespace generation are one atomic load each; the namespace view
 //! (with this core's bdev channels) is the queue's own.
 
-use pollux_bdev::{IoError, IoType, SgList};
+use pollux_bdev::{IoError, IoType, PiAction, PiChecks, PiErrorKind, SgList, PI_TUPLE_SIZE};
 
 use super::qpair::{ExecOutcome, NsEntry, QueuePair};
 use super::req::{Dir, Exec, Plan};
 use super::transport::ReqTag;
 use crate::spec::cmd::{FabricsType, IoOpcode};
 use crate::spec::cpl::NvmeStatus;
-use crate::spec::nvm::{DsmCmd, DsmRange, RwCmd, DSM_RANGE_SIZE};
+use crate::spec::nvm::{prinfo, DsmCmd, DsmRange, RwCmd, DSM_RANGE_SIZE};
 
 /// The entry of `nsid` in a sorted namespace view.
 fn find_ns(view: &[NsEntry], nsid: u32) -> Option<&NsEntry> {
@@ -27,9 +27,61 @@ fn in_range(slba: u64, nlb: u64, nsze: u64) -> bool {
     slba.checked_add(nlb).is_some_and(|end| end <= nsze)
 }
 
+/// The bdev's PI action for a Read or Write of `rw` on a namespace with
+/// PI Type `pi_type` (0: none) in `md` metadata bytes, and whether the wire
+/// carries the data only (PRACT with PI-only metadata). PRCHK asks for
+/// checks (the reference tag's is void on Type 3), PRACT for generation on
+/// a write and for the checks and stripping on a read.
+///
+/// # Errors
+/// Invalid Protection Information: a Type 1 reference tag check whose
+/// initial reference tag is not the low 32 bits of SLBA.
+fn pi_plan(
+    rw: &RwCmd,
+    write: bool,
+    pi_type: u8,
+    md: u32,
+) -> Result<(Option<PiAction>, bool), NvmeStatus> {
+    if pi_type == 0 {
+        // PRINFO means nothing without PI; metadata moves as it is.
+        return Ok((None, false));
+    }
+    let p = rw.prinfo;
+    if pi_type == 1 && p & prinfo::PRCHK_REF != 0 && rw.ilbrt != rw.slba as u32 {
+        return Err(NvmeStatus::INVALID_PI);
+    }
+    let mut checks = PiChecks::NONE;
+    if p & prinfo::PRCHK_GUARD != 0 {
+        checks = checks.with(PiChecks::GUARD);
+    }
+    if p & prinfo::PRCHK_REF != 0 && pi_type != 3 {
+        checks = checks.with(PiChecks::REF);
+    }
+    let pract = p & prinfo::PRACT != 0;
+    let mut a = if write && pract {
+        PiAction::write_generate()
+    } else {
+        PiAction::verify(checks)
+    }
+    .with_ref_tag(rw.ilbrt);
+    a.app_tag = rw.lbat;
+    a.app_mask = rw.lbatm;
+    if p & prinfo::PRCHK_APP != 0 {
+        a = a.with_app_tag(rw.lbat, rw.lbatm);
+    }
+    let acts = a.generate || a.checks != PiChecks::NONE;
+    Ok((acts.then_some(a), pract && md == PI_TUPLE_SIZE))
+}
+
 /// The NVMe status of a bdev error.
 pub(crate) fn bdev_status(e: IoError, exec: Exec) -> NvmeStatus {
     match e {
+        IoError::Pi { kind, .. } => match kind {
+            PiErrorKind::Guard => NvmeStatus::GUARD_CHECK_ERROR,
+            PiErrorKind::AppTag => NvmeStatus::APP_TAG_CHECK_ERROR,
+            PiErrorKind::RefTag => NvmeStatus::REF_TAG_CHECK_ERROR,
+            PiErrorKind::Length => NvmeStatus::DATA_SGL_LENGTH_INVALID,
+        },
         IoError::OutOfRange { .. } => NvmeStatus::LBA_OUT_OF_RANGE,
         IoError::ReadOnly(_) => NvmeStatus::NAMESPACE_WRITE_PROTECTED,
         IoError::Unsupported(_) => NvmeStatus::INVALID_OPCODE,
@@ -85,6 +137,8 @@ impl QueuePair {
             return Err(NvmeStatus::INVALID_NAMESPACE);
         };
         let bs = u64::from(e.ns.block_size());
+        let md = e.ns.md_size();
+        let pi_type = e.ns.pi_type();
         let nsze = e.ns.num_blocks();
         let max_io = u64::from(self.target.options().max_io_size);
         let op = IoOpcode::from_code(opcode).ok_or(NvmeStatus::INVALID_OPCODE)?;
@@ -99,18 +153,30 @@ impl QueuePair {
                 req.slba = rw.slba;
                 req.nlb = rw.nlb;
                 if op == IoOpcode::WriteZeroes {
+                    // Zeroed blocks would carry no valid tuples: a PI
+                    // namespace refuses it (the host writes zeroes instead).
+                    if pi_type != 0 {
+                        return Err(NvmeStatus::INVALID_FIELD);
+                    }
                     return Ok(Plan::no_data(Exec::WriteZeroes));
                 }
-                let len = nlb * bs;
-                if len > max_io {
+                if nlb * bs > max_io {
                     return Err(NvmeStatus::INVALID_FIELD);
                 }
-                let (exec, dir) = if op == IoOpcode::Read {
-                    (Exec::Read, Dir::ToHost)
-                } else {
+                let write = op == IoOpcode::Write;
+                let (pi, spread) = pi_plan(&rw, write, pi_type, md)?;
+                req.pi = pi;
+                req.pi_spread = spread.then_some((bs as u32, md));
+                // The bdev's blocks carry their metadata; the wire's do too
+                // unless PRACT strips a PI-only metadata.
+                let buf_len = nlb * (bs + u64::from(md));
+                let len = if spread { nlb * bs } else { buf_len };
+                let (exec, dir) = if write {
                     (Exec::Write, Dir::ToCtrl)
+                } else {
+                    (Exec::Read, Dir::ToHost)
                 };
-                Ok(Plan::new(exec, dir, len as u32))
+                Ok(Plan::new(exec, dir, len as u32).with_buf_len(buf_len as u32))
             }
             IoOpcode::Flush => Ok(Plan::no_data(Exec::Flush)),
             IoOpcode::DatasetManagement => {
@@ -148,10 +214,31 @@ impl QueuePair {
         } else {
             (slba, nlb)
         };
-        match e
-            .ch
-            .submit_in_place(io_type, slba, nlb, bufs, &self.io_cb, tag)
-        {
+        let mut bufs = bufs;
+        if io_type == IoType::Write {
+            if let Some((bs, md)) = req.pi_spread.take() {
+                // PRACT: data-only blocks spread out for the bdev to
+                // generate the tuples into (once: a busy channel resubmits
+                // them as they are; a read strips at completion).
+                super::pi_layout::spread(&mut bufs, bs as usize, md as usize, nlb as usize);
+            }
+        }
+        let sub = match req.pi {
+            Some(a) => e.ch.submit_in_place_with_pi(
+                io_type,
+                slba,
+                nlb,
+                bufs,
+                SgList::new(),
+                Some(a),
+                &self.io_cb,
+                tag,
+            ),
+            None => {
+                e.ch.submit_in_place(io_type, slba, nlb, bufs, &self.io_cb, tag)
+            }
+        };
+        match sub {
             Ok(()) => {
                 req.subs = 1;
                 ExecOutcome::Async
@@ -190,8 +277,10 @@ impl QueuePair {
                 return ExecOutcome::Done(NvmeStatus::LBA_OUT_OF_RANGE);
             }
         }
-        // Deallocation is advisory: a bdev without unmap just succeeds.
-        if !e.ns.bdev().supports(pollux_bdev::IoType::Unmap) {
+        // Deallocation is advisory: a bdev without unmap, or with PI (an
+        // unmapped block would read back without valid tuples), just
+        // succeeds.
+        if !e.ns.bdev().supports(pollux_bdev::IoType::Unmap) || e.ns.pi_type() != 0 {
             return ExecOutcome::Done(NvmeStatus::SUCCESS);
         }
         let mut next = req.dsm_next;

@@ -33,6 +33,7 @@ mod fabrics_cmd;
 pub mod health;
 mod io_cmd;
 mod loopback;
+mod pi_layout;
 mod qpair;
 pub mod rdma;
 mod req;

@@ -511,8 +511,11 @@ impl QueuePair {
                 }
                 let start = offset as usize;
                 let n = plan.len as usize;
+                // Buffers for the bdev's blocks (more than the wire's
+                // bytes when they are spread out for PI).
+                let cap = plan.buf_len as usize;
                 let lent = match icd {
-                    Icd::Lend(buf, _) if start == 0 && n > 0 => {
+                    Icd::Lend(buf, _) if start == 0 && n > 0 && cap == n => {
                         // In place: the receive buffer becomes the data.
                         let Some(mut b) = buf.take() else {
                             return Err(NvmeStatus::INTERNAL_ERROR);
@@ -529,7 +532,7 @@ impl QueuePair {
                         let Some(b) = buf.as_ref() else {
                             return Err(NvmeStatus::INTERNAL_ERROR);
                         };
-                        if !(req.take_slot_buf(n) || self.core.get_buffers(n, &mut req.bufs)) {
+                        if !(req.take_slot_buf(cap) || self.core.get_buffers(cap, &mut req.bufs)) {
                             return Err(NvmeStatus::INTERNAL_ERROR);
                         }
                         req.bufs.copy_from_slice(&b.as_slice()[start..start + n]);
@@ -538,7 +541,7 @@ impl QueuePair {
                     Icd::Bytes(bytes) => {
                         // The slot buffer, or pool buffers for data larger
                         // than a slot.
-                        if !(req.take_slot_buf(n) || self.core.get_buffers(n, &mut req.bufs)) {
+                        if !(req.take_slot_buf(cap) || self.core.get_buffers(cap, &mut req.bufs)) {
                             return Err(NvmeStatus::INTERNAL_ERROR);
                         }
                         req.bufs.copy_from_slice(&bytes[start..start + n]);
@@ -609,7 +612,7 @@ impl QueuePair {
                 | ReqState::Executing
                 | ReqState::Responding => return,
                 ReqState::NeedBuffer => {
-                    let len = self.reqs[si].plan.len as usize;
+                    let len = self.reqs[si].plan.buf_len as usize;
                     let req = &mut self.reqs[si];
                     let got = req.take_slot_buf(len) || self.core.get_buffers(len, &mut req.bufs);
                     if !got {
@@ -991,6 +994,16 @@ impl QueuePair {
             match req.plan.exec {
                 super::req::Exec::Read => {
                     req.out_len = req.plan.len;
+                    if let (true, Some((bs, md))) = (ok, req.pi_spread) {
+                        // PRACT: the bdev checked the tuples; the host gets
+                        // the data only.
+                        super::pi_layout::strip(
+                            &mut req.bufs,
+                            bs as usize,
+                            md as usize,
+                            req.nlb as usize,
+                        );
+                    }
                     if ok {
                         self.io_counters.read_done(u64::from(req.plan.len));
                     }

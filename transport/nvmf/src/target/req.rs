@@ -16,6 +16,7 @@
 //! A parked request waits in its queue pair's FIFO for that state and is
 //! retried from [`QueuePair::poll`](super::QueuePair::poll), oldest first.
 
+use pollux_bdev::PiAction;
 use pollux_reactor::mem::{DmaBuf, SgList};
 
 use super::transport::RemoteBuf;
@@ -84,6 +85,9 @@ pub(crate) struct Plan {
     pub(crate) dir: Dir,
     /// Data bytes the command moves.
     pub(crate) len: u32,
+    /// Buffer bytes it needs (more than `len` when the bdev's blocks carry
+    /// metadata that the wire does not: PRACT with PI-only metadata).
+    pub(crate) buf_len: u32,
     /// The data SGL may be longer than `len` (only `len` bytes move):
     /// commands whose data is a structure the command sizes itself
     /// (Dataset Management: NR+1 ranges in whatever buffer the host
@@ -99,6 +103,7 @@ impl Plan {
             exec,
             dir,
             len,
+            buf_len: len,
             sgl_may_exceed: false,
         }
     }
@@ -108,8 +113,17 @@ impl Plan {
             exec,
             dir: Dir::None,
             len: 0,
+            buf_len: 0,
             sgl_may_exceed: false,
         }
+    }
+
+    /// This plan, with buffers of `buf_len` bytes (at least `len`).
+    pub(crate) const fn with_buf_len(mut self, buf_len: u32) -> Self {
+        if buf_len > self.len {
+            self.buf_len = buf_len;
+        }
+        self
     }
 
     /// This plan, accepting a data SGL longer than `len`.
@@ -184,6 +198,12 @@ pub(crate) struct Request {
     /// I/O fields.
     pub(crate) slba: u64,
     pub(crate) nlb: u32,
+    /// The bdev's PI action for this Read or Write (PRACT and PRCHK).
+    pub(crate) pi: Option<PiAction>,
+    /// PRACT with PI-only metadata: the wire carries `(block, md)` blocks'
+    /// data only; the buffers are spread before a write reaches the bdev
+    /// (then this is cleared) and stripped after a read.
+    pub(crate) pi_spread: Option<(u32, u32)>,
     /// Bdev sub-I/Os outstanding (DSM issues one per range).
     pub(crate) subs: u16,
     /// Next DSM range to issue.
@@ -214,6 +234,8 @@ impl Request {
             cpl: None,
             slba: 0,
             nlb: 0,
+            pi: None,
+            pi_spread: None,
             subs: 0,
             dsm_next: 0,
             parked_in: None,
@@ -238,6 +260,8 @@ impl Request {
         self.cpl = None;
         self.slba = 0;
         self.nlb = 0;
+        self.pi = None;
+        self.pi_spread = None;
         self.subs = 0;
         self.dsm_next = 0;
         self.parked_in = None;

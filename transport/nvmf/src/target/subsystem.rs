@@ -13,7 +13,7 @@ use std::sync::{Arc, OnceLock, Weak};
 
 use pollux_reactor::sync::{Mutex, MutexGuard};
 
-use pollux_bdev::{Bdev, BdevDesc, IoType};
+use pollux_bdev::{Bdev, BdevDesc, IoType, PiType};
 
 use super::ctrlr::Controller;
 use super::ctrlr_stats::CtrlCounters;
@@ -165,6 +165,22 @@ impl Namespace {
     /// Size in blocks.
     pub fn num_blocks(&self) -> u64 {
         self.bdev().info().num_blocks()
+    }
+
+    /// Metadata bytes per block (0: none), interleaved after each block's
+    /// data on the wire (extended LBA) as in the bdev's buffers.
+    pub fn md_size(&self) -> u32 {
+        self.bdev().info().md_size()
+    }
+
+    /// The PI type (0: none, 1-3), in the last 8 bytes of the metadata.
+    pub fn pi_type(&self) -> u8 {
+        match self.bdev().info().pi_type() {
+            PiType::None => 0,
+            PiType::Type1 => 1,
+            PiType::Type2 => 2,
+            PiType::Type3 => 3,
+        }
     }
 }
 
@@ -350,17 +366,20 @@ impl Subsystem {
     ///
     /// [`TargetError::DiscoverySubsystem`], [`TargetError::InvalidNsid`],
     /// [`TargetError::NamespaceExists`], [`TargetError::NamespaceLimit`],
-    /// [`TargetError::UnsupportedBdev`] (metadata or PI formats are not
-    /// exported yet), or the bdev's open error.
+    /// [`TargetError::UnsupportedBdev`] (separate metadata, which a fabric
+    /// cannot carry; a bdev that cannot read and write), or the bdev's
+    /// open error.
     pub fn add_namespace(&self, cfg: NamespaceConfig) -> Result<u32, TargetError> {
         if self.is_discovery() {
             return Err(TargetError::DiscoverySubsystem);
         }
         let info = cfg.bdev.info();
-        if info.md_size() != 0 {
+        // Fabrics carry metadata only interleaved with the data (extended
+        // LBAs); there is no separate metadata pointer.
+        if info.md_size() != 0 && !info.md_interleave() {
             return Err(TargetError::UnsupportedBdev {
                 name: info.name().to_owned(),
-                why: "metadata / protection information formats are not exported yet",
+                why: "separate metadata cannot cross a fabric (format it interleaved: md_interleave=true)",
             });
         }
         if !cfg.bdev.supports(IoType::Read) || !cfg.bdev.supports(IoType::Write) {
