@@ -5,8 +5,8 @@
 //! as Linux's target does; PRACT=0 moves data and tuples interleaved and
 //! the target checks what PRCHK asks; PRACT=1 moves data only and the
 //! target generates and strips; each bad field comes back as its
-//! end-to-end status and nothing reaches the medium; Write Zeroes is
-//! refused and deallocation ignored on PI namespaces.
+//! end-to-end status and nothing reaches the medium; Write Zeroes leaves
+//! valid tuples and deallocation is ignored on PI namespaces.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -544,15 +544,38 @@ fn pi_over<T: HostTransport>(r: &Reactor, t: &T) {
     assert_eq!(res, Ok(()));
     assert!(got == m);
 
-    // Write Zeroes is refused on a PI namespace; deallocation is advisory
-    // and leaves the blocks (and their tuples) as they are.
-    qp.write_zeroes(NS_T1, slba, 1, 2).unwrap();
-    let cz = run_one(r, &mut qp);
-    assert!(
-        matches!(cz.result, Err(IoError::Nvme(s)) if s == NvmeStatus::INVALID_FIELD),
-        "{:?}",
-        cz.result
+    // Write Zeroes leaves zeroed blocks with valid tuples (guard of zeroes,
+    // app tag 0, ref tag = LBA) that PRACT and checked reads accept;
+    // deallocation is advisory and leaves the blocks as they are.
+    qp.write_zeroes(NS_T1, 700, 4, 2).unwrap();
+    assert!(run_one(r, &mut qp).result.is_ok());
+    let (res, got) = io(
+        r,
+        &mut qp,
+        false,
+        NS_T1,
+        700,
+        4,
+        &[1; 2048],
+        pi(pract, 700, 0),
     );
+    assert_eq!(res, Ok(()));
+    assert!(got.iter().all(|b| *b == 0));
+    let (res, got) = io(
+        r,
+        &mut qp,
+        false,
+        NS_T1,
+        700,
+        4,
+        &[1; 2080],
+        pi(CHECK_ALL, 700, 0),
+    );
+    assert_eq!(res, Ok(()));
+    for b in 0..4 {
+        let tuple = [0, 0, 0, 0, 0, 0, 2, (700 + b - 512) as u8];
+        assert_eq!(&got[b * 520 + 512..b * 520 + 520], &tuple, "block {b}");
+    }
     let range = SgList::from_buf(DmaBuf::alloc(16).unwrap());
     qp.deallocate(NS_T1, slba, 16, range, 3).unwrap();
     assert!(run_one(r, &mut qp).result.is_ok());

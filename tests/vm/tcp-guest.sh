@@ -75,12 +75,15 @@ digest = "allow"
 [[bdev]]
 spec = "malloc:name=Malloc0,size=64M,block=512"
 
+[[bdev]]
+spec = "malloc:name=PiT1,size=16M,block=512,md=8,md_interleave=true,pi=1"
+
 [[subsystem]]
 nqn = "$NQN"
 serial = "POLLUXTCP0"
 model = "Pollux TCP interop"
 allow_any_host = true
-namespaces = [{ bdev = "Malloc0", nsid = 1 }]
+namespaces = [{ bdev = "Malloc0", nsid = 1 }, { bdev = "PiT1", nsid = 2 }]
 
 [[listener]]
 trtype = "tcp"
@@ -193,6 +196,25 @@ fio_verify() {
   to fio --name="w$bs" "${common[@]}" --do_verify=1 || return 1
   to fio --name="r$bs" "${common[@]}" --verify_only=1 || return 1
 }
+# pi_ns: NSID 2 is formatted 512+8 with PI Type 1. nvme-tcp carries no
+# metadata, so the kernel host uses it with PRACT (the target generates the
+# tuples on writes, checks and strips them on reads): the format as
+# `nvme id-ns -H` shows it, the full size, and fio's verify of the data.
+pi_ns() {
+  local pn=${NS%n*}n2 size
+  for _ in $(seq 50); do [ -b "/dev/$pn" ] && break; sleep 0.2; done
+  [ -b "/dev/$pn" ] || { echo "no /dev/$pn"; ls /sys/block; return 1; }
+  to nvme id-ns "/dev/$pn" -H >"$W/id-ns-pi.txt" || return 1
+  grep -E '^(flbas|mc|dpc|dps) ' "$W/id-ns-pi.txt"
+  grep -qE 'LBA Format +0 : Metadata Size: 8 +bytes - Data Size: 512 bytes.*in use' "$W/id-ns-pi.txt" \
+    || { echo "LBA format 0 is not 512+8 in use"; return 1; }
+  grep -qE '^dps +: 0x1\b' "$W/id-ns-pi.txt" || { echo "dps is not Type 1"; return 1; }
+  size=$(blockdev --getsize64 "/dev/$pn")
+  echo "/dev/$pn: $size bytes"
+  [ "$size" = $((16 * 1024 * 1024)) ] || { echo "PI namespace size $size"; return 1; }
+  NS=$pn fio_verify 4k "$(kib 1024)" || return 1
+  NS=$pn fio_verify 64k "$(kib 2048)"
+}
 fio_all() {
   check fio-512 240 fio_verify 512 "$(kib 512)"
   check fio-4k 240 fio_verify 4k "$(kib 2048)"
@@ -293,6 +315,7 @@ if want plain && start_tgt; then
     check id-ctrl 30 id_ctrl
     check id-ns 30 id_ns
     fio_all
+    check pi-namespace 300 pi_ns
     check ext4 240 filesystem
     check disconnect 60 disconnect
   fi

@@ -153,11 +153,9 @@ impl QueuePair {
                 req.slba = rw.slba;
                 req.nlb = rw.nlb;
                 if op == IoOpcode::WriteZeroes {
-                    // Zeroed blocks would carry no valid tuples: a PI
-                    // namespace refuses it (the host writes zeroes instead).
-                    if pi_type != 0 {
-                        return Err(NvmeStatus::INVALID_FIELD);
-                    }
+                    // On a PI bdev the zeroed blocks get valid tuples (guard
+                    // of zeroes, app tag 0, ref tag = LBA: the bdev layer's
+                    // contract), which is what PRACT asks for.
                     return Ok(Plan::no_data(Exec::WriteZeroes));
                 }
                 if nlb * bs > max_io {
