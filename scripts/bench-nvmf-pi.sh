@@ -9,7 +9,9 @@
 # and dix (the host's memory holds the tuples after the data: the job
 # generates them before writes and verifies them after reads, as the block
 # layer does; the host interleaves and separates them, checking them, and
-# the target checks them).
+# the target checks them). insert and dix run twice: through the soft
+# provider's signature offload (an integrity MR per I/O, the default) and
+# with --pi-engine software (a wire buffer per I/O slot).
 #
 #   bash scripts/bench-nvmf-pi.sh            # 2 s cells, markdown on stdout
 #   SECS=5 SIZES="512 4096" bash scripts/bench-nvmf-pi.sh
@@ -72,14 +74,16 @@ grep -q 'pollux-tgt: ready' "$WORK/tgt.log" || { echo "bench-nvmf-pi: pollux-tgt
 : >"$WORK/cells.jsonl"
 for w in randread randwrite; do
     for bs in $SIZES; do
-        for col in plain off insert dix; do
-            if [ "$col" = plain ]; then
-                sub=plain0 pi=off
-            else
-                sub=pi0 pi=$col
-            fi
+        for col in plain off insert dix insert-sw dix-sw; do
+            engine=auto
+            case $col in
+                plain) sub=plain0 pi=off ;;
+                *-sw) sub=pi0 pi=${col%-sw} engine=software ;;
+                *) sub=pi0 pi=$col ;;
+            esac
             out=$(target/release/pollux-perf -r "trtype:soft traddr:$NAME subnqn:nqn.2016-06.io.pollux:$sub" \
-                --pi "$pi" -q "$QD" -o "$bs" -w "$w" -t "$SECS" --cores 1 --json 2>>"$WORK/perf.err" | grep '^{' | tail -1) || true
+                --pi "$pi" --pi-engine "$engine" -q "$QD" -o "$bs" -w "$w" -t "$SECS" --cores 1 --json \
+                2>>"$WORK/perf.err" | grep '^{' | tail -1) || true
             echo "bench-nvmf-pi: $w $bs $col: ${out:0:80}" >&2
             python3 - "$w" "$bs" "$col" "$out" >>"$WORK/cells.jsonl" <<'PY'
 import json, sys
@@ -104,8 +108,8 @@ def label(bs):
     return f"{bs // 1024} KiB" if bs >= 1024 else f"{bs} B"
 for w in ("randread", "randwrite"):
     print(f"\n{w}, IOPS / host CPU % (cost = IOPS(off) / IOPS(mode) on the PI namespace):\n")
-    print("| bs | plain namespace | PI `off` (PRACT) | PI `insert` | PI `dix` | cost `insert` | cost `dix` |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| bs | plain namespace | PI `off` (PRACT) | PI `insert` | PI `dix` | `insert`, software | `dix`, software | cost `insert` | cost `dix` |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     by = {}
     for r in rows:
         if r["w"] == w:
@@ -121,5 +125,6 @@ for w in ("randread", "randwrite"):
         def cost(k):
             a, b = c.get("off"), c.get(k)
             return f"{a['iops'] / b['iops']:.2f}" if a and b and b["iops"] else "-"
-        print(f"| {label(bs)} | {cell('plain')} | {cell('off')} | {cell('insert')} | {cell('dix')} | {cost('insert')} | {cost('dix')} |")
+        print(f"| {label(bs)} | {cell('plain')} | {cell('off')} | {cell('insert')} | {cell('dix')} "
+              f"| {cell('insert-sw')} | {cell('dix-sw')} | {cost('insert')} | {cost('dix')} |")
 PY

@@ -116,6 +116,7 @@ fn params(t: &Tgt, w: Workload, verify: bool, secs: f64) -> PerfParams {
         reconnect_delay: Duration::from_secs(2),
         ctrl_loss_tmo: Duration::ZERO,
         pi: pollux_nvmf::host::pi::HostPi::Pract,
+        pi_software: false,
     }
 }
 
@@ -165,7 +166,8 @@ fn every_mode_verifies_data() {
 
 /// `--pi off|insert|dix` on a PI namespace (Types 1 and 3), with data
 /// verification: every I/O checked by the target's bdev layer and (insert,
-/// DIX) by the host; a namespace with metadata but no PI is refused.
+/// DIX) by the host, through the soft provider's signature offload and in
+/// software; a namespace with metadata but no PI is refused.
 #[test]
 fn pi_modes_verify_data_on_pi_namespaces() {
     use pollux_nvmf::host::pi::HostPi;
@@ -174,10 +176,18 @@ fn pi_modes_verify_data_on_pi_namespaces() {
         let t = target(&format!(
             "malloc:size=8M,block=512,md=8,md_interleave=true,pi={ty},name={name}"
         ));
-        for mode in [HostPi::Pract, HostPi::Insert, HostPi::Dix] {
+        let modes = [
+            (HostPi::Pract, false),
+            (HostPi::Insert, false),
+            (HostPi::Insert, true),
+            (HostPi::Dix, false),
+            (HostPi::Dix, true),
+        ];
+        for (mode, software) in modes {
             for (w, io) in [(Workload::Write, 4096), (Workload::RandRw, 512)] {
                 let mut p = params(&t, w, w == Workload::Write, 0.3);
                 p.pi = mode;
+                p.pi_software = software;
                 p.io_size = io;
                 let r = run(
                     factory(&t, MemMode::Pool, false),
@@ -185,7 +195,7 @@ fn pi_modes_verify_data_on_pi_namespaces() {
                     IdleMode::BusyPoll,
                     &p,
                 )
-                .unwrap_or_else(|e| panic!("type {ty} {mode:?} {w:?}: {e}"));
+                .unwrap_or_else(|e| panic!("type {ty} {mode:?} software={software} {w:?}: {e}"));
                 assert!(r.total.ios > 0, "type {ty} {mode:?}: no I/O");
                 assert_eq!(
                     (r.total.errors, r.total.miscompares),

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pollux_bdev::BdevRegistry;
+use pollux_nvmf::host::pi::{HostPi, PiIo, PiNs};
 use pollux_nvmf::host::rdma::{MemMode, RdmaHost, RdmaHostOptions};
 use pollux_nvmf::host::tcp::{TcpHost, TcpHostOptions};
 use pollux_nvmf::host::{
@@ -43,6 +44,8 @@ const NS_T3: u32 = 2;
 const NS_T1_MD16: u32 = 3;
 /// 8 bytes of metadata, no PI.
 const NS_MD: u32 = 4;
+/// PI Type 2 in 8 bytes (reference tags from the command's ILBRT).
+const NS_T2: u32 = 5;
 
 struct Fx {
     cl: TestCluster,
@@ -74,6 +77,10 @@ fn fixture() -> Fx {
             "malloc:size=1M,block=4096,md=16,md_interleave=true,pi=1",
         ),
         (NS_MD, "malloc:size=1M,block=512,md=8,md_interleave=true"),
+        (
+            NS_T2,
+            "malloc:size=1M,block=512,md=8,md_interleave=true,pi=2",
+        ),
     ] {
         let b = reg.create(spec).unwrap();
         sub.add_namespace(NamespaceConfig::new(b).with_nsid(nsid))
@@ -88,7 +95,9 @@ fn fixture() -> Fx {
         matches!(&e, TargetError::UnsupportedBdev { name, .. } if name == "pi-dix"),
         "{e}"
     );
-    let soft_addr = format!("@pollux-nvmf-pi-{}", std::process::id());
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let soft_addr = format!("@pollux-nvmf-pi-{}-{n}", std::process::id());
     let rdma = RdmaTransport::<Soft>::new(&target, RdmaOptions::for_tests()).unwrap();
     target.add_transport(rdma.clone()).unwrap();
     target
@@ -198,6 +207,18 @@ fn ext_blocks(
         covered.extend_from_slice(&pre);
         let g = pollux_pi::crc16_t10dif(0, &covered);
         v.extend_from_slice(&p.tuple_with_guard(i as u64, g).encode());
+    }
+    v
+}
+
+/// `nlb` 512+8 Type 2 blocks whose reference tags start at `seed`.
+fn ext_blocks_seeded(nlb: usize, seed: u32, fill: u8) -> Vec<u8> {
+    let p = PiParams::for_type(PiType::Type2, 512, seed, 0);
+    let mut v = Vec::new();
+    for i in 0..nlb {
+        let d = vec![fill ^ i as u8; 512];
+        v.extend_from_slice(&d);
+        v.extend_from_slice(&p.tuple_for(i as u64, &d).encode());
     }
     v
 }
@@ -524,6 +545,69 @@ fn pi_over<T: HostTransport>(r: &Reactor, t: &T) {
         "PRACT regenerated the 16-byte metadata's tuples"
     );
 
+    // Type 2: the reference tags start at the command's ILBRT, whatever
+    // the LBA; a read must name the same seed.
+    let w2 = ext_blocks_seeded(4, 0x00C0_FFEE, 6);
+    let t2 = |p| RwPi {
+        ilbrt: 0x00C0_FFEE,
+        ..pi(p, 60, 0)
+    };
+    assert_eq!(
+        io(r, &mut qp, true, NS_T2, 60, 4, &w2, t2(CHECK_ALL)).0,
+        Ok(())
+    );
+    let (res, got) = io(
+        r,
+        &mut qp,
+        false,
+        NS_T2,
+        60,
+        4,
+        &vec![0; w2.len()],
+        t2(CHECK_ALL),
+    );
+    assert_eq!(res, Ok(()));
+    assert!(got == w2);
+    let other = RwPi {
+        ilbrt: 60,
+        ..pi(CHECK_ALL, 60, 0)
+    };
+    assert_eq!(
+        io(r, &mut qp, false, NS_T2, 60, 4, &vec![0; w2.len()], other).0,
+        Err(NvmeStatus::REF_TAG_CHECK_ERROR)
+    );
+
+    // The host's own checks (insert mode, software): a tuple stored wrong
+    // and read without the target's checks is found by the host with its
+    // block.
+    let fmt = PiNs::of(&ns(NS_T1)).unwrap();
+    let (res, _) = io(
+        r,
+        &mut qp,
+        false,
+        NS_T1,
+        500,
+        2,
+        &[0; 1040],
+        fmt.rw_pi(HostPi::Insert, 500),
+    );
+    assert_eq!(
+        res,
+        Err(NvmeStatus::GUARD_CHECK_ERROR),
+        "the target checks first"
+    );
+    let (res, wire2) = io(r, &mut qp, false, NS_T1, 500, 2, &[0; 1040], pi(0, 500, 0));
+    assert_eq!(res, Ok(()));
+    let mut mem = [0u8; 1024];
+    let e = fmt
+        .from_wire(HostPi::Insert, &wire2, &mut mem, 500)
+        .unwrap_err();
+    assert_eq!(
+        (e.kind, e.offset / 520),
+        (pollux_pi::PiErrorKind::Guard, 1),
+        "LBA 501"
+    );
+
     // Metadata without PI: moved as it is, PRINFO ignored.
     let mut m = vec![0x11u8; 4 * 520];
     m[520 + 513] = 0x99;
@@ -633,4 +717,149 @@ fn pi_over_tcp_with_and_without_digests() {
         });
         fx.cl.poll_until_idle().unwrap();
     }
+}
+
+/// The host's signature offload (the soft provider's integrity MRs): insert
+/// and DIX round trips, a DIX write whose tuple in memory lies (caught on
+/// the way out; the target, checking the wire, refuses it too), and a
+/// tuple stored wrong that only the host checks (PRCHK clear): the
+/// integrity MR's status turns the completion into the guard error.
+#[test]
+fn pi_through_the_hosts_signature_offload() {
+    let fx = fixture();
+    let _pg = fx.cl.on(0, |r| fx.rdma.create_poll_group(r)).unwrap();
+    fx.cl.poll_until_idle().unwrap();
+    fx.cl.on(0, |r| {
+        let opts = RdmaHostOptions {
+            mem_mode: MemMode::Pool,
+            remote_invalidate: true,
+            connect_timeout: Duration::from_secs(5),
+        };
+        let t = RdmaHost::<Soft>::open(None, CmAddr::new(fx.soft_addr.clone()), opts).unwrap();
+        let (c, mut qp) = connect(&t);
+        assert!(
+            qp.enable_pi_offload().unwrap(),
+            "the soft provider has signature offload"
+        );
+        let ns1 = *c
+            .info()
+            .namespaces
+            .iter()
+            .find(|n| n.nsid == NS_T1)
+            .unwrap();
+        let fmt = PiNs::of(&ns1).unwrap();
+        let run = |qp: &mut Qpair<_>, io: PiIo, mem: &[u8]| {
+            let mut b = DmaBuf::alloc(mem.len()).unwrap();
+            b.as_mut_slice().copy_from_slice(mem);
+            qp.rw_pi_offload(NS_T1, &io, SgList::from_buf(b), 9)
+                .unwrap();
+            let c = run_one(r, qp);
+            let mut got = vec![0u8; mem.len()];
+            c.data.copy_to_slice(&mut got);
+            let res = match c.result {
+                Ok(_) => Ok(()),
+                Err(IoError::Nvme(s)) => Err(s),
+                Err(e) => panic!("{e}"),
+            };
+            (res, got)
+        };
+        let pio = |mode, slba, nlb, write, target_checks| PiIo {
+            mode,
+            fmt,
+            slba,
+            nlb,
+            write,
+            target_checks,
+        };
+        // Insert: data only in memory; the target stores the tuples the
+        // host's MR generated.
+        let data: Vec<u8> = (0..8 * 512).map(|i| (i % 253) as u8).collect();
+        let (res, _) = run(&mut qp, pio(HostPi::Insert, 800, 8, true, true), &data);
+        assert_eq!(res, Ok(()));
+        let (res, got) = run(
+            &mut qp,
+            pio(HostPi::Insert, 800, 8, false, true),
+            &vec![0; data.len()],
+        );
+        assert_eq!(res, Ok(()));
+        assert!(got == data);
+        let want = ext_blocks_from(&data, 800);
+        let (_, stored) = io_plain(r, &mut qp, NS_T1, 800, 8, want.len());
+        assert!(stored == want, "the tuples on the medium are the host MR's");
+        // DIX: data then tuples in memory, both ways.
+        let mut mem = data.clone();
+        mem.extend(want.chunks(520).flat_map(|b| b[512..].to_vec()));
+        let (res, _) = run(
+            &mut qp,
+            pio(HostPi::Dix, 900, 8, true, true),
+            &dix_retag(&mem, 800, 900),
+        );
+        assert_eq!(res, Ok(()));
+        let (res, got) = run(
+            &mut qp,
+            pio(HostPi::Dix, 900, 8, false, true),
+            &vec![0; mem.len()],
+        );
+        assert_eq!(res, Ok(()));
+        assert!(got == dix_retag(&mem, 800, 900));
+        // A DIX write whose block 2 guard lies in memory.
+        let mut bad = dix_retag(&mem, 800, 900);
+        bad[8 * 512 + 2 * 8] ^= 0x40;
+        let (res, _) = run(&mut qp, pio(HostPi::Dix, 900, 8, true, true), &bad);
+        assert_eq!(res, Err(NvmeStatus::GUARD_CHECK_ERROR));
+        // LBA 501's stored guard is bad (written raw, unchecked); with
+        // PRCHK clear only the host's integrity MR checks it.
+        let mut stored = ext_blocks(512, 8, 2, 500, PiType::Type1, 0, 3);
+        stored[520 + 512] ^= 0x01;
+        assert_eq!(
+            io(r, &mut qp, true, NS_T1, 500, 2, &stored, pi(0, 500, 0)).0,
+            Ok(())
+        );
+        let before = qp.transport().stats().pi_errors;
+        let (res, _) = run(
+            &mut qp,
+            pio(HostPi::Insert, 500, 2, false, false),
+            &[0; 1024],
+        );
+        assert_eq!(res, Err(NvmeStatus::GUARD_CHECK_ERROR));
+        assert_eq!(qp.transport().stats().pi_errors, before + 1);
+        drop(qp);
+        c.shutdown().unwrap();
+    });
+}
+
+/// `data`'s 512-byte blocks at `slba` with Type 1 tuples (app tag 0).
+fn ext_blocks_from(data: &[u8], slba: u64) -> Vec<u8> {
+    let p = PiParams::for_type(PiType::Type1, 512, slba as u32, 0);
+    let mut v = Vec::new();
+    for (i, d) in data.chunks(512).enumerate() {
+        v.extend_from_slice(d);
+        v.extend_from_slice(&p.tuple_for(i as u64, d).encode());
+    }
+    v
+}
+
+/// A DIX image (data then tuples) of blocks at `from` with its reference
+/// tags moved to start at `to`.
+fn dix_retag(mem: &[u8], from: u64, to: u64) -> Vec<u8> {
+    let mut m = mem.to_vec();
+    let n = m.len() / 520;
+    for i in 0..n {
+        let at = n * 512 + i * 8 + 4;
+        let r = u32::from_be_bytes(m[at..at + 4].try_into().unwrap());
+        m[at..at + 4].copy_from_slice(&(r - from as u32 + to as u32).to_be_bytes());
+    }
+    m
+}
+
+/// Read `len` wire bytes of `nlb` blocks without PI checks.
+fn io_plain<Q: HostQueue>(
+    r: &Reactor,
+    qp: &mut Qpair<Q>,
+    nsid: u32,
+    slba: u64,
+    nlb: u32,
+    len: usize,
+) -> (Result<(), NvmeStatus>, Vec<u8>) {
+    io(r, qp, false, nsid, slba, nlb, &vec![0; len], pi(0, slba, 0))
 }

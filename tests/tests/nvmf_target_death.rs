@@ -104,6 +104,7 @@ fn killing_the_target_process_fails_the_run_clearly() {
         reconnect_delay: Duration::from_secs(2),
         ctrl_loss_tmo: Duration::ZERO,
         pi: pollux_nvmf::host::pi::HostPi::Pract,
+        pi_software: false,
     };
     let a2 = addr.clone();
     let factory = Arc::new(move || {

@@ -50,6 +50,7 @@ fn one_hosts_queues_are_served_on_both_target_cores_with_verified_io() {
         reconnect_delay: Duration::from_secs(2),
         ctrl_loss_tmo: Duration::ZERO,
         pi: pollux_nvmf::host::pi::HostPi::Pract,
+        pi_software: false,
     };
     // Watch the placement while the run goes on.
     let seen = Arc::new(Mutex::new(Vec::<usize>::new()));

@@ -3,7 +3,7 @@
 //! the capsule or by RDMA READ) in the host's `pool` and `register-always`
 //! memory modes make no heap allocation and take no lock, on either side;
 //! nor do 100,000 I/Os on a PI namespace with PRACT (the target spreads,
-//! generates, checks and strips).
+//! generates, checks and strips) or through the host's signature offload.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -14,7 +14,7 @@ use common::rules::{
     assert_clean, assert_counters_work, measure_from_here, measure_to_here, nvmf_queue, run_nvmf,
     run_nvmf_pi, QueueFill, N,
 };
-use pollux_nvmf::host::pi::PiNs;
+use pollux_nvmf::host::pi::{HostPi, PiNs};
 use pollux_nvmf::host::rdma::{MemMode, RdmaHost, RdmaHostOptions};
 use pollux_reactor::mem::CountingAlloc;
 use pollux_reactor::TestCluster;
@@ -94,8 +94,14 @@ fn pi_namespace_allocates_nothing_and_locks_nothing_per_io() {
     cl.poll_until_idle().unwrap();
     // PRACT: the target spreads each write's blocks, generates their
     // tuples, and checks and strips each read's (4 KiB in the capsule, 8 KiB
-    // by RDMA READ).
-    for (inline_cap, size) in [(None, 4096), (Some(0), 8192)] {
+    // by RDMA READ); insert: the host's integrity MR generates, checks and
+    // strips, the target checks.
+    let cases = [
+        (HostPi::Pract, None, 4096),
+        (HostPi::Pract, Some(0), 8192),
+        (HostPi::Insert, None, 4096),
+    ];
+    for (mode, inline_cap, size) in cases {
         cl.on(0, |r| {
             let opts = RdmaHostOptions {
                 mem_mode: MemMode::Pool,
@@ -105,13 +111,16 @@ fn pi_namespace_allocates_nothing_and_locks_nothing_per_io() {
             let t = RdmaHost::<Soft>::open(None, CmAddr::new(addr.clone()), opts).unwrap();
             let (c, mut qp) = nvmf_queue(&t, *b"rules-nvmf-host2", NQN, inline_cap);
             let fmt = PiNs::of(&c.info().namespaces[0]).expect("a PI namespace");
+            if mode != HostPi::Pract {
+                assert!(qp.enable_pi_offload().unwrap());
+            }
             let mut fill = QueueFill::new("rules-nvmf-pi", size, DEPTH);
-            run_nvmf_pi(r, &mut qp, &mut fill, N / 10, Some(fmt));
+            run_nvmf_pi(r, &mut qp, &mut fill, N / 10, Some((fmt, mode)));
             let before = measure_from_here();
-            run_nvmf_pi(r, &mut qp, &mut fill, N, Some(fmt));
+            run_nvmf_pi(r, &mut qp, &mut fill, N, Some((fmt, mode)));
             let after = measure_to_here();
             assert_clean(
-                &format!("PI inline_cap={inline_cap:?} size={size}"),
+                &format!("PI {mode:?} inline_cap={inline_cap:?} size={size}"),
                 before,
                 after,
             );

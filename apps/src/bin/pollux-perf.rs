@@ -135,6 +135,10 @@ struct Args {
     /// read-verify (`both` = insert).
     #[arg(long = "pi", default_value = "off")]
     pi: String,
+    /// Where `--pi insert|dix` does its work: auto (the transport's
+    /// signature offload where it has one, else software) or software.
+    #[arg(long = "pi-engine", default_value = "auto")]
+    pi_engine: String,
     /// The PI columns of an iSER `--sweep`, comma separated.
     #[arg(long = "sweep-pi", default_value = iser::DEFAULT_SWEEP_PI)]
     sweep_pi: String,
@@ -270,6 +274,7 @@ fn iser_main(args: &Args, trid: &str) -> Result<ExitCode, AppError> {
     iser::main(&iser::IserCli {
         trid: trid.to_string(),
         pi: args.pi.clone(),
+        pi_software: pi_software(&args.pi_engine)?,
         queue_depth: args.queue_depth,
         io_size: parse_io_size(&args.io_size)?,
         workload: args.workload.clone(),
@@ -362,6 +367,7 @@ fn real_run(args: &Args, text: &str, tgt: Option<&SpawnedTarget>) -> Result<Exit
             .pi
             .parse::<HostPi>()
             .map_err(|e| AppError::Usage(format!("--pi: {e}")))?,
+        pi_software: pi_software(&args.pi_engine)?,
     };
     if args.sweep {
         let modes = SweepMode::parse_list(&args.sweep_modes).map_err(AppError::Usage)?;
@@ -441,4 +447,15 @@ fn real_run(args: &Args, text: &str, tgt: Option<&SpawnedTarget>) -> Result<Exit
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// `--pi-engine`: whether PI must stay in software.
+fn pi_software(engine: &str) -> Result<bool, AppError> {
+    match engine {
+        "auto" => Ok(false),
+        "software" => Ok(true),
+        o => Err(AppError::Usage(format!(
+            "--pi-engine '{o}': auto or software"
+        ))),
+    }
 }

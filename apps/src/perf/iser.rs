@@ -169,6 +169,8 @@ pub struct IserPerfParams {
     pub device: Option<String>,
     /// PI policy of the sessions.
     pub pi: PiPolicy,
+    /// PI in software even where the provider has signature offload.
+    pub pi_software: bool,
     /// I/Os in flight per core.
     pub queue_depth: usize,
     /// Bytes per I/O.
@@ -313,6 +315,9 @@ fn start_core<P: Provider>(
     o.max_io_bytes = u32::try_from(p.io_size.max(4096)).map_err(|_| "I/O size too large")?;
     o.max_segments = 1;
     o.pi = p.pi;
+    if p.pi_software {
+        o.pi_engine = pollux_iser::initiator::PiEngine::Software;
+    }
     let n = SESSION.fetch_add(1, Ordering::Relaxed);
     let pid = std::process::id();
     o.isid = [
@@ -616,6 +621,8 @@ pub struct IserCli {
     pub trid: String,
     /// `--pi`.
     pub pi: String,
+    /// `--pi-engine software`: no signature offload.
+    pub pi_software: bool,
     /// `-q`.
     pub queue_depth: usize,
     /// `-o`, in bytes.
@@ -766,6 +773,7 @@ pub fn main(cli: &IserCli) -> Result<ExitCode, AppError> {
         trid: trid.clone(),
         device: cli.device.clone(),
         pi,
+        pi_software: cli.pi_software,
         queue_depth: cli.queue_depth,
         io_size: cli.io_size,
         workload,

@@ -73,6 +73,9 @@ pub struct PerfParams {
     /// T10 PI on a namespace formatted with it (`--pi off|insert|dix`;
     /// `off` is PRACT: the controller generates, checks and strips).
     pub pi: HostPi,
+    /// `insert` and `dix` in software even where the transport has a
+    /// signature offload (`--pi-engine software`).
+    pub pi_software: bool,
 }
 
 /// A transport per core: made on the core that uses it.
@@ -248,6 +251,7 @@ pub fn run<T: HostTransport + 'static>(
                 fmt,
                 block: bs,
                 pi_type: ns.pi_type,
+                software: p.pi_software,
             }),
             None => {
                 return fail(
@@ -401,6 +405,8 @@ struct PiSetup {
     fmt: PiNs,
     block: usize,
     pi_type: u8,
+    /// No signature offload, even where the transport has one.
+    software: bool,
 }
 
 fn start_core<T: HostTransport + 'static>(
@@ -441,13 +447,34 @@ fn start_core<T: HostTransport + 'static>(
         t.register_memory(b.arena()).map_err(|e| e.to_string())?;
         bufs.push(b);
     }
-    // Insert and DIX: one buffer per slot for the wire's extended blocks.
+    // Insert and DIX: the transport's signature offload where it has one,
+    // else one buffer per slot for the wire's extended blocks.
     let mut wire_pool = None;
     let nvmf_pi = match pi {
         None => None,
         Some(s) => {
             let mut wire = Vec::new();
-            if s.mode != HostPi::Pract {
+            let mut offload = false;
+            if s.mode != HostPi::Pract && !s.software {
+                offload = true;
+                for qp in &mut qps {
+                    offload &= qp
+                        .enable_pi_offload()
+                        .map_err(|e| format!("PI offload: {e}"))?;
+                }
+                if index == 0 {
+                    eprintln!(
+                        "pollux-perf: PI {:?}: {}",
+                        s.mode,
+                        if offload {
+                            "signature offload (one integrity MR per I/O)"
+                        } else {
+                            "in software (the transport has no signature offload)"
+                        }
+                    );
+                }
+            }
+            if s.mode != HostPi::Pract && !offload {
                 let wp = BufPool::new(BufPoolOptions::new(
                     format!("perf-pi-{index}"),
                     s.fmt.wire_len(s.mode, blocks),
@@ -463,7 +490,7 @@ fn start_core<T: HostTransport + 'static>(
             }
             let dix =
                 (s.mode == HostPi::Dix).then(|| Dix::new(s.block, jp.io_bytes as usize, s.pi_type));
-            Some(NvmfPi::new(s.mode, s.fmt, blocks, dix, wire))
+            Some(NvmfPi::new(s.mode, s.fmt, (blocks, qd), dix, offload, wire))
         }
     };
     // Take the first core's load sample once the warm-up is over.

@@ -2,7 +2,7 @@
 //! I/O queue pairs, I/Os spread over them round-robin, and T10 PI on a
 //! namespace formatted with it ([`NvmfPi`]).
 
-use pollux_nvmf::host::pi::{HostPi, PiNs};
+use pollux_nvmf::host::pi::{HostPi, PiIo, PiNs};
 use pollux_nvmf::host::{HostTransport, IoError, Qpair, SubmitErrorKind};
 use pollux_reactor::mem::{DmaBuf, SgList};
 
@@ -16,6 +16,9 @@ use super::job::{Done, JobQueues, Outcome, Refused};
 pub struct NvmfPi {
     mode: HostPi,
     fmt: PiNs,
+    /// The queue pairs' signature offload makes and checks the wire's
+    /// tuples (no wire buffers).
+    offload: bool,
     /// DIX: the block layer's generate/verify on the job's buffers.
     dix: Option<Dix>,
     /// Per job slot: its wire buffer when idle.
@@ -23,28 +26,40 @@ pub struct NvmfPi {
     /// Per job slot: the job's buffer while its wire buffer is out, and
     /// the I/O's LBA and direction.
     held: Vec<Option<(DmaBuf, u64, bool)>>,
+    /// Per job slot: a read in flight's LBA (offloaded DIX).
+    read_lba: Vec<Option<u64>>,
     /// Bytes per I/O in the job's buffer and on the wire.
     mem_len: usize,
     wire_len: usize,
 }
 
 impl NvmfPi {
-    /// `mode` on format `fmt` for I/Os of `blocks` blocks; `wire` holds one
-    /// buffer of at least the wire length per job slot (used by
-    /// [`HostPi::Insert`] and [`HostPi::Dix`], empty for PRACT).
+    /// `mode` on format `fmt` for I/Os of `blocks` blocks in job slots
+    /// `0..slots`; with `offload` the queue pairs' signature offload does
+    /// the wire's PI, else `wire` holds one buffer of at least the wire
+    /// length per job slot (used by [`HostPi::Insert`] and [`HostPi::Dix`],
+    /// empty for PRACT).
     pub fn new(
         mode: HostPi,
         fmt: PiNs,
-        blocks: usize,
+        (blocks, slots): (usize, usize),
         dix: Option<Dix>,
+        offload: bool,
         wire: Vec<DmaBuf>,
     ) -> Self {
-        let n = wire.len();
+        let n = wire.len().max(slots);
         NvmfPi {
             mode,
             fmt,
+            offload,
+            read_lba: vec![None; n],
             dix,
-            wire: wire.into_iter().map(Some).collect(),
+            wire: wire
+                .into_iter()
+                .map(Some)
+                .chain(std::iter::repeat_with(|| None))
+                .take(n)
+                .collect(),
             held: (0..n).map(|_| None).collect(),
             mem_len: fmt.mem_len(mode, blocks),
             wire_len: fmt.wire_len(mode, blocks),
@@ -62,6 +77,20 @@ impl NvmfPi {
         mut b: DmaBuf,
     ) -> Result<DmaBuf, (DmaBuf, String)> {
         if self.mode == HostPi::Pract {
+            return Ok(b);
+        }
+        if self.offload {
+            match (&self.dix, read) {
+                (Some(d), false) => {
+                    d.generate(b.as_mut_slice(), lba);
+                }
+                (Some(_), true) => {
+                    if let Some(s) = self.read_lba.get_mut(ctx as usize) {
+                        *s = Some(lba);
+                    }
+                }
+                _ => {}
+            }
             return Ok(b);
         }
         let i = ctx as usize;
@@ -94,7 +123,7 @@ impl NvmfPi {
     /// A refused submission of slot `ctx`: the wire buffer back in its
     /// place, the job's buffer returned.
     fn refused(&mut self, ctx: u64, sent: Option<DmaBuf>) -> Option<DmaBuf> {
-        if self.mode == HostPi::Pract {
+        if self.mode == HostPi::Pract || self.offload {
             return sent;
         }
         let i = ctx as usize;
@@ -110,6 +139,16 @@ impl NvmfPi {
     fn inbound(&mut self, ctx: u64, back: Option<DmaBuf>, ok: bool) -> (Option<DmaBuf>, bool) {
         if self.mode == HostPi::Pract {
             return (back, true);
+        }
+        if self.offload {
+            // The offload checked the wire; DIX reads get the block layer's
+            // verify of the tuples it stored.
+            let lba = self.read_lba.get_mut(ctx as usize).and_then(Option::take);
+            let good = match (&self.dix, lba, &back, ok) {
+                (Some(d), Some(lba), Some(b), true) => d.verify(b.as_slice(), lba),
+                _ => true,
+            };
+            return (back, good);
         }
         let i = ctx as usize;
         let Some((mut b, lba, read)) = self.held.get_mut(i).and_then(Option::take) else {
@@ -205,6 +244,17 @@ impl<T: HostTransport> JobQueues for NvmfQueues<T> {
             let qi = (self.next_qp + k) % n;
             let qp = &mut self.qps[qi];
             let res = match &self.pi {
+                Some(pi) if pi.offload => {
+                    let io = PiIo {
+                        mode: pi.mode,
+                        fmt: pi.fmt,
+                        slba: lba,
+                        nlb: blocks,
+                        write: !read,
+                        target_checks: true,
+                    };
+                    qp.rw_pi_offload(self.nsid, &io, data, ctx)
+                }
                 Some(pi) => {
                     let f = pi.fmt.rw_pi(pi.mode, lba);
                     qp.rw_pi(!read, self.nsid, lba, blocks, data, &f, ctx)

@@ -327,24 +327,36 @@ pub fn run_nvmf<Q: pollux_nvmf::host::HostQueue>(
     run_nvmf_pi(r, qp, fill, ios, None);
 }
 
-/// [`run_nvmf`] on a PI namespace of format `pi`: PRACT with guard and
-/// reference tag checks (the target spreads, generates, checks and strips).
+/// [`run_nvmf`] on a PI namespace of format `pi` in a host mode: PRACT
+/// (the target spreads, generates, checks and strips), or insert/DIX
+/// through the queue's signature offload (enabled by the caller).
 pub fn run_nvmf_pi<Q: pollux_nvmf::host::HostQueue>(
     r: &pollux_reactor::Reactor,
     qp: &mut pollux_nvmf::host::Qpair<Q>,
     fill: &mut QueueFill,
     ios: u64,
-    pi: Option<pollux_nvmf::host::pi::PiNs>,
+    pi: Option<(pollux_nvmf::host::pi::PiNs, pollux_nvmf::host::pi::HostPi)>,
 ) {
-    use pollux_nvmf::host::pi::HostPi;
+    use pollux_nvmf::host::pi::{HostPi, PiIo};
     fill.run(
         qp,
         ios,
         |qp, io| {
             let sub = match &pi {
-                Some(f) => {
+                Some((f, HostPi::Pract)) => {
                     let rw = f.rw_pi(HostPi::Pract, io.lba);
                     qp.rw_pi(!io.read, 1, io.lba, io.blocks, io.bufs, &rw, io.n)
+                }
+                Some((f, mode)) => {
+                    let p = PiIo {
+                        mode: *mode,
+                        fmt: *f,
+                        slba: io.lba,
+                        nlb: io.blocks,
+                        write: !io.read,
+                        target_checks: true,
+                    };
+                    qp.rw_pi_offload(1, &p, io.bufs, io.n)
                 }
                 None if io.read => qp.read(1, io.lba, io.blocks, io.bufs, io.n),
                 None => qp.write(1, io.lba, io.blocks, io.bufs, io.n),

@@ -47,6 +47,66 @@ impl FromStr for HostPi {
     }
 }
 
+/// One I/O whose PI the transport's signature offload handles
+/// ([`HostQueue::queue_cmd_pi`](super::HostQueue::queue_cmd_pi)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PiIo {
+    /// [`HostPi::Insert`] or [`HostPi::Dix`].
+    pub mode: HostPi,
+    /// The namespace's format.
+    pub fmt: PiNs,
+    /// First LBA.
+    pub slba: u64,
+    /// Blocks.
+    pub nlb: u32,
+    /// A write (else a read).
+    pub write: bool,
+    /// Ask the controller to check the tuples too (PRCHK guard and
+    /// reference tag); `false` leaves the checks to the host alone.
+    pub target_checks: bool,
+}
+
+impl PiIo {
+    /// The protection fields of its command.
+    pub fn rw_pi(&self) -> RwPi {
+        let mut f = self.fmt.rw_pi(self.mode, self.slba);
+        if !self.target_checks {
+            f.prinfo &= prinfo::PRACT;
+        }
+        f
+    }
+
+    /// Bytes of the caller's data (without tuples).
+    pub fn data_len(&self) -> usize {
+        self.nlb as usize * self.fmt.block
+    }
+
+    /// Bytes on the wire.
+    pub fn wire_len(&self) -> usize {
+        self.fmt.wire_len(self.mode, self.nlb as usize)
+    }
+
+    /// Bytes of the caller's tuples (DIX), else 0.
+    pub fn pi_len(&self) -> usize {
+        self.fmt.mem_len(self.mode, self.nlb as usize) - self.data_len()
+    }
+
+    /// The protection interval (block size).
+    pub fn interval(&self) -> u32 {
+        self.fmt.block as u32
+    }
+
+    /// The first block's reference tag (0 on Type 3).
+    pub fn ref_seed(&self) -> u32 {
+        self.fmt.seed(self.slba)
+    }
+
+    /// Whether the reference tag is checked and incremented (Types 1, 2).
+    pub fn ref_checked(&self) -> bool {
+        self.fmt.pi_type != PiType::Type3
+    }
+}
+
 /// A namespace's PI format as the host uses it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PiNs {

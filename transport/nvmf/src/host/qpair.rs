@@ -203,10 +203,64 @@ impl<Q: HostQueue> Qpair<Q> {
     /// `Invalid`.
     pub fn submit(
         &mut self,
+        cmd: NvmeCmd,
+        dir: DataDir,
+        data: SgList,
+        ctx: u64,
+    ) -> Result<(), SubmitError> {
+        self.submit_with(cmd, dir, data, ctx, None)
+    }
+
+    /// Ready the transport to move PI through its signature offload
+    /// ([`Qpair::rw_pi_offload`]); `Ok(false)` when it cannot (control
+    /// path).
+    ///
+    /// # Errors
+    /// [`HostError`] when the transport cannot allocate what it needs.
+    pub fn enable_pi_offload(&mut self) -> Result<bool, HostError> {
+        self.q.enable_pi_offload()
+    }
+
+    /// A Read or Write whose PI the transport's signature offload makes
+    /// and checks (`pi`): `data` holds the data (and, DIX, one tuple per
+    /// block after it); PRCHK asks the target to check too. A check that
+    /// fails in the offload completes the command with the end-to-end
+    /// status.
+    ///
+    /// # Errors
+    /// As [`Qpair::submit`]; `Invalid` without
+    /// [`enable_pi_offload`](Qpair::enable_pi_offload).
+    pub fn rw_pi_offload(
+        &mut self,
+        nsid: u32,
+        pi: &super::pi::PiIo,
+        data: SgList,
+        ctx: u64,
+    ) -> Result<(), SubmitError> {
+        let (op, dir) = if pi.write {
+            (IoOpcode::Write, DataDir::ToCtrl)
+        } else {
+            (IoOpcode::Read, DataDir::FromCtrl)
+        };
+        match RwCmd::to_cmd(op, 0, nsid, pi.slba, pi.nlb) {
+            Ok(mut cmd) => {
+                RwCmd::set_pi(&mut cmd, &pi.rw_pi());
+                self.submit_with(cmd, dir, data, ctx, Some(pi))
+            }
+            Err(e) => Err(SubmitError {
+                kind: SubmitErrorKind::Invalid(HostError::Unsupported(e.to_string())),
+                data,
+            }),
+        }
+    }
+
+    fn submit_with(
+        &mut self,
         mut cmd: NvmeCmd,
         dir: DataDir,
         data: SgList,
         ctx: u64,
+        pi: Option<&super::pi::PiIo>,
     ) -> Result<(), SubmitError> {
         if self.dead.is_some() {
             return Err(SubmitError {
@@ -228,7 +282,11 @@ impl<Q: HostQueue> Qpair<Q> {
         };
         let s = &mut self.slots[usize::from(slot)];
         cmd.cid = slot | (u16::from(s.gen & 0x3F) << 10);
-        match self.q.queue_cmd(slot, &mut cmd, dir, &data) {
+        let queued = match pi {
+            None => self.q.queue_cmd(slot, &mut cmd, dir, &data),
+            Some(p) => self.q.queue_cmd_pi(slot, &mut cmd, dir, &data, p),
+        };
+        match queued {
             Ok(Queued::Yes) => {}
             Ok(Queued::Busy) => {
                 return Err(SubmitError {

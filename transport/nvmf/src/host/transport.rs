@@ -51,6 +51,8 @@ pub enum Queued {
     Busy,
 }
 
+pub use super::pi::PiIo;
+
 /// One connected queue of a host transport (`!Send`: lives on one reactor).
 /// Data-path methods allocate nothing and take no lock.
 pub trait HostQueue {
@@ -112,6 +114,39 @@ pub trait HostQueue {
     /// timed-out command (control path). Default: nothing known.
     fn slot_state(&self, _slot: u16) -> Option<String> {
         None
+    }
+
+    /// Make ready to move T10 PI through the provider's signature offload
+    /// ([`HostQueue::queue_cmd_pi`]): `Ok(true)` when this queue can
+    /// (control path: allocates per-slot resources), `Ok(false)` when the
+    /// transport or device cannot. Default: cannot.
+    ///
+    /// # Errors
+    /// [`HostError::Transport`] when the resources cannot be allocated.
+    fn enable_pi_offload(&mut self) -> Result<bool, HostError> {
+        Ok(false)
+    }
+
+    /// [`queue_cmd`](HostQueue::queue_cmd) of a Read or Write whose PI the
+    /// provider inserts, checks and strips ([`PiIo`]): `data` is the
+    /// caller's memory (data, and with DIX the tuples after it), the wire
+    /// carries the extended blocks. A failed check of the provider turns
+    /// the command's completion into the end-to-end error status.
+    ///
+    /// # Errors
+    /// As [`queue_cmd`](HostQueue::queue_cmd); [`HostError::Unsupported`]
+    /// without [`enable_pi_offload`](HostQueue::enable_pi_offload).
+    fn queue_cmd_pi(
+        &mut self,
+        _slot: u16,
+        _cmd: &mut NvmeCmd,
+        _dir: DataDir,
+        _data: &SgList,
+        _pi: &PiIo,
+    ) -> Result<Queued, HostError> {
+        Err(HostError::Unsupported(
+            "this transport has no PI offload".into(),
+        ))
     }
 
     /// Tear the queue down (idempotent).

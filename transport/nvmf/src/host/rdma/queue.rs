@@ -7,19 +7,21 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use pollux_reactor::mem::{ArenaOptions, DmaArena, HugepageMode, SgList};
+use pollux_verbs::sig::{check, GuardType};
 use pollux_verbs::{
     Access, CmAddr, CmEvent, CmId, CompletionQueue, ConnParam, Device, MemoryRegion,
     ProtectionDomain, Provider, QpAttr, QpCaps, QpInit, QpState, QueuePair, RecvWr, SendOp, SendWr,
-    Sge, Wc, WcFlags, WcStatus,
+    Sge, SigAttrs, SigDomain, SigErrKind, T10Dif, Wc, WcFlags, WcStatus,
 };
 
 use super::mr_cache::MrCache;
 use super::wrid::{decode, encode, WrKind};
 use super::{MemMode, RdmaHostOptions};
+use crate::host::pi::{HostPi, PiIo};
 use crate::host::transport::{DataDir, HostQueue, QueueParams, Queued};
 use crate::host::HostError;
 use crate::spec::cmd::{NvmeCmd, SQE_SIZE};
-use crate::spec::cpl::{NvmeCompletion, CQE_SIZE};
+use crate::spec::cpl::{NvmeCompletion, NvmeStatus, CQE_SIZE};
 use crate::spec::rdma_cm::{CmAccept, CmReject, CmRequest};
 use crate::spec::sgl::SglDescriptor;
 
@@ -72,6 +74,24 @@ struct RSlot {
     nsge: usize,
     pages: [Sge; MAX_DATA_SEGS],
     npages: usize,
+    /// This I/O registered the slot's integrity MR (`ikey`, `sig`, the
+    /// tuples' SGEs in `prot`) instead of its fast-reg MR (`key`).
+    integrity: bool,
+    ikey: u32,
+    sig: Option<SigAttrs>,
+    prot: [Sge; MAX_DATA_SEGS],
+    nprot: usize,
+}
+
+impl RSlot {
+    /// The key registered for the current I/O.
+    fn io_key(&self) -> u32 {
+        if self.integrity {
+            self.ikey
+        } else {
+            self.key
+        }
+    }
 }
 
 impl Default for RSlot {
@@ -88,6 +108,11 @@ impl Default for RSlot {
             nsge: 0,
             pages: [Sge::default(); MAX_DATA_SEGS],
             npages: 0,
+            integrity: false,
+            ikey: 0,
+            sig: None,
+            prot: [Sge::default(); MAX_DATA_SEGS],
+            nprot: 0,
         }
     }
 }
@@ -103,6 +128,8 @@ pub struct RdmaQueueStats {
     pub remote_invalidations: u64,
     /// LOCAL_INV work requests posted.
     pub local_invalidations: u64,
+    /// PI checks the signature offload failed.
+    pub pi_errors: u64,
 }
 
 /// One RDMA host queue (`!Send`).
@@ -114,6 +141,10 @@ pub struct RdmaQueue<P: Provider> {
     // through: soft-RoCE then cannot destroy the QP (`__rxe_cleanup`
     // warns after its timeout). Freeing the windows first releases it.
     _frmrs: Vec<P::Mr>,
+    /// Integrity MRs, one per slot, once PI offload is enabled.
+    imrs: Vec<P::Mr>,
+    /// The device has signature offload.
+    integrity_cap: bool,
     qp: P::Qp,
     ctrl_mr: P::Mr,
     cq: P::Cq,
@@ -243,6 +274,8 @@ impl<P: Provider> RdmaQueue<P> {
                 .map_err(|e| HostError::Unreachable(format!("{addr}: {e}")))?,
             qp,
             _frmrs: frmrs,
+            imrs: Vec::new(),
+            integrity_cap: caps.integrity,
             ctrl_mr,
             cq,
             _pd: Rc::clone(pd),
@@ -363,15 +396,21 @@ impl<P: Provider> RdmaQueue<P> {
                 wrs[k] = match *op {
                     Staged::Reg(slot) => {
                         let s = &self.slots[usize::from(slot)];
-                        SendWr::new(
-                            encode(WrKind::Reg, slot),
-                            SendOp::RegMr {
+                        let op = match (s.integrity, s.sig) {
+                            (true, Some(sig)) => SendOp::RegMrIntegrity {
+                                key: s.ikey,
+                                iova: s.iova,
+                                access,
+                                sig,
+                                prot: &s.prot[..s.nprot],
+                            },
+                            _ => SendOp::RegMr {
                                 key: s.key,
                                 iova: s.iova,
                                 access,
                             },
-                            &s.pages[..s.npages],
-                        )
+                        };
+                        SendWr::new(encode(WrKind::Reg, slot), op, &s.pages[..s.npages])
                     }
                     Staged::Send(slot) => {
                         let s = &self.slots[usize::from(slot)];
@@ -382,7 +421,7 @@ impl<P: Provider> RdmaQueue<P> {
                         let s = &self.slots[usize::from(slot)];
                         SendWr::new(
                             encode(WrKind::Inv, slot),
-                            SendOp::LocalInv { key: s.key },
+                            SendOp::LocalInv { key: s.io_key() },
                             &[],
                         )
                         .signaled()
@@ -469,6 +508,7 @@ impl<P: Provider> RdmaQueue<P> {
         };
         s.nsge = 1;
         s.npages = 0;
+        s.integrity = false;
         let inline_ok = dir == DataDir::ToCtrl
             && len > 0
             && len <= self.inline
@@ -549,6 +589,153 @@ impl<P: Provider> RdmaQueue<P> {
         Ok(())
     }
 
+    /// [`describe`](Self::describe) of an I/O whose PI the slot's
+    /// integrity MR handles: the caller's data (and, DIX, tuples) as the
+    /// MR's data (and protection) SGEs, the wire's extended blocks as its
+    /// address space, a keyed SGL the target does not invalidate (Linux's
+    /// host uses the same rule), and the signature attributes of `pi`.
+    fn describe_pi(
+        &mut self,
+        slot: u16,
+        cmd: &mut NvmeCmd,
+        data: &SgList,
+        pi: &PiIo,
+    ) -> Result<(), HostError> {
+        let si = usize::from(slot);
+        if self.imrs.is_empty() {
+            return Err(HostError::Unsupported("PI offload not enabled".into()));
+        }
+        if pi.mode == HostPi::Pract {
+            return Err(HostError::Unsupported(
+                "PRACT needs no offload: use rw_pi".into(),
+            ));
+        }
+        let (data_len, pi_len) = (pi.data_len(), pi.pi_len());
+        if data.total_len() < data_len + pi_len {
+            return Err(HostError::Unsupported(
+                "buffers shorter than the data and its tuples".into(),
+            ));
+        }
+        let wire = u32::try_from(pi.wire_len())
+            .map_err(|_| HostError::Unsupported("transfer over 4 GiB".into()))?;
+        let sqe_addr = self.ctrl_mr.addr() + (si * SQE_SIZE) as u64;
+        let ctrl_lkey = self.ctrl_mr.lkey();
+        let mrs = &self.mrs;
+        let s = &mut self.slots[si];
+        if s.mr_valid {
+            return Err(HostError::Protocol("registration key still valid".into()));
+        }
+        s.sges[0] = Sge {
+            addr: sqe_addr,
+            length: SQE_SIZE as u32,
+            lkey: ctrl_lkey,
+        };
+        s.nsge = 1;
+        s.npages = 0;
+        s.nprot = 0;
+        // Bytes [0, data_len) are data, [data_len, data_len + pi_len) tuples.
+        let mut at = 0usize;
+        for b in data.iter() {
+            let (from, to) = (at, at + b.len());
+            at = to;
+            for (lo, hi, prot) in [(0, data_len, false), (data_len, data_len + pi_len, true)] {
+                let (a, z) = (from.max(lo), to.min(hi));
+                if a >= z {
+                    continue;
+                }
+                let (lkey, _) = mrs.keys(b)?;
+                let sge = Sge {
+                    addr: (b.addr() + (a - from)) as u64,
+                    length: (z - a) as u32,
+                    lkey,
+                };
+                if s.npages + s.nprot == MAX_DATA_SEGS {
+                    return Err(HostError::Unsupported(format!(
+                        "more than {MAX_DATA_SEGS} segments with the tuples"
+                    )));
+                }
+                if prot {
+                    s.prot[s.nprot] = sge;
+                    s.nprot += 1;
+                } else {
+                    s.pages[s.npages] = sge;
+                    s.npages += 1;
+                }
+            }
+        }
+        let dif = T10Dif {
+            bg_type: GuardType::Crc,
+            pi_interval: pi.interval(),
+            bg: 0,
+            app_tag: 0,
+            ref_tag: pi.ref_seed(),
+            ref_remap: pi.ref_checked(),
+            app_escape: true,
+            ref_escape: !pi.ref_checked(),
+            apptag_check_mask: 0,
+        };
+        let mut checks = check::GUARD;
+        if pi.ref_checked() {
+            checks |= check::REFTAG;
+        }
+        let (mem, check_mask) = match (pi.mode, pi.write) {
+            // Insert on a write: generated, nothing to check.
+            (HostPi::Insert, true) => (SigDomain::None, 0),
+            (HostPi::Insert, false) => (SigDomain::None, checks),
+            _ => (SigDomain::T10Dif(dif), checks),
+        };
+        s.sig = Some(SigAttrs {
+            check_mask,
+            mem,
+            wire: SigDomain::T10Dif(dif),
+            meta_length: 0,
+        });
+        let iova = s.pages[0].addr;
+        let key = (s.ikey & !0xFF) | (s.ikey.wrapping_add(1) & 0xFF);
+        let sgl = SglDescriptor::keyed(iova, wire, key, false)
+            .map_err(|e| HostError::Unsupported(e.to_string()))?;
+        s.iova = iova;
+        s.ikey = key;
+        s.integrity = true;
+        s.mr_valid = true;
+        s.active = true;
+        s.send_done = false;
+        s.rsp = None;
+        s.inv_posted = false;
+        self.stats.registrations += 1;
+        cmd.set_sgl(&sgl);
+        Ok(())
+    }
+
+    /// The SQE of slot `slot` into its capsule, and its WRs staged.
+    fn stage(&mut self, slot: u16, cmd: &NvmeCmd) -> Result<Queued, HostError> {
+        let si = usize::from(slot);
+        let mut sqe = [0u8; SQE_SIZE];
+        cmd.encode_into(&mut sqe);
+        self.ctrl
+            .copy_in(si * SQE_SIZE, &sqe)
+            .map_err(|e| HostError::Transport(e.to_string()))?;
+        if self.slots[si].npages > 0 {
+            self.staged.push(Staged::Reg(slot));
+        }
+        self.staged.push(Staged::Send(slot));
+        Ok(Queued::Yes)
+    }
+
+    /// Whether slot `slot` can take a command now (`Ok(false)`: busy).
+    fn slot_free(&self, slot: u16) -> Result<bool, HostError> {
+        if let Some(d) = &self.dead {
+            return Err(HostError::Disconnected(d.clone()));
+        }
+        let si = usize::from(slot);
+        if si >= self.slots.len() {
+            return Err(HostError::Protocol(format!("slot {slot} out of range")));
+        }
+        // The previous command of this slot may still wait for its send
+        // completion or invalidation.
+        Ok(!self.slots[si].active)
+    }
+
     fn try_complete(&mut self, slot: u16, done: &mut Vec<(u16, NvmeCompletion)>) {
         let s = &mut self.slots[usize::from(slot)];
         if s.active && s.send_done && !s.mr_valid {
@@ -595,11 +782,28 @@ impl<P: Provider> RdmaQueue<P> {
                 if !s.active || s.rsp.is_some() {
                     return Err(self.fail(format!("unexpected response for cid {:#x}", cpl.cid)));
                 }
+                let mut cpl = cpl;
+                if s.integrity && cpl.status.is_success() {
+                    // The offload's checks, now that the data moved.
+                    let st = self
+                        .imrs
+                        .get(usize::from(slot))
+                        .map(|m| m.check_sig_status());
+                    if let Some(Ok(Some(e))) = st {
+                        cpl.status = match e.kind {
+                            SigErrKind::BadGuard => NvmeStatus::GUARD_CHECK_ERROR,
+                            SigErrKind::BadAppTag => NvmeStatus::APP_TAG_CHECK_ERROR,
+                            SigErrKind::BadRefTag => NvmeStatus::REF_TAG_CHECK_ERROR,
+                        };
+                        self.stats.pi_errors += 1;
+                    }
+                }
+                let s = &mut self.slots[usize::from(slot)];
                 s.rsp = Some(cpl);
                 if s.mr_valid {
                     if wc.flags.contains(WcFlags::WITH_INV) {
-                        if wc.imm != s.key {
-                            let (got, want) = (wc.imm, s.key);
+                        if wc.imm != s.io_key() {
+                            let (got, want) = (wc.imm, s.io_key());
                             return Err(self.fail(format!(
                                 "target invalidated key {got:#x}, expected {want:#x}"
                             )));
@@ -653,29 +857,48 @@ impl<P: Provider> HostQueue for RdmaQueue<P> {
         dir: DataDir,
         data: &SgList,
     ) -> Result<Queued, HostError> {
-        if let Some(d) = &self.dead {
-            return Err(HostError::Disconnected(d.clone()));
-        }
-        let si = usize::from(slot);
-        if si >= self.slots.len() {
-            return Err(HostError::Protocol(format!("slot {slot} out of range")));
-        }
-        if self.slots[si].active {
-            // The previous command of this slot is still waiting for its
-            // send completion or invalidation.
+        if !self.slot_free(slot)? {
             return Ok(Queued::Busy);
         }
         self.describe(slot, cmd, dir, data)?;
-        let mut sqe = [0u8; SQE_SIZE];
-        cmd.encode_into(&mut sqe);
-        self.ctrl
-            .copy_in(si * SQE_SIZE, &sqe)
-            .map_err(|e| HostError::Transport(e.to_string()))?;
-        if self.slots[si].npages > 0 {
-            self.staged.push(Staged::Reg(slot));
+        self.stage(slot, cmd)
+    }
+
+    fn enable_pi_offload(&mut self) -> Result<bool, HostError> {
+        if !self.imrs.is_empty() {
+            return Ok(true);
         }
-        self.staged.push(Staged::Send(slot));
-        Ok(Queued::Yes)
+        if !self.integrity_cap {
+            return Ok(false);
+        }
+        let mut imrs = Vec::with_capacity(self.slots.len());
+        for _ in 0..self.slots.len() {
+            imrs.push(
+                self._pd
+                    .alloc_integrity_mr(MAX_DATA_SEGS as u32)
+                    .map_err(tr("allocate integrity MR"))?,
+            );
+        }
+        for (s, m) in self.slots.iter_mut().zip(&imrs) {
+            s.ikey = m.lkey();
+        }
+        self.imrs = imrs;
+        Ok(true)
+    }
+
+    fn queue_cmd_pi(
+        &mut self,
+        slot: u16,
+        cmd: &mut NvmeCmd,
+        _dir: DataDir,
+        data: &SgList,
+        pi: &PiIo,
+    ) -> Result<Queued, HostError> {
+        if !self.slot_free(slot)? {
+            return Ok(Queued::Busy);
+        }
+        self.describe_pi(slot, cmd, data, pi)?;
+        self.stage(slot, cmd)
     }
 
     fn flush(&mut self) -> Result<(), HostError> {
@@ -749,6 +972,7 @@ impl<P: Provider> HostQueue for RdmaQueue<P> {
             // The QP is dead; its fast-reg key is unusable by the target.
             *s = RSlot {
                 key: s.key,
+                ikey: s.ikey,
                 ..RSlot::default()
             };
         }
