@@ -20,19 +20,9 @@ QD=${QD:-128}
 JSON=${JSON:-}
 cargo build --release -q -p pollux-apps --bin pollux-perf --bin pollux-tgt
 
-WORK=$(mktemp -d /tmp/pollux-bench-iser.XXXXXX)
+source scripts/lib-tgt.sh
+WORK=$TGT_WORK
 NAME="@pollux-bench-iser-$$"
-TGT_PID=
-cleanup() {
-    if [ -n "$TGT_PID" ] && kill -0 "$TGT_PID" 2>/dev/null; then
-        kill -INT "$TGT_PID" 2>/dev/null || true
-        for _ in $(seq 50); do kill -0 "$TGT_PID" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL "$TGT_PID" 2>/dev/null || true
-        wait "$TGT_PID" 2>/dev/null || true
-    fi
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
 
 cat >"$WORK/tgt.toml" <<TOML
 cores = "0"
@@ -51,14 +41,7 @@ luns = [{ lun = 0, bdev = "NullPi0" }, { lun = 1, bdev = "Null0" }]
 queue_depth = $QD
 max_io_bytes = "128k"
 TOML
-target/release/pollux-tgt -c "$WORK/tgt.toml" >"$WORK/tgt.log" 2>&1 &
-TGT_PID=$!
-for _ in $(seq 100); do
-    grep -q 'pollux-tgt: ready' "$WORK/tgt.log" 2>/dev/null && break
-    kill -0 "$TGT_PID" 2>/dev/null || { cat "$WORK/tgt.log" >&2; exit 1; }
-    sleep 0.1
-done
-grep -q 'pollux-tgt: ready' "$WORK/tgt.log" || { echo "bench-iser-pi: pollux-tgt did not start" >&2; exit 1; }
+tgt_start "$WORK/tgt.toml"
 
 R="trtype:iser traddr:$NAME target:iqn.2016-06.io.pollux:disk0"
 for w in randread randwrite; do

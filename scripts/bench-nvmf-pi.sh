@@ -24,19 +24,9 @@ QD=${QD:-128}
 SIZES=${SIZES:-512 1024 2048 4096 8192 16384 32768 65536}
 cargo build --release -q -p pollux-apps --bin pollux-perf --bin pollux-tgt
 
-WORK=$(mktemp -d /tmp/pollux-bench-nvmf-pi.XXXXXX)
+source scripts/lib-tgt.sh
+WORK=$TGT_WORK
 NAME="@pollux-bench-nvmf-pi-$$"
-TGT_PID=
-cleanup() {
-    if [ -n "$TGT_PID" ] && kill -0 "$TGT_PID" 2>/dev/null; then
-        kill -INT "$TGT_PID" 2>/dev/null || true
-        for _ in $(seq 50); do kill -0 "$TGT_PID" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL "$TGT_PID" 2>/dev/null || true
-        wait "$TGT_PID" 2>/dev/null || true
-    fi
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
 
 cat >"$WORK/tgt.toml" <<TOML
 cores = "0"
@@ -62,14 +52,7 @@ namespaces = [{ bdev = "Null0", nsid = 1 }]
 [[listener]]
 traddr = "$NAME"
 TOML
-target/release/pollux-tgt -c "$WORK/tgt.toml" >"$WORK/tgt.log" 2>&1 &
-TGT_PID=$!
-for _ in $(seq 100); do
-    grep -q 'pollux-tgt: ready' "$WORK/tgt.log" 2>/dev/null && break
-    kill -0 "$TGT_PID" 2>/dev/null || { cat "$WORK/tgt.log" >&2; exit 1; }
-    sleep 0.1
-done
-grep -q 'pollux-tgt: ready' "$WORK/tgt.log" || { echo "bench-nvmf-pi: pollux-tgt did not start" >&2; exit 1; }
+tgt_start "$WORK/tgt.toml"
 
 : >"$WORK/cells.jsonl"
 for w in randread randwrite; do

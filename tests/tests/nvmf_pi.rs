@@ -165,10 +165,22 @@ fn io<Q: HostQueue>(
     data: &[u8],
     pi: RwPi,
 ) -> (Result<(), NvmeStatus>, Vec<u8>) {
+    submit_wait(r, qp, data, |qp, b| {
+        qp.rw_pi(write, nsid, slba, nlb, b, &pi, 1).unwrap();
+    })
+}
+
+/// Submit one command over a copy of `data` with `submit` and wait for
+/// it: its status and the buffer's bytes afterwards.
+fn submit_wait<Q: HostQueue>(
+    r: &Reactor,
+    qp: &mut Qpair<Q>,
+    data: &[u8],
+    submit: impl FnOnce(&mut Qpair<Q>, SgList),
+) -> (Result<(), NvmeStatus>, Vec<u8>) {
     let mut b = DmaBuf::alloc(data.len()).unwrap();
     b.as_mut_slice().copy_from_slice(data);
-    qp.rw_pi(write, nsid, slba, nlb, SgList::from_buf(b), &pi, 1)
-        .unwrap();
+    submit(qp, SgList::from_buf(b));
     let c = run_one(r, qp);
     let mut got = vec![0u8; data.len()];
     c.data.copy_to_slice(&mut got);
@@ -281,17 +293,15 @@ fn pi_over<T: HostTransport>(r: &Reactor, t: &T) {
             pi(CHECK_ALL, slba, 0x0042),
         );
         assert_eq!(res, Ok(()), "write {nlb} at {slba}");
-        let (res, got) = io(
+        let got = read_ok(
             r,
             &mut qp,
-            false,
             NS_T1,
             slba,
             nlb as u32,
-            &vec![0; w.len()],
+            w.len(),
             pi(CHECK_ALL, slba, 0x0042),
         );
-        assert_eq!(res, Ok(()));
         assert!(got == w, "{nlb} blocks at {slba} round trip");
     }
 
@@ -313,17 +323,7 @@ fn pi_over<T: HostTransport>(r: &Reactor, t: &T) {
         pi(pract, slba, 0x0007),
     );
     assert_eq!(res, Ok(()));
-    let (res, got) = io(
-        r,
-        &mut qp,
-        false,
-        NS_T1,
-        slba,
-        16,
-        &vec![0; data.len()],
-        pi(pract, slba, 0),
-    );
-    assert_eq!(res, Ok(()));
+    let got = read_ok(r, &mut qp, NS_T1, slba, 16, data.len(), pi(pract, slba, 0));
     let diff = got.iter().zip(&data).position(|(a, b)| a != b);
     assert!(
         got == data,
@@ -331,17 +331,15 @@ fn pi_over<T: HostTransport>(r: &Reactor, t: &T) {
         &got[diff.unwrap_or(0)..][..8],
         &data[diff.unwrap_or(0)..][..8]
     );
-    let (res, got) = io(
+    let got = read_ok(
         r,
         &mut qp,
-        false,
         NS_T1,
         slba,
         16,
-        &vec![0; w.len()],
+        w.len(),
         pi(CHECK_ALL, slba, 0x0007),
     );
-    assert_eq!(res, Ok(()));
     assert!(
         got == w,
         "the target's tuples: guard, app tag 7, ref tag = LBA"
@@ -353,17 +351,7 @@ fn pi_over<T: HostTransport>(r: &Reactor, t: &T) {
         io(r, &mut qp, true, NS_T1, 320, 1, &d1, pi(pract, 320, 0)).0,
         Ok(())
     );
-    let (res, got) = io(
-        r,
-        &mut qp,
-        false,
-        NS_T1,
-        320,
-        1,
-        &[0; 520],
-        pi(CHECK_ALL, 320, 0),
-    );
-    assert_eq!(res, Ok(()));
+    let got = read_ok(r, &mut qp, NS_T1, 320, 1, 520, pi(CHECK_ALL, 320, 0));
     assert!(got == w1, "in-capsule PRACT write");
 
     // Bad fields on a write: refused with their status before the medium.
@@ -382,17 +370,15 @@ fn pi_over<T: HostTransport>(r: &Reactor, t: &T) {
         bad[byte] ^= 0x20;
         let (res, _) = io(r, &mut qp, true, NS_T1, slba, 16, &bad, pi(p, slba, 0x0007));
         assert_eq!(res, Err(status), "byte {byte}");
-        let (res, got) = io(
+        let got = read_ok(
             r,
             &mut qp,
-            false,
             NS_T1,
             slba,
             16,
-            &vec![0; old.len()],
+            old.len(),
             pi(CHECK_ALL, slba, 0x0007),
         );
-        assert_eq!(res, Ok(()));
         assert!(got == old, "byte {byte}: the medium kept the old blocks");
     }
     // A Type 1 reference tag check whose initial tag is not the LBA.
@@ -437,8 +423,7 @@ fn pi_over<T: HostTransport>(r: &Reactor, t: &T) {
         .0,
         Err(NvmeStatus::GUARD_CHECK_ERROR)
     );
-    let (res, got) = io(r, &mut qp, false, NS_T1, 500, 2, &[0; 1040], pi(0, 500, 0));
-    assert_eq!(res, Ok(()));
+    let got = read_ok(r, &mut qp, NS_T1, 500, 2, 1040, pi(0, 500, 0));
     assert!(got == stored);
 
     // Type 3: the reference tag is opaque (never checked); PRACT writes
@@ -460,17 +445,7 @@ fn pi_over<T: HostTransport>(r: &Reactor, t: &T) {
         .0,
         Ok(())
     );
-    let (res, got) = io(
-        r,
-        &mut qp,
-        false,
-        NS_T3,
-        40,
-        4,
-        &vec![0; w3.len()],
-        pi(CHECK_ALL, 40, 0),
-    );
-    assert_eq!(res, Ok(()));
+    let got = read_ok(r, &mut qp, NS_T3, 40, 4, w3.len(), pi(CHECK_ALL, 40, 0));
     assert!(got == w3_odd_ref);
     let d3 = data_of(&w3, 512, 8);
     let t3 = RwPi {
@@ -529,17 +504,7 @@ fn pi_over<T: HostTransport>(r: &Reactor, t: &T) {
         .0,
         Ok(())
     );
-    let (res, got) = io(
-        r,
-        &mut qp,
-        false,
-        NS_T1_MD16,
-        8,
-        2,
-        &vec![0; w16.len()],
-        pi(CHECK_ALL, 8, 0),
-    );
-    assert_eq!(res, Ok(()));
+    let got = read_ok(r, &mut qp, NS_T1_MD16, 8, 2, w16.len(), pi(CHECK_ALL, 8, 0));
     assert!(
         got == w16,
         "PRACT regenerated the 16-byte metadata's tuples"
@@ -556,17 +521,7 @@ fn pi_over<T: HostTransport>(r: &Reactor, t: &T) {
         io(r, &mut qp, true, NS_T2, 60, 4, &w2, t2(CHECK_ALL)).0,
         Ok(())
     );
-    let (res, got) = io(
-        r,
-        &mut qp,
-        false,
-        NS_T2,
-        60,
-        4,
-        &vec![0; w2.len()],
-        t2(CHECK_ALL),
-    );
-    assert_eq!(res, Ok(()));
+    let got = read_ok(r, &mut qp, NS_T2, 60, 4, w2.len(), t2(CHECK_ALL));
     assert!(got == w2);
     let other = RwPi {
         ilbrt: 60,
@@ -615,17 +570,7 @@ fn pi_over<T: HostTransport>(r: &Reactor, t: &T) {
         io(r, &mut qp, true, NS_MD, 0, 4, &m, pi(CHECK_ALL, 0, 0)).0,
         Ok(())
     );
-    let (res, got) = io(
-        r,
-        &mut qp,
-        false,
-        NS_MD,
-        0,
-        4,
-        &vec![0; m.len()],
-        pi(CHECK_ALL, 0, 0),
-    );
-    assert_eq!(res, Ok(()));
+    let got = read_ok(r, &mut qp, NS_MD, 0, 4, m.len(), pi(CHECK_ALL, 0, 0));
     assert!(got == m);
 
     // Write Zeroes leaves zeroed blocks with valid tuples (guard of zeroes,
@@ -633,29 +578,9 @@ fn pi_over<T: HostTransport>(r: &Reactor, t: &T) {
     // deallocation is advisory and leaves the blocks as they are.
     qp.write_zeroes(NS_T1, 700, 4, 2).unwrap();
     assert!(run_one(r, &mut qp).result.is_ok());
-    let (res, got) = io(
-        r,
-        &mut qp,
-        false,
-        NS_T1,
-        700,
-        4,
-        &[1; 2048],
-        pi(pract, 700, 0),
-    );
-    assert_eq!(res, Ok(()));
+    let got = read_ok(r, &mut qp, NS_T1, 700, 4, 2048, pi(pract, 700, 0));
     assert!(got.iter().all(|b| *b == 0));
-    let (res, got) = io(
-        r,
-        &mut qp,
-        false,
-        NS_T1,
-        700,
-        4,
-        &[1; 2080],
-        pi(CHECK_ALL, 700, 0),
-    );
-    assert_eq!(res, Ok(()));
+    let got = read_ok(r, &mut qp, NS_T1, 700, 4, 2080, pi(CHECK_ALL, 700, 0));
     for b in 0..4 {
         let tuple = [0, 0, 0, 0, 0, 0, 2, (700 + b - 512) as u8];
         assert_eq!(&got[b * 520 + 512..b * 520 + 520], &tuple, "block {b}");
@@ -663,17 +588,15 @@ fn pi_over<T: HostTransport>(r: &Reactor, t: &T) {
     let range = SgList::from_buf(DmaBuf::alloc(16).unwrap());
     qp.deallocate(NS_T1, slba, 16, range, 3).unwrap();
     assert!(run_one(r, &mut qp).result.is_ok());
-    let (res, got) = io(
+    let got = read_ok(
         r,
         &mut qp,
-        false,
         NS_T1,
         slba,
         16,
-        &vec![0; old.len()],
+        old.len(),
         pi(CHECK_ALL, slba, 0x0007),
     );
-    assert_eq!(res, Ok(()));
     assert!(got == old);
 
     drop(qp);
@@ -749,19 +672,9 @@ fn pi_through_the_hosts_signature_offload() {
             .unwrap();
         let fmt = PiNs::of(&ns1).unwrap();
         let run = |qp: &mut Qpair<_>, io: PiIo, mem: &[u8]| {
-            let mut b = DmaBuf::alloc(mem.len()).unwrap();
-            b.as_mut_slice().copy_from_slice(mem);
-            qp.rw_pi_offload(NS_T1, &io, SgList::from_buf(b), 9)
-                .unwrap();
-            let c = run_one(r, qp);
-            let mut got = vec![0u8; mem.len()];
-            c.data.copy_to_slice(&mut got);
-            let res = match c.result {
-                Ok(_) => Ok(()),
-                Err(IoError::Nvme(s)) => Err(s),
-                Err(e) => panic!("{e}"),
-            };
-            (res, got)
+            submit_wait(r, qp, mem, |qp, b| {
+                qp.rw_pi_offload(NS_T1, &io, b, 9).unwrap();
+            })
         };
         let pio = |mode, slba, nlb, write, target_checks| PiIo {
             mode,
@@ -862,4 +775,24 @@ fn io_plain<Q: HostQueue>(
     len: usize,
 ) -> (Result<(), NvmeStatus>, Vec<u8>) {
     io(r, qp, false, nsid, slba, nlb, &vec![0; len], pi(0, slba, 0))
+}
+
+/// A Read with `pi` into `len` bytes of 0xA5 (so that data which did not
+/// arrive shows) that must succeed; its data.
+fn read_ok<Q: HostQueue>(
+    r: &Reactor,
+    qp: &mut Qpair<Q>,
+    nsid: u32,
+    slba: u64,
+    nlb: u32,
+    len: usize,
+    pi: RwPi,
+) -> Vec<u8> {
+    let (res, got) = io(r, qp, false, nsid, slba, nlb, &vec![0xA5; len], pi);
+    assert_eq!(
+        res,
+        Ok(()),
+        "read of {nlb} blocks at {slba} of namespace {nsid}"
+    );
+    got
 }

@@ -84,6 +84,14 @@ struct RSlot {
 }
 
 impl RSlot {
+    /// A described command: waiting for its send completion and response.
+    fn arm(&mut self) {
+        self.active = true;
+        self.send_done = false;
+        self.rsp = None;
+        self.inv_posted = false;
+    }
+
     /// The key registered for the current I/O.
     fn io_key(&self) -> u32 {
         if self.integrity {
@@ -495,17 +503,12 @@ impl<P: Provider> RdmaQueue<P> {
         let nseg = data.len();
         let len = u32::try_from(data.total_len())
             .map_err(|_| HostError::Unsupported("transfer over 4 GiB".into()))?;
-        let sqe_addr = self.ctrl_mr.addr() + (si * SQE_SIZE) as u64;
-        let ctrl_lkey = self.ctrl_mr.lkey();
+        let capsule = self.capsule_sge(si);
         // Built in place (the slot is ~600 bytes: no copy in and out); it
         // becomes active only at the end, so an error leaves it unused.
         let mrs = &self.mrs;
         let s = &mut self.slots[si];
-        s.sges[0] = Sge {
-            addr: sqe_addr,
-            length: SQE_SIZE as u32,
-            lkey: ctrl_lkey,
-        };
+        s.sges[0] = capsule;
         s.nsge = 1;
         s.npages = 0;
         s.integrity = false;
@@ -582,11 +585,17 @@ impl<P: Provider> RdmaQueue<P> {
                 }
             }
         }
-        s.active = true;
-        s.send_done = false;
-        s.rsp = None;
-        s.inv_posted = false;
+        s.arm();
         Ok(())
+    }
+
+    /// The SGE of slot `si`'s command capsule.
+    fn capsule_sge(&self, si: usize) -> Sge {
+        Sge {
+            addr: self.ctrl_mr.addr() + (si * SQE_SIZE) as u64,
+            length: SQE_SIZE as u32,
+            lkey: self.ctrl_mr.lkey(),
+        }
     }
 
     /// [`describe`](Self::describe) of an I/O whose PI the slot's
@@ -618,18 +627,13 @@ impl<P: Provider> RdmaQueue<P> {
         }
         let wire = u32::try_from(pi.wire_len())
             .map_err(|_| HostError::Unsupported("transfer over 4 GiB".into()))?;
-        let sqe_addr = self.ctrl_mr.addr() + (si * SQE_SIZE) as u64;
-        let ctrl_lkey = self.ctrl_mr.lkey();
+        let capsule = self.capsule_sge(si);
         let mrs = &self.mrs;
         let s = &mut self.slots[si];
         if s.mr_valid {
             return Err(HostError::Protocol("registration key still valid".into()));
         }
-        s.sges[0] = Sge {
-            addr: sqe_addr,
-            length: SQE_SIZE as u32,
-            lkey: ctrl_lkey,
-        };
+        s.sges[0] = capsule;
         s.nsge = 1;
         s.npages = 0;
         s.nprot = 0;
@@ -698,10 +702,7 @@ impl<P: Provider> RdmaQueue<P> {
         s.ikey = key;
         s.integrity = true;
         s.mr_valid = true;
-        s.active = true;
-        s.send_done = false;
-        s.rsp = None;
-        s.inv_posted = false;
+        s.arm();
         self.stats.registrations += 1;
         cmd.set_sgl(&sgl);
         Ok(())
