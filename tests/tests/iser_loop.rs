@@ -36,7 +36,7 @@ fn discovery_then_login_luns_and_io() {
     // Normal session: LUN discovery and I/O of 512 B .. 64 KiB.
     let mut ini = fx.connect(fx.opts());
     assert!(ini.remote_invalidation());
-    assert_eq!(fx.discover_luns(&mut ini), vec![0, 1, 2]);
+    assert_eq!(fx.discover_luns(&mut ini), vec![0, 1, 2, 3]);
     assert!(!ini.geometry(0).unwrap().prot_en);
     assert!(ini.geometry(1).unwrap().prot_en);
     let mut lba = 0;

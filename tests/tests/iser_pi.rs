@@ -1,6 +1,7 @@
 //! T10 PI between our iSER initiator and our iSER target over the soft
 //! verbs provider: insert/strip and DIX (PI in host memory), with the
-//! provider's signature offload and in software, Types 1 and 3; corruption
+//! provider's signature offload and in software, Types 1, 2 (READ(32)/
+//! WRITE(32)) and 3; corruption
 //! of data, guard, application and reference tags in memory and on the
 //! wire found with the right status and LBA by the initiator and by the
 //! target (and its bdev layer), nothing leaked afterwards.
@@ -194,10 +195,10 @@ fn corrupted_stored_pi_is_caught_by_the_bdev_layer_with_the_right_sense() {
 /// Data followed by its DIX tuples (Type `ty` of `lun`'s format, app tag
 /// `app`), the data in `data_parts` buffers and the tuples in one more.
 fn dix_bufs(data: &[u8], lba: u64, ty: u8, app: u16, data_parts: usize) -> (SgList, Vec<u8>) {
-    let pty = if ty == 3 {
-        PiType::Type3
-    } else {
-        PiType::Type1
+    let pty = match ty {
+        3 => PiType::Type3,
+        2 => PiType::Type2,
+        _ => PiType::Type1,
     };
     let seed = if ty == 3 { 0 } else { lba as u32 };
     let p = PiParams::for_type(pty, 512, seed, app);
@@ -271,7 +272,7 @@ fn dix_round_trip(software: bool) {
     let mut ini = fx.connect(dix_opts(&fx, software));
     assert_eq!(ini.pi_offload(), !software);
     fx.discover_luns(&mut ini);
-    for (lun, ty) in [(1u16, 1u8), (2, 3)] {
+    for (lun, ty) in [(1u16, 1u8), (2, 3), (3, 2)] {
         for (i, len) in [512usize, 4096, 65536].into_iter().enumerate() {
             let lba = 1000 + 200 * i as u64;
             let data = pattern(90 + i as u8, len);
@@ -485,5 +486,99 @@ fn dix_buffers_without_room_for_the_tuples_are_refused_and_returned() {
         .unwrap_err();
     assert!(matches!(e, SubmitError::Invalid(..)), "{e}");
     assert_eq!(e.into_bufs().unwrap().total_len(), 4096);
+    logout(&fx, ini);
+}
+
+/// PI Type 2 over iSCSI: the initiator sends READ(32)/WRITE(32) (bytes
+/// 16.. in an extended CDB AHS) whose EXPECTED INITIAL LOGICAL BLOCK
+/// REFERENCE TAG seeds the tags, the target checks against it; the 16-byte
+/// forms cannot carry Type 2 PI and READ(32) is for Type 2 LUs only (both
+/// INVALID COMMAND OPERATION CODE); the application tag is checked under
+/// the command's mask.
+#[test]
+fn pi_type2_through_32_byte_cdbs() {
+    use pollux_iser::scsi::cdb::{rw32_cdb, PiTags};
+    let fx = fixture();
+    let mut o = fx.opts();
+    o.pi = PiPolicy::Both;
+    let mut ini = fx.connect(o);
+    fx.discover_luns(&mut ini);
+    assert_eq!(ini.geometry(3).unwrap().pi_type, 2);
+    // Insert and strip through READ(32)/WRITE(32).
+    let data = pattern(21, 8 * 512);
+    let w = fx.write(&mut ini, 3, 40, &data);
+    assert!(w.is_good(), "{:?} {:?}", w.sense, w.pi_error);
+    let r = fx.read(&mut ini, 3, 40, data.len());
+    assert!(r.is_good(), "{:?} {:?}", r.sense, r.pi_error);
+    assert_eq!(r.bufs.unwrap().pop().unwrap().as_slice(), &data[..]);
+    let raw =
+        |ini: &mut IserInitiator<Soft>, lun: u16, cdb: &[u8], write: Option<&[u8]>, len: usize| {
+            let mut b = DmaBuf::alloc(len.max(1)).unwrap();
+            let dir = match write {
+                Some(d) => {
+                    b.as_mut_slice()[..d.len()].copy_from_slice(d);
+                    DataDir::Write
+                }
+                None => DataDir::Read,
+            };
+            ini.submit(lun, cdb, dir, Some(SgList::from_buf(b)), len, 6)
+                .unwrap();
+            fx.wait(ini, 1).pop().unwrap()
+        };
+    // Blocks whose reference tags start at 0x1000 (WRPROTECT 011b: the
+    // target takes them unchecked).
+    let p = PiParams::for_type(PiType::Type2, 512, 0x1000, 0x00AB);
+    let mut wire = Vec::new();
+    for i in 0..4u64 {
+        let d = pattern(i as u8, 512);
+        wire.extend_from_slice(&d);
+        wire.extend_from_slice(&p.tuple_for(i, &d).encode());
+    }
+    let t = |ref_tag, app_mask| PiTags {
+        ref_tag,
+        app_tag: 0x00AB,
+        app_mask,
+    };
+    let w = raw(
+        &mut ini,
+        3,
+        &rw32_cdb(true, 100, 4, 3, t(0x1000, 0)),
+        Some(&wire),
+        wire.len(),
+    );
+    assert!(w.is_good(), "{:?}", w.sense);
+    // Read back checked against the same seed: good, tuples as written.
+    let r = raw(
+        &mut ini,
+        3,
+        &rw32_cdb(false, 100, 4, 1, t(0x1000, 0xFFFF)),
+        None,
+        wire.len(),
+    );
+    assert!(r.is_good(), "{:?}", r.sense);
+    assert_eq!(r.bufs.unwrap().pop().unwrap().as_slice(), &wire[..]);
+    // The initiator seeds with the LBA: the target finds the ref tag wrong.
+    let r = fx.read(&mut ini, 3, 100, 4 * 512);
+    assert_eq!(r.sense_code(), Some((0xB, 0x10, 0x03)), "{:?}", r.sense);
+    assert_eq!(r.sense.unwrap().info, Some(100));
+    // A wrong expected application tag under the mask: 10/02.
+    let bad_app = PiTags {
+        app_tag: 0x00AC,
+        ..t(0x1000, 0xFFFF)
+    };
+    let r = raw(
+        &mut ini,
+        3,
+        &rw32_cdb(false, 100, 4, 1, bad_app),
+        None,
+        wire.len(),
+    );
+    assert_eq!(r.sense_code(), Some((0xB, 0x10, 0x02)), "{:?}", r.sense);
+    // READ(16) with RDPROTECT on a Type 2 LU, READ(32) on a Type 1 LU:
+    // INVALID COMMAND OPERATION CODE.
+    let r = raw(&mut ini, 3, &rw16_cdb(false, 100, 1, 1), None, 520);
+    assert_eq!(r.sense_code(), Some((0x5, 0x20, 0x00)), "{:?}", r.sense);
+    let r = raw(&mut ini, 1, &rw32_cdb(false, 0, 1, 1, t(0, 0)), None, 520);
+    assert_eq!(r.sense_code(), Some((0x5, 0x20, 0x00)), "{:?}", r.sense);
     logout(&fx, ini);
 }

@@ -39,8 +39,8 @@ impl Deref for Fx {
     }
 }
 
-/// LUN 0 plain, LUN 1 Type 1 PI, LUN 2 Type 3 PI (512-byte blocks, 8
-/// bytes of interleaved metadata), on one reactor.
+/// LUN 0 plain, LUN 1 Type 1 PI, LUN 2 Type 3 PI, LUN 3 Type 2 PI
+/// (512-byte blocks, 8 bytes of interleaved metadata), on one reactor.
 pub fn fixture() -> Fx {
     let reg = BdevRegistry::new();
     let plain = reg.create("malloc:size=4M,block=512").unwrap();
@@ -50,8 +50,16 @@ pub fn fixture() -> Fx {
     let pi3 = reg
         .create("malloc:size=4M,block=512,md=8,md_interleave=true,pi=3")
         .unwrap();
+    let pi2 = reg
+        .create("malloc:size=4M,block=512,md=8,md_interleave=true,pi=2")
+        .unwrap();
     let addr = unique_addr("pollux-iser-test");
-    let target = iscsi_target(TGT, &addr, vec![(0, plain), (1, pi.clone()), (2, pi3)], 64);
+    let target = iscsi_target(
+        TGT,
+        &addr,
+        vec![(0, plain), (1, pi.clone()), (2, pi3), (3, pi2)],
+        64,
+    );
     let c = Cluster::start(1, target, addr, IserOptions::for_tests());
     let pg = Rc::clone(&c.pgs[0]);
     Fx { c, pg, pi_bdev: pi }

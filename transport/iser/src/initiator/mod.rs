@@ -26,7 +26,8 @@
 //!   asks the target not to invalidate. Writes send up to FirstBurstLength
 //!   (8 KiB at most) as immediate data; the rest is RDMA-READ by the
 //!   target. The CmdSN window is honoured (`SubmitError::Busy`).
-//! - T10 PI ([`PiPolicy`]), Types 1 and 3: with signature offload one
+//! - T10 PI ([`PiPolicy`]), Types 1-3 (Type 2 in READ(32)/WRITE(32), the
+//!   CDB's bytes 16.. in an extended CDB AHS): with signature offload one
 //!   integrity MR per task, wire domain T10 DIF and memory domain none
 //!   (insert: the provider generates on write and checks + strips on read)
 //!   or DIX ([`PiPolicy::Dix`]: the caller's tuples follow the data in its

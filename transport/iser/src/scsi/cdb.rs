@@ -48,6 +48,8 @@ pub mod op {
     pub const PR_OUT: u8 = 0x5F;
     /// READ(16).
     pub const READ_16: u8 = 0x88;
+    /// VARIABLE LENGTH CDB (READ(32), WRITE(32)).
+    pub const VARIABLE_LENGTH: u8 = 0x7F;
     /// COMPARE AND WRITE.
     pub const COMPARE_AND_WRITE: u8 = 0x89;
     /// WRITE(16).
@@ -79,6 +81,10 @@ pub mod op {
 
 /// Service actions.
 pub mod sa {
+    /// READ(32) (VARIABLE LENGTH CDB).
+    pub const READ_32: u16 = 0x0009;
+    /// WRITE(32) (VARIABLE LENGTH CDB).
+    pub const WRITE_32: u16 = 0x000B;
     /// READ CAPACITY(16) (SERVICE ACTION IN(16)).
     pub const READ_CAPACITY_16: u16 = 0x10;
     /// GET LBA STATUS (SERVICE ACTION IN(16)).
@@ -231,10 +237,83 @@ pub struct Rw {
     pub lba: u64,
     /// Blocks.
     pub blocks: u32,
-    /// RDPROTECT / WRPROTECT (byte 1 bits 5-7).
+    /// RDPROTECT / WRPROTECT (byte 1 bits 5-7; byte 10 of the 32-byte
+    /// forms).
     pub protect: u8,
     /// FUA.
     pub fua: bool,
+    /// The 32-byte forms' PI fields (PI Type 2), `None` for the others.
+    pub tags: Option<PiTags>,
+}
+
+/// The PI fields of READ(32) and WRITE(32): the expected initial logical
+/// block reference tag, and the (expected) logical block application tag
+/// with its mask.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PiTags {
+    /// EXPECTED INITIAL LOGICAL BLOCK REFERENCE TAG (bytes 20-23).
+    pub ref_tag: u32,
+    /// (EXPECTED) LOGICAL BLOCK APPLICATION TAG (bytes 24-25).
+    pub app_tag: u16,
+    /// LOGICAL BLOCK APPLICATION TAG MASK (bytes 26-27).
+    pub app_mask: u16,
+}
+
+/// The 32-byte READ(32) / WRITE(32): VARIABLE LENGTH CDB (7Fh),
+/// ADDITIONAL CDB LENGTH 18h, service action 0009h / 000Bh at bytes 8-9,
+/// PROTECT, DPO and FUA at byte 10, the LBA at 12-19, the tags at 20-27,
+/// the transfer length at 28-31.
+pub fn rw32_cdb(write: bool, lba: u64, blocks: u32, protect: u8, tags: PiTags) -> [u8; 32] {
+    let mut c = [0u8; 32];
+    c[0] = op::VARIABLE_LENGTH;
+    c[7] = 0x18;
+    let sa = if write { sa::WRITE_32 } else { sa::READ_32 };
+    c[8..10].copy_from_slice(&sa.to_be_bytes());
+    c[10] = (protect & 7) << 5;
+    c[12..20].copy_from_slice(&lba.to_be_bytes());
+    c[20..24].copy_from_slice(&tags.ref_tag.to_be_bytes());
+    c[24..26].copy_from_slice(&tags.app_tag.to_be_bytes());
+    c[26..28].copy_from_slice(&tags.app_mask.to_be_bytes());
+    c[28..32].copy_from_slice(&blocks.to_be_bytes());
+    c
+}
+
+/// Decode a VARIABLE LENGTH CDB (only READ(32) and WRITE(32)).
+fn parse_variable(cdb: &[u8]) -> Result<Cdb, Sense> {
+    let mut b = [0u8; 32];
+    let n = cdb.len().min(32);
+    b[..n].copy_from_slice(&cdb[..n]);
+    let bad = |byte: u16| Sense::INVALID_FIELD_IN_CDB.at_cdb(byte, None);
+    if b[1] & 0x05 != 0 {
+        // Control byte: NACA/link are not supported.
+        return Err(bad(1));
+    }
+    if b[7] != 0x18 || n < 32 {
+        return Err(bad(7));
+    }
+    let sa = u16::from_be_bytes([b[8], b[9]]);
+    if sa != sa::READ_32 && sa != sa::WRITE_32 {
+        return Err(Sense::INVALID_FIELD_IN_CDB.at_cdb(8, None));
+    }
+    if b[10] & 0x07 != 0 {
+        return Err(bad(10));
+    }
+    let rw = Rw {
+        lba: be64(&b, 12),
+        blocks: be32(&b, 28),
+        protect: b[10] >> 5,
+        fua: b[10] & 0x08 != 0,
+        tags: Some(PiTags {
+            ref_tag: be32(&b, 20),
+            app_tag: be16(&b, 24) as u16,
+            app_mask: be16(&b, 26) as u16,
+        }),
+    };
+    Ok(if sa == sa::READ_32 {
+        Cdb::Read(rw)
+    } else {
+        Cdb::Write(rw)
+    })
 }
 
 fn be16(b: &[u8], o: usize) -> u32 {
@@ -274,17 +353,22 @@ fn rw_fields(b: &[u8; 16], opcode: u8) -> Rw {
         blocks,
         protect: b[1] >> 5,
         fua: b[1] & 0x08 != 0,
+        tags: None,
     }
 }
 
 impl Cdb {
-    /// Decode `cdb` (at least 16 bytes as carried in the BHS; shorter
-    /// slices are treated as zero-padded).
+    /// Decode `cdb` (at least 16 bytes as carried in the BHS, 32 for the
+    /// variable-length READ(32)/WRITE(32) whose bytes 16.. come in the
+    /// extended CDB AHS; shorter slices are treated as zero-padded).
     ///
     /// # Errors
     /// ILLEGAL REQUEST 20/00 for an unsupported opcode or service action,
     /// 24/00 (with the field pointer) for a reserved or unsupported field.
     pub fn parse(cdb: &[u8]) -> Result<Cdb, Sense> {
+        if cdb.first() == Some(&op::VARIABLE_LENGTH) {
+            return parse_variable(cdb);
+        }
         let mut b = [0u8; 16];
         let n = cdb.len().min(16);
         b[..n].copy_from_slice(&cdb[..n]);
@@ -364,6 +448,7 @@ impl Cdb {
                     blocks: if b[4] == 0 { 256 } else { u32::from(b[4]) },
                     protect: 0,
                     fua: false,
+                    tags: None,
                 };
                 if opcode == op::READ_6 {
                     Cdb::Read(rw)
@@ -421,6 +506,7 @@ impl Cdb {
                         blocks: u32::from(b[13]),
                         protect: b[1] >> 5,
                         fua: b[1] & 0x08 != 0,
+                        tags: None,
                     },
                 }
             }
@@ -550,7 +636,8 @@ mod tests {
                 lba: 256,
                 blocks: 8,
                 protect: 1,
-                fua: false
+                fua: false,
+                tags: None
             }))
         );
         let mut w16 = [0u8; 16];
@@ -564,9 +651,27 @@ mod tests {
                 lba: 1 << 32,
                 blocks: 16,
                 protect: 0,
-                fua: true
+                fua: true,
+                tags: None
             }))
         );
+        let tags = PiTags {
+            ref_tag: 0xC0FF_EE00,
+            app_tag: 0x1234,
+            app_mask: 0xFF00,
+        };
+        let r32 = rw32_cdb(false, 77, 9, 1, tags);
+        assert_eq!(
+            c(&r32),
+            Ok(Cdb::Read(Rw {
+                lba: 77,
+                blocks: 9,
+                protect: 1,
+                fua: false,
+                tags: Some(tags)
+            }))
+        );
+        assert!(matches!(c(&rw32_cdb(true, 1, 1, 3, tags)), Ok(Cdb::Write(w)) if w.protect == 3));
         let mut rc16 = [0u8; 16];
         rc16[0] = 0x9E;
         rc16[1] = 0x10;
@@ -589,7 +694,13 @@ mod tests {
     fn errors_have_the_right_sense() {
         let c = |b: &[u8]| Cdb::parse(b).map_err(|s| s.code());
         assert_eq!(c(&[0xC0; 16]), Err((5, 0x20, 0)), "vendor group");
-        assert_eq!(c(&[0x7F; 16]), Err((5, 0x20, 0)), "variable length");
+        assert_eq!(c(&[0x7F; 16]), Err((5, 0x24, 0)), "variable length, bad");
+        let mut v = [0u8; 32];
+        v[0] = 0x7F;
+        v[7] = 0x18;
+        v[9] = 0x0A; // VERIFY(32): not supported
+        assert_eq!(c(&v), Err((5, 0x24, 0)), "other service action");
+        assert_eq!(c(&v[..16]), Err((5, 0x24, 0)), "no extended CDB");
         assert_eq!(c(&[0x04, 0, 0, 0, 0, 0]), Err((5, 0x20, 0)), "FORMAT UNIT");
         assert_eq!(
             c(&[0x12, 0, 0x80, 0, 36, 0]),

@@ -46,11 +46,12 @@ const OUI: u32 = 0x00_1A_2B;
 
 impl DiskInfo {
     /// The description of `bdev` with `max_io_bytes` per command.
-    /// PI is advertised only when the bdev has Type 1 or 3 PI in 8
-    /// interleaved metadata bytes (Type 2 needs 32-byte CDBs).
+    /// PI is advertised when the bdev has Type 1, 2 or 3 PI in 8
+    /// interleaved metadata bytes (Type 2 through READ(32)/WRITE(32)).
     pub fn from_bdev(info: &BdevInfo, writable: bool, unmap: bool, max_io_bytes: u32) -> DiskInfo {
         let pi_type = match info.pi_type() {
             PiType::Type1 if info.md_interleave() && info.md_size() == 8 => 1,
+            PiType::Type2 if info.md_interleave() && info.md_size() == 8 => 2,
             PiType::Type3 if info.md_interleave() && info.md_size() == 8 => 3,
             _ => 0,
         };
@@ -184,6 +185,8 @@ pub struct BlockIo {
     pub blocks: u64,
     /// PI handling (reads and writes).
     pub pi: PiMode,
+    /// READ(32)/WRITE(32)'s reference and application tags (PI Type 2).
+    pub tags: Option<crate::scsi::PiTags>,
 }
 
 impl BlockIo {
@@ -363,6 +366,7 @@ impl Disk {
             lba: rw.lba,
             blocks: u64::from(rw.blocks),
             pi,
+            tags: None,
         }))
     }
 
@@ -405,6 +409,13 @@ impl Disk {
         if write && !self.info.writable {
             return Err(Sense::WRITE_PROTECTED);
         }
+        // READ(32)/WRITE(32) exist for PI Type 2, whose PI the 10-, 12-
+        // and 16-byte forms cannot name (SBC: INVALID COMMAND OPERATION
+        // CODE for either mismatch).
+        let type2 = self.info.pi_type == 2;
+        if rw.tags.is_some() != type2 && (rw.tags.is_some() || rw.protect != 0) {
+            return Err(Sense::INVALID_OPCODE);
+        }
         let pi = self.pi_mode(rw.protect)?;
         if rw.blocks > self.info.max_transfer_blocks {
             return Err(Sense::INVALID_FIELD_IN_CDB.at_cdb(7, None));
@@ -418,6 +429,7 @@ impl Disk {
             lba: rw.lba,
             blocks: u64::from(rw.blocks),
             pi,
+            tags: rw.tags,
         }))
     }
 
@@ -503,6 +515,7 @@ impl Disk {
                     lba,
                     blocks: n,
                     pi: PiMode::None,
+                    tags: None,
                 }))
             }
             Cdb::Unmap { param_len } => {
@@ -542,6 +555,7 @@ impl Disk {
                         lba,
                         blocks: n,
                         pi: PiMode::None,
+                        tags: None,
                     }))
                 } else {
                     Ok(Action::NeedData(info.block_size))
@@ -562,6 +576,7 @@ impl Disk {
                     lba: rw.lba,
                     blocks: u64::from(rw.blocks),
                     pi,
+                    tags: None,
                 }))
             }
             Cdb::WriteVerify { rw, bytchk: true } => {
@@ -660,6 +675,7 @@ impl Disk {
                     lba,
                     blocks,
                     pi: PiMode::None,
+                    tags: None,
                 }))
             }
             Cdb::WriteSame {
@@ -691,6 +707,7 @@ impl Disk {
                     lba,
                     blocks: n,
                     pi,
+                    tags: None,
                 }))
             }
             Cdb::PrOut { sa, scope_type, .. } => {

@@ -9,6 +9,6 @@ pub mod pi;
 pub mod reservation;
 pub mod sense;
 
-pub use cdb::{Cdb, Rw};
+pub use cdb::{Cdb, PiTags, Rw};
 pub use disk::{Action, BlockIo, BlockOp, Disk, DiskInfo, PiMode};
 pub use sense::Sense;

@@ -10,6 +10,7 @@ use pollux_bdev::pi::{PiAction, PiChecks, PiErrorKind};
 use pollux_bdev::IoError;
 use pollux_pi::TUPLE_SIZE;
 
+use super::cdb::PiTags;
 use super::disk::PiMode;
 use super::sense::Sense;
 
@@ -51,18 +52,39 @@ pub fn checks(mode: PiMode, pi_type: u8) -> PiChecks {
 ///   the PROTECT field before the medium sees them.
 /// - READ: the bdev verifies per the PROTECT field (000b: guard and ref
 ///   tag) after the medium; with 000b the target then [`strip`]s the tuples.
-pub fn action(mode: PiMode, pi_type: u8, lba: u64, write: bool) -> Option<PiAction> {
+///
+/// READ(32)/WRITE(32) (`tags`, PI Type 2) seed the reference tags with the
+/// EXPECTED INITIAL LOGICAL BLOCK REFERENCE TAG and, with a non-zero mask
+/// and PI on the wire, have the application tag checked against the
+/// command's under that mask.
+pub fn action(
+    mode: PiMode,
+    pi_type: u8,
+    lba: u64,
+    write: bool,
+    tags: Option<PiTags>,
+) -> Option<PiAction> {
     if mode == PiMode::None || pi_type == 0 {
         return None;
     }
-    // Type 1 derives the ref tag from the LBA itself; Type 3 writes this
-    // opaque value and never checks it.
-    let ref_tag = if pi_type == 3 { 0 } else { lba as u32 };
-    let a = if write && mode == PiMode::Strip {
+    // Type 1 derives the ref tag from the LBA itself (Type 2 without a
+    // 32-byte CDB too); Type 3 writes this opaque value and never checks it.
+    let ref_tag = match (pi_type, tags) {
+        (3, _) => 0,
+        (_, Some(t)) => t.ref_tag,
+        _ => lba as u32,
+    };
+    let mut a = if write && mode == PiMode::Strip {
         PiAction::write_generate()
     } else {
         PiAction::verify(checks(mode, pi_type))
     };
+    if let Some(t) = tags {
+        a.app_tag = t.app_tag;
+        if mode.on_wire() && t.app_mask != 0 {
+            a = a.with_app_tag(t.app_tag, t.app_mask);
+        }
+    }
     Some(a.with_ref_tag(ref_tag))
 }
 
@@ -133,24 +155,27 @@ mod tests {
     #[test]
     fn protect_field_to_bdev_action() {
         let strip = PiMode::Strip;
-        assert_eq!(action(PiMode::None, 1, 5, true), None);
-        assert_eq!(action(strip, 0, 5, true), None);
+        assert_eq!(action(PiMode::None, 1, 5, true, None), None);
+        assert_eq!(action(strip, 0, 5, true, None), None);
         // WRPROTECT 000b: generate; ref tag = LBA (Type 1), 0 (Type 3).
-        let w = action(strip, 1, 77, true).unwrap();
+        let w = action(strip, 1, 77, true, None).unwrap();
         assert!(w.generate && w.ref_tag == 77 && w.app_tag == 0);
-        assert_eq!(action(strip, 3, 77, true).unwrap().ref_tag, 0);
+        assert_eq!(action(strip, 3, 77, true, None).unwrap().ref_tag, 0);
         // RDPROTECT 000b: guard + ref (Type 1), guard only (Type 3).
-        let r = action(strip, 1, 9, false).unwrap();
+        let r = action(strip, 1, 9, false, None).unwrap();
         assert!(!r.generate);
         assert_eq!(r.checks, PiChecks::GUARD.with(PiChecks::REF));
-        assert_eq!(action(strip, 3, 9, false).unwrap().checks, PiChecks::GUARD);
+        assert_eq!(
+            action(strip, 3, 9, false, None).unwrap().checks,
+            PiChecks::GUARD
+        );
         // PROTECT 011b: nothing checked, nothing generated.
         let none = PiMode::Pass {
             guard: false,
             app: false,
             reftag: false,
         };
-        let p = action(none, 1, 9, true).unwrap();
+        let p = action(none, 1, 9, true, None).unwrap();
         assert!(!p.generate && !p.acts_on(true) && !p.acts_on(false));
         let g = PiMode::Pass {
             guard: true,
@@ -159,6 +184,41 @@ mod tests {
         };
         assert_eq!(checks(g, 1), PiChecks::ALL);
         assert_eq!(checks(g, 3), PiChecks::GUARD.with(PiChecks::APP));
+    }
+
+    #[test]
+    fn type2_tags_seed_the_ref_tag_and_check_the_app_tag_under_its_mask() {
+        let pass = PiMode::Pass {
+            guard: true,
+            app: false,
+            reftag: true,
+        };
+        let tags = PiTags {
+            ref_tag: 0x1000,
+            app_tag: 0xAB,
+            app_mask: 0xFF,
+        };
+        let a = action(pass, 2, 9, false, Some(tags)).unwrap();
+        assert_eq!((a.ref_tag, a.app_tag, a.app_mask), (0x1000, 0xAB, 0xFF));
+        assert!(a.checks.contains(PiChecks::APP) && a.checks.contains(PiChecks::REF));
+        // No mask: the app tag is not compared; without tags, the LBA.
+        let a = action(
+            pass,
+            2,
+            9,
+            false,
+            Some(PiTags {
+                app_mask: 0,
+                ..tags
+            }),
+        )
+        .unwrap();
+        assert!(!a.checks.contains(PiChecks::APP));
+        assert_eq!(action(pass, 2, 9, false, None).unwrap().ref_tag, 9);
+        // Generation (000b) writes the command's tags.
+        let g = action(PiMode::Strip, 2, 9, true, Some(tags)).unwrap();
+        assert!(g.generate);
+        assert_eq!((g.ref_tag, g.app_tag), (0x1000, 0xAB));
     }
 
     #[test]

@@ -78,7 +78,9 @@ struct Task {
     state: TaskState,
     itt: u32,
     lun: Option<usize>,
-    cdb: [u8; 16],
+    /// The CDB: 16 bytes from the BHS, and bytes 16.. of a longer one
+    /// (READ(32)/WRITE(32)) from the extended CDB AHS.
+    cdb: [u8; 32],
     edtl: u32,
     read: Option<Stag>,
     write: Option<Stag>,
@@ -120,7 +122,7 @@ impl Task {
             state: TaskState::Free,
             itt: RESERVED_TAG,
             lun: None,
-            cdb: [0; 16],
+            cdb: [0; 32],
             edtl: 0,
             read: None,
             write: None,
@@ -225,6 +227,19 @@ pub struct Connection {
     nop: NopState,
 }
 
+/// Bytes 16..32 of a CDB longer than the BHS holds, from an extended CDB
+/// AHS (zeroes without one; a longer one is cut to 32 bytes, which is all
+/// the SCSI core decodes). The AHS area was validated with the PDU.
+fn extended_cdb(ahs: &[u8]) -> [u8; 16] {
+    let mut ext = [0u8; 16];
+    let _ = crate::pdu::ahs::parse_ahs(ahs, |a| {
+        if let crate::pdu::ahs::Ahs::ExtendedCdb(b) = a {
+            let n = b.len().min(16);
+            ext[..n].copy_from_slice(&b[..n]);
+        }
+    });
+    ext
+}
 fn lun_slot(luns: &[LunState], lun: &Lun) -> Option<usize> {
     let id = lun.index()?;
     luns.iter().position(|l| l.id == id)
@@ -373,7 +388,10 @@ impl Connection {
             return !self.is_closed();
         }
         match pdu.bhs {
-            Bhs::ScsiCmd(cmd) => self.on_command(&cmd, pdu.data, write, read, ops),
+            Bhs::ScsiCmd(cmd) => {
+                let ext = extended_cdb(pdu.ahs);
+                self.on_command(&cmd, &ext, pdu.data, (write, read), ops)
+            }
             Bhs::DataOut(d) => self.on_data_out(&d, pdu.data, ops),
             Bhs::NopOut(n) => self.on_nop(&n, ops),
             Bhs::TextReq(t) => self.on_text(&t, pdu.data, ops),
@@ -627,9 +645,9 @@ impl Connection {
     fn on_command(
         &mut self,
         cmd: &ScsiCommand,
+        ext_cdb: &[u8; 16],
         data: &[u8],
-        write: Option<Stag>,
-        read: Option<Stag>,
+        (write, read): (Option<Stag>, Option<Stag>),
         ops: &mut dyn ConnOps,
     ) {
         let discovery = self
@@ -657,7 +675,8 @@ impl Connection {
         t.state = TaskState::Respond;
         t.itt = cmd.itt;
         t.lun = lun;
-        t.cdb = cmd.cdb;
+        t.cdb[..16].copy_from_slice(&cmd.cdb);
+        t.cdb[16..].copy_from_slice(ext_cdb);
         t.edtl = cmd.edtl;
         t.read = if cmd.read { read } else { None };
         t.write = if cmd.write { write } else { None };
@@ -927,7 +946,9 @@ impl Connection {
         // target only moves plain wire blocks to and from the bdev's
         // interleaved layout.
         let pi = match io.op {
-            BlockOp::Read | BlockOp::Write => pi::action(io.pi, info.pi_type, io.lba, write),
+            BlockOp::Read | BlockOp::Write => {
+                pi::action(io.pi, info.pi_type, io.lba, write, io.tags)
+            }
             _ => None,
         };
         let bufs = match io.op {

@@ -31,6 +31,7 @@ use crate::pdu::{
     Pdu, ScsiCommand, Stag, Stage, TaskAttr, TextPdu, BHS_LEN, ISER_HDR_LEN, ISER_HEADERS_LEN,
     RESERVED_TAG,
 };
+use crate::scsi::cdb::{rw32_cdb, PiTags};
 use crate::scsi::sense::{self, Sense};
 use crate::session::{sn_le, sn_lt, SessionParams};
 

@@ -70,7 +70,19 @@ impl<P: Provider> IserInitiator<P> {
                 }
             }
         };
-        let cdb = rw16_cdb(write, lba, blocks, protect);
+        // PI Type 2 names its reference tags in READ(32)/WRITE(32), seeded
+        // with the LBA as Linux's sd does.
+        let mut cdb = [0u8; 32];
+        if wire_pi && g.pi_type == 2 {
+            let tags = PiTags {
+                ref_tag: lba as u32,
+                app_tag: self.opts.app_tag,
+                app_mask: self.opts.app_tag_mask,
+            };
+            cdb = rw32_cdb(write, lba, blocks, protect, tags);
+        } else {
+            cdb[..16].copy_from_slice(&rw16_cdb(write, lba, blocks, protect));
+        }
         let dir = if write { DataDir::Write } else { DataDir::Read };
         let path = if !wire_pi {
             PiPath::None
@@ -92,11 +104,8 @@ impl<P: Provider> IserInitiator<P> {
                 PiLayout::Insert
             },
         };
-        if wire_pi && !matches!(g.pi_type, 1 | 3) {
-            return Err(SubmitError::Invalid(
-                "PI Type 2 needs 32-byte CDBs",
-                Some(bufs),
-            ));
+        if wire_pi && !matches!(g.pi_type, 1..=3) {
+            return Err(SubmitError::Invalid("unknown PI type", Some(bufs)));
         }
         // DIX: the tuples follow the data in the caller's buffers, also
         // when the LU has no PI (they are left alone then).
@@ -110,8 +119,9 @@ impl<P: Provider> IserInitiator<P> {
         self.submit_inner(lun, &cdb, dir, Some(bufs), len, (path, shape), ctx)
     }
 
-    /// Submit any CDB: `len` bytes of data in `dir` through `bufs`. The
-    /// result arrives through [`IserInitiator::poll`].
+    /// Submit any CDB (up to 16 bytes, or a 32-byte variable-length one):
+    /// `len` bytes of data in `dir` through `bufs`. The result arrives
+    /// through [`IserInitiator::poll`].
     ///
     /// # Errors
     /// [`SubmitError`], which hands the buffers back.
@@ -124,10 +134,16 @@ impl<P: Provider> IserInitiator<P> {
         len: usize,
         ctx: u64,
     ) -> Result<(), SubmitError> {
-        if cdb.len() > 16 {
-            return Err(SubmitError::Invalid("CDB over 16 bytes", bufs));
+        // Up to 16 bytes in the BHS; a 32-byte variable-length CDB
+        // (READ(32)/WRITE(32)) sends the rest in an extended CDB AHS.
+        let long = cdb.len() == 32 && cdb[0] == crate::scsi::cdb::op::VARIABLE_LENGTH;
+        if cdb.len() > 16 && !long {
+            return Err(SubmitError::Invalid(
+                "CDB over 16 bytes (other than a 32-byte variable-length one)",
+                bufs,
+            ));
         }
-        let mut c = [0u8; 16];
+        let mut c = [0u8; 32];
         c[..cdb.len()].copy_from_slice(cdb);
         self.submit_inner(lun, &c, dir, bufs, len, (PiPath::None, NO_PI), ctx)
     }
@@ -139,7 +155,7 @@ impl<P: Provider> IserInitiator<P> {
     pub(super) fn submit_inner(
         &mut self,
         lun: u16,
-        cdb: &[u8; 16],
+        cdb: &[u8; 32],
         dir: DataDir,
         bufs: Option<SgList>,
         len: usize,
@@ -201,11 +217,11 @@ impl<P: Provider> IserInitiator<P> {
             }
             None => None,
         };
-        let off = self.write_command(i, lun, cdb, dir, stag, imm, wire_len);
+        let (off, hdr_len) = self.write_command(i, lun, cdb, dir, stag, imm, wire_len);
         let sges = [
             Sge {
                 addr: self.ctrl_addr(off),
-                length: ISER_HEADERS_LEN as u32,
+                length: hdr_len as u32,
                 lkey: self.ctrl_lkey,
             },
             Sge {
@@ -427,12 +443,12 @@ impl<P: Provider> IserInitiator<P> {
         &mut self,
         i: usize,
         lun: u16,
-        cdb: &[u8; 16],
+        cdb: &[u8; 32],
         dir: DataDir,
         stag: Option<Stag>,
         imm: usize,
         wire_len: usize,
-    ) -> usize {
+    ) -> (usize, usize) {
         let hdr = match (dir, stag) {
             (DataDir::Read, Some(s)) => IserHeader::Control {
                 write: None,
@@ -462,13 +478,25 @@ impl<P: Provider> IserInitiator<P> {
             },
             cmd_sn: self.cmd_sn,
             exp_stat_sn: self.exp_stat_sn,
-            cdb: *cdb,
+            cdb: first_16(cdb),
         };
+        // A CDB longer than 16 bytes (READ(32)/WRITE(32)) sends bytes 16..
+        // in an extended CDB AHS after the BHS.
+        let long = cdb[0] == crate::scsi::cdb::op::VARIABLE_LENGTH;
+        let len = ISER_HEADERS_LEN + if long { EXT_CDB_AHS_LEN } else { 0 };
         let off = self.nrecv * RECV_SLOT + i * HDR_SLOT;
-        let h = &mut self.ctrl.as_mut_slice()[off..off + ISER_HEADERS_LEN];
+        let h = &mut self.ctrl.as_mut_slice()[off..off + len];
         h[..ISER_HDR_LEN].copy_from_slice(&hdr.encode());
-        h[ISER_HDR_LEN..].copy_from_slice(&Bhs::ScsiCmd(cmd).encode(0, imm as u32));
-        off
+        let ahs_words = if long { (EXT_CDB_AHS_LEN / 4) as u8 } else { 0 };
+        h[ISER_HDR_LEN..ISER_HEADERS_LEN]
+            .copy_from_slice(&Bhs::ScsiCmd(cmd).encode(ahs_words, imm as u32));
+        if long {
+            let a = &mut h[ISER_HEADERS_LEN..];
+            // AHSLength 17 (the reserved byte and 16 CDB bytes), type 1.
+            a[..4].copy_from_slice(&[0, 17, crate::pdu::ahs::AHS_EXTENDED_CDB, 0]);
+            a[4..].copy_from_slice(&cdb[16..]);
+        }
+        (off, len)
     }
 }
 
@@ -518,4 +546,14 @@ impl PageList {
             .all(|w| w[1].lkey == w[0].lkey && w[1].addr == w[0].addr + u64::from(w[0].length));
         self.first_arena.filter(|_| contiguous)
     }
+}
+
+/// Bytes of an extended CDB AHS carrying CDB bytes 16..32.
+const EXT_CDB_AHS_LEN: usize = 20;
+
+/// The BHS part of a CDB.
+fn first_16(cdb: &[u8; 32]) -> [u8; 16] {
+    let mut c = [0u8; 16];
+    c.copy_from_slice(&cdb[..16]);
+    c
 }

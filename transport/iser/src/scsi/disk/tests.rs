@@ -292,7 +292,8 @@ fn write_same_pattern_zero_length_and_refusals() {
             op: BlockOp::WriteSame { lbdata: false },
             lba: 8,
             blocks: 4,
-            pi: PiMode::None
+            pi: PiMode::None,
+            tags: None
         }))
     );
     // A zero pattern becomes write zeroes, with UNMAP an unmap.

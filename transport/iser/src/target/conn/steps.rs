@@ -116,7 +116,7 @@ impl Connection {
             return self.respond(idx, ops);
         };
         let lun = &self.luns[l];
-        let pi_action = pi::action(io.pi, lun.disk.info.pi_type, lba, write);
+        let pi_action = pi::action(io.pi, lun.disk.info.pi_type, lba, write, io.tags);
         let ty = if write {
             pollux_bdev::IoType::Write
         } else {
