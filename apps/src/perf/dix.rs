@@ -20,11 +20,7 @@ impl Dix {
     /// Blocks of `block` bytes, `data` bytes per I/O, Type `pi_type` (1–3;
     /// anything else is Type 1).
     pub fn new(block: usize, data: usize, pi_type: u8) -> Self {
-        let pi_type = match pi_type {
-            2 => PiType::Type2,
-            3 => PiType::Type3,
-            _ => PiType::Type1,
-        };
+        let pi_type = PiType::from_number(pi_type).unwrap_or(PiType::Type1);
         Dix {
             block,
             data,
@@ -33,12 +29,7 @@ impl Dix {
     }
 
     fn params(&self, lba: u64) -> PiParams {
-        let seed = if self.pi_type == PiType::Type3 {
-            0
-        } else {
-            lba as u32
-        };
-        PiParams::for_type(self.pi_type, self.block, seed, 0)
+        PiParams::for_lba(self.pi_type, self.block, lba, 0)
     }
 
     /// Generate the tuples of `buf`'s data written at `lba`.

@@ -164,6 +164,27 @@ pub enum PiType {
     Type3,
 }
 
+impl PiType {
+    /// Type `n` (1-3, as NVMe's DPS and SCSI's P_TYPE + 1 number them).
+    pub fn from_number(n: u8) -> Option<PiType> {
+        match n {
+            1 => Some(PiType::Type1),
+            2 => Some(PiType::Type2),
+            3 => Some(PiType::Type3),
+            _ => None,
+        }
+    }
+
+    /// The first block's reference tag of an I/O at `lba` as Linux seeds
+    /// it: the LBA's low 32 bits (Types 1 and 2), 0 (Type 3: opaque).
+    pub fn seed(self, lba: u64) -> u32 {
+        match self {
+            PiType::Type3 => 0,
+            _ => lba as u32,
+        }
+    }
+}
+
 /// What to generate and what to expect, per transfer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct PiParams {
@@ -210,6 +231,12 @@ impl PiParams {
                 Checks::ALL
             },
         }
+    }
+
+    /// [`for_type`](Self::for_type) for an I/O at `lba`, seeded as
+    /// [`PiType::seed`] says.
+    pub fn for_lba(ty: PiType, interval: usize, lba: u64, app_tag: u16) -> PiParams {
+        Self::for_type(ty, interval, ty.seed(lba), app_tag)
     }
 
     /// The expected reference tag of interval `i`.
@@ -635,6 +662,16 @@ mod tests {
 
     fn ramp(n: usize) -> Vec<u8> {
         (0..n).map(|i| i as u8).collect()
+    }
+
+    #[test]
+    fn types_by_number_and_lba_seeds() {
+        assert_eq!(PiType::from_number(2), Some(PiType::Type2));
+        assert_eq!(PiType::from_number(0), None);
+        assert_eq!(PiType::Type1.seed(0x1_0000_0007), 7);
+        assert_eq!(PiType::Type3.seed(9), 0);
+        let p = PiParams::for_lba(PiType::Type2, 512, 40, 3);
+        assert_eq!((p.ref_tag, p.app_tag, p.ref_increment), (40, 3, true));
     }
 
     #[test]

@@ -98,7 +98,7 @@ impl PiIo {
 
     /// The first block's reference tag (0 on Type 3).
     pub fn ref_seed(&self) -> u32 {
-        self.fmt.seed(self.slba)
+        self.fmt.pi_type.seed(self.slba)
     }
 
     /// Whether the reference tag is checked and incremented (Types 1, 2).
@@ -121,12 +121,7 @@ impl PiNs {
         if ns.md_size as usize != TUPLE_SIZE {
             return None;
         }
-        let pi_type = match ns.pi_type {
-            1 => PiType::Type1,
-            2 => PiType::Type2,
-            3 => PiType::Type3,
-            _ => return None,
-        };
+        let pi_type = PiType::from_number(ns.pi_type)?;
         Some(PiNs {
             block: ns.block_size as usize,
             pi_type,
@@ -144,22 +139,14 @@ impl PiNs {
         }
         RwPi {
             prinfo: p,
-            ilbrt: self.seed(slba),
+            ilbrt: self.pi_type.seed(slba),
             lbat: 0,
             lbatm: 0,
         }
     }
 
-    fn seed(&self, slba: u64) -> u32 {
-        if self.pi_type == PiType::Type3 {
-            0
-        } else {
-            slba as u32
-        }
-    }
-
     fn params(&self, slba: u64) -> PiParams {
-        PiParams::for_type(self.pi_type, self.block, self.seed(slba), 0)
+        PiParams::for_lba(self.pi_type, self.block, slba, 0)
     }
 
     /// Bytes of `nlb` blocks on the wire.

@@ -60,6 +60,12 @@ fn postable(staged: &[Staged], sends_in_flight: u32, bind_after_sends: bool) -> 
     staged.len()
 }
 
+/// The next key of an MR: the same index, the low byte (the variant)
+/// advanced, so that a target still holding the old key is refused.
+fn next_key(k: u32) -> u32 {
+    (k & !0xFF) | (k.wrapping_add(1) & 0xFF)
+}
+
 #[derive(Debug, Clone, Copy)]
 struct RSlot {
     active: bool,
@@ -573,7 +579,7 @@ impl<P: Provider> RdmaQueue<P> {
                         };
                     }
                     let iova = s.pages[0].addr;
-                    let key = (s.key & !0xFF) | (s.key.wrapping_add(1) & 0xFF);
+                    let key = next_key(s.key);
                     let sgl = SglDescriptor::keyed(iova, len, key, self.remote_inv)
                         .map_err(|e| HostError::Unsupported(e.to_string()))?;
                     s.npages = nseg;
@@ -695,7 +701,7 @@ impl<P: Provider> RdmaQueue<P> {
             meta_length: 0,
         });
         let iova = s.pages[0].addr;
-        let key = (s.ikey & !0xFF) | (s.ikey.wrapping_add(1) & 0xFF);
+        let key = next_key(s.ikey);
         let sgl = SglDescriptor::keyed(iova, wire, key, false)
             .map_err(|e| HostError::Unsupported(e.to_string()))?;
         s.iova = iova;
