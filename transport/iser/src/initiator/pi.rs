@@ -54,8 +54,13 @@ pub(crate) struct PiShape {
 }
 
 impl PiShape {
+    /// The protection type (a LU reports 1-3; anything else reads as 1).
+    fn ty(&self) -> PiType {
+        PiType::from_number(self.pi_type).unwrap_or(PiType::Type1)
+    }
+
     fn type3(&self) -> bool {
-        self.pi_type == 3
+        self.ty() == PiType::Type3
     }
 
     /// Bytes of data.
@@ -83,7 +88,7 @@ impl PiShape {
             pi_interval: self.block,
             bg: 0,
             app_tag: self.app_tag,
-            ref_tag: if self.type3() { 0 } else { self.lba as u32 },
+            ref_tag: self.ty().seed(self.lba),
             ref_remap: !self.type3(),
             app_escape: true,
             ref_escape: self.type3(),
@@ -105,13 +110,7 @@ impl PiShape {
 
     /// Parameters of the software path (the same tags and checks).
     fn params(&self) -> PiParams {
-        let ty = if self.type3() {
-            PiType::Type3
-        } else {
-            PiType::Type1
-        };
-        let d = self.dif();
-        let mut p = PiParams::for_type(ty, self.block as usize, d.ref_tag, self.app_tag);
+        let mut p = PiParams::for_lba(self.ty(), self.block as usize, self.lba, self.app_tag);
         p.app_mask = self.app_mask;
         let mut c = Checks::GUARD;
         if !self.type3() {
