@@ -126,21 +126,27 @@ struct CoreIo {
 }
 
 impl IoCompletion for CoreIo {
-    fn complete(&self, io: CompletedIo) {
-        let all = |v: u8| io.bufs.iter().all(|b| b.as_slice().iter().all(|x| *x == v));
-        match io.ctx {
+    fn complete(&self, io: CompletedIo<'_>) {
+        let all = |v: u8| {
+            io.bufs()
+                .iter()
+                .all(|b| b.as_slice().iter().all(|x| *x == v))
+        };
+        match io.ctx() {
             ROM_READ => self
                 .rom_ok
-                .set(Some(io.status.is_ok() && all(self.lba as u8))),
+                .set(Some(io.status().is_ok() && all(self.lba as u8))),
             SCRATCH_WRITE => {
                 // Read it back into the same buffer, with ourselves as the target.
+                let ok = io.status().is_ok();
+                // Taking the buffers frees the request slot for the read.
+                let bufs = io.into_bufs();
                 let sent = self.me.upgrade().is_some_and(|me| {
                     let cb: Rc<dyn IoCompletion> = me;
-                    io.status.is_ok()
-                        && self
-                            .scratch
-                            .read(self.lba, 1, io.bufs, &cb, SCRATCH_READ)
-                            .is_ok()
+                    ok && self
+                        .scratch
+                        .read(self.lba, 1, bufs, &cb, SCRATCH_READ)
+                        .is_ok()
                 });
                 if !sent {
                     self.malloc_ok.set(Some(false));
@@ -148,7 +154,7 @@ impl IoCompletion for CoreIo {
             }
             _ => self
                 .malloc_ok
-                .set(Some(io.status.is_ok() && all(self.expect))),
+                .set(Some(io.status().is_ok() && all(self.expect))),
         }
     }
 }

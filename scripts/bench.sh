@@ -6,7 +6,7 @@
 #
 #   bash scripts/bench.sh               # 3 rounds of 5 s runs
 #   ROUNDS=1 SECS=2 bash scripts/bench.sh
-#   ONLY=bdev bash scripts/bench.sh     # bdev | copy | nvmf
+#   ONLY=bdev bash scripts/bench.sh     # bdev | copy | nvmf | tcp
 #
 # Run it on a quiet machine (nothing else on the cores it uses: 0 and 1).
 # It prints a markdown table on stdout (progress on stderr); the raw JSON
@@ -24,6 +24,10 @@
 #   soft provider, pool memory mode, 512 B and 4 KiB
 #   (scripts/main-job.sh --single). Peer: SPDK nvmf_tgt + spdk_nvme_perf
 #   over TCP (tcp-512, tcp-4k) and over vfio-user (vfiouser-512, -4k).
+# - tcp: the same job over NVMe/TCP on 127.0.0.1 (TRANSPORT=tcp
+#   scripts/main-job.sh --single), 512 B and 4 KiB. Peer: SPDK nvmf_tgt +
+#   spdk_nvme_perf over TCP with uring sockets (tcp-512, tcp-4k): the same
+#   work on both sides.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}
@@ -75,9 +79,9 @@ spdk() { # CELL TEST
     j=$(bash "$PEER/run.sh" "$2" "$SECS" | last_json) || { log "peer $2 failed"; return 0; }
     record "$1" spdk "$j"
 }
-mainjob() { # CELL BS
+mainjob() { # CELL BS [TRANSPORT]
     local j
-    j=$(BS=$2 MEM=pool SECS_SINGLE=$SECS bash scripts/main-job.sh --single 2>/dev/null | last_json)
+    j=$(TRANSPORT=${3:-soft} BS=$2 MEM=pool SECS_SINGLE=$SECS bash scripts/main-job.sh --single 2>/dev/null | last_json)
     record "$1" pollux "$j"
 }
 
@@ -116,6 +120,12 @@ for line in sys.stdin:
             j=$(bash "$PEER/run.sh" vfiouser-512 "$SECS" | last_json) && record "NVMe-oF 512 B randread (soft provider, pool)" spdk-vfio-user "$j"
             j=$(bash "$PEER/run.sh" vfiouser-4k "$SECS" | last_json) && record "NVMe-oF 4 KiB randread (soft provider, pool)" spdk-vfio-user "$j"
         fi
+    fi
+    if want tcp; then
+        mainjob "NVMe/TCP 512 B randread (loopback)" 512 tcp
+        spdk "NVMe/TCP 512 B randread (loopback)" tcp-512
+        mainjob "NVMe/TCP 4 KiB randread (loopback)" 4096 tcp
+        spdk "NVMe/TCP 4 KiB randread (loopback)" tcp-4k
     fi
 done
 

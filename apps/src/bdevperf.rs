@@ -414,7 +414,7 @@ struct Job(RefCell<JobState>);
 
 impl IoCompletion for Job {
     #[inline]
-    fn complete(&self, io: CompletedIo) {
+    fn complete(&self, io: CompletedIo<'_>) {
         self.0.borrow_mut().on_complete_generic(io);
     }
 
@@ -546,27 +546,30 @@ impl Job {
 
 impl JobState {
     /// Picks slot `i`'s next I/O: (unit, is_read), preparing a verify buffer.
-    #[inline]
+    #[inline(always)]
     fn next_io(&mut self, i: usize, bufs: Option<&mut SgList>) -> (u64, bool) {
-        let (unit, is_read) = if self.workload == Workload::Verify {
-            let slot = &self.slots[i];
-            (slot.unit, slot.phase == Phase::Read)
-        } else {
-            (self.gen.next_unit(), self.gen.next_is_read())
-        };
         if self.workload == Workload::Verify {
-            let slot = &self.slots[i];
-            let offset = (self.first_block + unit * self.io_blocks) * self.ch.buf_block_size();
-            if let Some(b) = bufs.and_then(|l| l.iter_mut().next()) {
-                match slot.phase {
-                    Phase::Write => fill_pattern(b.as_mut_slice(), offset, slot.generation),
-                    // Poison the buffer so that a read which moves no data
-                    // cannot pass for one that returned what was written.
-                    Phase::Read => b.as_mut_slice().fill(0xDB),
-                }
+            return self.next_verify_io(i, bufs);
+        }
+        (self.gen.next_unit(), self.gen.next_is_read())
+    }
+
+    /// [`next_io`](Self::next_io) of the verify workload: the slot's own
+    /// unit, its buffer filled with the pattern (write) or poisoned (read).
+    #[cold]
+    fn next_verify_io(&mut self, i: usize, bufs: Option<&mut SgList>) -> (u64, bool) {
+        let slot = &self.slots[i];
+        let unit = slot.unit;
+        let offset = (self.first_block + unit * self.io_blocks) * self.ch.buf_block_size();
+        if let Some(b) = bufs.and_then(|l| l.iter_mut().next()) {
+            match slot.phase {
+                Phase::Write => fill_pattern(b.as_mut_slice(), offset, slot.generation),
+                // Poison the buffer so that a read which moves no data
+                // cannot pass for one that returned what was written.
+                Phase::Read => b.as_mut_slice().fill(0xDB),
             }
         }
-        (unit, is_read)
+        (unit, slot.phase == Phase::Read)
     }
 
     /// Submit slot `i`'s next I/O as a fresh request (the generic path's
@@ -580,7 +583,7 @@ impl JobState {
     }
 
     /// [`submit`](Self::submit) with the slot's buffers in hand.
-    #[inline]
+    #[inline(always)]
     fn submit_bufs(&mut self, i: usize, mut bufs: SgList) {
         let (unit, is_read) = self.next_io(i, Some(&mut bufs));
         let now = self.clock.now();
@@ -619,7 +622,7 @@ impl JobState {
     }
 
     /// Count a completion of slot `i` (latency from its submit timestamp).
-    #[inline]
+    #[inline(always)]
     fn account(&mut self, i: usize, ok: bool) {
         let now = self.clock.now();
         let Some(slot) = self.slots.get(i) else {
@@ -636,28 +639,30 @@ impl JobState {
     }
 
     /// A completion on the generic path: count it, take the buffers back
-    /// and submit the slot's next I/O as a fresh request.
+    /// (which frees the channel's request slot) and submit the slot's next
+    /// I/O as a fresh request.
     #[inline]
-    fn on_complete_generic(&mut self, io: CompletedIo) {
-        let i = io.ctx as usize;
-        let ok = io.status.is_ok();
+    fn on_complete_generic(&mut self, mut io: CompletedIo<'_>) {
+        let i = io.ctx() as usize;
+        let ok = io.status().is_ok();
         if i >= self.slots.len() {
             return;
         }
         self.account(i, ok);
         self.in_flight -= 1;
         if self.pi.is_some() {
-            self.slots[i].md = Some(io.md_bufs);
+            self.slots[i].md = Some(io.take_md_bufs());
         }
         if self.workload == Workload::Verify {
-            self.verify_account(i, ok, io.offset_blocks, &io.bufs);
+            self.verify_account(i, ok, io.offset_blocks(), io.bufs());
         }
+        let bufs = io.into_bufs();
         if self.stopping {
-            self.slots[i].bufs = Some(io.bufs);
+            self.slots[i].bufs = Some(bufs);
             self.maybe_finish();
             return;
         }
-        self.submit_bufs(i, io.bufs);
+        self.submit_bufs(i, bufs);
     }
 
     /// A completion, in the channel's slot: count it and resubmit in place.

@@ -156,7 +156,7 @@ impl Completions<'_> {
     /// A tag that is not in flight, or that was completed already, is counted
     /// as stale (see [`ChannelStats::stale_completions`](crate::ChannelStats))
     /// and ignored: a backend bug never corrupts another I/O.
-    #[inline]
+    #[inline(always)]
     pub fn complete(&mut self, tag: IoTag, status: IoStatus) {
         let slot = self
             .slots
@@ -168,14 +168,19 @@ impl Completions<'_> {
                 slot.req.status = status;
                 self.q.ready.push(tag);
             }
-            _ => {
-                self.q.stale += 1;
-                log::error!(
-                    "bdev backend completed unknown or finished I/O tag {}",
-                    tag.0
-                );
-            }
+            _ => self.stale(tag),
         }
+    }
+
+    /// A completion for a tag that is not in flight: counted and logged.
+    #[cold]
+    #[inline(never)]
+    fn stale(&mut self, tag: IoTag) {
+        self.q.stale += 1;
+        log::error!(
+            "bdev backend completed unknown or finished I/O tag {}",
+            tag.0
+        );
     }
 
     /// The in-flight I/O `tag` (to put back buffers the kernel returned), or

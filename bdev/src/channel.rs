@@ -94,15 +94,43 @@ impl ChannelStats {
     }
 }
 
-/// Drop a buffer list a free slot held: empty and inline there is nothing
-/// to free, so it is forgotten without a call into the list's drop glue
-/// (once per I/O); anything else is dropped normally.
-#[inline(always)]
-fn drop_list(l: SgList) {
-    if l.is_empty() && l.is_inline() {
-        std::mem::forget(l);
-    } else {
-        drop(l);
+/// The free slot indexes of a channel: a stack of `depth` cells (no borrow
+/// flag, no growth check: it never holds more than the table's slots).
+struct FreeStack {
+    tags: Box<[Cell<u32>]>,
+    len: Cell<usize>,
+}
+
+impl FreeStack {
+    /// Every slot free; popped from the top: slot 0 first.
+    fn new(depth: usize) -> Self {
+        Self {
+            tags: (0..depth as u32).rev().map(Cell::new).collect(),
+            len: Cell::new(depth),
+        }
+    }
+
+    #[inline(always)]
+    fn pop(&self) -> Option<u32> {
+        let n = self.len.get().checked_sub(1)?;
+        let tag = self.tags.get(n)?.get();
+        self.len.set(n);
+        Some(tag)
+    }
+
+    /// Push a tag popped before (so there is room for it).
+    #[inline(always)]
+    fn push(&self, tag: u32) {
+        let n = self.len.get();
+        if let Some(c) = self.tags.get(n) {
+            c.set(tag);
+            self.len.set(n + 1);
+        }
+    }
+
+    #[inline(always)]
+    fn len(&self) -> usize {
+        self.len.get()
     }
 }
 
@@ -112,8 +140,6 @@ struct ChannelState {
     /// The other half of the ready queue's double buffer: delivery takes the
     /// ready tags as one batch and leaves this (empty) buffer in their place.
     spare: Vec<IoTag>,
-    /// Free slot indexes (a stack: the most recently freed slot is reused first).
-    free: Vec<u32>,
     stats: ChannelStats,
 }
 
@@ -136,6 +162,9 @@ pub struct ChannelCore {
     pi: Option<PiFormat>,
     supported: u8,
     state: RefCell<ChannelState>,
+    /// Free slot indexes (the most recently freed slot is reused first);
+    /// outside `state`, so a completion frees its slot without borrowing it.
+    free: FreeStack,
     /// The request table, one cell per slot and outside `state`, so that a
     /// fast-path completion can hold its slot while submitting others.
     slots: Box<[RefCell<IoSlot>]>,
@@ -168,11 +197,10 @@ impl ChannelCore {
                 backend,
                 q: ReadyQueue::with_depth(depth),
                 spare: Vec::with_capacity(depth),
-                // Popped from the end: slot 0 first.
-                free: (0..depth as u32).rev().collect(),
                 stats: ChannelStats::default(),
             }),
             slots: (0..depth).map(|_| RefCell::new(IoSlot::empty())).collect(),
+            free: FreeStack::new(depth),
         })
     }
 
@@ -191,7 +219,7 @@ impl ChannelCore {
         self.poller.set(Some(id));
     }
 
-    #[inline]
+    #[inline(always)]
     fn check(&self, io: &BdevIo, writable: bool) -> IoStatus {
         let (io_type, offset_blocks, num_blocks) = (io.io_type, io.offset_blocks, io.num_blocks);
         if self.supported & type_bit(io_type) == 0 {
@@ -282,7 +310,7 @@ impl ChannelCore {
 
     /// Hand slot `tag` (filled in, state `InFlight`) to the backend, or queue
     /// its check error for the next poll.
-    #[inline]
+    #[inline(always)]
     fn start(&self, st: &mut ChannelState, tag: u32, slot: &mut IoSlot) {
         let r = &mut slot.req;
         let mut check = self.check(&r.io, r.writable);
@@ -321,7 +349,7 @@ impl ChannelCore {
     ) -> Result<(), Rejected> {
         let mut guard = self.state.borrow_mut();
         let st = &mut *guard;
-        let cell = match st.free.pop() {
+        let cell = match self.free.pop() {
             Some(tag) => self.slots.get(tag as usize).map(|c| (tag, c)),
             None => None,
         };
@@ -338,7 +366,11 @@ impl ChannelCore {
         slot.req.io.io_type = io_type;
         slot.req.io.offset_blocks = offset_blocks;
         slot.req.io.num_blocks = num_blocks;
-        drop_list(std::mem::replace(&mut slot.req.io.bufs, bufs));
+        // A free slot's lists are empty (every way of freeing one empties
+        // them), so the old list holds nothing to drop: forgetting it lets
+        // the compiler skip reading it.
+        debug_assert!(slot.req.io.bufs.is_empty() && slot.req.io.bufs.is_inline());
+        std::mem::forget(std::mem::replace(&mut slot.req.io.bufs, bufs));
         // A free slot's metadata list is empty (delivery empties it).
         match ext {
             Some((md, pi)) => {
@@ -369,7 +401,7 @@ impl ChannelCore {
         let (backend_status, batch) = {
             let mut guard = self.state.borrow_mut();
             let st = &mut *guard;
-            let in_flight = self.slots.len() - st.free.len();
+            let in_flight = self.slots.len() - self.free.len();
             let mut done = Completions {
                 slots: &self.slots,
                 q: &mut st.q,
@@ -439,44 +471,33 @@ impl ChannelCore {
                 }
                 slot.state = SlotState::Free;
                 drop(slot);
-                self.state.borrow_mut().free.push(tag);
+                self.free.push(tag);
                 drop(cb);
             }
         } else {
-            // Free the slot first, so that the callback may reuse it; its
-            // I/O is moved out straight into the callback's argument (no
-            // other code runs in between).
-            let cb = slot.cb.take();
-            slot.state = SlotState::Free;
-            drop(slot);
-            self.state.borrow_mut().free.push(tag);
-            match cb {
-                Some(cb) => cb.complete(self.take_completed(tag)),
-                None => drop(self.take_completed(tag)),
+            // The I/O is lent to the callback where it lies; the slot goes
+            // back to the free list when the completion is dropped (or its
+            // buffers are taken with `into_bufs`), so the callback may reuse it.
+            match slot.cb.take() {
+                Some(cb) => {
+                    cb.complete(CompletedIo::held(slot, self, tag));
+                    drop(cb);
+                }
+                None => drop(CompletedIo::held(slot, self, tag)),
             }
         }
     }
 
-    /// The I/O of slot `tag` (just freed by delivery), moved out.
+    /// Put slot `tag` (`slot`, its contents already dropped) back on the free
+    /// list: called by a generic completion when it is dropped.
     #[inline(always)]
-    fn take_completed(&self, tag: u32) -> CompletedIo {
-        match self.slots.get(tag as usize).map(RefCell::try_borrow_mut) {
-            Some(Ok(mut slot)) => InPlaceIo { req: &mut slot.req }.take_completed(),
-            // Delivery just released it: neither missing nor borrowed.
-            _ => CompletedIo {
-                ctx: 0,
-                io_type: IoType::Read,
-                offset_blocks: 0,
-                num_blocks: 0,
-                status: Err(IoError::ChannelFull),
-                bufs: SgList::new(),
-                md_bufs: SgList::new(),
-            },
-        }
+    pub(crate) fn release(&self, slot: &mut IoSlot, tag: u32) {
+        slot.state = SlotState::Free;
+        self.free.push(tag);
     }
 
     fn in_flight(&self) -> usize {
-        self.slots.len() - self.state.borrow().free.len()
+        self.slots.len() - self.free.len()
     }
 
     /// Counters of this core's channel (what [`IoChannel::stats`] gives;
@@ -492,7 +513,7 @@ impl Drop for ChannelCore {
         if let Some(id) = self.poller.take() {
             self.reactor.remove_poller(id);
         }
-        let in_flight = self.slots.len() - self.state.get_mut().free.len();
+        let in_flight = self.slots.len() - self.free.len();
         if in_flight > 0 {
             log::warn!(
                 "{}: channel dropped with {in_flight} I/Os in flight; their completions are lost",
@@ -1057,13 +1078,16 @@ mod tests {
             left: Cell<u32>,
         }
         impl IoCompletion for Again {
-            fn complete(&self, io: CompletedIo) {
-                assert_eq!(io.status, Ok(()));
+            fn complete(&self, io: CompletedIo<'_>) {
+                assert_eq!(io.status(), Ok(()));
                 if self.left.get() > 0 {
                     self.left.set(self.left.get() - 1);
                     let ch = self.ch.borrow().clone().unwrap();
                     let me = self.me.borrow().clone().unwrap();
-                    ch.read(io.offset_blocks, 1, io.bufs, &me, 0).unwrap();
+                    // Every slot of the channel (depth 2) is in flight or
+                    // lent here: `into_bufs` frees this one for the next I/O.
+                    let lba = io.offset_blocks();
+                    ch.read(lba, 1, io.into_bufs(), &me, 0).unwrap();
                 }
             }
         }
@@ -1079,13 +1103,15 @@ mod tests {
             let ch = desc.channel(r).unwrap();
             let cb: Rc<dyn IoCompletion> = again.clone();
             ch.read(3, 1, sg(&[512], 0), &cb, 0).unwrap();
+            ch.read(4, 1, sg(&[512], 0), &cb, 0).unwrap();
             *again.ch.borrow_mut() = Some(ch);
             *again.me.borrow_mut() = Some(cb);
         });
         cluster.poll_until_idle().unwrap();
         assert_eq!(again.left.get(), 0);
         let ch = again.ch.borrow_mut().take().unwrap();
-        assert_eq!(ch.stats().read_ops, 11);
+        assert_eq!(ch.stats().read_ops, 12);
+        assert_eq!(ch.stats().rejected, 0);
         // Idle once nothing is in flight.
         cluster.on(0, |r| assert_eq!(r.poll_once(), PollStatus::Idle));
         again.me.borrow_mut().take();

@@ -2,8 +2,9 @@
 //!
 //! An I/O is described by a [`BdevIo`]: an [`IoType`], a block range and, for
 //! reads and writes, a scatter-gather list of owned [`DmaBuf`]s. The I/O owns
-//! its buffers until it completes; the completion ([`CompletedIo`]) hands them
-//! back to the submitter, with the read data in them.
+//! its buffers until it completes; the completion ([`CompletedIo`], lent in
+//! the request slot) hands them back to the submitter, with the read data in
+//! them.
 //!
 //! Two error types: [`IoError`] is the status of one I/O (small, `Copy`,
 //! delivered through the completion), [`BdevError`] is a control-path error
@@ -15,6 +16,7 @@ pub use pollux_reactor::mem::{DmaBuf, SgList, SG_INLINE};
 use thiserror::Error;
 
 use crate::backend::SlotReq;
+pub use crate::completion::{CompletedIo, OwnedIo};
 use crate::pi::{PiAction, PiErrorKind};
 
 /// The kind of an I/O.
@@ -285,26 +287,6 @@ impl BdevIo {
     }
 }
 
-/// A finished I/O, handed to the submitter's [`IoCompletion`].
-#[derive(Debug)]
-pub struct CompletedIo {
-    /// The submitter's context value, as given at submit time.
-    pub ctx: u64,
-    /// The I/O type.
-    pub io_type: IoType,
-    /// The first block.
-    pub offset_blocks: u64,
-    /// The number of blocks.
-    pub num_blocks: u64,
-    /// Success, or why the I/O failed.
-    pub status: IoStatus,
-    /// The buffers given at submit time (read data is in them), empty for
-    /// flush, write zeroes and unmap.
-    pub bufs: SgList,
-    /// The separate metadata buffers given at submit time (empty if none).
-    pub md_bufs: SgList,
-}
-
 /// The receiver of completions, registered once by a submitter and shared
 /// (`Rc`) by all its I/Os. Runs on the submitting reactor, from the channel's
 /// poller, never inside a submit call.
@@ -312,8 +294,11 @@ pub struct CompletedIo {
 /// A submitter with many outstanding I/Os tells them apart by
 /// [`CompletedIo::ctx`]. The callback may submit new I/Os on the same channel.
 pub trait IoCompletion {
-    /// Called once per I/O, when it finishes (successfully or not).
-    fn complete(&self, io: CompletedIo);
+    /// Called once per I/O, when it finishes (successfully or not), with the
+    /// I/O lent in its request slot (see [`CompletedIo`]): the slot is freed
+    /// when `io` is dropped, or at once by [`CompletedIo::into_bufs`], so
+    /// that a submission from the callback can take it again.
+    fn complete(&self, io: CompletedIo<'_>);
 
     /// The fast path, for I/Os submitted with
     /// [`IoChannel::submit_in_place`](crate::IoChannel::submit_in_place):
@@ -326,10 +311,10 @@ pub trait IoCompletion {
     ///
     /// While it runs, the channel holds this one slot: the callback may submit
     /// other I/Os (they take other slots), but the slot is not free until it
-    /// returns. The default moves the I/O out and calls
-    /// [`complete`](Self::complete).
+    /// returns. The default lends the I/O to [`complete`](Self::complete)
+    /// (cancelling nothing: `complete` cannot resubmit).
     fn complete_in_place(&self, mut io: InPlaceIo<'_>) {
-        self.complete(io.take_completed());
+        self.complete(io.as_completed());
     }
 }
 
@@ -436,31 +421,13 @@ impl InPlaceIo<'_> {
         self.req.again = true;
     }
 
-    /// Moves the I/O out as a [`CompletedIo`] (the slot is freed when the
-    /// callback returns; a pending [`resubmit`](Self::resubmit) is cancelled).
+    /// The I/O as a [`CompletedIo`], lent from this slot (the slot is still
+    /// freed when the callback returns; a pending
+    /// [`resubmit`](Self::resubmit) is cancelled).
     #[inline(always)]
-    pub fn take_completed(&mut self) -> CompletedIo {
+    pub fn as_completed(&mut self) -> CompletedIo<'_> {
         self.req.again = false;
-        CompletedIo {
-            ctx: self.req.ctx,
-            io_type: self.req.io.io_type,
-            offset_blocks: self.req.io.offset_blocks,
-            num_blocks: self.req.io.num_blocks,
-            status: self.req.status,
-            bufs: std::mem::take(&mut self.req.io.bufs),
-            md_bufs: take_md(&mut self.req.io.md_bufs),
-        }
-    }
-}
-
-/// Take a metadata list, mostly empty: an empty inline list is left in
-/// place (nothing to move) and an empty one returned.
-#[inline(always)]
-fn take_md(l: &mut SgList) -> SgList {
-    if l.is_empty() && l.is_inline() {
-        SgList::new()
-    } else {
-        std::mem::take(l)
+        CompletedIo::lent(self.req)
     }
 }
 
@@ -475,8 +442,8 @@ impl fmt::Debug for InPlaceIo<'_> {
 }
 
 /// Any `Fn(CompletedIo)` closure is a completion target.
-impl<F: Fn(CompletedIo)> IoCompletion for F {
-    fn complete(&self, io: CompletedIo) {
+impl<F: for<'a> Fn(CompletedIo<'a>)> IoCompletion for F {
+    fn complete(&self, io: CompletedIo<'_>) {
         self(io)
     }
 }

@@ -51,8 +51,10 @@
 //! cluster.on(0, |r| {
 //!     let ch = desc.channel(r).unwrap();
 //!     let got2 = got.clone();
-//!     let cb: Rc<dyn IoCompletion> = Rc::new(move |io: CompletedIo| {
-//!         got2.set(Some((io.ctx, io.status, io.bufs.total_len())));
+//!     // The completion is lent in the channel's request slot; dropping it
+//!     // frees the slot (and the buffers left in it).
+//!     let cb: Rc<dyn IoCompletion> = Rc::new(move |io: CompletedIo<'_>| {
+//!         got2.set(Some((io.ctx(), io.status(), io.bufs().total_len())));
 //!     });
 //!     let buf = DmaBuf::alloc(4096).unwrap();
 //!     ch.read(0, 8, SgList::from_buf(buf), &cb, 7).unwrap();
@@ -97,6 +99,7 @@ mod aio_fallocate;
 mod backend;
 mod bdev;
 mod channel;
+mod completion;
 mod info;
 mod io;
 mod malloc;
@@ -111,7 +114,7 @@ pub use channel::{ChannelCore, ChannelStats, IoChannel};
 pub use info::{BdevInfo, PiType, PI_TUPLE_SIZE, SUPPORTED_BLOCK_SIZES, SUPPORTED_MD_SIZES};
 pub use io::{
     BdevError, BdevIo, CompletedIo, DmaBuf, InPlaceIo, IoCompletion, IoError, IoStatus, IoTag,
-    IoType, Rejected, SgList, SG_INLINE,
+    IoType, OwnedIo, Rejected, SgList, SG_INLINE,
 };
 pub use malloc::MallocBackend;
 pub use null::{NullBackend, NullOptions};

@@ -600,7 +600,7 @@ mod tests {
     use super::*;
     use crate::bdev::Bdev;
     use crate::channel::IoChannel;
-    use crate::io::{CompletedIo, IoType};
+    use crate::io::{CompletedIo, IoType, OwnedIo};
     use crate::malloc::MallocBackend;
     use crate::null::{NullBackend, NullOptions};
     use crate::testutil::{bytes_of, pattern, sg, sg_with, Recorder};
@@ -735,10 +735,10 @@ mod tests {
 
     /// Runs `f` on core 0 of a one-core cluster, then polls until idle and
     /// returns the completions in submit (ctx) order.
-    fn run(cluster: &TestCluster, rec: &Recorder, f: impl FnOnce()) -> Vec<CompletedIo> {
+    fn run(cluster: &TestCluster, rec: &Recorder, f: impl FnOnce()) -> Vec<OwnedIo> {
         cluster.on(0, |_| f());
         cluster.poll_until_idle().unwrap();
-        let mut v: Vec<CompletedIo> = rec.take().into_iter().map(|d| d.1).collect();
+        let mut v: Vec<OwnedIo> = rec.take().into_iter().map(|d| d.1).collect();
         v.sort_by_key(|d| d.ctx);
         v
     }
@@ -1176,7 +1176,7 @@ mod tests {
         use std::cell::Cell;
         struct Flip(Cell<u32>, Cell<u32>);
         impl crate::io::IoCompletion for Flip {
-            fn complete(&self, _io: CompletedIo) {}
+            fn complete(&self, _io: CompletedIo<'_>) {}
             fn complete_in_place(&self, mut io: InPlaceIo<'_>) {
                 assert_eq!(io.status(), Ok(()), "{:?}", io.io_type());
                 assert_eq!(io.pi_action(), Some(PiAction::both()));

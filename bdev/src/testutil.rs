@@ -5,18 +5,18 @@ use std::rc::Rc;
 
 use pollux_reactor::{mem::DmaBuf, CoreId, Reactor};
 
-use crate::io::{CompletedIo, IoCompletion, SgList};
+use crate::io::{CompletedIo, IoCompletion, OwnedIo, SgList};
 
 /// Records every completion it gets, with the core it ran on.
 #[derive(Default)]
 pub(crate) struct Recorder {
-    pub(crate) done: RefCell<Vec<(Option<CoreId>, CompletedIo)>>,
+    pub(crate) done: RefCell<Vec<(Option<CoreId>, OwnedIo)>>,
 }
 
 impl IoCompletion for Recorder {
-    fn complete(&self, io: CompletedIo) {
+    fn complete(&self, io: CompletedIo<'_>) {
         let core = Reactor::current().map(|r| r.core());
-        self.done.borrow_mut().push((core, io));
+        self.done.borrow_mut().push((core, io.into_owned()));
     }
 }
 
@@ -32,12 +32,12 @@ impl Recorder {
     }
 
     /// Takes the completions recorded so far.
-    pub(crate) fn take(&self) -> Vec<(Option<CoreId>, CompletedIo)> {
+    pub(crate) fn take(&self) -> Vec<(Option<CoreId>, OwnedIo)> {
         std::mem::take(&mut *self.done.borrow_mut())
     }
 
     /// Takes the only completion recorded so far.
-    pub(crate) fn one(&self) -> CompletedIo {
+    pub(crate) fn one(&self) -> OwnedIo {
         let mut v = self.take();
         assert_eq!(v.len(), 1, "expected exactly one completion");
         v.remove(0).1

@@ -510,7 +510,7 @@ fn bdev_get_iostat_and_framework_get_reactors_ask_the_cores() {
         .send_blocking(0, move |r| {
             let ch = desc.channel(r).unwrap();
             let cb: Rc<dyn IoCompletion> = Rc::new(move |io: CompletedIo| {
-                let _ = tx.send(io.status.is_ok());
+                let _ = tx.send(io.status().is_ok());
             });
             ch.read(0, 8, SgList::from_buf(DmaBuf::alloc(4096).unwrap()), &cb, 0)
                 .unwrap();

@@ -138,7 +138,7 @@ fn corrupted_stored_pi_is_caught_by_the_bdev_layer_with_the_right_sense() {
         let mut b = DmaBuf::alloc(raw.len()).unwrap();
         b.as_mut_slice().copy_from_slice(&raw);
         let cb: Rc<dyn IoCompletion> =
-            Rc::new(move |io: CompletedIo| *d2.borrow_mut() = Some(io.status));
+            Rc::new(move |io: CompletedIo| *d2.borrow_mut() = Some(io.status()));
         ch.write(lba, 4, SgList::from_buf(b), &cb, 0).unwrap();
         ch
     });

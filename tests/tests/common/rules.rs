@@ -198,15 +198,16 @@ impl BdevJob {
 }
 
 impl IoCompletion for BdevJob {
-    fn complete(&self, io: CompletedIo) {
+    fn complete(&self, io: CompletedIo<'_>) {
         self.done.set(self.done.get() + 1);
-        if io.status.is_err() {
+        if io.status().is_err() {
             self.errors.set(self.errors.get() + 1);
         }
+        let bufs = io.into_bufs();
         if self.next.get() < self.until.get() {
-            self.submit(io.bufs);
+            self.submit(bufs);
         } else {
-            self.idle.borrow_mut().push(io.bufs);
+            self.idle.borrow_mut().push(bufs);
         }
     }
 

@@ -160,11 +160,11 @@ struct Sink {
 }
 
 impl IoCompletion for Sink {
-    fn complete(&self, mut io: CompletedIo) {
-        let buf = io.bufs.pop();
+    fn complete(&self, mut io: CompletedIo<'_>) {
+        let buf = io.bufs_mut().pop();
         self.done
             .borrow_mut()
-            .push_back((io.ctx as u16, io.status, buf));
+            .push_back((io.ctx() as u16, io.status(), buf));
     }
 }
 

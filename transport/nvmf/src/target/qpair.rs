@@ -70,9 +70,9 @@ fn drop_empty(l: SgList) {
 }
 
 impl IoCompletion for IoInbox {
-    fn complete(&self, io: CompletedIo) {
-        let mut bufs = io.bufs;
-        self.put(io.ctx, io.status, &mut bufs);
+    fn complete(&self, mut io: CompletedIo<'_>) {
+        let (ctx, status) = (io.ctx(), io.status());
+        self.put(ctx, status, io.bufs_mut());
     }
 
     /// The I/O path submits in place: the data buffers are swapped out of

@@ -514,7 +514,7 @@ fn protection_information_paths_and_corruption() {
         let done: Rc<RefCell<Option<IoStatus>>> = Rc::default();
         let d2 = done.clone();
         let cb: Rc<dyn IoCompletion> =
-            Rc::new(move |io: CompletedIo| *d2.borrow_mut() = Some(io.status));
+            Rc::new(move |io: CompletedIo| *d2.borrow_mut() = Some(io.status()));
         ch.write(20, 1, SgList::from_buf(b), &cb, 0)
             .expect("submit");
         done
