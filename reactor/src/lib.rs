@@ -77,8 +77,10 @@
 //! the idle policy (`wake`), statistics (`stats`), core sets (`cores`),
 //! the per-I/O clock ([`IoClock`], `io_clock`), control-path locks,
 //! counted ([`sync`]), launching (`launch`), the test cluster
-//! (`test_cluster`), DMA memory ([`mem`]) and asynchronous file I/O
-//! ([`io`]).
+//! (`test_cluster`), DMA memory ([`mem`]) and asynchronous file and
+//! socket I/O ([`io`]; the socket ring, [`io::SockRing`], measured against
+//! plain non-blocking sockets by `cargo bench -p pollux-reactor --bench
+//! sock_engine`).
 
 mod channel;
 mod clock;

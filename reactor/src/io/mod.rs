@@ -1,4 +1,6 @@
-//! Owned-buffer asynchronous file I/O: io_uring and Linux native AIO engines.
+//! Owned-buffer asynchronous file I/O: io_uring and Linux native AIO engines;
+//! and [`SockRing`], an io_uring for stream sockets (multishot receive into
+//! provided buffers, one vectored send per socket per poll).
 //!
 //! One engine per reactor ([`IoEngine`] is implemented by [`UringEngine`],
 //! [`LinuxAioEngine`] and the run-time choice [`AnyEngine`]). An I/O takes
@@ -29,6 +31,7 @@ mod conformance;
 mod engine;
 mod linux_aio;
 mod slots;
+mod sock_ring;
 mod uring;
 
 pub use any::AnyEngine;
@@ -36,4 +39,8 @@ pub use engine::{
     EngineConfig, EngineError, EngineKind, IoDone, IoEngine, IoKind, IoOp, QueueError,
 };
 pub use linux_aio::LinuxAioEngine;
+pub use sock_ring::{
+    SendError, SendList, SockEvent, SockId, SockRing, SockRingConfig, SockRingError, SockRingStats,
+    StableBuf, TaskRun,
+};
 pub use uring::UringEngine;
