@@ -6,7 +6,8 @@
 //! A payload of [`BY_REF_MIN`] bytes or more (in-capsule data, H2CData) is
 //! recorded as (slot, offset, length); each flush hands the socket one
 //! `writev` of up to [`MAX_IOV`] slices, header bytes and slot data in
-//! stream order, as many times as it takes them. When the last byte of
+//! stream order, as many times as it takes them (a plain `write` when only
+//! send-buffer bytes are queued). When the last byte of
 //! such a payload is out, the flush names its slot, so the queue knows when
 //! the command's buffers are no longer referred to.
 
@@ -28,6 +29,8 @@ pub(super) const BY_REF_MIN: usize = 4096;
 /// Slices per `writev` at most (a header, a payload and a digest per
 /// command: a queue of 64 writes leaves in one call).
 const MAX_IOV: usize = 192;
+/// Slices of the array used while few segments are queued.
+const SMALL_IOV: usize = 16;
 
 /// One stretch of the outgoing byte stream.
 #[derive(Debug, Clone, Copy)]
@@ -131,10 +134,24 @@ impl TxQueue {
     ) -> std::io::Result<bool> {
         let mut wrote = false;
         while !self.segs.is_empty() {
-            let res = {
-                let mut iov = [IoSlice::new(&[]); MAX_IOV];
-                let n = self.gather(bufs, &mut iov)?;
-                sock.write_vectored(&iov[..n])
+            let res = match self.segs.front() {
+                // Send-buffer bytes alone (command capsules of reads, small
+                // writes): one plain write, no slice array to set up.
+                Some(&Seg::Bytes(len)) if self.segs.len() == 1 => {
+                    sock.write(&self.buf.unsent_bytes()[..len])
+                }
+                // A few commands' worth (the usual case once the queue is
+                // warm): a small array costs less to set up.
+                _ if self.segs.len() <= SMALL_IOV / 2 => {
+                    let mut iov = [IoSlice::new(&[]); SMALL_IOV];
+                    let n = self.gather(bufs, &mut iov)?;
+                    sock.write_vectored(&iov[..n])
+                }
+                _ => {
+                    let mut iov = [IoSlice::new(&[]); MAX_IOV];
+                    let n = self.gather(bufs, &mut iov)?;
+                    sock.write_vectored(&iov[..n])
+                }
             };
             match res {
                 Ok(0) => return Err(ErrorKind::WriteZero.into()),
@@ -154,13 +171,14 @@ impl TxQueue {
     fn gather<'a>(
         &'a self,
         bufs: &'a dyn SlotBufs,
-        iov: &mut [IoSlice<'a>; MAX_IOV],
+        iov: &mut [IoSlice<'a>],
     ) -> std::io::Result<usize> {
         let bytes = self.buf.unsent_bytes();
+        let max = iov.len();
         let mut at = 0;
         let mut n = 0;
         for seg in &self.segs {
-            if n == MAX_IOV {
+            if n == max {
                 break;
             }
             match *seg {
@@ -177,7 +195,7 @@ impl TxQueue {
                         ));
                     };
                     for_each_slice(data, off, len, |s| {
-                        if n < MAX_IOV {
+                        if n < max {
                             iov[n] = IoSlice::new(s);
                             n += 1;
                         }
@@ -363,6 +381,31 @@ mod tests {
             assert_eq!(named, (0..6).collect::<Vec<_>>());
             assert!(sock.max_slices <= MAX_IOV && sock.max_slices > 2);
         }
+    }
+
+    #[test]
+    fn a_payload_over_more_buffers_than_one_writev_takes_goes_out_whole() {
+        let slots = Slots(vec![Some(data(0, 40, 512))]);
+        let all = flat(slots.0[0].as_ref().expect("data"));
+        let mut q = TxQueue::new(1024, 1);
+        q.push_pdu(PduType::H2cData, &[0u8; 24], 0, all.len());
+        let mut want = q.buf.unsent_bytes().to_vec();
+        q.push_ref(0, slots.0[0].as_ref().expect("data"), 0, all.len());
+        want.extend_from_slice(&all);
+        let mut sock = Trickle {
+            out: Vec::new(),
+            per_call: usize::MAX / 2,
+            took: false,
+            max_slices: 0,
+        };
+        let mut named = 0;
+        while !q.is_empty() {
+            q.flush(&mut sock, &slots, &mut |_| named += 1)
+                .expect("flush");
+        }
+        assert!(sock.out == want);
+        assert_eq!(named, 1);
+        assert!(sock.max_slices <= MAX_IOV);
     }
 
     #[test]
