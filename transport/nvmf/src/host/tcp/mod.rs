@@ -21,8 +21,11 @@
 //! - Reads: C2HData payloads land in the caller's buffers at their DATAO:
 //!   copied once from the receive buffer when they came with earlier
 //!   bytes, else read from the socket straight into the buffers (with the
-//!   receive buffer as the last slice for what follows). The data digest
-//!   is computed over the bytes where they landed.
+//!   receive buffer as the last slice for what follows). While payloads
+//!   are big (16 KiB or more) reads into the receive buffer take at most
+//!   4 KiB, so little more than the next header is copied and the rest of
+//!   each payload goes straight in. The data digest is computed over the
+//!   bytes where they landed.
 //!
 //! The socket is non-blocking and polled; the connect and the ICReq
 //! exchange are the only waits (control path, bounded by the timeout,

@@ -31,6 +31,14 @@ const SQHD_NONE: u16 = 0xFFFF;
 /// C2HData payload left at least this long is read straight from the
 /// socket into the caller's buffers once the receive buffer is empty.
 const DIRECT_MIN: usize = 1024;
+/// C2HData payloads at least this long make the queue read in small
+/// windows until a shorter one comes: the receive buffer then takes a
+/// header and the start of the next payload, and the rest of that payload
+/// is read straight into the caller's buffers instead of being copied out
+/// of a large buffered read.
+const BIG_C2H: usize = 16 * 1024;
+/// The most a read into the receive buffer takes while payloads are big.
+const BIG_RX_WINDOW: usize = 4096;
 /// Slices of one direct read at most: the caller's buffers (as many as the
 /// payload spans, up to all but one), then the receive buffer, which takes
 /// whatever follows the payload (its digest, the next PDU).
@@ -110,6 +118,9 @@ pub struct TcpQueue {
     phase: Phase,
     /// Slots whose held completion may go now (preallocated, one per slot).
     released: Vec<u16>,
+    /// The most one read into the receive buffer takes (smaller while
+    /// C2HData payloads are big, see [`BIG_C2H`]).
+    rx_window: usize,
     dead: Option<String>,
     stats: TcpQueueStats,
 }
@@ -156,6 +167,7 @@ impl TcpQueue {
             rx: RecvBuf::new(RX_LEN),
             phase: Phase::Header,
             released: Vec::with_capacity(entries),
+            rx_window: RX_LEN,
             dead: None,
             stats: TcpQueueStats::default(),
         };
@@ -261,7 +273,7 @@ impl TcpQueue {
 
     /// One read into the receive buffer; `true` when bytes came.
     fn read_in(&mut self) -> Result<bool, HostError> {
-        match self.rx.fill(&mut self.sock) {
+        match self.rx.fill_at_most(&mut self.sock, self.rx_window) {
             Ok(0) => Err(self.fail("the target closed the connection".into())),
             Ok(_) => Ok(true),
             Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::Interrupted => {
@@ -333,7 +345,7 @@ impl TcpQueue {
                 // length): take the ordinary path.
                 return self.read_in();
             }
-            iov[n] = IoSliceMut::new(&mut self.rx.buf[..]);
+            iov[n] = IoSliceMut::new(&mut self.rx.buf[..self.rx_window]);
             n += 1;
             ((&self.sock).read_vectored(&mut iov[..n]), cover)
         };
@@ -523,6 +535,11 @@ impl TcpQueue {
                             let slot = self.check_c2h(&h)?;
                             self.rx.head += need;
                             self.stats.c2h_pdus += 1;
+                            self.rx_window = if h.datal as usize >= BIG_C2H {
+                                BIG_RX_WINDOW
+                            } else {
+                                RX_LEN
+                            };
                             self.phase = Phase::Data {
                                 slot,
                                 off: h.datao as usize,
