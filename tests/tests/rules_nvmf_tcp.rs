@@ -1,10 +1,12 @@
 //! Data-path rules of NVMe/TCP: with the target and the host warm on one
 //! reactor over loopback, 100,000 I/Os each of 512 B (writes in the
-//! capsule, reads copied beside their C2HData header), 4 KiB (in the
-//! capsule; reads sent from the request's buffers by scatter-gather) and
-//! 64 KiB (writes by R2T, reads by scatter-gather), with
-//! digests off and on, make no heap allocation and take no lock, on either
-//! side.
+//! capsule, copied into the send buffer; reads copied beside their
+//! C2HData header), 4 KiB (writes in the capsule sent from the caller's
+//! buffers by scatter-gather; reads sent from the request's buffers by
+//! scatter-gather) and 64 KiB (writes by R2T, their H2CData from the
+//! caller's buffers; reads by scatter-gather), with digests off and on,
+//! make no heap allocation and take no lock, on either side. The host
+//! receives read data straight into the caller's buffers.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -48,6 +50,7 @@ fn nvmf_tcp_target_and_host_allocate_nothing_and_lock_nothing_per_io() {
         (false, 4096),
         (false, 65536),
         (true, 512),
+        (true, 4096),
         (true, 65536),
     ] {
         cl.on(0, |r| {
@@ -75,6 +78,14 @@ fn nvmf_tcp_target_and_host_allocate_nothing_and_lock_nothing_per_io() {
                 assert!(st.r2t > 0, "writes went by R2T: {st:?}");
             }
             assert!(st.c2h_pdus > 0, "{st:?}");
+            if size >= 4096 {
+                assert!(
+                    st.sent_by_ref > 0,
+                    "writes left from the caller's buffers: {st:?}"
+                );
+            } else {
+                assert_eq!(st.sent_by_ref, 0, "small writes were copied: {st:?}");
+            }
             qp.disconnect();
         });
         cl.poll_until_idle().unwrap();

@@ -20,6 +20,17 @@ pub(crate) fn slice_at_mut(bufs: &mut SgList, mut off: usize) -> &mut [u8] {
 /// Copy `src` into `bufs` from byte `off`; returns the bytes copied (fewer
 /// when `bufs` ends first).
 pub(crate) fn write_at(bufs: &mut SgList, off: usize, src: &[u8]) -> usize {
+    write_at_with(bufs, off, src, |_| {})
+}
+
+/// [`write_at`], calling `landed` with each destination slice once it is
+/// written, in order (a data digest over the bytes where they landed).
+pub(crate) fn write_at_with(
+    bufs: &mut SgList,
+    off: usize,
+    src: &[u8],
+    mut landed: impl FnMut(&[u8]),
+) -> usize {
     let mut done = 0;
     while done < src.len() {
         let dst = slice_at_mut(bufs, off + done);
@@ -28,6 +39,7 @@ pub(crate) fn write_at(bufs: &mut SgList, off: usize, src: &[u8]) -> usize {
         }
         let n = dst.len().min(src.len() - done);
         dst[..n].copy_from_slice(&src[done..done + n]);
+        landed(&dst[..n]);
         done += n;
     }
     done
@@ -94,5 +106,11 @@ mod tests {
         assert_eq!(write_at(&mut l, 14, &[9; 5]), 2);
         assert_eq!(slice_at_mut(&mut l, 16).len(), 0);
         assert_eq!(slice_at_mut(&mut l, 9).len(), 7);
+        let mut seen = Vec::new();
+        assert_eq!(
+            write_at_with(&mut l, 6, &[7, 8, 9, 10], |s| seen.push(s.to_vec())),
+            4
+        );
+        assert_eq!(seen, [vec![7, 8], vec![9, 10]]);
     }
 }

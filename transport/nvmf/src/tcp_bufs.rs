@@ -145,6 +145,18 @@ impl RecvBuf {
     /// # Errors
     /// The socket's (`WouldBlock` included); `Ok(0)` is the peer's close.
     pub(crate) fn fill(&mut self, sock: &mut TcpStream) -> std::io::Result<usize> {
+        self.fill_at_most(sock, usize::MAX)
+    }
+
+    /// [`fill`](Self::fill), taking at most `max` bytes (at least one).
+    ///
+    /// # Errors
+    /// As [`fill`](Self::fill).
+    pub(crate) fn fill_at_most(
+        &mut self,
+        sock: &mut TcpStream,
+        max: usize,
+    ) -> std::io::Result<usize> {
         if self.head == self.tail {
             self.head = 0;
             self.tail = 0;
@@ -153,7 +165,8 @@ impl RecvBuf {
             self.tail -= self.head;
             self.head = 0;
         }
-        let n = sock.read(&mut self.buf[self.tail..])?;
+        let end = self.tail + (self.buf.len() - self.tail).min(max.max(1));
+        let n = sock.read(&mut self.buf[self.tail..end])?;
         self.tail += n;
         Ok(n)
     }

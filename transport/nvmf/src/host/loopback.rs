@@ -10,7 +10,7 @@ use std::sync::Arc;
 use pollux_reactor::mem::SgList;
 use pollux_reactor::Reactor;
 
-use super::transport::{DataDir, HostQueue, HostTransport, QueueParams, Queued};
+use super::transport::{DataDir, HostQueue, HostTransport, QueueParams, Queued, SlotBufs};
 use super::HostError;
 use crate::spec::cmd::{NvmeCmd, SQE_SIZE};
 use crate::spec::cpl::NvmeCompletion;
@@ -169,7 +169,7 @@ impl HostQueue for LoopbackQueue {
         Ok(Queued::Yes)
     }
 
-    fn flush(&mut self) -> Result<(), HostError> {
+    fn flush(&mut self, _bufs: &dyn SlotBufs) -> Result<(), HostError> {
         for c in self.staged.drain(..) {
             self.ep
                 .send_capsule(c)
@@ -178,7 +178,11 @@ impl HostQueue for LoopbackQueue {
         Ok(())
     }
 
-    fn poll(&mut self, done: &mut Vec<(u16, NvmeCompletion)>) -> Result<bool, HostError> {
+    fn poll(
+        &mut self,
+        done: &mut Vec<(u16, NvmeCompletion)>,
+        _bufs: &mut dyn SlotBufs,
+    ) -> Result<bool, HostError> {
         let mut any = false;
         while let Some(cpl) = self.ep.recv_completion() {
             any = true;

@@ -41,7 +41,7 @@ pub use error::{HostError, InvalidParam, IoError};
 pub use fabrics::HostIdentity;
 pub use qpair::{Completion, Qpair, SubmitError, SubmitErrorKind, MAX_QUEUE_ENTRIES};
 pub use reconnect::{CtrlLink, CtrlState};
-pub use transport::{DataDir, HostQueue, HostTransport, QueueParams, Queued};
+pub use transport::{DataDir, HostQueue, HostTransport, NoSlotBufs, QueueParams, Queued, SlotBufs};
 pub use trid::{HostTrType, HostTrid, DEFAULT_HOSTNQN, DISCOVERY_NQN};
 
 #[cfg(test)]

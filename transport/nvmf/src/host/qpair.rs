@@ -5,9 +5,12 @@
 //!
 //! Per I/O nothing is allocated and no lock is taken: a free slot is popped
 //! from a preallocated stack, the caller's buffers move into it and come
-//! back in the [`Completion`]. Running out of slots or SQ entries is
-//! back-pressure ([`SubmitErrorKind::Busy`], the buffers are handed back),
-//! never failure. When the queue dies (the target disconnected, a
+//! back in the [`Completion`]; while the command is in flight they stay in
+//! the slot, lent to the transport by slot in every flush and poll
+//! ([`SlotBufs`](super::SlotBufs): the NVMe/TCP queue moves data straight
+//! to and from them). Running out of slots or SQ entries is back-pressure
+//! ([`SubmitErrorKind::Busy`], the buffers are handed back), never
+//! failure. When the queue dies (the target disconnected, a
 //! transport error, a timeout) every outstanding command completes with
 //! [`IoError::Aborted`] (or [`IoError::TimedOut`]) at the next poll.
 
@@ -20,7 +23,7 @@ use std::time::{Duration, Instant};
 use pollux_reactor::mem::SgList;
 use pollux_reactor::Reactor;
 
-use super::transport::{DataDir, HostQueue, Queued};
+use super::transport::{DataDir, HostQueue, Queued, SlotBufs};
 use super::{HostError, IoError};
 use crate::spec::cmd::{IoOpcode, NvmeCmd};
 use crate::spec::cpl::{NvmeCompletion, SQHD_DISABLED};
@@ -69,6 +72,26 @@ struct Slot {
     ctx: u64,
     data: SgList,
     started: Instant,
+}
+
+/// The slots' buffers, lent to the transport in flush and poll (only the
+/// slots that hold a command).
+struct Lent<'a>(&'a mut [Slot]);
+
+impl SlotBufs for Lent<'_> {
+    fn bufs(&self, slot: u16) -> Option<&SgList> {
+        self.0
+            .get(usize::from(slot))
+            .filter(|s| s.busy)
+            .map(|s| &s.data)
+    }
+
+    fn bufs_mut(&mut self, slot: u16) -> Option<&mut SgList> {
+        self.0
+            .get_mut(usize::from(slot))
+            .filter(|s| s.busy)
+            .map(|s| &mut s.data)
+    }
 }
 
 /// One queue pair over a host transport queue `Q` (`!Send`).
@@ -496,7 +519,7 @@ impl<Q: HostQueue> Qpair<Q> {
             return;
         }
         self.staged = false;
-        if let Err(e) = self.q.flush() {
+        if let Err(e) = self.q.flush(&Lent(&mut self.slots)) {
             self.die(e);
         }
     }
@@ -529,7 +552,7 @@ impl<Q: HostQueue> Qpair<Q> {
             return self.fail_all(f);
         }
         self.ready.clear();
-        if let Err(e) = self.q.poll(&mut self.ready) {
+        if let Err(e) = self.q.poll(&mut self.ready, &mut Lent(&mut self.slots)) {
             self.die(e);
         }
         let mut n = 0;

@@ -8,6 +8,13 @@
 //! in-capsule data), sends the capsule, and reports each command's
 //! completion once it is safe to hand the buffers back (RDMA: the send
 //! completion and the response arrived, and the memory key is invalidated).
+//!
+//! The caller's buffers stay in the core's slots while their command is in
+//! flight; the core lends them to the transport by slot ([`SlotBufs`]) in
+//! [`HostQueue::flush`] and [`HostQueue::poll`], so a stream transport
+//! (NVMe/TCP) sends write data from them and receives read data into them
+//! without a staging copy. Transports that move data otherwise (RDMA by
+//! memory keys, loopback) ignore the lender.
 
 use pollux_reactor::mem::SgList;
 
@@ -53,6 +60,34 @@ pub enum Queued {
 
 pub use super::pi::PiIo;
 
+/// The caller's buffers of the commands in flight, by slot: what the core
+/// lends a transport during [`HostQueue::flush`] and [`HostQueue::poll`].
+/// A slot's buffers are lent from the moment
+/// [`queue_cmd`](HostQueue::queue_cmd) answered [`Queued::Yes`] until
+/// [`poll`](HostQueue::poll) reports the slot (or the queue died).
+pub trait SlotBufs {
+    /// The buffers of slot `slot`'s command; `None` when the slot holds no
+    /// command.
+    fn bufs(&self, slot: u16) -> Option<&SgList>;
+
+    /// The same, writable (read data lands there).
+    fn bufs_mut(&mut self, slot: u16) -> Option<&mut SgList>;
+}
+
+/// A lender with nothing to lend (no command in flight).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoSlotBufs;
+
+impl SlotBufs for NoSlotBufs {
+    fn bufs(&self, _slot: u16) -> Option<&SgList> {
+        None
+    }
+
+    fn bufs_mut(&mut self, _slot: u16) -> Option<&mut SgList> {
+        None
+    }
+}
+
 /// One connected queue of a host transport (`!Send`: lives on one reactor).
 /// Data-path methods allocate nothing and take no lock.
 pub trait HostQueue {
@@ -61,7 +96,10 @@ pub trait HostQueue {
 
     /// Prepare `cmd` (its CID set by the core) for slot `slot`: set its SGL
     /// for `data` in direction `dir` and stage the work. `data` stays owned
-    /// by the core and untouched until [`HostQueue::poll`] reports the slot.
+    /// by the core and untouched by it until [`HostQueue::poll`] reports the
+    /// slot; once this answers [`Queued::Yes`] the core keeps it in the slot
+    /// and lends it back by [`SlotBufs`] in every flush and poll, so the
+    /// transport may refer to it by slot instead of copying it.
     ///
     /// # Errors
     /// [`HostError::Unsupported`] when the data cannot be described (too
@@ -74,20 +112,28 @@ pub trait HostQueue {
         data: &SgList,
     ) -> Result<Queued, HostError>;
 
-    /// Ring the doorbell: post everything staged since the last flush.
+    /// Ring the doorbell: post everything staged since the last flush
+    /// (`bufs`: the buffers of the commands in flight, for a transport that
+    /// sends write data from them).
     ///
     /// # Errors
     /// [`HostError::Disconnected`] when the queue is dead.
-    fn flush(&mut self) -> Result<(), HostError>;
+    fn flush(&mut self, bufs: &dyn SlotBufs) -> Result<(), HostError>;
 
     /// Reap completions: push `(slot, completion)` for every command that is
-    /// finished (response received and its resources released) into `done`.
-    /// Returns whether it did any work.
+    /// finished (response received, its data in `bufs` and every resource
+    /// that refers to them released) into `done`. `bufs` lends the buffers
+    /// of the commands in flight (read data may land there, write data may
+    /// be sent from there). Returns whether it did any work.
     ///
     /// # Errors
     /// [`HostError::Disconnected`] (or another error) when the queue died:
     /// the core then fails every outstanding command.
-    fn poll(&mut self, done: &mut Vec<(u16, NvmeCompletion)>) -> Result<bool, HostError>;
+    fn poll(
+        &mut self,
+        done: &mut Vec<(u16, NvmeCompletion)>,
+        bufs: &mut dyn SlotBufs,
+    ) -> Result<bool, HostError>;
 
     /// Whether this transport needs keyed SGLs (RDMA: the target reaches
     /// host memory by key, so a controller without them is refused).

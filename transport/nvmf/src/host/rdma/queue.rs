@@ -18,7 +18,7 @@ use super::mr_cache::MrCache;
 use super::wrid::{decode, encode, WrKind};
 use super::{MemMode, RdmaHostOptions};
 use crate::host::pi::{HostPi, PiIo};
-use crate::host::transport::{DataDir, HostQueue, QueueParams, Queued};
+use crate::host::transport::{DataDir, HostQueue, QueueParams, Queued, SlotBufs};
 use crate::host::HostError;
 use crate::spec::cmd::{NvmeCmd, SQE_SIZE};
 use crate::spec::cpl::{NvmeCompletion, NvmeStatus, CQE_SIZE};
@@ -908,7 +908,7 @@ impl<P: Provider> HostQueue for RdmaQueue<P> {
         self.stage(slot, cmd)
     }
 
-    fn flush(&mut self) -> Result<(), HostError> {
+    fn flush(&mut self, _bufs: &dyn SlotBufs) -> Result<(), HostError> {
         if let Some(d) = &self.dead {
             return Err(HostError::Disconnected(d.clone()));
         }
@@ -918,7 +918,11 @@ impl<P: Provider> HostQueue for RdmaQueue<P> {
         Ok(())
     }
 
-    fn poll(&mut self, done: &mut Vec<(u16, NvmeCompletion)>) -> Result<bool, HostError> {
+    fn poll(
+        &mut self,
+        done: &mut Vec<(u16, NvmeCompletion)>,
+        bufs: &mut dyn SlotBufs,
+    ) -> Result<bool, HostError> {
         if let Some(d) = &self.dead {
             return Err(HostError::Disconnected(d.clone()));
         }
@@ -946,7 +950,7 @@ impl<P: Provider> HostQueue for RdmaQueue<P> {
             }
         }
         if !self.staged.is_empty() {
-            self.flush()?;
+            self.flush(&*bufs)?;
         }
         if n == 0 && self.polls % CM_CHECK_EVERY == 0 {
             self.check_cm()?;

@@ -10,17 +10,32 @@
 //!   data digest, connect timeout) for one reactor's queues.
 //! - [`TcpQueue`]: one queue (`queue.rs`).
 //!
-//! Data: the queue keeps one staging buffer per slot (grown to the
-//! largest transfer once, then reused): write data is copied there when
-//! the command is queued (the core's buffers are not reachable later),
-//! read data lands there and is copied into the caller's buffers when the
-//! command completes ([`HostQueue::finish`](super::HostQueue::finish)).
+//! Data moves without staging copies: the core keeps the caller's buffers
+//! in its slots and lends them to the queue by slot in every flush and
+//! poll ([`SlotBufs`](super::SlotBufs)).
+//! - Writes: in-capsule data and H2CData payloads of a page or more go out
+//!   from the caller's buffers by scatter-gather (`writev` of PDU headers
+//!   and buffer slices, `tx.rs`); smaller ones are copied into the send
+//!   buffer (cheaper than another slice). A command's completion is held
+//!   back until its last referenced byte is written.
+//! - Reads: C2HData payloads land in the caller's buffers at their DATAO:
+//!   copied once from the receive buffer when they came with earlier
+//!   bytes, else read from the socket straight into the buffers (with the
+//!   receive buffer as the last slice for what follows). While payloads
+//!   are big (16 KiB or more) reads into the receive buffer take at most
+//!   4 KiB, so little more than the next header is copied and the rest of
+//!   each payload goes straight in. The data digest is computed over the
+//!   bytes where they landed.
+//!
 //! The socket is non-blocking and polled; the connect and the ICReq
 //! exchange are the only waits (control path, bounded by the timeout,
 //! polling the current reactor so an in-process target progresses).
 //! Reconnection is the host core's ([`Controller::poll_recover`](super::Controller::poll_recover)).
 
 mod queue;
+#[cfg(test)]
+mod tests;
+mod tx;
 
 use std::net::SocketAddr;
 use std::time::Duration;

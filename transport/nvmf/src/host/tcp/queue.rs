@@ -1,14 +1,15 @@
 //! [`TcpQueue`]: one NVMe/TCP host queue (see the module docs of
 //! [`super`]).
 
-use std::io::ErrorKind;
+use std::io::{ErrorKind, IoSliceMut, Read};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Instant;
 
 use pollux_reactor::mem::SgList;
 
-use super::super::transport::{DataDir, HostQueue, QueueParams, Queued};
+use super::super::transport::{DataDir, HostQueue, NoSlotBufs, QueueParams, Queued, SlotBufs};
 use super::super::HostError;
+use super::tx::{TxQueue, BY_REF_MIN};
 use super::TcpHostOptions;
 use crate::sg_at;
 use crate::spec::cmd::NvmeCmd;
@@ -19,7 +20,7 @@ use crate::spec::tcp::{
     IcReq, IcResp, PduType, R2t, SendLayout, TcpPduError, TermReq, ADMIN_ICD_SIZE, CH_LEN,
     DIGEST_LEN, FLAG_LAST_PDU, FLAG_SUCCESS, IC_PDU_LEN, SHORT_HLEN, TERM_REQ_MAX_DATA,
 };
-use crate::tcp_bufs::{RecvBuf, SendBuf};
+use crate::tcp_bufs::RecvBuf;
 
 /// Receive buffer size.
 const RX_LEN: usize = 256 * 1024;
@@ -27,6 +28,21 @@ const RX_LEN: usize = 256 * 1024;
 const READS_PER_POLL: usize = 4;
 /// SQHD of a completion the transport made up (C2H SUCCESS).
 const SQHD_NONE: u16 = 0xFFFF;
+/// C2HData payload left at least this long is read straight from the
+/// socket into the caller's buffers once the receive buffer is empty.
+const DIRECT_MIN: usize = 1024;
+/// C2HData payloads at least this long make the queue read in small
+/// windows until a shorter one comes: the receive buffer then takes a
+/// header and the start of the next payload, and the rest of that payload
+/// is read straight into the caller's buffers instead of being copied out
+/// of a large buffered read.
+const BIG_C2H: usize = 16 * 1024;
+/// The most a read into the receive buffer takes while payloads are big.
+const BIG_RX_WINDOW: usize = 4096;
+/// Slices of one direct read at most: the caller's buffers (as many as the
+/// payload spans, up to all but one), then the receive buffer, which takes
+/// whatever follows the payload (its digest, the next PDU).
+const RX_IOV: usize = 17;
 
 /// Counters of one queue.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -37,32 +53,43 @@ pub struct TcpQueueStats {
     pub r2t: u64,
     /// H2CData PDUs sent.
     pub h2c_pdus: u64,
+    /// Write payloads (in-capsule data or H2CData) sent from the caller's
+    /// buffers by scatter-gather rather than copied.
+    pub sent_by_ref: u64,
     /// C2HData PDUs received.
     pub c2h_pdus: u64,
+    /// Read data bytes read from the socket straight into the caller's
+    /// buffers (the rest was copied there once from the receive buffer).
+    pub c2h_direct_bytes: u64,
     /// Reads completed by a C2HData SUCCESS flag (no response capsule).
     pub c2h_success: u64,
     /// PDUs whose data digest did not match (the command failed).
     pub data_digest_errors: u64,
 }
 
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Copy, Default)]
 struct Slot {
     busy: bool,
     cid: u16,
     dir: Option<DataDir>,
     len: usize,
-    /// Write data (R2T) or read data.
-    staging: Vec<u8>,
     /// Read data received so far.
     received: usize,
     /// A C2HData digest failed.
     corrupt: bool,
+    /// Payloads of this slot queued by reference and not written yet.
+    tx_refs: u32,
+    /// The completion, held back while `tx_refs > 0` (the target answered
+    /// before all of the command's data left; its buffers are still
+    /// referred to).
+    held: Option<NvmeCompletion>,
 }
 
 #[derive(Debug, Clone, Copy)]
 enum Phase {
     Header,
-    /// C2HData payload for `slot`.
+    /// C2HData payload for `slot`: `left` bytes still to come, the next at
+    /// `off` in the slot's buffers.
     Data {
         slot: usize,
         off: usize,
@@ -86,9 +113,14 @@ pub struct TcpQueue {
     digests: Digests,
     maxh2cdata: u32,
     slots: Vec<Slot>,
-    tx: SendBuf,
+    tx: TxQueue,
     rx: RecvBuf,
     phase: Phase,
+    /// Slots whose held completion may go now (preallocated, one per slot).
+    released: Vec<u16>,
+    /// The most one read into the receive buffer takes (smaller while
+    /// C2HData payloads are big, see [`BIG_C2H`]).
+    rx_window: usize,
     dead: Option<String>,
     stats: TcpQueueStats,
 }
@@ -131,9 +163,11 @@ impl TcpQueue {
             digests: Digests::default(),
             maxh2cdata: crate::spec::tcp::MIN_MAXH2CDATA,
             slots: vec![Slot::default(); entries],
-            tx: SendBuf::new(64 * 1024),
+            tx: TxQueue::new(64 * 1024, entries),
             rx: RecvBuf::new(RX_LEN),
             phase: Phase::Header,
+            released: Vec::with_capacity(entries),
+            rx_window: RX_LEN,
             dead: None,
             stats: TcpQueueStats::default(),
         };
@@ -149,7 +183,7 @@ impl TcpQueue {
         q.tx.push_raw(&req.encode());
         let start = Instant::now();
         loop {
-            q.write_out()?;
+            q.write_out(&NoSlotBufs)?;
             q.read_in()?;
             if q.rx.avail() >= IC_PDU_LEN {
                 break;
@@ -188,7 +222,7 @@ impl TcpQueue {
         }
         q.rx.head += IC_PDU_LEN;
         q.digests = rsp.digests;
-        q.tx.layout = SendLayout::new(rsp.digests, rsp.cpda);
+        q.tx.buf.layout = SendLayout::new(rsp.digests, rsp.cpda);
         q.maxh2cdata = rsp.maxh2cdata;
         log::debug!(
             "nvmf tcp host: queue {} up, digests {:?}, MAXH2CDATA {}",
@@ -214,8 +248,21 @@ impl TcpQueue {
         self.stats
     }
 
-    fn write_out(&mut self) -> Result<bool, HostError> {
-        match self.tx.flush(&mut self.sock) {
+    /// Write what is queued, taking referenced write data from `bufs`;
+    /// `true` when bytes left. A slot whose last referenced payload went
+    /// out and whose completion was held back is queued for release.
+    fn write_out(&mut self, bufs: &dyn SlotBufs) -> Result<bool, HostError> {
+        let slots = &mut self.slots;
+        let released = &mut self.released;
+        let res = self.tx.flush(&mut self.sock, bufs, &mut |slot| {
+            if let Some(s) = slots.get_mut(usize::from(slot)) {
+                s.tx_refs = s.tx_refs.saturating_sub(1);
+                if s.tx_refs == 0 && s.held.is_some() {
+                    released.push(slot);
+                }
+            }
+        });
+        match res {
             Ok(wrote) => Ok(wrote),
             Err(e) if e.kind() == ErrorKind::WriteZero => {
                 Err(self.fail("the target closed the connection".into()))
@@ -226,7 +273,7 @@ impl TcpQueue {
 
     /// One read into the receive buffer; `true` when bytes came.
     fn read_in(&mut self) -> Result<bool, HostError> {
-        match self.rx.fill(&mut self.sock) {
+        match self.rx.fill_at_most(&mut self.sock, self.rx_window) {
             Ok(0) => Err(self.fail("the target closed the connection".into())),
             Ok(_) => Ok(true),
             Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::Interrupted => {
@@ -236,17 +283,145 @@ impl TcpQueue {
         }
     }
 
+    /// Whether the next read should go straight into a slot's buffers: the
+    /// receive buffer is empty and a long C2HData payload is under way.
+    fn direct_slot(&self) -> Option<usize> {
+        match self.phase {
+            Phase::Data { slot, left, .. } if left >= DIRECT_MIN && self.rx.avail() == 0 => {
+                Some(slot)
+            }
+            _ => None,
+        }
+    }
+
+    /// One read of C2HData payload straight into slot `slot`'s buffers (at
+    /// the payload's offset, as many of them as it spans), with the
+    /// receive buffer last for whatever follows the payload. The data
+    /// digest runs over the bytes where they landed. `true` when bytes
+    /// came.
+    fn read_direct(
+        &mut self,
+        slot: usize,
+        bufs: &mut dyn SlotBufs,
+        done: &mut Vec<(u16, NvmeCompletion)>,
+    ) -> Result<bool, HostError> {
+        let Phase::Data {
+            off,
+            left,
+            crc,
+            ddgst,
+            ..
+        } = self.phase
+        else {
+            return self.read_in();
+        };
+        let Some(data) = bufs.bufs_mut(slot as u16) else {
+            return self.read_in();
+        };
+        // Empty (see `direct_slot`): what follows the payload lands at 0.
+        self.rx.head = 0;
+        self.rx.tail = 0;
+        let (res, cover) = {
+            let mut iov: [IoSliceMut<'_>; RX_IOV] =
+                std::array::from_fn(|_| IoSliceMut::new(&mut []));
+            let (mut n, mut cover, mut skip) = (0, 0, off);
+            for b in data.iter_mut() {
+                if n == RX_IOV - 1 || cover == left {
+                    break;
+                }
+                let s = b.as_mut_slice();
+                if skip >= s.len() {
+                    skip -= s.len();
+                    continue;
+                }
+                let take = (s.len() - skip).min(left - cover);
+                iov[n] = IoSliceMut::new(&mut s[skip..skip + take]);
+                n += 1;
+                cover += take;
+                skip = 0;
+            }
+            if cover == 0 {
+                // Cannot happen (the offset was checked against the
+                // length): take the ordinary path.
+                return self.read_in();
+            }
+            iov[n] = IoSliceMut::new(&mut self.rx.buf[..self.rx_window]);
+            n += 1;
+            ((&self.sock).read_vectored(&mut iov[..n]), cover)
+        };
+        let got = match res {
+            Ok(0) => return Err(self.fail("the target closed the connection".into())),
+            Ok(got) => got,
+            Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::Interrupted => {
+                return Ok(false)
+            }
+            Err(e) => return Err(self.fail(format!("receive: {e}"))),
+        };
+        let landed = got.min(cover);
+        self.rx.tail = got - landed;
+        let mut crc = crc;
+        if ddgst {
+            sg_at::for_each_slice(data, off, landed, |s| crc = crc32c_append(crc, s));
+        }
+        self.stats.c2h_direct_bytes += landed as u64;
+        self.data_in(landed, crc, done);
+        Ok(true)
+    }
+
+    /// `n` more bytes of the C2HData payload under way are in the slot's
+    /// buffers (`crc`: the digest so far); finish the payload when they
+    /// were its last.
+    fn data_in(&mut self, n: usize, crc: u32, done: &mut Vec<(u16, NvmeCompletion)>) {
+        let Phase::Data {
+            slot,
+            off,
+            left,
+            ddgst,
+            flags,
+            ..
+        } = self.phase
+        else {
+            return;
+        };
+        if let Some(s) = self.slots.get_mut(slot) {
+            s.received += n;
+        }
+        self.phase = if left > n {
+            Phase::Data {
+                slot,
+                off: off + n,
+                left: left - n,
+                crc,
+                ddgst,
+                flags,
+            }
+        } else if ddgst {
+            Phase::Digest { slot, crc, flags }
+        } else {
+            self.c2h_done(slot, flags, true, done);
+            Phase::Header
+        };
+    }
+
     fn fail(&mut self, why: String) -> HostError {
         if self.dead.is_none() {
             log::debug!("nvmf tcp host: queue {} down: {why}", self.qid);
             self.dead = Some(why.clone());
             let _ = self.sock.shutdown(std::net::Shutdown::Both);
+            // Nothing more goes out: drop every reference to the caller's
+            // buffers (the core takes them back through `abandon`).
+            self.tx.discard();
+            self.released.clear();
+            for s in &mut self.slots {
+                s.tx_refs = 0;
+                s.held = None;
+            }
         }
         HostError::Disconnected(why)
     }
 
     /// A fatal PDU error: H2CTermReq, then down.
-    fn terminate(&mut self, e: TcpPduError) -> HostError {
+    fn terminate(&mut self, e: TcpPduError, bufs: &dyn SlotBufs) -> HostError {
         let end = (self.rx.head + TERM_REQ_MAX_DATA).min(self.rx.tail);
         let mut out = [0u8; SHORT_HLEN + TERM_REQ_MAX_DATA];
         let n = TermReq {
@@ -255,7 +430,7 @@ impl TcpQueue {
         }
         .encode_into(false, &self.rx.buf[self.rx.head..end], &mut out);
         self.tx.push_raw(&out[..n]);
-        let _ = self.write_out();
+        let _ = self.write_out(bufs);
         self.fail(format!("protocol error from the target: {e}"))
     }
 
@@ -271,9 +446,17 @@ impl TcpQueue {
         self.slots.iter().position(|s| s.busy && s.cid == cid)
     }
 
-    /// Handle the buffered bytes; completions go to `done`.
-    fn handle(&mut self, done: &mut Vec<(u16, NvmeCompletion)>) -> Result<(), TcpPduError> {
+    /// Handle the buffered bytes: C2HData payloads go into the caller's
+    /// buffers (`bufs`), completions to `done`.
+    fn handle(
+        &mut self,
+        done: &mut Vec<(u16, NvmeCompletion)>,
+        bufs: &mut dyn SlotBufs,
+    ) -> Result<(), TcpPduError> {
         loop {
+            if self.dead.is_some() {
+                return Ok(());
+            }
             let avail = self.rx.tail - self.rx.head;
             match self.phase {
                 Phase::Data {
@@ -282,38 +465,28 @@ impl TcpQueue {
                     left,
                     crc,
                     ddgst,
-                    flags,
+                    ..
                 } => {
                     if avail == 0 {
                         return Ok(());
                     }
                     let n = avail.min(left);
-                    let src = self.rx.head..self.rx.head + n;
-                    let crc = if ddgst {
-                        crc32c_append(crc, &self.rx.buf[src.clone()])
-                    } else {
-                        crc
-                    };
-                    if let Some(s) = self.slots.get_mut(slot) {
-                        s.staging[off..off + n].copy_from_slice(&self.rx.buf[src]);
-                        s.received += n;
+                    let src = &self.rx.buf[self.rx.head..self.rx.head + n];
+                    let mut crc = crc;
+                    match bufs.bufs_mut(slot as u16) {
+                        Some(data) if ddgst => {
+                            sg_at::write_at_with(data, off, src, |s| crc = crc32c_append(crc, s));
+                        }
+                        Some(data) => {
+                            sg_at::write_at(data, off, src);
+                        }
+                        // Not lent (cannot happen): the bytes are dropped,
+                        // the stream stays framed.
+                        None if ddgst => crc = crc32c_append(crc, src),
+                        None => {}
                     }
                     self.rx.head += n;
-                    self.phase = if left > n {
-                        Phase::Data {
-                            slot,
-                            off: off + n,
-                            left: left - n,
-                            crc,
-                            ddgst,
-                            flags,
-                        }
-                    } else if ddgst {
-                        Phase::Digest { slot, crc, flags }
-                    } else {
-                        self.c2h_done(slot, flags, true, done);
-                        Phase::Header
-                    };
+                    self.data_in(n, crc, done);
                 }
                 Phase::Digest { slot, crc, flags } => {
                     if avail < DIGEST_LEN {
@@ -362,6 +535,11 @@ impl TcpQueue {
                             let slot = self.check_c2h(&h)?;
                             self.rx.head += need;
                             self.stats.c2h_pdus += 1;
+                            self.rx_window = if h.datal as usize >= BIG_C2H {
+                                BIG_RX_WINDOW
+                            } else {
+                                RX_LEN
+                            };
                             self.phase = Phase::Data {
                                 slot,
                                 off: h.datao as usize,
@@ -374,7 +552,7 @@ impl TcpQueue {
                         PduType::R2t => {
                             let r = R2t::parse(&self.rx.buf[pdu])?;
                             self.rx.head += need;
-                            self.answer_r2t(&r)?;
+                            self.answer_r2t(&r, &*bufs)?;
                         }
                         PduType::C2hTermReq => {
                             let t = TermReq::parse(&self.rx.buf[pdu]);
@@ -446,6 +624,8 @@ impl TcpQueue {
         }
     }
 
+    /// Slot `slot`'s command is finished: report it, or hold the report
+    /// back while payloads of it queued by reference are not all out.
     fn complete(
         &mut self,
         slot: usize,
@@ -457,10 +637,30 @@ impl TcpQueue {
             cpl.status = NvmeStatus::TRANSIENT_TRANSPORT_ERROR;
         }
         s.busy = false;
-        done.push((slot as u16, cpl));
+        if s.tx_refs > 0 {
+            s.held = Some(cpl);
+        } else {
+            done.push((slot as u16, cpl));
+        }
     }
 
-    fn answer_r2t(&mut self, r: &R2t) -> Result<(), TcpPduError> {
+    /// Report the held completions whose data is out now.
+    fn report_released(&mut self, done: &mut Vec<(u16, NvmeCompletion)>) {
+        for slot in self.released.drain(..) {
+            if let Some(cpl) = self
+                .slots
+                .get_mut(usize::from(slot))
+                .and_then(|s| s.held.take())
+            {
+                done.push((slot, cpl));
+            }
+        }
+    }
+
+    /// Queue the H2CData PDUs an R2T asks for (each at most MAXH2CDATA),
+    /// their payloads from slot's buffers in `bufs`: by reference from a
+    /// page up, copied below.
+    fn answer_r2t(&mut self, r: &R2t, bufs: &dyn SlotBufs) -> Result<(), TcpPduError> {
         let slot = self
             .slot_of(r.cccid)
             .filter(|&s| self.slots[s].dir == Some(DataDir::ToCtrl))
@@ -478,8 +678,13 @@ impl TcpQueue {
                 limit: len as u32,
             });
         }
+        let Some(data) = bufs.bufs(slot as u16) else {
+            // The core lends every slot in flight: a bug, not the target's.
+            let _ = self.fail(format!("slot {slot}'s write buffers are not lent"));
+            return Ok(());
+        };
         self.stats.r2t += 1;
-        let max = self.maxh2cdata as usize;
+        let max = (self.maxh2cdata as usize).max(1);
         let mut at = off;
         while at < off + n {
             let chunk = (off + n - at).min(max);
@@ -496,8 +701,13 @@ impl TcpQueue {
                 if last { FLAG_LAST_PDU } else { 0 },
                 chunk,
             );
-            let src = &self.slots[slot].staging[at..at + chunk];
-            self.tx.push_data(chunk, |out| out.extend_from_slice(src));
+            if chunk >= BY_REF_MIN {
+                self.tx.push_ref(slot as u16, data, at, chunk);
+                self.slots[slot].tx_refs += 1;
+                self.stats.sent_by_ref += 1;
+            } else {
+                self.tx.push_copy(data, at, chunk);
+            }
             self.stats.h2c_pdus += 1;
             at += chunk;
         }
@@ -537,49 +747,53 @@ impl HostQueue for TcpQueue {
             SglDescriptor::Transport { len: len32 }
         };
         cmd.set_sgl(&sgl);
-        let s = &mut self.slots[si];
-        s.busy = true;
-        s.cid = cmd.cid;
-        s.dir = Some(dir);
-        s.len = len;
-        s.received = 0;
-        s.corrupt = false;
-        match dir {
-            DataDir::ToCtrl if !inline => {
-                s.staging.clear();
-                sg_at::append_from(data, 0, len, &mut s.staging);
-            }
-            DataDir::FromCtrl => s.staging.resize(len, 0),
-            _ => {}
-        }
+        self.slots[si] = Slot {
+            busy: true,
+            cid: cmd.cid,
+            dir: Some(dir),
+            len,
+            ..Slot::default()
+        };
         let hdr = CapsuleCmdHdr::encode(&cmd.encode());
         let icd = if inline { len } else { 0 };
         self.tx.push_pdu(PduType::CapsuleCmd, &hdr, 0, icd);
         if inline {
             self.stats.inline += 1;
-            self.tx.push_data(len, |out| {
-                sg_at::append_from(data, 0, len, out);
-            });
+            if len >= BY_REF_MIN {
+                // The core keeps `data` in the slot and lends it to flush.
+                self.tx.push_ref(slot, data, 0, len);
+                self.slots[si].tx_refs = 1;
+                self.stats.sent_by_ref += 1;
+            } else {
+                self.tx.push_copy(data, 0, len);
+            }
         }
         Ok(Queued::Yes)
     }
 
-    fn flush(&mut self) -> Result<(), HostError> {
+    fn flush(&mut self, bufs: &dyn SlotBufs) -> Result<(), HostError> {
         if let Some(why) = &self.dead {
             return Err(HostError::Disconnected(why.clone()));
         }
-        self.write_out().map(|_| ())
+        self.write_out(bufs).map(|_| ())
     }
 
-    fn poll(&mut self, done: &mut Vec<(u16, NvmeCompletion)>) -> Result<bool, HostError> {
+    fn poll(
+        &mut self,
+        done: &mut Vec<(u16, NvmeCompletion)>,
+        bufs: &mut dyn SlotBufs,
+    ) -> Result<bool, HostError> {
         if let Some(why) = &self.dead {
             return Err(HostError::Disconnected(why.clone()));
         }
-        let mut busy = self.write_out()?;
+        let mut busy = self.write_out(&*bufs)?;
         for _ in 0..READS_PER_POLL {
-            let got = self.read_in()?;
-            if let Err(e) = self.handle(done) {
-                return Err(self.terminate(e));
+            let got = match self.direct_slot() {
+                Some(slot) => self.read_direct(slot, bufs, done)?,
+                None => self.read_in()?,
+            };
+            if let Err(e) = self.handle(done, bufs) {
+                return Err(self.terminate(e, &*bufs));
             }
             if let Some(why) = &self.dead {
                 return Err(HostError::Disconnected(why.clone()));
@@ -590,16 +804,9 @@ impl HostQueue for TcpQueue {
             busy = true;
         }
         // R2T answers go out in the same poll.
-        busy |= self.write_out()?;
+        busy |= self.write_out(&*bufs)?;
+        self.report_released(done);
         Ok(busy || !done.is_empty())
-    }
-
-    fn finish(&mut self, slot: u16, data: &mut SgList) {
-        if let Some(s) = self.slots.get(usize::from(slot)) {
-            if s.dir == Some(DataDir::FromCtrl) {
-                sg_at::write_at(data, 0, &s.staging[..s.len.min(s.staging.len())]);
-            }
-        }
     }
 
     fn disable_sq_flow(&self) -> bool {
@@ -615,14 +822,20 @@ impl HostQueue for TcpQueue {
     fn abandon(&mut self, slot: u16) {
         if let Some(s) = self.slots.get_mut(usize::from(slot)) {
             s.busy = false;
+            s.held = None;
         }
     }
 
     fn slot_state(&self, slot: u16) -> Option<String> {
         let s = self.slots.get(usize::from(slot))?;
         Some(format!(
-            "busy {} dir {:?} len {} received {}",
-            s.busy, s.dir, s.len, s.received
+            "busy {} dir {:?} len {} received {} unsent payloads {} held {}",
+            s.busy,
+            s.dir,
+            s.len,
+            s.received,
+            s.tx_refs,
+            s.held.is_some()
         ))
     }
 
