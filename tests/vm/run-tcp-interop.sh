@@ -16,7 +16,7 @@ out=target/tcp-interop
 rm -rf "$out" && mkdir -p "$out" || exit 125
 tests/vm/build-bins.sh "$out" pollux-tgt pollux-perf || exit 1
 t0=$SECONDS
-"$LAB" -t 900 --out "$out" "$@" run tests/vm/tcp-guest.sh "$PWD/$out/pollux-tgt" "$PWD/$out/pollux-perf"
+"$LAB" -t 1200 --out "$out" "$@" run tests/vm/tcp-guest.sh "$PWD/$out/pollux-tgt" "$PWD/$out/pollux-perf"
 rc=$?
 echo "tcp-interop: exit $rc after $((SECONDS - t0)) s (boot included)" >&2
 exit $rc

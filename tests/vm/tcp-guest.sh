@@ -17,10 +17,45 @@
 #   knvmet   pollux-perf (our host) --verify against the kernel target
 #            (nvmet-tcp via configfs, a tmpfs file, $T:4421), without and
 #            with both digests
+#   kcompare the kernel host (nvme connect -t tcp + fio) against both
+#            targets doing the same work, connected side by side: pollux-tgt
+#            ($T:4420, reactor pinned to vCPU 0, a 1 GiB null bdev of 512 B
+#            blocks) and nvmet-tcp ($T:4421, a 1 GiB null_blk device of 512 B
+#            blocks, irqmode=0, made through null_blk's configfs; the tmpfs
+#            file of knvmet if null_blk is missing or
+#            LAB_USER_TCP_KCMP_NULLB=0, said so in the output; its 4 KiB
+#            blocks then drop the 512 B cell).
+#            fio libaio direct=1 randread, 4 KiB QD 32, 512 B QD 32 and 4 KiB
+#            QD 1, each 2 s after a 0.5 s ramp, on vCPU 1 (when the guest has
+#            two; with one everything shares it, said so), 3 rounds per cell
+#            that alternate the order (pollux first in odd rounds, nvmet
+#            first in even ones), medians; pollux-tgt is stopped
+#            (SIGSTOP, host keep-alive 60 s) while fio runs against nvmet, so
+#            its busy-polling reactor takes no CPU from the kernel target.
+#            Prints a line per run (target, block size, QD, IOPS, mean and
+#            p99 latency, each vCPU's busy share; then NET_RX softirqs per
+#            vCPU, ksoftirqd/0's CPU time and, for pollux-tgt, how often its
+#            threads were preempted: the kernel's receive work that competes
+#            with the reactor on vCPU 0), a median line per cell and
+#            `kcompare: 4k pollux/knvmet = X.XX` (likewise 512 and 4k-qd1:
+#            the ratio of the median IOPS; the same lines in the summary).
+#            Receive packet steering stays as the lab sets it (every vCPU)
+#            unless LAB_USER_TCP_KCMP_RPS gives the veth ends' rps_cpus mask
+#            for this run (2: vCPU 1 only, off the reactor's vCPU).
+#            It fails only on functional errors (connect, fio, no I/O seen by
+#            null_blk, teardown): under TCG the rates depend on the host's
+#            load and on how QEMU schedules two vCPUs, so a ratio below 1.0
+#            is reported prominently (also in the summary) and not failed;
+#            the rates themselves are no performance figures.
 # Prints one PASS/FAIL line per check and a summary; exits 1 on any failure
 # (with the tails of the target log and of dmesg).
 # Knobs: LAB_USER_TCP_SCALE (fio size multiplier, default 1),
-# LAB_USER_TCP_RUNS (subset of "plain digest restart knvmet").
+# LAB_USER_TCP_RUNS (subset of "plain digest restart knvmet kcompare"),
+# LAB_USER_TCP_KCMP_SECS (seconds per kcompare fio run, default 2),
+# LAB_USER_TCP_KCMP_ROUNDS (kcompare rounds per cell, default 3),
+# LAB_USER_TCP_KCMP_IDLE (pollux-tgt's --idle in kcompare: busy, the
+# default, or adaptive[:US], a diagnostic), LAB_USER_TCP_KCMP_RPS and
+# LAB_USER_TCP_KCMP_NULLB (above).
 set -u
 [ "${LAB_IN_GUEST:-}" = 1 ] || { echo "run inside tests/vm/lab" >&2; exit 2; }
 TGT=${1:?usage: tcp-guest.sh PATH/TO/pollux-tgt PATH/TO/pollux-perf}
@@ -29,7 +64,7 @@ for f in "$TGT" "$PERF"; do [ -x "$f" ] || { echo "FAIL: $f is not executable"; 
 T=$LAB_TARGET_ADDR H=$LAB_HOST_ADDR PORT=4420 KPORT=4421
 NQN=nqn.2016-06.io.pollux:tcp0 KNQN=nqn.2016-06.io.pollux:ktcp
 SCALE=${LAB_USER_TCP_SCALE:-1}
-RUNS=${LAB_USER_TCP_RUNS:-plain digest restart knvmet}
+RUNS=${LAB_USER_TCP_RUNS:-plain digest restart knvmet kcompare}
 W=$(mktemp -d /tmp/pollux-tcp.XXXXXX)
 OUTDIR=${LAB_OUT:-$W}
 CFG=/sys/kernel/config/nvmet
@@ -93,7 +128,7 @@ EOF2
 }
 start_tgt() {
   local t0=$SECONDS
-  POLLUX_LOG=debug "$TGT" -c "$W/tgt.toml" --cores 0 >>"$W/tgt.log" 2>&1 </dev/null &
+  POLLUX_LOG=debug "$TGT" -c "${TCFG:-$W/tgt.toml}" --cores 0 ${TIDLE:+--idle "$TIDLE"} >>"$W/tgt.log" 2>&1 </dev/null &
   TPID=$!
   for _ in $(seq 300); do
     [ "$(grep -c 'pollux-tgt: ready' "$W/tgt.log")" -gt "${READY:-0}" ] &&
@@ -114,6 +149,7 @@ tgt_tail() {
 stop_tgt() {
   [ -n "$TPID" ] || return 0
   local t0=$SECONDS rc
+  kill -CONT "$TPID" 2>/dev/null  # kcompare stops it while nvmet runs
   kill -INT "$TPID" 2>/dev/null
   for _ in $(seq 100); do kill -0 "$TPID" 2>/dev/null || break; sleep 0.2; done
   if kill -0 "$TPID" 2>/dev/null; then
@@ -250,41 +286,242 @@ wait_live() {  # the host reconnects by itself after the restart
   echo "state $(cat /sys/class/nvme/*/state 2>/dev/null | tr '\n' ' ')"; return 1
 }
 # ---------------------------------------------------------- kernel target ---
-knvmet_up() {
+knvmet_up() {  # knvmet_up [BLOCK DEVICE]: the namespace (default a 64 MiB file on a fresh tmpfs)
+  local dev=${1:-}
   modprobe nvmet-tcp || return 1
-  mkdir -p /tmp/knvmet && mount -t tmpfs -o size=80M tmpfs /tmp/knvmet || return 1
-  truncate -s 64M /tmp/knvmet/img || return 1
+  if [ -z "$dev" ]; then
+    mkdir -p /tmp/knvmet && mount -t tmpfs -o size=80M tmpfs /tmp/knvmet || return 1
+    truncate -s 64M /tmp/knvmet/img || return 1
+  fi
   mkdir "$CFG/subsystems/$KNQN" || return 1
   echo 1 >"$CFG/subsystems/$KNQN/attr_allow_any_host"
   mkdir "$CFG/subsystems/$KNQN/namespaces/1"
-  echo /tmp/knvmet/img >"$CFG/subsystems/$KNQN/namespaces/1/device_path"
-  echo 1 >"$CFG/subsystems/$KNQN/namespaces/1/buffered_io" 2>/dev/null
+  echo "${dev:-/tmp/knvmet/img}" >"$CFG/subsystems/$KNQN/namespaces/1/device_path"
+  [ -n "$dev" ] || echo 1 >"$CFG/subsystems/$KNQN/namespaces/1/buffered_io" 2>/dev/null
   echo 1 >"$CFG/subsystems/$KNQN/namespaces/1/enable" || return 1
   mkdir "$CFG/ports/2"
   echo tcp >"$CFG/ports/2/addr_trtype"; echo ipv4 >"$CFG/ports/2/addr_adrfam"
   echo "$T" >"$CFG/ports/2/addr_traddr"; echo "$KPORT" >"$CFG/ports/2/addr_trsvcid"
   ln -s "$CFG/subsystems/$KNQN" "$CFG/ports/2/subsystems/$KNQN" || return 1
-  echo "nvmet-tcp: $KNQN on $T:$KPORT"
+  echo "nvmet-tcp: $KNQN on $T:$KPORT (${dev:-/tmp/knvmet/img})"
 }
 knvmet_down() {
   rm -f "$CFG/ports/2/subsystems/$KNQN" 2>/dev/null
   rmdir "$CFG/ports/2" 2>/dev/null
   { echo 0 >"$CFG/subsystems/$KNQN/namespaces/1/enable"; } 2>/dev/null
   rmdir "$CFG/subsystems/$KNQN/namespaces/1" "$CFG/subsystems/$KNQN" 2>/dev/null
-  umount /tmp/knvmet 2>/dev/null
+  mountpoint -q /tmp/knvmet && umount /tmp/knvmet
+  [ ! -e "$CFG/subsystems/$KNQN" ]
 }
 perf_verify() {  # perf_verify BS QD [digest flags]
   local bs=$1 qd=$2; shift 2
   to "$PERF" -r "trtype:tcp adrfam:ipv4 traddr:$T trsvcid:$KPORT subnqn:$KNQN" --cores 0 \
     -q "$qd" -o "$bs" -w write --verify -t 3 "$@"
 }
+# ---------------------------------------------------------------- kcompare ---
+KC_SECS=${LAB_USER_TCP_KCMP_SECS:-2} KC_ROUNDS=${LAB_USER_TCP_KCMP_ROUNDS:-3}
+KC_IDLE=${LAB_USER_TCP_KCMP_IDLE:-busy} KC_RPS=${LAB_USER_TCP_KCMP_RPS:-}
+KC_KSOFT="" KC_CLK_TCK=100
+KC_CELLS="4k:32 512:32 4k:1"       # BS:QD, in this order
+NQN_NULL=nqn.2016-06.io.pollux:tcpnull KNQN_NULL=nqn.2016-06.io.pollux:ktcpnull
+KC_NULLB="" KC_NULLB_MOD=0 KC_KDEV="" KC_PNS="" KC_KNS="" KC_CPU=""
+KC_TSV=$W/kcompare.tsv
+write_kcfg() {  # pollux-tgt for kcompare: the same transport, a null bdev
+  sed -n '1,/^\[\[bdev\]\]/p' "$W/tgt.toml" | sed '$d' >"$W/tgt-kcmp.toml"
+  cat >>"$W/tgt-kcmp.toml" <<EOF2
+[[bdev]]
+spec = "null:name=Null0,size=1G,block=512"
+
+[[subsystem]]
+nqn = "$NQN_NULL"
+serial = "POLLUXTCPNULL"
+model = "Pollux TCP kcompare"
+allow_any_host = true
+namespaces = [{ bdev = "Null0", nsid = 1 }]
+
+[[listener]]
+trtype = "tcp"
+traddr = "$T"
+trsvcid = "$PORT"
+EOF2
+  grep -q '^cores = "0"$' "$W/tgt-kcmp.toml" && grep -q '^\[transport.tcp\]' "$W/tgt-kcmp.toml"
+}
+# kc_nullb_up: a null_blk device for nvmet (1 GiB, 512 B blocks, irqmode 0:
+# completed in the submitter's context, as the null bdev does), made through
+# null_blk's configfs so the lab's /dev/nullb0 stays as it is; sets KC_KDEV
+# (empty: no null_blk in this kernel, nvmet gets knvmet's tmpfs file)
+kc_nullb_up() {
+  local d=/sys/kernel/config/nullb/kcmp
+  if [ "${LAB_USER_TCP_KCMP_NULLB:-1}" = 0 ]; then
+    echo "NOTE: LAB_USER_TCP_KCMP_NULLB=0: nvmet-tcp serves a tmpfs file instead of null_blk"; return 0
+  fi
+  if [ ! -d /sys/kernel/config/nullb ]; then
+    if modprobe null_blk nr_devices=0; then KC_NULLB_MOD=1
+    else echo "NOTE: no null_blk module in kernel $(uname -r): nvmet-tcp serves a tmpfs file instead"; return 0; fi
+  fi
+  mkdir "$d" || return 1
+  KC_NULLB=$d
+  echo 1024 >"$d/size" && echo 512 >"$d/blocksize" && echo 0 >"$d/irqmode" &&
+    echo 0 >"$d/memory_backed" && echo 1 >"$d/power" || return 1
+  # since 5.19 the disk takes the configfs item's name; before, nullb<index>
+  local n
+  for _ in $(seq 50); do
+    for n in kcmp "nullb$(cat "$d/index")"; do [ -b "/dev/$n" ] && { KC_KDEV=/dev/$n; break 2; }; done
+    sleep 0.1
+  done
+  [ -n "$KC_KDEV" ] || { echo "no block device for $d (index $(cat "$d/index"))"; ls /sys/block; return 1; }
+  echo "null_blk: $KC_KDEV, $(blockdev --getsize64 "$KC_KDEV") bytes, $(blockdev --getss "$KC_KDEV") B blocks, irqmode $(cat "$d/irqmode")"
+}
+kc_nullb_down() {
+  if [ -n "$KC_NULLB" ]; then
+    { echo 0 >"$KC_NULLB/power"; } 2>/dev/null
+    rmdir "$KC_NULLB" || return 1
+    KC_NULLB="" KC_KDEV=""
+  fi
+  if [ "$KC_NULLB_MOD" = 1 ]; then rmmod null_blk || return 1; KC_NULLB_MOD=0; fi
+}
+kc_up() {
+  kc_nullb_up || return 1
+  KNQN=$KNQN_NULL knvmet_up "$KC_KDEV"
+}
+kc_down() {
+  KNQN=$KNQN_NULL knvmet_down || { echo "nvmet configfs left behind"; return 1; }
+  kc_nullb_down || { echo "null_blk device left behind"; return 1; }
+  echo "nvmet subsystem, port and null_blk device removed"
+}
+# kc_connect NQN PORT VAR: the kernel host, keep-alive 60 s (pollux-tgt is
+# stopped for whole nvmet runs); the namespace name into VAR. A namespace
+# of 4 KiB blocks (nvmet's tmpfs file) drops the 512 B cell.
+kc_connect() {
+  NQN=$1 PORT=$2 connect --keep-alive-tmo=60 || return 1
+  printf -v "$3" %s "$NS"
+  local ss; ss=$(blockdev --getss "/dev/$NS")
+  echo "logical block size $ss B"
+  case $ss in
+    512) ;;
+    4096) KC_CELLS=${KC_CELLS/512:32/}; echo "NOTE: 4 KiB blocks: no 512 B cell (cells: $KC_CELLS)" ;;
+    *) echo "unexpected block size"; return 1 ;;
+  esac
+}
+kc_disconnect() { NQN=$1 disconnect; }
+# The samples around each run use shell builtins only: a process started in
+# the guest costs tens of ms under TCG.
+kc_cpu() {  # per vCPU "cpuN:BUSY:TOTAL " (jiffies)
+  local c u n s i w q sq st _
+  while read -r c u n s i w q sq st _; do
+    [[ $c == cpu[0-9]* ]] && printf '%s:%d:%d ' "$c" $((u + n + s + q + sq)) $((u + n + s + i + w + q + sq + st))
+  done </proc/stat
+}
+# kc_busy BEFORE AFTER: the busy share of each vCPU between two kc_cpu samples
+kc_busy() {
+  awk -v a="$1" -v b="$2" 'BEGIN{n=split(a,x," "); split(b,y," ");
+    for(i=1;i<=n;i++){split(x[i],p,":"); split(y[i],q,":");
+      printf "%s%s %d%%", (i>1?", ":""), p[1], (q[3]>p[3]?100*(q[2]-p[2])/(q[3]-p[3]):0)}}'
+}
+# kc_diag: NET_RX softirqs on cpu0 and cpu1, ksoftirqd/0's CPU time (ticks),
+# pollux-tgt's involuntary context switches (all threads)
+kc_diag() {
+  local n=0 f k v a b rx="0 0" st=()
+  for f in /proc/"$TPID"/task/*/status; do
+    while read -r k v; do [ "$k" = nonvoluntary_ctxt_switches: ] && n=$((n + v)); done <"$f"
+  done 2>/dev/null
+  while read -r k a b _; do [ "$k" = NET_RX: ] && rx="$a ${b:-0}"; done </proc/softirqs
+  [ -n "$KC_KSOFT" ] && read -r -a st <"/proc/$KC_KSOFT/stat"
+  echo "$rx $((${st[13]:-0} + ${st[14]:-0})) $n"
+}
+# kc_diag_delta BEFORE AFTER TARGET
+kc_diag_delta() {
+  set -- $1 $2 "$3"
+  local tick=$((1000 / KC_CLK_TCK))
+  printf 'NET_RX cpu0 +%d cpu1 +%d, ksoftirqd/0 %d ms' $(($5 - $1)) $(($6 - $2)) $((($7 - $3) * tick))
+  [ "$9" = pollux ] && printf ', pollux-tgt preempted %d' $(($8 - $4))
+}
+kc_nullb_ios() {
+  local r=0
+  [ -n "$KC_KDEV" ] && read -r r _ <"/sys/block/${KC_KDEV##*/}/stat"
+  echo "$r"
+}
+# kc_fio TARGET BS QD ROUND: one randread run on TARGET's namespace, a line
+# "TARGET BS QD ROUND IOPS LAT_US P99_US BUSY DIAG" into $KC_TSV
+kc_fio() {
+  local t=$1 bs=$2 qd=$3 r=$4 dev c0 c1 d0 d1 rc j n0 n1 line
+  j=$W/kcompare-$t-$bs-q$qd-r$r.json
+  if [ "$t" = pollux ]; then dev=$KC_PNS; else dev=$KC_KNS; kill -STOP "$TPID" || return 1; fi
+  n0=$(kc_nullb_ios) c0=$(kc_cpu) d0=$(kc_diag)
+  to fio --name="kc-$t" --filename="/dev/$dev" --ioengine=libaio --direct=1 --rw=randread \
+    --bs="$bs" --iodepth="$qd" --time_based --runtime="$KC_SECS" --ramp_time=500ms \
+    --norandommap --randrepeat=0 ${KC_CPU:+--cpus_allowed=$KC_CPU} \
+    --output-format=json --output="$j"; rc=$?
+  c1=$(kc_cpu) n1=$(kc_nullb_ios) d1=$(kc_diag)
+  [ "$t" = pollux ] || kill -CONT "$TPID"
+  cp "$j" "$OUTDIR/" 2>/dev/null
+  [ $rc = 0 ] || { cat "$j"; echo "fio rc=$rc"; return 1; }
+  line=$(jq -r '.jobs[0] | if .error != 0 then "error \(.error)" else
+      "\(.read.iops|floor) \(.read.lat_ns.mean/1000*10|floor/10) \(.read.clat_ns.percentile["99.000000"]/1000*10|floor/10) \(.read.total_ios)" end' "$j") || return 1
+  echo "fio: $line"
+  case $line in error*|*" 0") echo "fio reported an error or no I/O done"; return 1 ;; esac
+  if [ "$t" = knvmet ] && [ -n "$KC_KDEV" ] && [ "$n1" -le "$n0" ]; then
+    echo "null_blk $KC_KDEV saw no reads ($n0 -> $n1)"; return 1
+  fi
+  set -- $line
+  echo "$t $bs $qd $r $1 $2 $3 $(kc_busy "$c0" "$c1" | tr ' ' '~') $(kc_diag_delta "$d0" "$d1" "$t" | tr ' ' '~')" >>"$KC_TSV"
+}
+# kc_round BS QD ROUND: one run against each target; odd rounds start with
+# pollux-tgt, even ones with nvmet
+kc_round() {
+  local t order="pollux knvmet"
+  [ $(($3 % 2)) = 0 ] && order="knvmet pollux"
+  for t in $order; do kc_fio "$t" "$1" "$2" "$3" || return 1; done
+}
+kc_show() {  # the round's lines of $KC_TSV
+  awk -v bs="$1" -v qd="$2" -v r="$3" '$2 == bs && $3 == qd && $4 == r {
+    gsub("~", " ", $8); gsub("~", " ", $9)
+    printf "  kcompare: %-6s %4s QD%-2s round %s: %7d IOPS, lat mean %7.1f us, p99 %7.1f us (busy %s)\n      %s\n", $1, $2, $3, $4, $5, $6, $7, $8, $9}' "$KC_TSV"
+}
+# kc_summary: per cell and target the median IOPS (each round's in brackets)
+# and the median of the mean and p99 latencies; the pollux/knvmet ratios of
+# the median IOPS, into RESULTS as INFO lines
+kc_summary() {
+  local cell bs qd t line ratio p k
+  [ -s "$KC_TSV" ] || return 0
+  echo
+  echo "kcompare: kernel host + fio randread, pollux-tgt (null bdev, 512 B, --idle $KC_IDLE) vs nvmet-tcp (${KC_KDEV:-tmpfs file}), $KC_SECS s per run, medians of $KC_ROUNDS rounds"
+  for cell in $KC_CELLS; do
+    bs=${cell%:*} qd=${cell#*:}
+    for t in pollux knvmet; do
+      line=$(awk -v t="$t" -v bs="$bs" -v qd="$qd" '
+        function med(a, n,   i, j, x) { for (i = 2; i <= n; i++) { x = a[i]; for (j = i - 1; j > 0 && a[j] > x; j--) a[j+1] = a[j]; a[j+1] = x }
+                                    return n % 2 ? a[(n+1)/2] : (a[n/2] + a[n/2+1]) / 2 }
+        $1 == t && $2 == bs && $3 == qd { n++; i[n] = $5; l[n] = $6; p[n] = $7; all = all (n > 1 ? "/" : "") $5 }
+        END { if (n) printf "%d %.1f %.1f %s\n", med(i, n), med(l, n), med(p, n), all }' "$KC_TSV")
+      [ -n "$line" ] || continue
+      set -- $line
+      printf -v "kc_$t" %s "$1"
+      RESULTS+=("INFO  kcompare/$t-$bs-q$qd: $1 IOPS ($4), lat mean $2 us, p99 $3 us")
+      printf 'kcompare: %-6s %4s QD%-2s median %7d IOPS (%s), lat mean %7.1f us, p99 %7.1f us\n' "$t" "$bs" "$qd" "$1" "$4" "$2" "$3"
+    done
+    p=${kc_pollux:-0} k=${kc_knvmet:-0}
+    unset kc_pollux kc_knvmet
+    [ "$p" -gt 0 ] && [ "$k" -gt 0 ] || continue
+    ratio=$(awk -v p="$p" -v k="$k" 'BEGIN{printf "%.2f", p / k}')
+    line="kcompare: $bs$([ "$qd" = 32 ] || echo "-qd$qd") pollux/knvmet = $ratio"
+    awk -v r="$ratio" 'BEGIN{exit !(r < 1)}' && line+="  (below 1.0: reported, not failed; TCG timing)"
+    RESULTS+=("INFO  $line")
+    echo "$line"
+  done
+  cp "$KC_TSV" "$OUTDIR/" 2>/dev/null
+}
+
 kib() { echo $(( $1 * SCALE ))k; }
 want() { [[ " $RUNS " == *" $1 "* ]]; }
 
 finish() {
   stop_tgt quiet
   nvme disconnect -n "$NQN" >/dev/null 2>&1
+  nvme disconnect -n "$KNQN_NULL" >/dev/null 2>&1
+  nvme disconnect -n "$NQN_NULL" >/dev/null 2>&1
   knvmet_down
+  kc_down >/dev/null 2>&1
   dmesg >"$OUTDIR/dmesg.log" 2>/dev/null
   echo
   echo "=================== pollux-tgt NVMe/TCP interop summary ==================="
@@ -354,5 +591,41 @@ if want knvmet; then
     check perf-verify-64k-q8-digests 60 perf_verify 64k 8 --hdr-digest --data-digest
   fi
   knvmet_down
+fi
+
+RUN=kcompare
+if want kcompare; then
+  if [ "$(nproc)" -gt 1 ]; then KC_CPU=1; say "kcompare: pollux-tgt's reactor on vCPU 0, fio on vCPU 1 ($(nproc) vCPUs)"
+  else say "kcompare: NOTE one vCPU: pollux-tgt's reactor, fio and the kernel target share it"; fi
+  : >"$KC_TSV"
+  KC_KSOFT=$(pgrep -x ksoftirqd/0 | head -1) KC_CLK_TCK=$(getconf CLK_TCK)
+  kc_rps_old=()
+  for i in "$LAB_TARGET_IF" "$LAB_HOST_IF"; do
+    f=/sys/class/net/$i/queues/rx-0/rps_cpus
+    kc_rps_old+=("$(cat "$f")")
+    [ -z "$KC_RPS" ] || echo "$KC_RPS" >"$f" || say "kcompare: rps_cpus=$KC_RPS on $i refused"
+  done
+  say "kcompare: receive packet steering: rps_cpus $(cat "/sys/class/net/$LAB_TARGET_IF/queues/rx-0/rps_cpus") on $LAB_TARGET_IF, $(cat "/sys/class/net/$LAB_HOST_IF/queues/rx-0/rps_cpus") on $LAB_HOST_IF"
+  if check config 10 write_kcfg && TCFG=$W/tgt-kcmp.toml TIDLE=$KC_IDLE start_tgt; then
+    kc_ok=1
+    check nvmet-null-up 60 kc_up && check connect-knvmet 60 kc_connect "$KNQN_NULL" "$KPORT" KC_KNS || kc_ok=0
+    check connect-pollux 60 kc_connect "$NQN_NULL" "$PORT" KC_PNS || kc_ok=0
+    if [ $kc_ok = 1 ]; then
+      say "kcompare: pollux-tgt /dev/$KC_PNS, nvmet-tcp /dev/$KC_KNS (${KC_KDEV:-tmpfs file, NOT null_blk}), cells (BS:QD) $KC_CELLS"
+      for cell in $KC_CELLS; do
+        for r in $(seq "$KC_ROUNDS"); do
+          check "${cell%:*}-q${cell#*:}-round$r" 60 kc_round "${cell%:*}" "${cell#*:}" "$r" || break 2
+          kc_show "${cell%:*}" "${cell#*:}" "$r"
+        done
+      done
+      kc_summary
+    fi
+    [ -z "$KC_KNS" ] || check disconnect-knvmet 60 kc_disconnect "$KNQN_NULL"
+    [ -z "$KC_PNS" ] || check disconnect-pollux 60 kc_disconnect "$NQN_NULL"
+    check teardown 60 kc_down
+    stop_tgt
+  fi
+  echo "${kc_rps_old[0]}" >"/sys/class/net/$LAB_TARGET_IF/queues/rx-0/rps_cpus"
+  echo "${kc_rps_old[1]}" >"/sys/class/net/$LAB_HOST_IF/queues/rx-0/rps_cpus"
 fi
 finish
