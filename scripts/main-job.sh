@@ -142,7 +142,7 @@ cg_window() {
     cg_per_io "$pattern" "${dumps[@]}"
 }
 CG_TGT_FN='IoInbox as pollux_bdev::.*IoCompletion>::complete'
-CG_PERF_FN='pollux_apps::perf::job::Job<.*>::poll::\{\{closure\}\}'
+CG_PERF_FN='JobQueues>::reap::\{\{closure\}\}'
 
 # The sweep tables of the RDMA run and the TCP run (pollux-perf --json),
 # side by side: the RDMA modes, then a `tcp` column.

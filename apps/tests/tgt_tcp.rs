@@ -225,6 +225,59 @@ fn serves_tcp_beside_rdma_and_shuts_both_down() {
     let _ = std::fs::remove_file(&cfg);
 }
 
+/// With `--idle adaptive` the target's reactor sleeps in `epoll_wait`
+/// once idle; its listener and connection sockets are wake sources, so a
+/// host at queue depth 1 that pauses between I/Os is served when its
+/// command arrives, not when some timer next wakes the reactor (before the
+/// sockets were registered, each such I/O took about a second).
+#[test]
+fn an_adaptive_idle_target_wakes_for_its_tcp_sockets() {
+    let soft = format!("@pollux-tgt-tcp-adaptive-{}", std::process::id());
+    let port = free_port();
+    let cfg = tmp("tgt-tcp-adaptive.toml");
+    std::fs::write(&cfg, config(&soft, port)).unwrap();
+    let mut tgt = Tgt::start(&cfg, &["--idle", "adaptive:100"]);
+    tgt.wait_line("pollux-tgt: ready");
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let t = TcpHost::new(addr, TcpHostOptions::default());
+    let who = HostIdentity {
+        hostnqn: DEFAULT_HOSTNQN.into(),
+        hostid: *b"pollux-tgt-tcp-2",
+        subnqn: NQN.into(),
+    };
+    let c = Controller::connect(&t, who, CtrlOptions::default()).unwrap();
+    let mut qp = c.connect_io(&t, 1, 16, None).unwrap();
+    let started = Instant::now();
+    for i in 0..20u64 {
+        // Long enough for the reactor to fall asleep (it sleeps after 100 us idle).
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        let buf = SgList::from_buf(DmaBuf::alloc(4096).unwrap());
+        qp.read(1, i * 8, 8, buf, i).unwrap();
+        let deadline = Instant::now() + WAIT;
+        let mut done = false;
+        while !done {
+            assert!(Instant::now() < deadline, "read {i} did not complete");
+            qp.poll(&mut |cpl| {
+                assert!(cpl.result.is_ok(), "{:?}", cpl.result);
+                done = true;
+            });
+        }
+    }
+    let took = started.elapsed();
+    // 20 x 5 ms of pauses; a reactor that slept through its sockets'
+    // readiness took about a second per read.
+    assert!(
+        took < std::time::Duration::from_secs(8),
+        "20 reads took {took:?}: the sockets do not wake the sleeping reactor"
+    );
+    drop(qp);
+    drop(c);
+    tgt.signal(Signal::TERM);
+    let st = tgt.wait_exit();
+    assert!(st.success(), "{st}");
+    let _ = std::fs::remove_file(&cfg);
+}
+
 #[test]
 fn tcp_listener_errors_name_line_and_field() {
     let soft = "@unused";

@@ -246,7 +246,11 @@ impl ChannelCore {
         if io_type.has_data() {
             // In range, so this cannot overflow (checked when the info was built).
             let expected = num_blocks * self.buf_block_size;
-            let actual = io.bufs.total_len() as u64;
+            // One buffer is the common case: its length without a call.
+            let actual = match io.bufs.len() {
+                1 => io.bufs.iter().next().map_or(0, |b| b.len()),
+                _ => io.bufs.total_len(),
+            } as u64;
             if actual != expected {
                 return Err(IoError::BadLength { expected, actual });
             }

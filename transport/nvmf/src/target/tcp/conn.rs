@@ -30,11 +30,13 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use pollux_reactor::mem::SgList;
+use pollux_reactor::Reactor;
 
 use super::super::qpair::QueuePair;
 use super::super::transport::{QpairOps, RemoteBuf, ReqTag, Response, Transfer, TransportError};
 use super::transport::TcpTransport;
 use super::tx_queue::{TxQueue, BY_REF_MIN};
+use super::wake::WakeReg;
 use crate::sg_at;
 use crate::spec::cpl::{NvmeCompletion, NvmeStatus};
 use crate::spec::tcp::{
@@ -239,6 +241,8 @@ pub(super) struct TcpConn {
     pub(super) terminated: bool,
     /// Requests whose responses one flush finished (capacity: all).
     sent: Vec<ReqTag>,
+    /// The socket as a wake source of the reactor (adaptive idle mode).
+    wake: Option<WakeReg>,
 }
 
 impl TcpConn {
@@ -271,7 +275,13 @@ impl TcpConn {
             close_polls: 0,
             terminated: false,
             sent: Vec::with_capacity(nreq),
+            wake: None,
         }
+    }
+
+    /// Wake `reactor` from an adaptive sleep when this socket has bytes.
+    pub(super) fn watch(&mut self, reactor: &Reactor) {
+        self.wake = WakeReg::new(reactor, &self.sock);
     }
 
     /// The core's queue (tests, stats).
@@ -290,6 +300,9 @@ impl TcpConn {
         busy |= self.qp.poll(&mut self.ops).is_busy();
         self.issue_r2ts();
         busy |= self.flush();
+        // Bytes the socket did not take yet keep the reactor awake (its
+        // wake-up watches readability only).
+        busy |= !self.ops.tx.is_empty();
         if self.ops.closing {
             *done = self.close_step();
         }

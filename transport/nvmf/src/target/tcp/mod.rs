@@ -113,6 +113,7 @@ mod poll_group;
 mod refusal;
 mod transport;
 mod tx_queue;
+mod wake;
 
 #[cfg(test)]
 mod tests;

@@ -23,6 +23,7 @@ use super::super::transport::{QpairParams, TransportError, TransportPollGroup};
 use super::conn::TcpConn;
 use super::refusal::{Refusal, MAX_REFUSALS};
 use super::transport::{TcpInbox, TcpTransport};
+use super::wake::WakeReg;
 use crate::spec::transport_id::TransportId;
 
 /// Sockets accepted per listener per poll at most.
@@ -33,6 +34,8 @@ struct GroupState {
     /// Connections beyond the limits, being answered and closed.
     refusing: Vec<Refusal>,
     listeners: Vec<(TransportId, Arc<TcpListener>)>,
+    /// The listeners as wake sources of the reactor (adaptive idle mode).
+    listener_wakes: Vec<WakeReg>,
     listen_gen: u64,
     /// Accepting no more (its connections are closing).
     shutting_down: bool,
@@ -73,6 +76,7 @@ impl TcpPollGroup {
             conns: Vec::new(),
             refusing: Vec::new(),
             listeners: Vec::new(),
+            listener_wakes: Vec::new(),
             listen_gen: 0,
             shutting_down: false,
         }));
@@ -164,7 +168,7 @@ impl TransportPollGroup for TcpPollGroup {
     /// closed listener's socket is closed when this returns.
     fn apply_listeners(&self) -> Result<(), TransportError> {
         if let Ok(mut st) = self.state.try_borrow_mut() {
-            st.sync_listeners(&self.transport, self.index);
+            st.sync_listeners(&self.transport, self.index, &self.reactor);
         }
         Ok(())
     }
@@ -203,17 +207,24 @@ impl Drop for TcpPollGroup {
 impl GroupState {
     /// Take up the transport's listeners this group owns when they changed
     /// (a removed one's socket closes here, with its last reference).
-    fn sync_listeners(&mut self, transport: &TcpTransport, index: usize) {
+    fn sync_listeners(&mut self, transport: &TcpTransport, index: usize, reactor: &Reactor) {
         let gen = transport.listen_gen.load(Ordering::Acquire);
         if self.shutting_down {
+            self.listener_wakes.clear();
             self.listeners.clear();
         } else if gen != self.listen_gen {
             self.listen_gen = gen;
+            self.listener_wakes.clear();
             self.listeners = transport
                 .lock()
                 .iter()
                 .filter(|e| e.owner == index)
                 .map(|e| (e.trid.clone(), Arc::clone(&e.sock)))
+                .collect();
+            self.listener_wakes = self
+                .listeners
+                .iter()
+                .filter_map(|(_, l)| WakeReg::new(reactor, l.as_ref()))
                 .collect();
         }
     }
@@ -222,7 +233,7 @@ impl GroupState {
 impl Ctx {
     fn poll(&self, st: &mut GroupState) -> bool {
         let mut busy = false;
-        st.sync_listeners(&self.transport, self.index);
+        st.sync_listeners(&self.transport, self.index, &self.reactor);
         for li in 0..st.listeners.len() {
             for _ in 0..ACCEPTS_PER_POLL {
                 match st.listeners[li].1.accept() {
@@ -328,7 +339,10 @@ impl Ctx {
         }
         let o = &self.transport.opts;
         match Refusal::new(s, o.digest, o.maxh2cdata, o.capsule_limit()) {
-            Ok(r) => st.refusing.push(r),
+            Ok(mut r) => {
+                r.watch(&self.reactor);
+                st.refusing.push(r);
+            }
             Err(e) => log::debug!("nvmf tcp: refused connection: {e}"),
         }
     }
@@ -337,8 +351,9 @@ impl Ctx {
     fn adopt(&self, st: &mut GroupState, s: TcpStream, trid: TransportId) {
         let t = &self.transport;
         match self.open(s, trid) {
-            Ok(c) => {
+            Ok(mut c) => {
                 t.stats.accepted.fetch_add(1, Ordering::Relaxed);
+                c.watch(&self.reactor);
                 st.conns.push(c);
             }
             Err(e) => {

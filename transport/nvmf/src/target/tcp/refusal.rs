@@ -17,7 +17,10 @@ use std::io::{ErrorKind, Read};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
+use pollux_reactor::Reactor;
+
 use super::options::DigestPolicy;
+use super::wake::WakeReg;
 use crate::spec::connect::sqe_off;
 use crate::spec::cpl::{NvmeCompletion, NvmeStatus};
 use crate::spec::tcp::{
@@ -57,6 +60,8 @@ pub(super) struct Refusal {
     maxh2cdata: u32,
     capsule_limit: u32,
     deadline: Instant,
+    /// The socket as a wake source of the reactor (adaptive idle mode).
+    wake: Option<WakeReg>,
 }
 
 impl Refusal {
@@ -78,7 +83,13 @@ impl Refusal {
             maxh2cdata,
             capsule_limit,
             deadline: Instant::now() + REFUSAL_TIMEOUT,
+            wake: None,
         })
+    }
+
+    /// Wake `reactor` from an adaptive sleep when this socket has bytes.
+    pub(super) fn watch(&mut self, reactor: &Reactor) {
+        self.wake = WakeReg::new(reactor, &self.sock);
     }
 
     /// One step; `true` when the socket is closed and the refusal may be
