@@ -97,3 +97,5 @@ mod sg_at;
 pub mod spec;
 pub mod target;
 mod tcp_bufs;
+#[cfg(test)]
+mod tcp_test_io;

@@ -247,12 +247,13 @@ impl TxQueue {
 
 #[cfg(test)]
 mod tests {
-    use std::io::{ErrorKind, Write};
+    use std::io::ErrorKind;
 
-    use pollux_reactor::mem::{DmaBuf, SgList};
+    use pollux_reactor::mem::SgList;
 
     use super::{SlotBufs, TxQueue, BY_REF_MIN, MAX_IOV};
     use crate::spec::tcp::{crc32c, Digests, PduType, SendLayout};
+    use crate::tcp_test_io::{data, flat, Trickle};
 
     /// Slots' buffers.
     struct Slots(Vec<Option<SgList>>);
@@ -267,64 +268,14 @@ mod tests {
         }
     }
 
-    /// Takes at most `per_call` bytes per write, then would block once.
-    struct Trickle {
-        out: Vec<u8>,
-        per_call: usize,
-        took: bool,
-        max_slices: usize,
-    }
-
-    impl Write for Trickle {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.write_vectored(&[std::io::IoSlice::new(b)])
-        }
-
-        fn write_vectored(&mut self, bufs: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
-            if self.took {
-                self.took = false;
-                return Err(ErrorKind::WouldBlock.into());
-            }
-            self.took = true;
-            self.max_slices = self.max_slices.max(bufs.len());
-            let mut n = 0;
-            for b in bufs {
-                let m = b.len().min(self.per_call - n);
-                self.out.extend_from_slice(&b[..m]);
-                n += m;
-                if n == self.per_call {
-                    break;
-                }
-            }
-            Ok(n)
-        }
-
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
-    /// `parts` buffers of `len` bytes, a pattern per slot.
-    fn data(slot: usize, parts: usize, len: usize) -> SgList {
-        let mut l = SgList::new();
-        for p in 0..parts {
-            let mut b = DmaBuf::alloc(len).expect("buffer");
-            for (i, x) in b.as_mut_slice().iter_mut().enumerate() {
-                *x = (slot * 29 + p * 5 + i) as u8;
-            }
-            l.push(b);
-        }
-        l
-    }
-
-    fn flat(l: &SgList) -> Vec<u8> {
-        l.iter().flat_map(|b| b.as_slice().to_vec()).collect()
-    }
-
     #[test]
     fn copied_and_referenced_payloads_leave_in_order_and_each_slot_is_named_once_out() {
         for ddgst in [false, true] {
-            let slots = Slots((0..6).map(|s| Some(data(s, 3, 2048 + s * 700))).collect());
+            let slots = Slots(
+                (0..6)
+                    .map(|s| Some(data(29, s, 3, 2048 + s * 700)))
+                    .collect(),
+            );
             let mut q = TxQueue::new(1024, 6);
             q.buf.layout = SendLayout::new(
                 Digests {
@@ -358,12 +309,7 @@ mod tests {
                 }
                 ends.push(want.len());
             }
-            let mut sock = Trickle {
-                out: Vec::new(),
-                per_call: 777,
-                took: false,
-                max_slices: 0,
-            };
+            let mut sock = Trickle::new(777);
             let mut named = Vec::new();
             let mut rounds = 0;
             while !q.is_empty() {
@@ -385,19 +331,14 @@ mod tests {
 
     #[test]
     fn a_payload_over_more_buffers_than_one_writev_takes_goes_out_whole() {
-        let slots = Slots(vec![Some(data(0, 40, 512))]);
+        let slots = Slots(vec![Some(data(29, 0, 40, 512))]);
         let all = flat(slots.0[0].as_ref().expect("data"));
         let mut q = TxQueue::new(1024, 1);
         q.push_pdu(PduType::H2cData, &[0u8; 24], 0, all.len());
         let mut want = q.buf.unsent_bytes().to_vec();
         q.push_ref(0, slots.0[0].as_ref().expect("data"), 0, all.len());
         want.extend_from_slice(&all);
-        let mut sock = Trickle {
-            out: Vec::new(),
-            per_call: usize::MAX / 2,
-            took: false,
-            max_slices: 0,
-        };
+        let mut sock = Trickle::new(usize::MAX / 2);
         let mut named = 0;
         while !q.is_empty() {
             q.flush(&mut sock, &slots, &mut |_| named += 1)
@@ -410,15 +351,10 @@ mod tests {
 
     #[test]
     fn a_slot_whose_buffers_are_not_lent_is_an_error_not_a_short_stream() {
-        let held = data(0, 1, 4096);
+        let held = data(29, 0, 1, 4096);
         let mut q = TxQueue::new(1024, 1);
         q.push_ref(0, &held, 0, 4096);
-        let mut sock = Trickle {
-            out: Vec::new(),
-            per_call: 100_000,
-            took: false,
-            max_slices: 0,
-        };
+        let mut sock = Trickle::new(100_000);
         let e = q
             .flush(&mut sock, &Slots(vec![None]), &mut |_| {})
             .expect_err("not lent");

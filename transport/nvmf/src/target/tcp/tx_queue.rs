@@ -263,13 +263,14 @@ impl TxQueue {
 
 #[cfg(test)]
 mod tests {
-    use std::io::{ErrorKind, Write};
+    use std::io::ErrorKind;
 
-    use pollux_reactor::mem::{DmaBuf, SgList};
+    use pollux_reactor::mem::SgList;
 
     use super::{ResponseBufs, TxQueue, MAX_IOV};
     use crate::spec::tcp::{crc32c, Digests, PduType, SendLayout};
     use crate::target::transport::ReqTag;
+    use crate::tcp_test_io::{data, flat, Trickle};
 
     /// Requests' buffers by slot.
     struct Reqs(Vec<Option<SgList>>);
@@ -280,66 +281,14 @@ mod tests {
         }
     }
 
-    /// Takes at most `per_call` bytes per write, then would block once.
-    struct Trickle {
-        out: Vec<u8>,
-        per_call: usize,
-        took: bool,
-        writes: usize,
-        max_slices: usize,
-    }
-
-    impl Write for Trickle {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.write_vectored(&[std::io::IoSlice::new(b)])
-        }
-
-        fn write_vectored(&mut self, bufs: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
-            if self.took {
-                self.took = false;
-                return Err(ErrorKind::WouldBlock.into());
-            }
-            self.took = true;
-            self.writes += 1;
-            self.max_slices = self.max_slices.max(bufs.len());
-            let mut n = 0;
-            for b in bufs {
-                let m = b.len().min(self.per_call - n);
-                self.out.extend_from_slice(&b[..m]);
-                n += m;
-                if n == self.per_call {
-                    break;
-                }
-            }
-            Ok(n)
-        }
-
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
-    /// A request's data: `parts` buffers of `len` bytes, a pattern per slot.
-    fn data(slot: usize, parts: usize, len: usize) -> SgList {
-        let mut l = SgList::new();
-        for p in 0..parts {
-            let mut b = DmaBuf::alloc(len).expect("buffer");
-            for (i, x) in b.as_mut_slice().iter_mut().enumerate() {
-                *x = (slot * 31 + p * 7 + i) as u8;
-            }
-            l.push(b);
-        }
-        l
-    }
-
-    fn flat(l: &SgList) -> Vec<u8> {
-        l.iter().flat_map(|b| b.as_slice().to_vec()).collect()
-    }
-
     #[test]
     fn headers_and_request_data_leave_in_order_and_each_request_is_reported_once_out() {
         for ddgst in [false, true] {
-            let reqs = Reqs((0..8).map(|s| Some(data(s, 3, 4096 + s * 512))).collect());
+            let reqs = Reqs(
+                (0..8)
+                    .map(|s| Some(data(31, s, 3, 4096 + s * 512)))
+                    .collect(),
+            );
             let mut q = TxQueue::new(1024, 8);
             q.buf.layout = SendLayout::new(
                 Digests {
@@ -371,13 +320,7 @@ mod tests {
             }
             // The send buffer holds headers and digests only.
             assert!(q.buf.unsent() < 8 * 2 * (24 + 4) + 1);
-            let mut sock = Trickle {
-                out: Vec::new(),
-                per_call: 1000,
-                took: false,
-                writes: 0,
-                max_slices: 0,
-            };
+            let mut sock = Trickle::new(1000);
             let mut sent = Vec::new();
             let mut polls = 0;
             while !q.is_empty() {
@@ -399,7 +342,7 @@ mod tests {
 
     #[test]
     fn discard_names_every_request_it_held_and_empties_the_queue() {
-        let reqs = Reqs(vec![Some(data(0, 1, 8192)), Some(data(1, 1, 8192))]);
+        let reqs = Reqs(vec![Some(data(31, 0, 1, 8192)), Some(data(31, 1, 1, 8192))]);
         let mut q = TxQueue::new(1024, 2);
         for s in 0..2 {
             let tag = ReqTag::new(s, 1);
@@ -407,13 +350,7 @@ mod tests {
             q.push_ref(tag, reqs.0[usize::from(s)].as_ref().expect("data"), 0, 8192);
             q.push_sent(tag);
         }
-        let mut sock = Trickle {
-            out: Vec::new(),
-            per_call: 9000,
-            took: false,
-            writes: 0,
-            max_slices: 0,
-        };
+        let mut sock = Trickle::new(9000);
         let mut sent = Vec::new();
         q.flush(&mut sock, &reqs, &mut |t| sent.push(t.slot()))
             .expect("flush");
@@ -427,16 +364,10 @@ mod tests {
     #[test]
     fn a_request_whose_buffers_are_gone_is_an_error_not_a_short_stream() {
         let reqs = Reqs(vec![None]);
-        let held = data(0, 1, 4096);
+        let held = data(31, 0, 1, 4096);
         let mut q = TxQueue::new(1024, 1);
         q.push_ref(ReqTag::new(0, 1), &held, 0, 4096);
-        let mut sock = Trickle {
-            out: Vec::new(),
-            per_call: 100_000,
-            took: false,
-            writes: 0,
-            max_slices: 0,
-        };
+        let mut sock = Trickle::new(100_000);
         let e = q
             .flush(&mut sock, &reqs, &mut |_| {})
             .expect_err("no buffers");
