@@ -99,3 +99,4 @@ pub mod target;
 mod tcp_bufs;
 #[cfg(test)]
 mod tcp_test_io;
+mod tcp_tx;

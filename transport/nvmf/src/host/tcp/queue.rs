@@ -410,7 +410,7 @@ impl TcpQueue {
             let _ = self.sock.shutdown(std::net::Shutdown::Both);
             // Nothing more goes out: drop every reference to the caller's
             // buffers (the core takes them back through `abandon`).
-            self.tx.discard();
+            self.tx.discard(&mut |_| {});
             self.released.clear();
             for s in &mut self.slots {
                 s.tx_refs = 0;
@@ -703,6 +703,7 @@ impl TcpQueue {
             );
             if chunk >= BY_REF_MIN {
                 self.tx.push_ref(slot as u16, data, at, chunk);
+                self.tx.mark(slot as u16);
                 self.slots[slot].tx_refs += 1;
                 self.stats.sent_by_ref += 1;
             } else {
@@ -762,6 +763,7 @@ impl HostQueue for TcpQueue {
             if len >= BY_REF_MIN {
                 // The core keeps `data` in the slot and lends it to flush.
                 self.tx.push_ref(slot, data, 0, len);
+                self.tx.mark(slot);
                 self.slots[si].tx_refs = 1;
                 self.stats.sent_by_ref += 1;
             } else {

@@ -211,7 +211,7 @@ impl QpairOps for TcpOps {
                 .push_pdu(PduType::CapsuleResp, &CapsuleResp::encode(&rsp.cqe), 0, 0);
         }
         if by_ref {
-            self.tx.push_sent(tag);
+            self.tx.mark(tag);
             return Ok(Transfer::Pending);
         }
         Ok(Transfer::Done)
