@@ -8,6 +8,7 @@
 
 mod common;
 
+use common::tcp_host::free_port;
 use common::{tmp, Tgt, WAIT};
 
 use std::net::SocketAddr;
@@ -62,10 +63,6 @@ traddr = "127.0.0.1"
 trsvcid = "{port}"
 "#
     )
-}
-
-fn free_port() -> u16 {
-    pollux_reactor::free_tcp_port("127.0.0.1")
 }
 
 fn io(qp: &mut pollux_nvmf::host::Qpair<pollux_nvmf::host::tcp::TcpQueue>, size: usize) {
@@ -238,15 +235,7 @@ fn an_adaptive_idle_target_wakes_for_its_tcp_sockets() {
     std::fs::write(&cfg, config(&soft, port)).unwrap();
     let mut tgt = Tgt::start(&cfg, &["--idle", "adaptive:100"]);
     tgt.wait_line("pollux-tgt: ready");
-    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let t = TcpHost::new(addr, TcpHostOptions::default());
-    let who = HostIdentity {
-        hostnqn: DEFAULT_HOSTNQN.into(),
-        hostid: *b"pollux-tgt-tcp-2",
-        subnqn: NQN.into(),
-    };
-    let c = Controller::connect(&t, who, CtrlOptions::default()).unwrap();
-    let mut qp = c.connect_io(&t, 1, 16, None).unwrap();
+    let (c, mut qp) = common::tcp_host::connect(port, NQN, *b"pollux-tgt-tcp-2");
     let started = Instant::now();
     for i in 0..20u64 {
         // Long enough for the reactor to fall asleep (it sleeps after 100 us idle).

@@ -6,8 +6,8 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use pollux_nvmf::host::tcp::{TcpHost, TcpHostOptions};
-use pollux_nvmf::host::{Controller, CtrlOptions, HostIdentity, DEFAULT_HOSTNQN};
+use pollux_nvmf::host::tcp::{TcpHost, TcpHostOptions, TcpQueue};
+use pollux_nvmf::host::{Controller, CtrlOptions, HostIdentity, Qpair, DEFAULT_HOSTNQN};
 use pollux_reactor::mem::{DmaBuf, SgList};
 
 use super::WAIT;
@@ -15,6 +15,25 @@ use super::WAIT;
 /// A port nobody listens on now, below the ephemeral range.
 pub fn free_port() -> u16 {
     pollux_reactor::free_tcp_port("127.0.0.1")
+}
+
+/// Connects to `subnqn` at 127.0.0.1:`port` as host `hostid` (no
+/// digests): the controller and one I/O queue of 16 entries.
+pub fn connect(
+    port: u16,
+    subnqn: &str,
+    hostid: [u8; 16],
+) -> (Controller<TcpHost>, Qpair<TcpQueue>) {
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let t = TcpHost::new(addr, TcpHostOptions::default());
+    let who = HostIdentity {
+        hostnqn: DEFAULT_HOSTNQN.into(),
+        hostid,
+        subnqn: subnqn.into(),
+    };
+    let c = Controller::connect(&t, who, CtrlOptions::default()).unwrap();
+    let qp = c.connect_io(&t, 1, 16, None).unwrap();
+    (c, qp)
 }
 
 /// What the host did: completions, and the longest gap between two.
@@ -30,15 +49,8 @@ pub struct HostRun {
 /// least), adding each completion to `count`; panics on any error or
 /// mismatch.
 pub fn host_io(port: u16, subnqn: &str, stop: &AtomicBool, count: &AtomicU64) -> HostRun {
-    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let t = TcpHost::new(addr, TcpHostOptions::default());
-    let who = HostIdentity {
-        hostnqn: DEFAULT_HOSTNQN.into(),
-        hostid: *b"pollux-rpc-nvmf1",
-        subnqn: subnqn.into(),
-    };
-    let c = Controller::connect(&t, who, CtrlOptions::default()).unwrap();
-    let mut qp = c.connect_io(&t, 1, 16, None).unwrap();
+    // The controller (its admin queue) lives as long as the I/O queue.
+    let (_ctrlr, mut qp) = connect(port, subnqn, *b"pollux-rpc-nvmf1");
     let mut run = HostRun {
         completions: 0,
         longest_gap: Duration::ZERO,

@@ -292,11 +292,9 @@ fn peer_close_ends_the_receive_and_fails_sends() {
     assert_eq!(r.sockets(), 0);
 }
 
-#[test]
-fn close_with_a_receive_armed_and_a_send_stuck() {
-    let Some(mut r) = ring::<Vec<u8>>() else {
-        return;
-    };
+/// An attached socket with a small send buffer, an 8 MiB send in flight
+/// on it and a peer (returned) that reads nothing.
+fn stuck_send(r: &mut SockRing<Vec<u8>>) -> (TcpStream, SockId) {
     let (c, s) = pair();
     rustix::net::sockopt::set_socket_send_buffer_size(&s, 4096).unwrap();
     let id = r.attach(s.into()).unwrap();
@@ -304,7 +302,16 @@ fn close_with_a_receive_armed_and_a_send_stuck() {
     list.push_buf(vec![5u8; 8 << 20]);
     r.send(id, list).unwrap();
     r.submit().unwrap();
+    (c, id)
+}
+
+#[test]
+fn close_with_a_receive_armed_and_a_send_stuck() {
+    let Some(mut r) = ring::<Vec<u8>>() else {
+        return;
+    };
     // The peer reads nothing: the send waits for room until the close.
+    let (c, id) = stuck_send(&mut r);
     r.close(id).unwrap();
     let mut list = SendList::new();
     list.push_bytes(b"late");
@@ -323,13 +330,7 @@ fn drop_with_a_send_stuck_returns() {
     let Some(mut r) = ring::<Vec<u8>>() else {
         return;
     };
-    let (_c, s) = pair();
-    rustix::net::sockopt::set_socket_send_buffer_size(&s, 4096).unwrap();
-    let id = r.attach(s.into()).unwrap();
-    let mut list = SendList::new();
-    list.push_buf(vec![5u8; 8 << 20]);
-    r.send(id, list).unwrap();
-    r.submit().unwrap();
+    let (_c, _id) = stuck_send(&mut r);
     let t = Instant::now();
     drop(r);
     assert!(t.elapsed() < DROP_WAIT, "drop waited {:?}", t.elapsed());
