@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use pollux_bdev::{
     BackendChannel, Bdev, BdevBackend, BdevError, BdevInfo, BdevIo, BdevRegistry, CompletedIo,
-    Completions, IoChannel, IoCompletion, IoTag, IoType, SgList,
+    Completions, IoChannel, IoCompletion, IoTag, IoType, SgList, Submitted,
 };
 use pollux_reactor::mem::DmaBuf;
 use pollux_reactor::{launch, Cores, LaunchConfig, PollStatus, Reactor};
@@ -23,9 +23,8 @@ struct RomBackend {
     info: BdevInfo,
 }
 
-struct RomChannel {
-    done: Vec<IoTag>,
-}
+/// Its per-core half: stateless, every read is filled at submit time.
+struct RomChannel;
 
 impl BdevBackend for RomBackend {
     fn info(&self) -> &BdevInfo {
@@ -35,15 +34,14 @@ impl BdevBackend for RomBackend {
         t == IoType::Read
     }
     fn create_channel(&self, _r: &Reactor) -> Result<Box<dyn BackendChannel>, BdevError> {
-        Ok(Box::new(RomChannel {
-            done: Vec::with_capacity(self.queue_depth()),
-        }))
+        Ok(Box::new(RomChannel))
     }
 }
 
 impl BackendChannel for RomChannel {
-    fn submit(&mut self, tag: IoTag, io: &mut BdevIo) {
-        // Fill the buffers now; the completion comes from the next poll.
+    fn submit(&mut self, _tag: IoTag, io: &mut BdevIo) -> Submitted {
+        // Fill the buffers now: done, the completion comes from the
+        // channel's next poll.
         let mut block = io.offset_blocks();
         for buf in io.bufs.iter_mut() {
             for chunk in buf.as_mut_slice().chunks_mut(512) {
@@ -51,14 +49,11 @@ impl BackendChannel for RomChannel {
                 block += 1;
             }
         }
-        self.done.push(tag);
+        Submitted::Done(Ok(()))
     }
-    fn poll(&mut self, done: &mut Completions) -> PollStatus {
-        let work = !self.done.is_empty();
-        for tag in self.done.drain(..) {
-            done.complete(tag, Ok(()));
-        }
-        PollStatus::from_work(work)
+    fn poll(&mut self, _done: &mut Completions) -> PollStatus {
+        // Nothing is ever queued.
+        PollStatus::Idle
     }
 }
 

@@ -21,7 +21,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pollux_bdev::{
-    Bdev, BdevDesc, CompletedIo, InPlaceIo, IoChannel, IoCompletion, IoType, PiAction, SgList,
+    Bdev, BdevDesc, CompletedIo, InPlaceIo, IoChannel, IoCompletion, IoType, PiAction, Rejected,
+    SgList,
 };
 use pollux_reactor::mem::{BufPool, BufPoolOptions, DmaBuf};
 use pollux_reactor::{launch, CoreId, Cores, IdleMode, IoClock, LaunchConfig, PollStatus, Reactor};
@@ -424,6 +425,26 @@ impl IoCompletion for Job {
     }
 }
 
+/// The submission of [`Job::submit_bufs`] with PI: the slot's metadata
+/// buffers and the job's PI action go along.
+#[cold]
+#[allow(clippy::result_large_err)] // IoChannel's own result, passed through
+fn submit_pi(
+    ch: &IoChannel,
+    in_place: bool,
+    (t, lba, n): (IoType, u64, u64),
+    (bufs, md): (SgList, SgList),
+    a: PiAction,
+    cb: &Rc<dyn IoCompletion>,
+    ctx: u64,
+) -> Result<(), Rejected> {
+    if in_place {
+        ch.submit_in_place_with_pi(t, lba, n, bufs, md, Some(a), cb, ctx)
+    } else {
+        ch.submit_with_pi(t, lba, n, bufs, md, Some(a), cb, ctx)
+    }
+}
+
 impl Job {
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -597,19 +618,13 @@ impl JobState {
         let lba = self.first_block + unit * self.io_blocks;
         let t = if is_read { IoType::Read } else { IoType::Write };
         let (n, ctx) = (self.io_blocks, i as u64);
-        let r = match (self.pi, self.in_place) {
-            (None, false) => self.ch.submit(t, lba, n, bufs, cb, ctx),
-            (None, true) => self.ch.submit_in_place(t, lba, n, bufs, cb, ctx),
-            (Some(a), in_place) => {
-                let md = self.slots[i].md.take().unwrap_or_default();
-                if in_place {
-                    self.ch
-                        .submit_in_place_with_pi(t, lba, n, bufs, md, Some(a), cb, ctx)
-                } else {
-                    self.ch
-                        .submit_with_pi(t, lba, n, bufs, md, Some(a), cb, ctx)
-                }
-            }
+        let r = if let Some(a) = self.pi {
+            let md = self.slots[i].md.take().unwrap_or_default();
+            submit_pi(&self.ch, self.in_place, (t, lba, n), (bufs, md), a, cb, ctx)
+        } else if self.in_place {
+            self.ch.submit_in_place(t, lba, n, bufs, cb, ctx)
+        } else {
+            self.ch.submit(t, lba, n, bufs, cb, ctx)
         };
         match r {
             Ok(()) => self.in_flight += 1,

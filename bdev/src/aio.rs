@@ -15,7 +15,6 @@
 //! regular file. A trailing partial block is not used. Metadata is not
 //! supported (`md` must be 0).
 
-use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
 use std::io::{Seek, SeekFrom};
 use std::os::fd::{AsRawFd, RawFd};
@@ -30,9 +29,9 @@ use rustix::fs::FallocateFlags;
 
 use crate::aio_fallocate::{fallocate, FallocateWorker};
 
-use crate::backend::{BackendChannel, BdevBackend, Completions};
+use crate::backend::{BackendChannel, BdevBackend, Completions, Submitted};
 use crate::info::BdevInfo;
-use crate::io::{BdevError, BdevIo, IoError, IoStatus, IoTag, IoType};
+use crate::io::{BdevError, BdevIo, IoError, IoTag, IoType};
 use crate::registry::BdevSpec;
 
 /// The default queue depth of an aio channel (and of its engine).
@@ -204,7 +203,6 @@ impl BdevBackend for AioBackend {
             file: Arc::clone(&self.file),
             block: u64::from(self.info.block_size()),
             queued: 0,
-            local: VecDeque::with_capacity(self.queue_depth),
             falloc: None,
             depth: self.queue_depth,
         }))
@@ -221,8 +219,6 @@ struct AioChannel {
     block: u64,
     /// I/Os queued on the engine since the last `submit()`.
     queued: usize,
-    /// Finished at submit time (refused by the engine).
-    local: VecDeque<(IoTag, IoStatus)>,
     /// The `fallocate` thread (write zeroes, unmap), from the first one.
     falloc: Option<FallocateWorker>,
     depth: usize,
@@ -231,7 +227,7 @@ struct AioChannel {
 impl AioChannel {
     /// Hand a write zeroes or unmap to the helper thread (started on first
     /// use). Should the thread be unavailable, it runs here, as before.
-    fn fallocate(&mut self, tag: IoTag, flags: FallocateFlags, io: &BdevIo) {
+    fn fallocate(&mut self, tag: IoTag, flags: FallocateFlags, io: &BdevIo) -> Submitted {
         let (offset, len) = (
             io.offset_blocks() * self.block,
             io.num_blocks() * self.block,
@@ -246,37 +242,35 @@ impl AioChannel {
             .falloc
             .as_mut()
             .is_some_and(|w| w.submit(tag.as_u64(), flags, offset, len).is_ok());
-        if !queued {
-            let st = fallocate(&self.file, flags, offset, len);
-            self.local.push_back((tag, st));
+        if queued {
+            Submitted::Queued
+        } else {
+            Submitted::Done(fallocate(&self.file, flags, offset, len))
         }
     }
 }
 
 impl BackendChannel for AioChannel {
-    fn submit(&mut self, tag: IoTag, io: &mut BdevIo) {
+    fn submit(&mut self, tag: IoTag, io: &mut BdevIo) -> Submitted {
         let offset = io.offset_blocks() * self.block;
         let op = match io.io_type() {
             IoType::Read => IoOp::read(self.fd, offset),
             IoType::Write => IoOp::write(self.fd, offset),
             IoType::Flush => IoOp::fsync(self.fd),
-            IoType::WriteZeroes => {
-                self.fallocate(tag, FallocateFlags::ZERO_RANGE, io);
-                return;
-            }
-            IoType::Unmap => {
-                self.fallocate(tag, FallocateFlags::PUNCH_HOLE, io);
-                return;
-            }
+            IoType::WriteZeroes => return self.fallocate(tag, FallocateFlags::ZERO_RANGE, io),
+            IoType::Unmap => return self.fallocate(tag, FallocateFlags::PUNCH_HOLE, io),
         };
         let bufs = std::mem::take(&mut io.bufs);
         match self.engine.queue(op, bufs, tag.as_u64()) {
-            Ok(()) => self.queued += 1,
+            Ok(()) => {
+                self.queued += 1;
+                Submitted::Queued
+            }
             Err(e) => {
                 // The engine's depth is the channel's, so only too many
                 // segments gets here.
                 io.bufs = e.into_bufs();
-                self.local.push_back((tag, Err(IoError::Device(EINVAL))));
+                Submitted::Done(Err(IoError::Device(EINVAL)))
             }
         }
     }
@@ -318,10 +312,7 @@ impl BackendChannel for AioChannel {
             };
             done.complete(tag, status);
         });
-        work |= reaped > 0 || !self.local.is_empty();
-        for (tag, st) in self.local.drain(..) {
-            done.complete(tag, st);
-        }
+        work |= reaped > 0;
         if let Some(w) = self.falloc.as_mut().filter(|w| w.in_flight() > 0) {
             work |= w.reap(|token, st| {
                 if let Some(tag) = IoTag::from_u64(token) {
@@ -340,6 +331,7 @@ mod tests {
     use pollux_reactor::TestCluster;
 
     use super::*;
+    use crate::io::IoStatus;
     use crate::registry::BdevRegistry;
     use crate::testutil::{bytes_of, pattern, sg, sg_with, Recorder};
 

@@ -2,8 +2,9 @@
 //!
 //! Like SPDK's `spdk_bdev_fn_table`: the shared half ([`BdevBackend`]) says
 //! what the bdev is and makes one [`BackendChannel`] per reactor; the channel
-//! takes checked I/Os ([`BackendChannel::submit`]) and reports finished ones
-//! from [`BackendChannel::poll`] through [`Completions`]. Everything else
+//! takes checked I/Os ([`BackendChannel::submit`]), finishing them there
+//! ([`Submitted::Done`]) or reporting them from [`BackendChannel::poll`]
+//! through [`Completions`]. Everything else
 //! (bounds and length checks, the request table, back-pressure, stats,
 //! delivery of completions on the submitting reactor) is the generic layer's.
 
@@ -44,17 +45,32 @@ pub trait BdevBackend: Send + Sync + 'static {
     fn create_channel(&self, reactor: &Reactor) -> Result<Box<dyn BackendChannel>, BdevError>;
 }
 
+/// What a backend did with an I/O it was handed ([`BackendChannel::submit`]).
+#[must_use]
+#[derive(Debug)]
+pub enum Submitted {
+    /// The backend owns the I/O and reports it from a later
+    /// [`poll`](BackendChannel::poll) through [`Completions::complete`].
+    Queued,
+    /// The backend finished the I/O already (a memory backend copies at
+    /// once, a synchronous fallback ran): the generic layer queues the
+    /// status for delivery on the channel's next poll, exactly as if the
+    /// backend had reported it then, so a completion still never runs inside
+    /// a submit.
+    Done(IoStatus),
+}
+
 /// The per-reactor half of a backend (`!Send` is fine: it never leaves its core).
 pub trait BackendChannel {
     /// Start one checked I/O.
     ///
-    /// Must not complete it here: queue it and report it from a later
-    /// [`poll`](Self::poll) (the generic layer would refuse an inline
-    /// completion anyway, since it holds no [`Completions`] here). The backend
-    /// keeps `tag`, reads the I/O's fields from `io`, may `std::mem::take`
-    /// `io.bufs` while the kernel owns them (putting them back through
-    /// [`Completions::io_mut`] before completing), and may copy data at once.
-    fn submit(&mut self, tag: IoTag, io: &mut BdevIo);
+    /// The backend reads the I/O's fields from `io` and either finishes it
+    /// here and returns [`Submitted::Done`] with its status (delivered on the
+    /// channel's next poll), or keeps `tag` and returns [`Submitted::Queued`],
+    /// reporting it from a later [`poll`](Self::poll). A queued I/O's
+    /// backend may `std::mem::take` `io.bufs` while the kernel owns them
+    /// (putting them back through [`Completions::io_mut`] before completing).
+    fn submit(&mut self, tag: IoTag, io: &mut BdevIo) -> Submitted;
 
     /// Make progress: flush batched submissions, reap finished I/Os and
     /// report each with [`Completions::complete`]. Returns

@@ -17,7 +17,7 @@ use std::rc::{Rc, Weak};
 
 use pollux_reactor::{PollStatus, PollerId, Reactor};
 
-use crate::backend::{BackendChannel, Completions, IoSlot, ReadyQueue, SlotState};
+use crate::backend::{BackendChannel, Completions, IoSlot, ReadyQueue, SlotState, Submitted};
 use crate::bdev::{type_bit, Bdev};
 use crate::io::{
     BdevError, BdevIo, CompletedIo, InPlaceIo, IoCompletion, IoError, IoStatus, IoTag, IoType,
@@ -219,9 +219,33 @@ impl ChannelCore {
         self.poller.set(Some(id));
     }
 
+    /// Everything [`check_io`](Self::check_io) checks, for an I/O in a slot.
     #[inline(always)]
     fn check(&self, io: &BdevIo, writable: bool) -> IoStatus {
-        let (io_type, offset_blocks, num_blocks) = (io.io_type, io.offset_blocks, io.num_blocks);
+        let md_empty = io.md_bufs.is_empty();
+        self.check_io(
+            (io.io_type, io.offset_blocks, io.num_blocks),
+            &io.bufs,
+            md_empty,
+            writable,
+        )?;
+        if !md_empty || io.pi.is_some() {
+            return self.check_md(io);
+        }
+        Ok(())
+    }
+
+    /// The checks of an I/O's type, range and data buffers against this
+    /// channel (the metadata and PI checks are [`check_md`](Self::check_md)'s).
+    /// Taken from the submitter's arguments, before they move into a slot.
+    #[inline(always)]
+    fn check_io(
+        &self,
+        (io_type, offset_blocks, num_blocks): (IoType, u64, u64),
+        bufs: &SgList,
+        md_empty: bool,
+        writable: bool,
+    ) -> IoStatus {
         if self.supported & type_bit(io_type) == 0 {
             return Err(IoError::Unsupported(io_type));
         }
@@ -247,18 +271,15 @@ impl ChannelCore {
             // In range, so this cannot overflow (checked when the info was built).
             let expected = num_blocks * self.buf_block_size;
             // One buffer is the common case: its length without a call.
-            let actual = match io.bufs.len() {
-                1 => io.bufs.iter().next().map_or(0, |b| b.len()),
-                _ => io.bufs.total_len(),
+            let actual = match bufs.len() {
+                1 => bufs.iter().next().map_or(0, |b| b.len()),
+                _ => bufs.total_len(),
             } as u64;
             if actual != expected {
                 return Err(IoError::BadLength { expected, actual });
             }
-        } else if !io.bufs.is_empty() || !io.md_bufs.is_empty() {
+        } else if !bufs.is_empty() || !md_empty {
             return Err(IoError::UnexpectedBuffers(io_type));
-        }
-        if !io.md_bufs.is_empty() || io.pi.is_some() {
-            return self.check_md(io);
         }
         Ok(())
     }
@@ -312,23 +333,49 @@ impl ChannelCore {
         }
     }
 
-    /// Hand slot `tag` (filled in, state `InFlight`) to the backend, or queue
-    /// its check error for the next poll.
+    /// Check slot `tag` (filled in) and start it.
     #[inline(always)]
     fn start(&self, st: &mut ChannelState, tag: u32, slot: &mut IoSlot) {
+        let check = self.check(&slot.req.io, slot.req.writable);
+        if check.is_ok() && slot.req.io.pi.is_none() {
+            self.start_backend(st, tag, slot);
+        } else {
+            self.start_slow(st, tag, slot, check);
+        }
+    }
+
+    /// Hand slot `tag` (filled in and checked) to the backend; queue its
+    /// status for the next poll when the backend finished it at once.
+    #[inline(always)]
+    fn start_backend(&self, st: &mut ChannelState, tag: u32, slot: &mut IoSlot) {
         let r = &mut slot.req;
-        let mut check = self.check(&r.io, r.writable);
-        if check.is_ok() && r.io.pi.is_some() && r.io.io_type == IoType::Write {
-            check = self.pi_write(&mut r.io);
+        match st.backend.submit(IoTag(tag), &mut r.io) {
+            Submitted::Queued => {
+                slot.state = SlotState::InFlight;
+                return;
+            }
+            // Set when the slot was filled in.
+            Submitted::Done(Ok(())) => {}
+            Submitted::Done(status) => r.status = status,
+        }
+        slot.state = SlotState::Completed;
+        st.q.ready.push(IoTag(tag));
+    }
+
+    /// [`start_backend`](Self::start_backend) for an I/O that failed its
+    /// checks (`check`; its status is queued for the next poll) or has a PI
+    /// action (a write generates or verifies first).
+    #[cold]
+    #[inline(never)]
+    fn start_slow(&self, st: &mut ChannelState, tag: u32, slot: &mut IoSlot, mut check: IoStatus) {
+        if check.is_ok() && slot.req.io.pi.is_some() && slot.req.io.io_type == IoType::Write {
+            check = self.pi_write(&mut slot.req.io);
         }
         match check {
-            Ok(()) => {
-                slot.state = SlotState::InFlight;
-                st.backend.submit(IoTag(tag), &mut r.io);
-            }
+            Ok(()) => self.start_backend(st, tag, slot),
             Err(e) => {
+                slot.req.status = Err(e);
                 slot.state = SlotState::Completed;
-                r.status = Err(e);
                 st.q.ready.push(IoTag(tag));
             }
         }
@@ -366,6 +413,19 @@ impl ChannelCore {
                 md_bufs: ext.map(|e| e.0).unwrap_or_default(),
             });
         };
+        // Checked from the arguments, which are in registers here (the
+        // metadata half, rare, once they are in the slot).
+        let md_empty = ext.as_ref().map_or(true, |e| e.0.is_empty());
+        let check = self.check_io(
+            (io_type, offset_blocks, num_blocks),
+            &bufs,
+            md_empty,
+            writable,
+        );
+        let fast = check.is_ok()
+            && ext
+                .as_ref()
+                .map_or(true, |e| e.0.is_empty() && e.1.is_none());
         let slot = &mut *slot;
         slot.req.io.io_type = io_type;
         slot.req.io.offset_blocks = offset_blocks;
@@ -388,8 +448,15 @@ impl ChannelCore {
         slot.req.writable = writable;
         slot.req.again = false;
         slot.in_place = in_place;
-        slot.cb = Some(Rc::clone(cb));
-        self.start(st, tag, slot);
+        // A free slot holds no callback (delivery takes it): nothing to drop.
+        debug_assert!(slot.cb.is_none());
+        std::mem::forget(slot.cb.replace(Rc::clone(cb)));
+        if fast {
+            self.start_backend(st, tag, slot);
+        } else {
+            let check = check.and_then(|()| self.check_md(&slot.req.io));
+            self.start_slow(st, tag, slot, check);
+        }
         // In flight: the channel outlives its handles until it completes
         // (here, not in the handle, so the result is returned in place).
         if !self.pinned.get() {
@@ -955,6 +1022,82 @@ mod tests {
         assert_eq!(done[0].1.status, Ok(()));
         assert_eq!(done[0].1.bufs.total_len(), 1024, "buffers come back");
         assert!(done[1].1.status.is_err());
+    }
+
+    /// Finishes even-numbered first blocks at submit (odd ones with an
+    /// error), queues odd ones and completes them on its next poll.
+    struct HalfDone {
+        info: BdevInfo,
+    }
+
+    struct HalfDoneChannel {
+        queued: Vec<IoTag>,
+    }
+
+    impl BdevBackend for HalfDone {
+        fn info(&self) -> &BdevInfo {
+            &self.info
+        }
+        fn supports(&self, _t: IoType) -> bool {
+            true
+        }
+        fn create_channel(&self, _r: &Reactor) -> Result<Box<dyn BackendChannel>, BdevError> {
+            Ok(Box::new(HalfDoneChannel {
+                queued: Vec::with_capacity(self.queue_depth()),
+            }))
+        }
+    }
+
+    impl BackendChannel for HalfDoneChannel {
+        fn submit(&mut self, tag: IoTag, io: &mut BdevIo) -> Submitted {
+            match io.offset_blocks() % 4 {
+                0 => Submitted::Done(Ok(())),
+                2 => Submitted::Done(Err(IoError::Device(5))),
+                _ => {
+                    self.queued.push(tag);
+                    Submitted::Queued
+                }
+            }
+        }
+        fn poll(&mut self, done: &mut Completions<'_>) -> PollStatus {
+            let work = !self.queued.is_empty();
+            for tag in self.queued.drain(..) {
+                done.complete(tag, Ok(()));
+            }
+            PollStatus::from_work(work)
+        }
+    }
+
+    #[test]
+    fn an_io_the_backend_finishes_at_submit_is_delivered_on_the_next_poll() {
+        let info = BdevInfo::new("half", "t", 512, 64).unwrap();
+        let bdev = Bdev::new(Arc::new(HalfDone { info }));
+        let desc = bdev.open(true).unwrap();
+        let cluster = TestCluster::new(1);
+        let (rec, cb) = Recorder::new();
+        cluster.on(0, |r| {
+            let ch = desc.channel(r).unwrap();
+            for lba in 0..8u64 {
+                ch.read(lba, 1, sg(&[512], 0), &cb, lba).unwrap();
+            }
+            assert_eq!(rec.len(), 0, "a completion ran inside submit");
+            assert_eq!(ch.in_flight(), 8);
+        });
+        cluster.poll_until_idle().unwrap();
+        let mut done = rec.take();
+        done.sort_by_key(|d| d.1.ctx);
+        let st: Vec<IoStatus> = done.iter().map(|d| d.1.status).collect();
+        let want: Vec<IoStatus> = (0..8)
+            .map(|lba| match lba % 4 {
+                2 => Err(IoError::Device(5)),
+                _ => Ok(()),
+            })
+            .collect();
+        assert_eq!(st, want);
+        assert!(
+            done.iter().all(|d| d.1.bufs.total_len() == 512),
+            "buffers come back"
+        );
     }
 
     #[test]

@@ -108,7 +108,7 @@ pub mod pi;
 mod registry;
 
 pub use aio::{AioBackend, AioEngineKind, AioOptions};
-pub use backend::{BackendChannel, BdevBackend, Completions, DEFAULT_QUEUE_DEPTH};
+pub use backend::{BackendChannel, BdevBackend, Completions, Submitted, DEFAULT_QUEUE_DEPTH};
 pub use bdev::{Bdev, BdevDesc};
 pub use channel::{ChannelCore, ChannelStats, IoChannel};
 pub use info::{BdevInfo, PiType, PI_TUPLE_SIZE, SUPPORTED_BLOCK_SIZES, SUPPORTED_MD_SIZES};

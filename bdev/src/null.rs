@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use pollux_reactor::{PollStatus, Reactor};
 
-use crate::backend::{BackendChannel, BdevBackend, Completions, DEFAULT_QUEUE_DEPTH};
+use crate::backend::{BackendChannel, BdevBackend, Completions, Submitted, DEFAULT_QUEUE_DEPTH};
 use crate::info::BdevInfo;
 use crate::io::{BdevError, BdevIo, IoTag, IoType};
 use crate::pi::{PiAction, PiFormat};
@@ -76,7 +76,6 @@ impl BdevBackend for NullBackend {
             reactor: reactor.clone(),
             latency,
             immediate: latency.is_zero(),
-            ready: Vec::with_capacity(if latency.is_zero() { depth } else { 0 }),
             delayed: VecDeque::with_capacity(if latency.is_zero() { 0 } else { depth }),
         }))
     }
@@ -90,42 +89,59 @@ struct NullChannel {
     latency: Duration,
     /// `latency` is zero.
     immediate: bool,
-    /// Latency zero: complete on the next poll.
-    ready: Vec<IoTag>,
     /// Latency non-zero: complete once the loop time reaches the deadline.
     delayed: VecDeque<(IoTag, Instant)>,
 }
 
-impl BackendChannel for NullChannel {
-    fn submit(&mut self, tag: IoTag, io: &mut BdevIo) {
-        if let Some(fmt) = self.pi.as_ref() {
-            if io.io_type() == IoType::Read && (fmt.interleave() || !io.md_bufs.is_empty()) {
-                let lba = io.offset_blocks();
-                let a = io
-                    .pi_action()
-                    .copied()
-                    .unwrap_or_else(|| PiAction::write_generate().with_ref_tag(lba as u32));
-                // The generic layer checked the lengths: this cannot fail.
-                let r = fmt.generate(lba, &a, &mut io.bufs, &mut io.md_bufs);
-                debug_assert!(r.is_ok(), "null PI generation: {r:?}");
-            }
-        }
-        // Both queues were sized to the channel depth, which the generic layer
-        // enforces: these pushes never allocate.
-        if self.immediate {
-            self.ready.push(tag);
-        } else {
-            self.delayed
-                .push_back((tag, self.reactor.now() + self.latency));
+impl NullChannel {
+    /// A read of a PI bdev returns valid protection information: generate it
+    /// (with the I/O's own action, or the default one: reference tag = LBA).
+    #[cold]
+    #[inline(never)]
+    fn generate_pi(&self, io: &mut BdevIo) {
+        let Some(fmt) = self.pi.as_ref() else {
+            return;
+        };
+        if io.io_type() == IoType::Read && (fmt.interleave() || !io.md_bufs.is_empty()) {
+            let lba = io.offset_blocks();
+            let a = io
+                .pi_action()
+                .copied()
+                .unwrap_or_else(|| PiAction::write_generate().with_ref_tag(lba as u32));
+            // The generic layer checked the lengths: this cannot fail.
+            let r = fmt.generate(lba, &a, &mut io.bufs, &mut io.md_bufs);
+            debug_assert!(r.is_ok(), "null PI generation: {r:?}");
         }
     }
 
-    fn poll(&mut self, done: &mut Completions<'_>) -> PollStatus {
-        let mut work = !self.ready.is_empty();
-        for &tag in &self.ready {
-            done.complete(tag, Ok(()));
+    /// Complete `tag` once the latency has passed. The queue was sized to the
+    /// channel depth, which the generic layer enforces: this push never
+    /// allocates.
+    #[cold]
+    #[inline(never)]
+    fn delay(&mut self, tag: IoTag) -> Submitted {
+        self.delayed
+            .push_back((tag, self.reactor.now() + self.latency));
+        Submitted::Queued
+    }
+}
+
+impl BackendChannel for NullChannel {
+    #[inline]
+    fn submit(&mut self, tag: IoTag, io: &mut BdevIo) -> Submitted {
+        if self.pi.is_some() {
+            self.generate_pi(io);
         }
-        self.ready.clear();
+        // Without a latency the I/O is done: the generic layer delivers it on
+        // its next poll.
+        if self.immediate {
+            return Submitted::Done(Ok(()));
+        }
+        self.delay(tag)
+    }
+
+    fn poll(&mut self, done: &mut Completions<'_>) -> PollStatus {
+        let mut work = false;
         if !self.delayed.is_empty() {
             // Deadlines are in submit order (one fixed latency): stop at the first one not due.
             let now = self.reactor.now();
