@@ -159,6 +159,16 @@ impl Reactor {
         self.0.now.get()
     }
 
+    /// The time now, read from this reactor's clock (not cached: a clock
+    /// read, for the control path). [`now`](Self::now) may be older by
+    /// however long the current loop has run, which matters to a deadline
+    /// set from an event that happened during it (a connection accepted
+    /// after the thread was preempted, say). Under a
+    /// [`TestCluster`](crate::TestCluster) it is the manual clock's time.
+    pub fn read_clock(&self) -> Instant {
+        self.0.clock.now()
+    }
+
     /// [`now`](Self::now) as whole nanoseconds since this reactor was
     /// created, cached per loop like `now`: for per-I/O timestamps and
     /// latencies in integer arithmetic (no `Instant` subtraction per I/O).

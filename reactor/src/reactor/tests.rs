@@ -68,6 +68,27 @@ fn now_is_cached_per_loop() {
 }
 
 #[test]
+fn read_clock_is_fresh_inside_a_loop_and_follows_the_test_clock() {
+    let c = TestCluster::new(1);
+    let r = c.reactor(0);
+    let seen = Rc::new(RefCell::new(Vec::new()));
+    let (s, r2, clock) = (seen.clone(), r.clone(), c.clock().clone());
+    r.add_poller("a", move || {
+        clock.advance(ms(3));
+        s.borrow_mut().push((r2.now(), r2.read_clock()));
+        PollStatus::Idle
+    });
+    r.poll_once();
+    let (cached, fresh) = seen.borrow()[0];
+    assert_eq!(
+        fresh,
+        cached + ms(3),
+        "read_clock sees time that passed in the loop"
+    );
+    assert_eq!(fresh, c.now(), "and it is the test's manual clock");
+}
+
+#[test]
 fn timed_pollers_run_by_deadline_and_period() {
     let c = TestCluster::new(1);
     let r = c.reactor(0);

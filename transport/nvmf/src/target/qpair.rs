@@ -265,7 +265,9 @@ impl QueuePair {
             busy_since: None,
             connect_deadline: match opts.connect_timeout_ms {
                 0 => None,
-                ms => Some(reactor.now() + Duration::from_millis(u64::from(ms))),
+                // From a fresh read: the loop's cached time may predate
+                // the accept by a preemption, which would cut the timeout short.
+                ms => Some(reactor.read_clock() + Duration::from_millis(u64::from(ms))),
             },
         })
     }
