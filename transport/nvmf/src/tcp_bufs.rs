@@ -123,6 +123,11 @@ pub(crate) struct RecvBuf {
     pub(crate) buf: Vec<u8>,
     pub(crate) head: usize,
     pub(crate) tail: usize,
+    /// The last [`fill`](Self::fill) took less than the room it offered:
+    /// the socket held no more at that moment, so another read in the same
+    /// poll would most likely fail with `WouldBlock` (a wasted system
+    /// call).
+    pub(crate) drained: bool,
 }
 
 impl RecvBuf {
@@ -131,6 +136,7 @@ impl RecvBuf {
             buf: vec![0u8; len],
             head: 0,
             tail: 0,
+            drained: false,
         }
     }
 
@@ -167,6 +173,7 @@ impl RecvBuf {
         }
         let end = self.tail + (self.buf.len() - self.tail).min(max.max(1));
         let n = sock.read(&mut self.buf[self.tail..end])?;
+        self.drained = self.tail + n < end;
         self.tail += n;
         Ok(n)
     }
@@ -198,6 +205,36 @@ mod tests {
         fn flush(&mut self) -> std::io::Result<()> {
             Ok(())
         }
+    }
+
+    /// A connected loopback pair: (ours, non-blocking; the peer's).
+    fn pair() -> (TcpStream, TcpStream) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let peer = TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
+        let (ours, _) = l.accept().expect("accept");
+        ours.set_nonblocking(true).expect("non-blocking");
+        (ours, peer)
+    }
+
+    #[test]
+    fn a_read_that_takes_less_than_it_offered_marks_the_socket_drained() {
+        let (mut ours, mut peer) = pair();
+        let mut rb = RecvBuf::new(4096);
+        peer.write_all(&[7u8; 100]).expect("write");
+        // Loopback delivers in the writer's call: the bytes are here.
+        assert_eq!(rb.fill(&mut ours).expect("read"), 100);
+        assert!(rb.drained, "100 of 4096 bytes: nothing more was there");
+        // More than the room offered: the read fills it, not drained.
+        peer.write_all(&[8u8; 300]).expect("write");
+        assert_eq!(rb.fill_at_most(&mut ours, 200).expect("read"), 200);
+        assert!(!rb.drained, "took all 200 offered: more may wait");
+        assert_eq!(rb.fill(&mut ours).expect("read"), 100);
+        assert!(rb.drained);
+        assert_eq!(rb.avail(), 400);
+        assert_eq!(
+            rb.fill(&mut ours).map_err(|e| e.kind()),
+            Err(ErrorKind::WouldBlock)
+        );
     }
 
     #[test]

@@ -24,7 +24,8 @@ use crate::tcp_bufs::RecvBuf;
 
 /// Receive buffer size.
 const RX_LEN: usize = 256 * 1024;
-/// Reads per poll at most.
+/// Reads per poll at most; a read that takes less than it offered ends
+/// the poll's reading.
 const READS_PER_POLL: usize = 4;
 /// SQHD of a completion the transport made up (C2H SUCCESS).
 const SQHD_NONE: u16 = 0xFFFF;
@@ -359,6 +360,7 @@ impl TcpQueue {
         };
         let landed = got.min(cover);
         self.rx.tail = got - landed;
+        self.rx.drained = got < cover + self.rx_window;
         let mut crc = crc;
         if ddgst {
             sg_at::for_each_slice(data, off, landed, |s| crc = crc32c_append(crc, s));
@@ -804,6 +806,11 @@ impl HostQueue for TcpQueue {
                 break;
             }
             busy = true;
+            if self.rx.drained {
+                // The socket had no more: no read that would only fail
+                // with `WouldBlock`.
+                break;
+            }
         }
         // R2T answers go out in the same poll.
         busy |= self.write_out(&*bufs)?;

@@ -47,7 +47,8 @@ use crate::spec::tcp::{
 use crate::spec::SQE_SIZE;
 use crate::tcp_bufs::{RecvBuf, MAX_PAD};
 
-/// Reads per poll per socket at most (fairness between sockets).
+/// Reads per poll per socket at most (fairness between sockets); a read
+/// that takes less than it offered ends the poll's reading.
 const READS_PER_POLL: usize = 4;
 /// Data phases at least this long are read straight into the request's
 /// buffers once the receive buffer is empty.
@@ -425,7 +426,14 @@ impl TcpConn {
                     self.ops.closing = true;
                     return true;
                 }
-                Ok(_) => busy = true,
+                Ok(_) => {
+                    busy = true;
+                    if self.rx.drained {
+                        // The socket had no more: no read that would
+                        // only fail with `WouldBlock`.
+                        break;
+                    }
+                }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) => {
@@ -477,6 +485,7 @@ impl TcpConn {
             return self.read_buffered();
         }
         let got = self.sock.read(&mut dst[..n])?;
+        self.rx.drained = got < n;
         if got > 0 {
             let crc_in = &dst[..got];
             if let Phase::Data { crc, ddgst, .. } = &mut self.phase {

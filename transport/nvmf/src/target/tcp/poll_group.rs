@@ -16,7 +16,7 @@ use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use pollux_reactor::{PollStatus, PollerId, Reactor};
+use pollux_reactor::{IdleMode, PollStatus, PollerId, Reactor};
 
 use super::super::qpair::QueuePair;
 use super::super::transport::{QpairParams, TransportError, TransportPollGroup};
@@ -28,6 +28,18 @@ use crate::spec::transport_id::TransportId;
 
 /// Sockets accepted per listener per poll at most.
 const ACCEPTS_PER_POLL: usize = 16;
+/// Connection reads (one per connection per poll) between two rounds of
+/// `accept` while the group serves connections (busy polling): a group
+/// with `n` connections accepts once in `ACCEPT_EVERY / n` polls. A
+/// failing `accept` costs more than a busy poll's receive (the kernel
+/// allocates a socket and an inode and frees them again, ~1.5 us on the
+/// 2-vCPU VM of `docs/benchmarks.md`): tried on every poll it took 17 % of
+/// the target's CPU at 512 B QD 128 over one connection. One round per
+/// 1024 reads costs well under 1 % and delays a new connection by about a
+/// millisecond at most (SPDK's acceptor runs every 10 ms); a round that
+/// took a connection is followed by another on the next poll, so a storm
+/// of connections is taken at once.
+pub(super) const ACCEPT_EVERY: u32 = 1024;
 
 struct GroupState {
     conns: Vec<TcpConn>,
@@ -39,6 +51,10 @@ struct GroupState {
     listen_gen: u64,
     /// Accepting no more (its connections are closing).
     shutting_down: bool,
+    /// Polls until the next round of `accept` is due.
+    accept_in: u32,
+    /// The group's last poll did no work.
+    last_idle: bool,
 }
 
 /// One core's NVMe/TCP poll group (`!Send`).
@@ -79,6 +95,8 @@ impl TcpPollGroup {
             listener_wakes: Vec::new(),
             listen_gen: 0,
             shutting_down: false,
+            accept_in: 0,
+            last_idle: true,
         }));
         let ctx = Ctx {
             transport: Arc::clone(t),
@@ -214,6 +232,8 @@ impl GroupState {
             self.listeners.clear();
         } else if gen != self.listen_gen {
             self.listen_gen = gen;
+            // A new listener is tried at once.
+            self.accept_in = 0;
             self.listener_wakes.clear();
             self.listeners = transport
                 .lock()
@@ -234,22 +254,8 @@ impl Ctx {
     fn poll(&self, st: &mut GroupState) -> bool {
         let mut busy = false;
         st.sync_listeners(&self.transport, self.index, &self.reactor);
-        for li in 0..st.listeners.len() {
-            for _ in 0..ACCEPTS_PER_POLL {
-                match st.listeners[li].1.accept() {
-                    Ok((s, peer)) => {
-                        busy = true;
-                        log::debug!("nvmf tcp: connection from {peer}");
-                        let trid = st.listeners[li].0.clone();
-                        self.place(st, s, trid);
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                    Err(e) => {
-                        log::warn!("nvmf tcp: accept failed: {e}");
-                        break;
-                    }
-                }
-            }
+        if self.accept_due(st) {
+            busy |= self.accept(st);
         }
         while let Some((s, trid)) = self.inbox.pop() {
             busy = true;
@@ -285,6 +291,56 @@ impl Ctx {
                 busy = true;
             } else {
                 i += 1;
+            }
+        }
+        st.last_idle = !busy;
+        busy
+    }
+
+    /// Whether this poll tries `accept` on the listeners: once in
+    /// [`ACCEPT_EVERY`] connection reads, on every poll while the group
+    /// serves no connection (nothing else to do), and in adaptive idle
+    /// mode after an idle poll (a reactor woken by a listener takes the
+    /// connection at once rather than spinning until the round is due).
+    fn accept_due(&self, st: &mut GroupState) -> bool {
+        if st.listeners.is_empty() {
+            return false;
+        }
+        let adaptive = matches!(self.reactor.idle_mode(), IdleMode::Adaptive { .. });
+        if st.accept_in > 0 && !st.conns.is_empty() && !(adaptive && st.last_idle) {
+            st.accept_in -= 1;
+            return false;
+        }
+        let n = u32::try_from(st.conns.len()).unwrap_or(u32::MAX).max(1);
+        st.accept_in = (ACCEPT_EVERY / n).saturating_sub(1);
+        true
+    }
+
+    /// One round of `accept` on every listener this group owns; `true`
+    /// when a connection came.
+    fn accept(&self, st: &mut GroupState) -> bool {
+        self.transport
+            .stats
+            .accept_rounds
+            .fetch_add(1, Ordering::Relaxed);
+        let mut busy = false;
+        for li in 0..st.listeners.len() {
+            for _ in 0..ACCEPTS_PER_POLL {
+                match st.listeners[li].1.accept() {
+                    Ok((s, peer)) => {
+                        busy = true;
+                        // More may follow: the next poll accepts again.
+                        st.accept_in = 0;
+                        log::debug!("nvmf tcp: connection from {peer}");
+                        let trid = st.listeners[li].0.clone();
+                        self.place(st, s, trid);
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(e) => {
+                        log::warn!("nvmf tcp: accept failed: {e}");
+                        break;
+                    }
+                }
             }
         }
         busy

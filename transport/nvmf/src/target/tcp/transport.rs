@@ -37,6 +37,7 @@ pub(super) struct SharedStats {
     pub(super) terminated: AtomicU64,
     pub(super) refused: AtomicU64,
     pub(super) refused_at_limit: AtomicU64,
+    pub(super) accept_rounds: AtomicU64,
 }
 
 /// A snapshot of [`TcpTransport::stats`].
@@ -56,6 +57,11 @@ pub struct TcpTransportStats {
     /// reached, or no group takes connections); answered with Connect
     /// Controller Busy when the host got that far.
     pub refused_at_limit: u64,
+    /// Rounds of `accept` the poll groups tried on their listeners (one
+    /// per 1024 connection reads while a group serves connections, and
+    /// on the next poll after a round that took one; every poll while it
+    /// serves none).
+    pub accept_rounds: u64,
 }
 
 /// Accepted sockets handed to this core's poll group by another core.
@@ -173,6 +179,7 @@ impl TcpTransport {
             terminated: s.terminated.load(Ordering::Relaxed),
             refused: s.refused.load(Ordering::Relaxed),
             refused_at_limit: s.refused_at_limit.load(Ordering::Relaxed),
+            accept_rounds: s.accept_rounds.load(Ordering::Relaxed),
         }
     }
 }

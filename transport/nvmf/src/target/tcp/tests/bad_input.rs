@@ -222,7 +222,17 @@ fn a_thousand_abrupt_disconnects_leave_every_pool_full() {
                 r.send(&p);
             }
             drop(r);
-            f.cl.poll_once_all();
+            // The next Connect names queue 1 again: wait until the target
+            // has seen this close (the kernel may deliver it a few
+            // milliseconds late) so that it is not refused as a second
+            // queue 1 (Command Sequence Error).
+            let gone = u64::from(i) + 1;
+            let mut polls = 0;
+            while f.transport.stats().destroyed < gone {
+                f.cl.poll_once_all();
+                polls += 1;
+                assert!(polls < 10_000_000, "{i}: the closed queue is still there");
+            }
         }
         drop(c);
     });

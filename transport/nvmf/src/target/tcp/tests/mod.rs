@@ -3,6 +3,7 @@
 //! target and host progress on one thread.
 #![allow(clippy::unwrap_used)]
 
+mod accept;
 mod bad_input;
 mod io;
 mod limits;

@@ -1,0 +1,85 @@
+//! When the poll group tries `accept`: on every poll while it serves no
+//! connection, once per [`ACCEPT_EVERY`] connection reads while it does (a
+//! failing `accept` costs a socket allocation in the kernel), again on the
+//! next poll after a round that took one; a connection that arrives
+//! meanwhile is still taken within that many polls, a storm at once.
+
+use std::net::TcpStream;
+
+use super::raw::Raw;
+use super::*;
+use crate::spec::tcp::Digests;
+use crate::target::tcp::poll_group::ACCEPT_EVERY;
+
+#[test]
+fn a_group_with_no_connection_accepts_on_every_poll() {
+    let f = fixture(TcpOptions::default());
+    let before = f.transport.stats().accept_rounds;
+    for _ in 0..100 {
+        f.cl.poll_once_all();
+    }
+    assert_eq!(f.transport.stats().accept_rounds - before, 100);
+}
+
+#[test]
+fn a_group_serving_connections_accepts_once_in_accept_every_polls() {
+    let f = fixture(TcpOptions::default());
+    let first = Raw::handshake(&f, Digests::default());
+    assert_eq!(f.transport.stats().accepted, 1);
+    let before = f.transport.stats().accept_rounds;
+    let polls = 4 * ACCEPT_EVERY as u64;
+    for _ in 0..polls {
+        f.cl.poll_once_all();
+    }
+    let rounds = f.transport.stats().accept_rounds - before;
+    assert!(
+        (4..=5).contains(&rounds),
+        "{rounds} rounds in {polls} polls"
+    );
+
+    // A second connection is still taken, within one round.
+    let c = TcpStream::connect(f.addr).unwrap();
+    let mut polls = 0;
+    while f.transport.stats().accepted < 2 {
+        f.cl.poll_once_all();
+        polls += 1;
+        assert!(
+            polls <= ACCEPT_EVERY,
+            "not accepted within {ACCEPT_EVERY} polls"
+        );
+    }
+    drop(c);
+    drop(first);
+    f.settle();
+}
+
+#[test]
+fn a_storm_of_connections_is_taken_round_after_round() {
+    let f = fixture(TcpOptions::default());
+    let first = Raw::handshake(&f, Digests::default());
+    // Far from the next scheduled round.
+    f.cl.poll_once_all();
+    let storm: Vec<_> = (0..40)
+        .map(|_| TcpStream::connect(f.addr).unwrap())
+        .collect();
+    let mut polls = 0;
+    let mut first_round = None;
+    while f.transport.stats().accepted < 41 {
+        f.cl.poll_once_all();
+        polls += 1;
+        assert!(polls <= 2 * ACCEPT_EVERY, "{:?}", f.transport.stats());
+        if first_round.is_none() && f.transport.stats().accepted > 1 {
+            first_round = Some(polls);
+        }
+    }
+    // 16 per round: the rest in the next two polls, not the next rounds
+    // due (every 1024 / 17 polls).
+    let rest = polls - first_round.unwrap_or(0);
+    assert!(
+        rest <= 2,
+        "the storm took {rest} polls after its first round"
+    );
+    drop(storm);
+    drop(first);
+    f.settle();
+}
