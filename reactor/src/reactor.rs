@@ -159,6 +159,16 @@ impl Reactor {
         self.0.now.get()
     }
 
+    /// Whether this reactor's previous loop did any work (a message, a
+    /// poller that reported busy). Inside a poller it tells whether the
+    /// core is serving someone: a poller with an expensive check that is
+    /// rarely fruitful (a listener's `accept`) can run it on every loop of an
+    /// idle core and only now and then on a busy one.
+    #[inline]
+    pub fn last_loop_busy(&self) -> bool {
+        self.0.last_busy.get()
+    }
+
     /// The time now, read from this reactor's clock (not cached: a clock
     /// read, for the control path). [`now`](Self::now) may be older by
     /// however long the current loop has run, which matters to a deadline

@@ -35,6 +35,11 @@ use crate::target::{ConnParams, Connection};
 const WC_BATCH: usize = 64;
 /// Poll rounds between CM checks (system calls on the soft provider).
 const CM_PERIOD: u64 = 16;
+/// Poll rounds between two checks of the listeners while the reactor is
+/// busy (a multiple of [`CM_PERIOD`]; a failing `accept` is a system call
+/// on the soft provider). A reactor whose last loop was idle checks on
+/// every CM round, and a check that took a request is followed by another.
+const LISTEN_PERIOD: u64 = 64 * CM_PERIOD;
 
 /// Counters of one poll group (read on its core).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -90,6 +95,9 @@ struct Shared<P: Provider> {
     cq_reserved: u32,
     wcs: Vec<Wc>,
     rounds: u64,
+    /// The last listener check took a request: check again on the next CM
+    /// round (a storm of logins is taken at once).
+    accept_again: bool,
     stats: IserPollGroupStats,
     shutting_down: bool,
     dev: P::Device,
@@ -200,6 +208,7 @@ impl<P: Provider> IserPollGroup<P> {
             cq_reserved: 0,
             wcs: vec![Wc::default(); WC_BATCH],
             rounds: 0,
+            accept_again: false,
             stats: IserPollGroupStats {
                 recv_buffers: nrecv,
                 ..IserPollGroupStats::default()
@@ -341,7 +350,13 @@ impl<P: Provider> Shared<P> {
                 self.rejected.pop_front();
             }
             self.sync_listeners();
-            busy |= self.accept();
+            if self.accept_again
+                || !self.reactor.last_loop_busy()
+                || self.rounds % LISTEN_PERIOD == 1
+            {
+                self.accept_again = self.accept();
+                busy |= self.accept_again;
+            }
         }
         if !self.inbox.is_empty() {
             busy |= self.adopt();

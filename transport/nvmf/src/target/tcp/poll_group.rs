@@ -16,7 +16,7 @@ use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use pollux_reactor::{IdleMode, PollStatus, PollerId, Reactor};
+use pollux_reactor::{PollStatus, PollerId, Reactor};
 
 use super::super::qpair::QueuePair;
 use super::super::transport::{QpairParams, TransportError, TransportPollGroup};
@@ -29,8 +29,9 @@ use crate::spec::transport_id::TransportId;
 /// Sockets accepted per listener per poll at most.
 const ACCEPTS_PER_POLL: usize = 16;
 /// Connection reads (one per connection per poll) between two rounds of
-/// `accept` while the group serves connections (busy polling): a group
-/// with `n` connections accepts once in `ACCEPT_EVERY / n` polls. A
+/// `accept` while the reactor is busy: a group with `n` connections
+/// accepts once in `ACCEPT_EVERY / n` polls, a group with none once in
+/// `ACCEPT_EVERY` (the core serves another transport's queues, say). A
 /// failing `accept` costs more than a busy poll's receive (the kernel
 /// allocates a socket and an inode and frees them again, ~1.5 us on the
 /// 2-vCPU VM of `docs/benchmarks.md`): tried on every poll it took 17 % of
@@ -38,7 +39,8 @@ const ACCEPTS_PER_POLL: usize = 16;
 /// 1024 reads costs well under 1 % and delays a new connection by about a
 /// millisecond at most (SPDK's acceptor runs every 10 ms); a round that
 /// took a connection is followed by another on the next poll, so a storm
-/// of connections is taken at once.
+/// of connections is taken at once, and a reactor whose last loop was
+/// idle tries on every poll (nobody waits for it).
 pub(super) const ACCEPT_EVERY: u32 = 1024;
 
 struct GroupState {
@@ -53,8 +55,6 @@ struct GroupState {
     shutting_down: bool,
     /// Polls until the next round of `accept` is due.
     accept_in: u32,
-    /// The group's last poll did no work.
-    last_idle: bool,
 }
 
 /// One core's NVMe/TCP poll group (`!Send`).
@@ -96,7 +96,6 @@ impl TcpPollGroup {
             listen_gen: 0,
             shutting_down: false,
             accept_in: 0,
-            last_idle: true,
         }));
         let ctx = Ctx {
             transport: Arc::clone(t),
@@ -293,21 +292,20 @@ impl Ctx {
                 i += 1;
             }
         }
-        st.last_idle = !busy;
         busy
     }
 
-    /// Whether this poll tries `accept` on the listeners: once in
-    /// [`ACCEPT_EVERY`] connection reads, on every poll while the group
-    /// serves no connection (nothing else to do), and in adaptive idle
-    /// mode after an idle poll (a reactor woken by a listener takes the
-    /// connection at once rather than spinning until the round is due).
+    /// Whether this poll tries `accept` on the listeners: on every poll
+    /// while the reactor's last loop was idle (nothing waits for the core;
+    /// a reactor woken from its adaptive sleep by a listener takes the
+    /// connection at once), else once in [`ACCEPT_EVERY`] connection reads
+    /// (polls, when the group has no connection: the core is busy with
+    /// other work).
     fn accept_due(&self, st: &mut GroupState) -> bool {
         if st.listeners.is_empty() {
             return false;
         }
-        let adaptive = matches!(self.reactor.idle_mode(), IdleMode::Adaptive { .. });
-        if st.accept_in > 0 && !st.conns.is_empty() && !(adaptive && st.last_idle) {
+        if st.accept_in > 0 && self.reactor.last_loop_busy() {
             st.accept_in -= 1;
             return false;
         }

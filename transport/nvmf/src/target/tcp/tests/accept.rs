@@ -1,31 +1,77 @@
-//! When the poll group tries `accept`: on every poll while it serves no
-//! connection, once per [`ACCEPT_EVERY`] connection reads while it does (a
-//! failing `accept` costs a socket allocation in the kernel), again on the
-//! next poll after a round that took one; a connection that arrives
-//! meanwhile is still taken within that many polls, a storm at once.
+//! When the poll group tries `accept`: on every poll while its reactor's
+//! last loop was idle, once per [`ACCEPT_EVERY`] connection reads (polls,
+//! without connections) while the reactor is busy (a failing `accept` costs
+//! a socket allocation in the kernel), again on the next poll after a round
+//! that took one; a connection that arrives meanwhile is still taken within
+//! that many polls, a storm at once.
 
 use std::net::TcpStream;
+
+use pollux_reactor::PollStatus;
 
 use super::raw::Raw;
 use super::*;
 use crate::spec::tcp::Digests;
 use crate::target::tcp::poll_group::ACCEPT_EVERY;
 
+/// Keep the fixture's reactor busy, as other work on its core would.
+fn busy_core(f: &Fx) {
+    f.cl.on(0, |r| {
+        r.add_poller("other work", || PollStatus::Busy);
+    });
+}
+
 #[test]
-fn a_group_with_no_connection_accepts_on_every_poll() {
+fn an_idle_core_accepts_on_every_poll() {
     let f = fixture(TcpOptions::default());
+    let first = Raw::handshake(&f, Digests::default());
+    f.cl.poll_until_idle().unwrap();
     let before = f.transport.stats().accept_rounds;
     for _ in 0..100 {
         f.cl.poll_once_all();
     }
+    // Every poll, the connection notwithstanding: nothing waits for the core.
     assert_eq!(f.transport.stats().accept_rounds - before, 100);
+    drop(first);
+    f.settle();
 }
 
 #[test]
-fn a_group_serving_connections_accepts_once_in_accept_every_polls() {
+fn a_busy_core_with_no_connection_accepts_once_in_accept_every_polls() {
+    let f = fixture(TcpOptions::default());
+    busy_core(&f);
+    f.cl.poll_once_all();
+    let before = f.transport.stats().accept_rounds;
+    let polls = 4 * ACCEPT_EVERY as u64;
+    for _ in 0..polls {
+        f.cl.poll_once_all();
+    }
+    let rounds = f.transport.stats().accept_rounds - before;
+    assert!(
+        (4..=5).contains(&rounds),
+        "{rounds} rounds in {polls} polls"
+    );
+    // A connection is still taken within one round.
+    let c = TcpStream::connect(f.addr).unwrap();
+    let mut polls = 0;
+    while f.transport.stats().accepted < 1 {
+        f.cl.poll_once_all();
+        polls += 1;
+        assert!(
+            polls <= ACCEPT_EVERY,
+            "not accepted within {ACCEPT_EVERY} polls"
+        );
+    }
+    drop(c);
+}
+
+#[test]
+fn a_busy_group_serving_connections_accepts_once_in_accept_every_polls() {
     let f = fixture(TcpOptions::default());
     let first = Raw::handshake(&f, Digests::default());
     assert_eq!(f.transport.stats().accepted, 1);
+    busy_core(&f);
+    f.cl.poll_once_all();
     let before = f.transport.stats().accept_rounds;
     let polls = 4 * ACCEPT_EVERY as u64;
     for _ in 0..polls {
@@ -50,14 +96,15 @@ fn a_group_serving_connections_accepts_once_in_accept_every_polls() {
     }
     drop(c);
     drop(first);
-    f.settle();
 }
 
 #[test]
 fn a_storm_of_connections_is_taken_round_after_round() {
     let f = fixture(TcpOptions::default());
     let first = Raw::handshake(&f, Digests::default());
+    busy_core(&f);
     // Far from the next scheduled round.
+    f.cl.poll_once_all();
     f.cl.poll_once_all();
     let storm: Vec<_> = (0..40)
         .map(|_| TcpStream::connect(f.addr).unwrap())
