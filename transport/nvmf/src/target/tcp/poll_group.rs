@@ -16,7 +16,7 @@ use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use pollux_reactor::{PollStatus, PollerId, Reactor};
+use pollux_reactor::{IdleMode, PollStatus, PollerId, Reactor};
 
 use super::super::qpair::QueuePair;
 use super::super::transport::{QpairParams, TransportError, TransportPollGroup};
@@ -29,18 +29,17 @@ use crate::spec::transport_id::TransportId;
 /// Sockets accepted per listener per poll at most.
 const ACCEPTS_PER_POLL: usize = 16;
 /// Connection reads (one per connection per poll) between two rounds of
-/// `accept` while the reactor is busy: a group with `n` connections
-/// accepts once in `ACCEPT_EVERY / n` polls, a group with none once in
-/// `ACCEPT_EVERY` (the core serves another transport's queues, say). A
-/// failing `accept` costs more than a busy poll's receive (the kernel
-/// allocates a socket and an inode and frees them again, ~1.5 us on the
-/// 2-vCPU VM of `docs/benchmarks.md`): tried on every poll it took 17 % of
-/// the target's CPU at 512 B QD 128 over one connection. One round per
-/// 1024 reads costs well under 1 % and delays a new connection by about a
-/// millisecond at most (SPDK's acceptor runs every 10 ms); a round that
-/// took a connection is followed by another on the next poll, so a storm
-/// of connections is taken at once, and a reactor whose last loop was
-/// idle tries on every poll (nobody waits for it).
+/// `accept`: a group with `n` connections accepts once in
+/// `ACCEPT_EVERY / n` polls, a group with none on a busy core (serving
+/// another transport's queues, say) once in `ACCEPT_EVERY`. A failing
+/// `accept` costs more than a busy poll's receive (the kernel allocates a
+/// socket and an inode and frees them again, ~1.5 us on the 2-vCPU VM of
+/// `docs/benchmarks.md`): tried on every poll it took 17 % of the target's
+/// CPU at 512 B QD 128 over one connection. One round per 1024 reads costs
+/// well under 1 % and delays a new connection by about a millisecond at
+/// most (SPDK's acceptor runs every 10 ms); a round that took a connection
+/// is followed by another on the next poll, so a storm of connections is
+/// taken at once. See `Ctx::accept_due` for when a round comes sooner.
 pub(super) const ACCEPT_EVERY: u32 = 1024;
 
 struct GroupState {
@@ -295,17 +294,23 @@ impl Ctx {
         busy
     }
 
-    /// Whether this poll tries `accept` on the listeners: on every poll
-    /// while the reactor's last loop was idle (nothing waits for the core;
-    /// a reactor woken from its adaptive sleep by a listener takes the
-    /// connection at once), else once in [`ACCEPT_EVERY`] connection reads
-    /// (polls, when the group has no connection: the core is busy with
-    /// other work).
+    /// Whether this poll tries `accept` on the listeners: once in
+    /// [`ACCEPT_EVERY`] connection reads (polls, when the group has no
+    /// connection), and on every poll that follows an idle loop of the
+    /// reactor when the group serves no connection (nobody on this core is
+    /// served: the failing `accept` delays no one) or the reactor sleeps
+    /// when idle (a reactor woken by a listener takes the connection at
+    /// once). A group serving connections on a busy-polling core keeps the
+    /// rare rounds even when idle: an `accept` in an idle poll would delay
+    /// the next I/O that arrives (queue depth 1 above all).
     fn accept_due(&self, st: &mut GroupState) -> bool {
         if st.listeners.is_empty() {
             return false;
         }
-        if st.accept_in > 0 && self.reactor.last_loop_busy() {
+        let idle_core = !self.reactor.last_loop_busy();
+        let adaptive = matches!(self.reactor.idle_mode(), IdleMode::Adaptive { .. });
+        let now = st.accept_in == 0 || (idle_core && (st.conns.is_empty() || adaptive));
+        if !now {
             st.accept_in -= 1;
             return false;
         }
