@@ -31,22 +31,44 @@ fn an_idle_group_with_no_connection_accepts_on_every_poll() {
     assert_eq!(f.transport.stats().accept_rounds - before, 100);
 }
 
-#[test]
-fn an_idle_group_serving_a_connection_keeps_its_rounds_rare() {
-    let f = fixture(TcpOptions::default());
-    let first = Raw::handshake(&f, Digests::default());
-    f.cl.poll_until_idle().unwrap();
+/// Poll `4 * ACCEPT_EVERY` times: 4 or 5 `accept` rounds, not one per poll.
+fn assert_rare_rounds(f: &Fx) {
+    f.cl.poll_once_all();
     let before = f.transport.stats().accept_rounds;
     let polls = 4 * ACCEPT_EVERY as u64;
     for _ in 0..polls {
         f.cl.poll_once_all();
     }
-    // No `accept` in each idle poll: it would delay the connection's next I/O.
     let rounds = f.transport.stats().accept_rounds - before;
     assert!(
         (4..=5).contains(&rounds),
         "{rounds} rounds in {polls} polls"
     );
+}
+
+/// A new connection is still taken within one round: the group's
+/// `accepted` count reaches `n` within `ACCEPT_EVERY` polls.
+fn assert_taken_within_a_round(f: &Fx, n: u64) -> TcpStream {
+    let c = TcpStream::connect(f.addr).unwrap();
+    let mut polls = 0;
+    while f.transport.stats().accepted < n {
+        f.cl.poll_once_all();
+        polls += 1;
+        assert!(
+            polls <= ACCEPT_EVERY,
+            "not accepted within {ACCEPT_EVERY} polls"
+        );
+    }
+    c
+}
+
+#[test]
+fn an_idle_group_serving_a_connection_keeps_its_rounds_rare() {
+    let f = fixture(TcpOptions::default());
+    let first = Raw::handshake(&f, Digests::default());
+    f.cl.poll_until_idle().unwrap();
+    // No `accept` in each idle poll: it would delay the connection's next I/O.
+    assert_rare_rounds(&f);
     drop(first);
     f.settle();
 }
@@ -55,29 +77,8 @@ fn an_idle_group_serving_a_connection_keeps_its_rounds_rare() {
 fn a_busy_core_with_no_connection_accepts_once_in_accept_every_polls() {
     let f = fixture(TcpOptions::default());
     busy_core(&f);
-    f.cl.poll_once_all();
-    let before = f.transport.stats().accept_rounds;
-    let polls = 4 * ACCEPT_EVERY as u64;
-    for _ in 0..polls {
-        f.cl.poll_once_all();
-    }
-    let rounds = f.transport.stats().accept_rounds - before;
-    assert!(
-        (4..=5).contains(&rounds),
-        "{rounds} rounds in {polls} polls"
-    );
-    // A connection is still taken within one round.
-    let c = TcpStream::connect(f.addr).unwrap();
-    let mut polls = 0;
-    while f.transport.stats().accepted < 1 {
-        f.cl.poll_once_all();
-        polls += 1;
-        assert!(
-            polls <= ACCEPT_EVERY,
-            "not accepted within {ACCEPT_EVERY} polls"
-        );
-    }
-    drop(c);
+    assert_rare_rounds(&f);
+    drop(assert_taken_within_a_round(&f, 1));
 }
 
 #[test]
@@ -86,30 +87,8 @@ fn a_busy_group_serving_connections_accepts_once_in_accept_every_polls() {
     let first = Raw::handshake(&f, Digests::default());
     assert_eq!(f.transport.stats().accepted, 1);
     busy_core(&f);
-    f.cl.poll_once_all();
-    let before = f.transport.stats().accept_rounds;
-    let polls = 4 * ACCEPT_EVERY as u64;
-    for _ in 0..polls {
-        f.cl.poll_once_all();
-    }
-    let rounds = f.transport.stats().accept_rounds - before;
-    assert!(
-        (4..=5).contains(&rounds),
-        "{rounds} rounds in {polls} polls"
-    );
-
-    // A second connection is still taken, within one round.
-    let c = TcpStream::connect(f.addr).unwrap();
-    let mut polls = 0;
-    while f.transport.stats().accepted < 2 {
-        f.cl.poll_once_all();
-        polls += 1;
-        assert!(
-            polls <= ACCEPT_EVERY,
-            "not accepted within {ACCEPT_EVERY} polls"
-        );
-    }
-    drop(c);
+    assert_rare_rounds(&f);
+    drop(assert_taken_within_a_round(&f, 2));
     drop(first);
 }
 
