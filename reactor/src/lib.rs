@@ -91,6 +91,7 @@ mod io_clock;
 mod launch;
 mod msg;
 mod poller;
+mod rare_check;
 mod reactor;
 mod stats;
 pub mod sync;
@@ -113,6 +114,7 @@ pub use launch::{
 };
 pub use msg::Messenger;
 pub use poller::{PollStatus, PollerId};
+pub use rare_check::RareCheck;
 pub use reactor::{Reactor, MSG_BATCH};
 pub use stats::{PollerStats, ReactorStats};
 #[cfg(any(test, feature = "test-util"))]

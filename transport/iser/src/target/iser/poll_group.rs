@@ -15,7 +15,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use pollux_reactor::mem::{BufPool, BufPoolOptions, DmaBuf};
-use pollux_reactor::{PollStatus, PollerId, Reactor};
+use pollux_reactor::{PollStatus, PollerId, RareCheck, Reactor};
 use pollux_verbs::placement::{Handoff, Inbox, Route};
 use pollux_verbs::provider::PendingConn as _;
 use pollux_verbs::{
@@ -35,11 +35,10 @@ use crate::target::{ConnParams, Connection};
 const WC_BATCH: usize = 64;
 /// Poll rounds between CM checks (system calls on the soft provider).
 const CM_PERIOD: u64 = 16;
-/// Poll rounds between two checks of the listeners while the reactor is
-/// busy (a multiple of [`CM_PERIOD`]; a failing `accept` is a system call
-/// on the soft provider). A reactor whose last loop was idle checks on
-/// every CM round, and a check that took a request is followed by another.
-const LISTEN_PERIOD: u64 = 64 * CM_PERIOD;
+/// CM rounds between two checks of the listeners while the reactor is
+/// busy (see [`RareCheck`]; a failing `accept` is a system call on the soft
+/// provider): about every 1024 polls.
+const LISTEN_PERIOD: u64 = 64;
 
 /// Counters of one poll group (read on its core).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -95,9 +94,8 @@ struct Shared<P: Provider> {
     cq_reserved: u32,
     wcs: Vec<Wc>,
     rounds: u64,
-    /// The last listener check took a request: check again on the next CM
-    /// round (a storm of logins is taken at once).
-    accept_again: bool,
+    /// When a CM round checks the listeners.
+    listen: RareCheck,
     stats: IserPollGroupStats,
     shutting_down: bool,
     dev: P::Device,
@@ -208,7 +206,7 @@ impl<P: Provider> IserPollGroup<P> {
             cq_reserved: 0,
             wcs: vec![Wc::default(); WC_BATCH],
             rounds: 0,
-            accept_again: false,
+            listen: RareCheck::new(LISTEN_PERIOD),
             stats: IserPollGroupStats {
                 recv_buffers: nrecv,
                 ..IserPollGroupStats::default()
@@ -350,12 +348,10 @@ impl<P: Provider> Shared<P> {
                 self.rejected.pop_front();
             }
             self.sync_listeners();
-            if self.accept_again
-                || !self.reactor.last_loop_busy()
-                || self.rounds % LISTEN_PERIOD == 1
-            {
-                self.accept_again = self.accept();
-                busy |= self.accept_again;
+            if self.listen.due(&self.reactor) {
+                let took = self.accept();
+                self.listen.found(took);
+                busy |= took;
             }
         }
         if !self.inbox.is_empty() {

@@ -14,7 +14,7 @@ use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use pollux_reactor::{PollStatus, PollerId, Reactor};
+use pollux_reactor::{PollStatus, PollerId, RareCheck, Reactor};
 use pollux_verbs::{provider::PendingConn as _, ConnRequestInfo};
 use pollux_verbs::{
     Access, CmEvent, CmId, CmListener, CompletionQueue, ConnParam, Device, ProtectionDomain,
@@ -42,12 +42,10 @@ const WC_ROUND: usize = 256;
 /// Poll rounds between CM checks (accept, connection events): those are
 /// system calls on the soft provider, kept off the per-I/O path.
 const CM_PERIOD: u64 = 32;
-/// Poll rounds between two checks of the listeners while the reactor is
-/// busy (a multiple of [`CM_PERIOD`]): a new connection waits a millisecond
-/// or two on a busy core, and a core busy with other queues (another
-/// transport's, say) is not taxed a failing `accept` every 32 rounds. A
-/// reactor whose last loop was idle checks on every CM round.
-const LISTEN_PERIOD: u64 = 32 * CM_PERIOD;
+/// CM rounds between two checks of the listeners while the reactor is
+/// busy (see [`RareCheck`]; a failing `accept` is a system call on the soft
+/// provider): about every 1024 polls.
+const LISTEN_PERIOD: u64 = 32;
 
 /// Counters of one poll group (data path: plain integers, read on its core).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -119,9 +117,8 @@ pub(crate) struct Shared<P: Provider> {
     cq_reserved: u32,
     wcs: Vec<Wc>,
     rounds: u64,
-    /// The last listener check took a request: check again on the next CM
-    /// round (a storm of connections is taken at once).
-    accept_again: bool,
+    /// When a CM round checks the listeners.
+    listen: RareCheck,
     stats: PollGroupStats,
     shutting_down: bool,
     // The device last: everything above belongs to it.
@@ -245,7 +242,7 @@ impl<P: Provider> RdmaPollGroup<P> {
             cq_reserved: 0,
             wcs: vec![Wc::default(); WC_BATCH],
             rounds: 0,
-            accept_again: false,
+            listen: RareCheck::new(LISTEN_PERIOD),
             stats: PollGroupStats {
                 recv_buffers: nrecv,
                 ..PollGroupStats::default()
@@ -458,12 +455,10 @@ impl<P: Provider> Shared<P> {
                 self.rejected.pop_front();
             }
             let _ = self.sync_listeners();
-            if self.accept_again
-                || !self.reactor.last_loop_busy()
-                || self.rounds % LISTEN_PERIOD == 1
-            {
-                self.accept_again = self.accept();
-                busy |= self.accept_again;
+            if self.listen.due(&self.reactor) {
+                let took = self.accept();
+                self.listen.found(took);
+                busy |= took;
             }
         }
         if !self.inbox.is_empty() {
