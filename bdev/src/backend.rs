@@ -100,6 +100,9 @@ pub(crate) struct SlotReq {
     pub(crate) writable: bool,
     /// Set by [`InPlaceIo::resubmit`](crate::InPlaceIo::resubmit).
     pub(crate) again: bool,
+    /// Where the slot is in its life. Here rather than in [`IoSlot`], so
+    /// that a completion holding only this part can free the slot.
+    pub(crate) state: SlotState,
 }
 
 /// One request slot of a channel's table (preallocated, reused: the buffers
@@ -109,7 +112,6 @@ pub(crate) struct IoSlot {
     pub(crate) req: SlotReq,
     /// The submitter's callback while the slot is in use.
     pub(crate) cb: Option<Rc<dyn IoCompletion>>,
-    pub(crate) state: SlotState,
     /// Delivered through [`IoCompletion::complete_in_place`].
     pub(crate) in_place: bool,
 }
@@ -130,9 +132,9 @@ impl IoSlot {
                 status: Ok(()),
                 writable: false,
                 again: false,
+                state: SlotState::Free,
             },
             cb: None,
-            state: SlotState::Free,
             in_place: false,
         }
     }
@@ -179,8 +181,8 @@ impl Completions<'_> {
             .get(tag.0 as usize)
             .and_then(|c| c.try_borrow_mut().ok());
         match slot {
-            Some(mut slot) if slot.state == SlotState::InFlight => {
-                slot.state = SlotState::Completed;
+            Some(mut slot) if slot.req.state == SlotState::InFlight => {
+                slot.req.state = SlotState::Completed;
                 slot.req.status = status;
                 self.q.ready.push(tag);
             }
@@ -205,7 +207,7 @@ impl Completions<'_> {
     #[inline]
     pub fn io_mut(&mut self, tag: IoTag) -> Option<RefMut<'_, BdevIo>> {
         let slot = self.slots.get(tag.0 as usize)?.try_borrow_mut().ok()?;
-        if slot.state != SlotState::InFlight {
+        if slot.req.state != SlotState::InFlight {
             return None;
         }
         Some(RefMut::map(slot, |s| &mut s.req.io))

@@ -17,7 +17,9 @@ use std::rc::{Rc, Weak};
 
 use pollux_reactor::{PollStatus, PollerId, Reactor};
 
-use crate::backend::{BackendChannel, Completions, IoSlot, ReadyQueue, SlotState, Submitted};
+use crate::backend::{
+    BackendChannel, Completions, IoSlot, ReadyQueue, SlotReq, SlotState, Submitted,
+};
 use crate::bdev::{type_bit, Bdev};
 use crate::io::{
     BdevError, BdevIo, CompletedIo, InPlaceIo, IoCompletion, IoError, IoStatus, IoTag, IoType,
@@ -351,14 +353,14 @@ impl ChannelCore {
         let r = &mut slot.req;
         match st.backend.submit(IoTag(tag), &mut r.io) {
             Submitted::Queued => {
-                slot.state = SlotState::InFlight;
+                slot.req.state = SlotState::InFlight;
                 return;
             }
             // Set when the slot was filled in.
             Submitted::Done(Ok(())) => {}
             Submitted::Done(status) => r.status = status,
         }
-        slot.state = SlotState::Completed;
+        slot.req.state = SlotState::Completed;
         st.q.ready.push(IoTag(tag));
     }
 
@@ -375,7 +377,7 @@ impl ChannelCore {
             Ok(()) => self.start_backend(st, tag, slot),
             Err(e) => {
                 slot.req.status = Err(e);
-                slot.state = SlotState::Completed;
+                slot.req.state = SlotState::Completed;
                 st.q.ready.push(IoTag(tag));
             }
         }
@@ -540,7 +542,7 @@ impl ChannelCore {
                 if !slot.req.io.md_bufs.is_empty() {
                     slot.req.io.md_bufs.clear();
                 }
-                slot.state = SlotState::Free;
+                slot.req.state = SlotState::Free;
                 drop(slot);
                 self.free.push(tag);
                 drop(cb);
@@ -562,8 +564,8 @@ impl ChannelCore {
     /// Put slot `tag` (`slot`, its contents already dropped) back on the free
     /// list: called by a generic completion when it is dropped.
     #[inline(always)]
-    pub(crate) fn release(&self, slot: &mut IoSlot, tag: u32) {
-        slot.state = SlotState::Free;
+    pub(crate) fn release(&self, req: &mut SlotReq, tag: u32) {
+        req.state = SlotState::Free;
         self.free.push(tag);
     }
 
@@ -1284,7 +1286,7 @@ mod tests {
     #[test]
     fn stale_completions_are_counted_not_delivered() {
         let slots: Vec<RefCell<IoSlot>> = (0..2).map(|_| RefCell::new(IoSlot::empty())).collect();
-        slots[0].borrow_mut().state = SlotState::InFlight;
+        slots[0].borrow_mut().req.state = SlotState::InFlight;
         let mut q = ReadyQueue::with_depth(2);
         let mut c = Completions {
             slots: &slots,

@@ -21,7 +21,7 @@ enum Held<'a> {
     /// Delivered by the generic path: the slot's borrow and where it goes
     /// back when the completion is dropped.
     Slot {
-        slot: RefMut<'a, IoSlot>,
+        req: RefMut<'a, SlotReq>,
         core: &'a ChannelCore,
         tag: u32,
     },
@@ -51,8 +51,14 @@ impl<'a> CompletedIo<'a> {
     /// The completion of slot `tag` of `core`, borrowed in `slot` (freed on drop).
     #[inline(always)]
     pub(crate) fn held(slot: RefMut<'a, IoSlot>, core: &'a ChannelCore, tag: u32) -> Self {
+        // Borrowing the request part only puts the request at the same
+        // place in both variants: accessors then need no branch.
         Self {
-            held: Held::Slot { slot, core, tag },
+            held: Held::Slot {
+                req: RefMut::map(slot, |s| &mut s.req),
+                core,
+                tag,
+            },
         }
     }
 
@@ -67,7 +73,7 @@ impl<'a> CompletedIo<'a> {
     #[inline(always)]
     fn req(&self) -> &SlotReq {
         match &self.held {
-            Held::Slot { slot, .. } => &slot.req,
+            Held::Slot { req, .. } => req,
             Held::Lent(req) => req,
         }
     }
@@ -75,7 +81,7 @@ impl<'a> CompletedIo<'a> {
     #[inline(always)]
     fn req_mut(&mut self) -> &mut SlotReq {
         match &mut self.held {
-            Held::Slot { slot, .. } => &mut slot.req,
+            Held::Slot { req, .. } => req,
             Held::Lent(req) => req,
         }
     }
@@ -165,14 +171,14 @@ impl<'a> CompletedIo<'a> {
 impl Drop for CompletedIo<'_> {
     #[inline(always)]
     fn drop(&mut self) {
-        if let Held::Slot { slot, core, tag } = &mut self.held {
-            let io = &mut slot.req.io;
+        if let Held::Slot { req, core, tag } = &mut self.held {
+            let io = &mut req.io;
             // Mostly empty here (taken by the callback): the clearing stays
             // out of line.
             if !io.bufs.is_empty() || !io.md_bufs.is_empty() {
                 clear_lists(io);
             }
-            core.release(slot, *tag);
+            core.release(req, *tag);
         }
     }
 }
