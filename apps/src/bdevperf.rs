@@ -665,6 +665,30 @@ impl JobState {
         }
         self.account(i, ok);
         self.in_flight -= 1;
+        if self.pi.is_none() && self.workload != Workload::Verify && !self.stopping {
+            // The common case in one straight line: the buffers go from the
+            // completion to the next submission in one expression.
+            let (unit, is_read) = (self.gen.next_unit(), self.gen.next_is_read());
+            let now = self.clock.now();
+            let lba = self.first_block + unit * self.io_blocks;
+            let t = if is_read { IoType::Read } else { IoType::Write };
+            let (Some(slot), Some(cb)) = (self.slots.get_mut(i), self.cb.as_ref()) else {
+                return;
+            };
+            slot.unit = unit;
+            slot.submitted = now;
+            match self
+                .ch
+                .submit(t, lba, self.io_blocks, io.into_bufs(), cb, i as u64)
+            {
+                Ok(()) => self.in_flight += 1,
+                Err(rej) => {
+                    slot.bufs = Some(rej.bufs);
+                    self.parked.push(i);
+                }
+            }
+            return;
+        }
         if self.pi.is_some() {
             self.slots[i].md = Some(io.take_md_bufs());
         }
