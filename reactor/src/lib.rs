@@ -5,7 +5,7 @@
 //! [`MSG_BATCH`] messages from its inbox, runs every active poller, then the
 //! timed pollers whose deadline has passed, and counts the loop busy if any
 //! of them did work. [`launch`] runs one pinned thread per core;
-//! [`TestCluster`] (feature `test-util`) drives N reactors from one thread.
+//! `TestCluster` (feature `test-util`) drives N reactors from one thread.
 //!
 //! # Quick start
 //!

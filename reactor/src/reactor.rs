@@ -137,7 +137,7 @@ impl Reactor {
 
     /// The reactor running on this thread: set while [`run`](Self::run) or
     /// [`poll_once`](Self::poll_once) runs, and inside
-    /// [`TestCluster::on`](crate::TestCluster::on).
+    /// `TestCluster::on`.
     pub fn current() -> Option<Reactor> {
         current::get()
     }
@@ -174,7 +174,7 @@ impl Reactor {
     /// however long the current loop has run, which matters to a deadline
     /// set from an event that happened during it (a connection accepted
     /// after the thread was preempted, say). Under a
-    /// [`TestCluster`](crate::TestCluster) it is the manual clock's time.
+    /// `TestCluster` it is the manual clock's time.
     pub fn read_clock(&self) -> Instant {
         self.0.clock.now()
     }
