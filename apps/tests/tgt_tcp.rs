@@ -13,7 +13,7 @@ use common::{tmp, Tgt, WAIT};
 
 use std::net::SocketAddr;
 use std::process::Command;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use pollux_nvmf::host::tcp::{TcpHost, TcpHostOptions};
 use pollux_nvmf::host::{discover, Controller, CtrlOptions, HostIdentity, DEFAULT_HOSTNQN};
@@ -116,7 +116,9 @@ fn serves_tcp_beside_rdma_and_shuts_both_down() {
     let port = free_port();
     let cfg = tmp("tgt-tcp.toml");
     std::fs::write(&cfg, config(&soft, port)).unwrap();
-    let mut tgt = Tgt::start(&cfg, &[]);
+    let stats = tmp("tgt-tcp-stats.json");
+    let _ = std::fs::remove_file(&stats);
+    let mut tgt = Tgt::start(&cfg, &["--stats-file", stats.to_str().unwrap()]);
     tgt.wait_line("pollux-tgt: ready");
     let banner = tgt.seen.join("\n");
     assert!(banner.contains("NVMe-oF target (rdma, tcp)"), "{banner}");
@@ -199,6 +201,23 @@ fn serves_tcp_beside_rdma_and_shuts_both_down() {
         serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap();
     assert!(v["iops"].as_f64().unwrap() > 0.0, "{v}");
 
+    // pollux-perf has exited, but the target may not have read the end of
+    // its connections yet (a loaded machine): wait until only this test's
+    // two queues are left, so that the count below is exact.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let v: serde_json::Value = std::fs::read_to_string(&stats)
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or_default();
+        if v["connections"] == 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "stats: {v}");
+        qp.poll(&mut |_| {});
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
     // SIGTERM: the TCP host sees its queues close, the target exits 0.
     tgt.signal(Signal::TERM);
     let deadline = Instant::now() + WAIT;
@@ -220,6 +239,7 @@ fn serves_tcp_beside_rdma_and_shuts_both_down() {
         "{out}"
     );
     let _ = std::fs::remove_file(&cfg);
+    let _ = std::fs::remove_file(&stats);
 }
 
 /// With `--idle adaptive` the target's reactor sleeps in `epoll_wait`
