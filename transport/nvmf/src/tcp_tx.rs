@@ -98,25 +98,36 @@ impl<K: Copy> SegQueue<K> {
     }
 
     /// Appends a PDU header (see [`SendBuf::push_pdu`]).
-    pub(crate) fn push_pdu(&mut self, t: PduType, hdr: &[u8], flags: u8, data_len: usize) {
+    pub(crate) fn push_pdu<const N: usize>(
+        &mut self,
+        t: PduType,
+        hdr: &[u8; N],
+        flags: u8,
+        data_len: usize,
+    ) {
         let before = self.buf.unsent();
         self.buf.push_pdu(t, hdr, flags, data_len);
         self.note_bytes(before);
     }
 
-    /// Appends a copied payload (see [`SendBuf::push_data`]).
-    pub(crate) fn push_data(&mut self, len: usize, fill: impl FnOnce(&mut Vec<u8>)) {
+    /// Appends a PDU header (see [`SendBuf::push_pdu`]) and a copy of its
+    /// `len` bytes of data from `bufs` at byte `off`, then the data digest
+    /// when it is on: one stretch of the send buffer.
+    pub(crate) fn push_pdu_copy<const N: usize>(
+        &mut self,
+        t: PduType,
+        hdr: &[u8; N],
+        flags: u8,
+        bufs: &SgList,
+        off: usize,
+        len: usize,
+    ) {
         let before = self.buf.unsent();
-        self.buf.push_data(len, fill);
-        self.note_bytes(before);
-    }
-
-    /// Appends a copy of `len` bytes of `bufs` from byte `off`, then the
-    /// data digest when it is on.
-    pub(crate) fn push_copy(&mut self, bufs: &SgList, off: usize, len: usize) {
-        self.push_data(len, |out| {
+        self.buf.push_pdu(t, hdr, flags, len);
+        self.buf.push_data(len, |out| {
             for_each_slice(bufs, off, len, |s| out.extend_from_slice(s));
         });
+        self.note_bytes(before);
     }
 
     /// Appends `len` bytes of owner `key`'s buffers `bufs` from byte `off`
