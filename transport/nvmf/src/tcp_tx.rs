@@ -156,8 +156,11 @@ impl<K: Copy> SegQueue<K> {
 
     /// Writes as much as the socket takes, one `writev` at a time (a
     /// plain `write` when only send-buffer bytes are queued), taking owner
-    /// data from `src`; `marked` hears of each mark reached. `Ok(true)`
-    /// when it wrote.
+    /// data from `src`; `marked` hears of each mark reached. A write that
+    /// takes less than it offered ends the flush: the socket's buffer is
+    /// full, and another call now would most likely fail with
+    /// `WouldBlock` (the rest goes at the next flush). `Ok(true)` when it
+    /// wrote.
     ///
     /// # Errors
     /// The socket's error (`WriteZero` when the peer is gone);
@@ -171,22 +174,22 @@ impl<K: Copy> SegQueue<K> {
         let mut wrote = false;
         loop {
             self.consume(0, marked);
-            let res = match self.segs.front() {
+            let (res, offered) = match self.segs.front() {
                 None => return Ok(wrote),
                 // Send-buffer bytes alone (capsules, small payloads): one
                 // plain write, no slice array to set up.
                 Some(&Seg::Bytes(len)) if self.segs.len() == 1 => {
-                    sock.write(&self.buf.unsent_bytes()[..len])
+                    (sock.write(&self.buf.unsent_bytes()[..len]), len)
                 }
                 _ if self.segs.len() <= SMALL_IOV / 2 => {
                     let mut iov = [IoSlice::new(&[]); SMALL_IOV];
-                    let n = self.gather(src, &mut iov)?;
-                    sock.write_vectored(&iov[..n])
+                    let (n, offered) = self.gather(src, &mut iov)?;
+                    (sock.write_vectored(&iov[..n]), offered)
                 }
                 _ => {
                     let mut iov = [IoSlice::new(&[]); MAX_IOV];
-                    let n = self.gather(src, &mut iov)?;
-                    sock.write_vectored(&iov[..n])
+                    let (n, offered) = self.gather(src, &mut iov)?;
+                    (sock.write_vectored(&iov[..n]), offered)
                 }
             };
             match res {
@@ -194,6 +197,9 @@ impl<K: Copy> SegQueue<K> {
                 Ok(n) => {
                     self.consume(n, marked);
                     wrote = true;
+                    if n < offered {
+                        return Ok(true);
+                    }
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(wrote),
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
@@ -202,16 +208,18 @@ impl<K: Copy> SegQueue<K> {
         }
     }
 
-    /// Fills `iov` from the front of the queue; returns the slices used.
+    /// Fills `iov` from the front of the queue; returns the slices used
+    /// and the bytes they hold.
     fn gather<'a, S: SegSource<K> + ?Sized>(
         &'a self,
         src: &'a S,
         iov: &mut [IoSlice<'a>],
-    ) -> std::io::Result<usize> {
+    ) -> std::io::Result<(usize, usize)> {
         let bytes = self.buf.unsent_bytes();
         let max = iov.len();
         let mut at = 0;
         let mut n = 0;
+        let mut total = 0;
         for seg in &self.segs {
             if n == max {
                 break;
@@ -221,6 +229,7 @@ impl<K: Copy> SegQueue<K> {
                     iov[n] = IoSlice::new(&bytes[at..at + len]);
                     at += len;
                     n += 1;
+                    total += len;
                 }
                 Seg::Data { key, off, len } => {
                     let Some(bufs) = src.seg_bufs(key) else {
@@ -233,13 +242,14 @@ impl<K: Copy> SegQueue<K> {
                         if n < max {
                             iov[n] = IoSlice::new(s);
                             n += 1;
+                            total += s.len();
                         }
                     });
                 }
                 Seg::Mark(_) => {}
             }
         }
-        Ok(n)
+        Ok((n, total))
     }
 
     /// `n` bytes from the front were written; `marked` hears of the marks
