@@ -255,6 +255,8 @@ impl<K: Copy> SegQueue<K> {
     /// `n` bytes from the front were written; `marked` hears of the marks
     /// then reached.
     fn consume(&mut self, mut n: usize, marked: &mut impl FnMut(K)) {
+        // Send-buffer bytes written, released at once at the end.
+        let mut bytes = 0;
         while let Some(seg) = self.segs.front_mut() {
             match seg {
                 Seg::Mark(key) => {
@@ -262,10 +264,10 @@ impl<K: Copy> SegQueue<K> {
                     self.segs.pop_front();
                     marked(key);
                 }
-                _ if n == 0 => return,
+                _ if n == 0 => break,
                 Seg::Bytes(len) => {
                     let m = n.min(*len);
-                    self.buf.consume(m);
+                    bytes += m;
                     *len -= m;
                     n -= m;
                     if *len == 0 {
@@ -283,6 +285,9 @@ impl<K: Copy> SegQueue<K> {
                     }
                 }
             }
+        }
+        if bytes > 0 {
+            self.buf.consume(bytes);
         }
     }
 
