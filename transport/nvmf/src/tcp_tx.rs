@@ -40,8 +40,15 @@ pub(crate) trait SegSource<K> {
 enum Seg<K> {
     /// The next `len` bytes of the send buffer.
     Bytes(usize),
-    /// `len` bytes of owner `key`'s data from byte `off`.
-    Data { key: K, off: usize, len: usize },
+    /// `len` bytes of owner `key`'s data from byte `off`; `mark`: a
+    /// [`Mark`](Seg::Mark) of `key` follows at once (folded in: one
+    /// segment less per payload sent by reference).
+    Data {
+        key: K,
+        off: usize,
+        len: usize,
+        mark: bool,
+    },
     /// Everything queued for `key` before this point is out.
     Mark(K),
 }
@@ -56,7 +63,7 @@ pub(crate) struct SegQueue<K> {
     by_ref: usize,
 }
 
-impl<K: Copy> SegQueue<K> {
+impl<K: Copy + PartialEq> SegQueue<K> {
     /// A queue with room for `capacity` bytes and `entries` commands in
     /// flight before it grows.
     pub(crate) fn new(capacity: usize, entries: usize) -> Self {
@@ -139,7 +146,12 @@ impl<K: Copy> SegQueue<K> {
         if len == 0 {
             return;
         }
-        self.segs.push_back(Seg::Data { key, off, len });
+        self.segs.push_back(Seg::Data {
+            key,
+            off,
+            len,
+            mark: false,
+        });
         self.by_ref += len;
         if self.buf.layout.ddgst {
             let mut crc = 0;
@@ -151,6 +163,17 @@ impl<K: Copy> SegQueue<K> {
     /// Report `key` to the flush's `marked` once everything queued before
     /// this point is written.
     pub(crate) fn mark(&mut self, key: K) {
+        if let Some(Seg::Data {
+            key: k,
+            mark: m @ false,
+            ..
+        }) = self.segs.back_mut()
+        {
+            if *k == key {
+                *m = true;
+                return;
+            }
+        }
         self.segs.push_back(Seg::Mark(key));
     }
 
@@ -231,7 +254,7 @@ impl<K: Copy> SegQueue<K> {
                     n += 1;
                     total += len;
                 }
-                Seg::Data { key, off, len } => {
+                Seg::Data { key, off, len, .. } => {
                     let Some(bufs) = src.seg_bufs(key) else {
                         return Err(std::io::Error::new(
                             ErrorKind::InvalidData,
@@ -274,14 +297,23 @@ impl<K: Copy> SegQueue<K> {
                         self.segs.pop_front();
                     }
                 }
-                Seg::Data { off, len, .. } => {
+                Seg::Data {
+                    key,
+                    off,
+                    len,
+                    mark,
+                } => {
                     let m = n.min(*len);
                     *off += m;
                     *len -= m;
                     self.by_ref -= m;
                     n -= m;
                     if *len == 0 {
+                        let (key, mark) = (*key, *mark);
                         self.segs.pop_front();
+                        if mark {
+                            marked(key);
+                        }
                     }
                 }
             }
@@ -295,8 +327,12 @@ impl<K: Copy> SegQueue<K> {
     /// gives up); `held` hears of every mark not reached.
     pub(crate) fn discard(&mut self, held: &mut impl FnMut(K)) {
         for seg in self.segs.drain(..) {
-            if let Seg::Mark(key) = seg {
-                held(key);
+            match seg {
+                Seg::Mark(key)
+                | Seg::Data {
+                    key, mark: true, ..
+                } => held(key),
+                _ => {}
             }
         }
         self.buf.discard();
