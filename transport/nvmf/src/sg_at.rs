@@ -70,17 +70,6 @@ pub(crate) fn for_each_slice<'a>(
     }
 }
 
-/// Append `len` bytes of `bufs` from byte `off` to `out`; returns the bytes
-/// appended (fewer when `bufs` ends first).
-pub(crate) fn append_from(bufs: &SgList, off: usize, len: usize, out: &mut Vec<u8>) -> usize {
-    let mut n = 0;
-    for_each_slice(bufs, off, len, |s| {
-        out.extend_from_slice(s);
-        n += s.len();
-    });
-    n
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -101,7 +90,7 @@ mod tests {
         let mut l = two_bufs();
         assert_eq!(write_at(&mut l, 5, &[1, 2, 3, 4, 5, 6]), 6);
         let mut out = Vec::new();
-        assert_eq!(append_from(&l, 4, 8, &mut out), 8);
+        for_each_slice(&l, 4, 8, |s| out.extend_from_slice(s));
         assert_eq!(out, [0, 1, 2, 3, 4, 5, 6, 0]);
         assert_eq!(write_at(&mut l, 14, &[9; 5]), 2);
         assert_eq!(slice_at_mut(&mut l, 16).len(), 0);

@@ -7,7 +7,7 @@
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 
-use crate::spec::tcp::{crc32c, Digests, PduType, SendLayout, MAX_HEADER_LEN};
+use crate::spec::tcp::{crc32c, Digests, PduType, SendLayout};
 
 /// Most padding a PDU may put before its data (PDO is one byte).
 pub(crate) const MAX_PAD: usize = 256;
@@ -46,13 +46,29 @@ impl SendBuf {
     }
 
     /// Append the header of a `t` PDU (`hdr`: its specific header, common
-    /// header included) with digest and padding for `data_len` bytes of data.
-    pub(crate) fn push_pdu(&mut self, t: PduType, hdr: &[u8], flags: u8, data_len: usize) {
-        let mut h = [0u8; MAX_HEADER_LEN + MAX_PAD];
-        let n = hdr.len().min(h.len());
-        h[..n].copy_from_slice(&hdr[..n]);
-        let len = self.layout.finish_header(&mut h, t, flags, data_len);
-        self.buf.extend_from_slice(&h[..len]);
+    /// header included, `t`'s `hlen` bytes) with digest and padding for
+    /// `data_len` bytes of data. Built in place at the end of the buffer:
+    /// under a plain layout (no digests, no padding) the header is copied
+    /// once and its common header rewritten there.
+    pub(crate) fn push_pdu<const N: usize>(
+        &mut self,
+        t: PduType,
+        hdr: &[u8; N],
+        flags: u8,
+        data_len: usize,
+    ) {
+        let start = self.buf.len();
+        if self.layout.is_plain() && N == t.hlen() {
+            self.buf.extend_from_slice(hdr);
+            SendLayout::plain_header(t, flags, data_len).encode_into(&mut self.buf[start..]);
+            return;
+        }
+        let len = self.layout.header_bytes(t, data_len);
+        self.buf.extend_from_slice(&hdr[..N.min(len)]);
+        // Room for the header digest and padding (zeroes).
+        self.buf.resize(start + len, 0);
+        self.layout
+            .finish_header(&mut self.buf[start..], t, flags, data_len);
     }
 
     /// Append `len` bytes of data by `fill` (which appends at most `len`;
@@ -182,6 +198,7 @@ impl RecvBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::spec::tcp::MAX_HEADER_LEN;
 
     /// Takes at most `per_call` bytes per flush, then would block.
     struct Trickle {
@@ -235,6 +252,40 @@ mod tests {
             rb.fill(&mut ours).map_err(|e| e.kind()),
             Err(ErrorKind::WouldBlock)
         );
+    }
+
+    #[test]
+    fn a_plain_layout_builds_the_same_headers_as_the_general_one() {
+        use crate::spec::tcp::{FLAG_LAST_PDU, FLAG_SUCCESS};
+        let plain = SendLayout::new(Digests::default(), 0);
+        assert!(plain.is_plain());
+        let cases: [(PduType, u8, usize); 5] = [
+            (PduType::C2hData, FLAG_LAST_PDU | FLAG_SUCCESS, 512),
+            (PduType::H2cData, FLAG_LAST_PDU, 4096),
+            (PduType::R2t, 0, 0),
+            (PduType::CapsuleResp, 0x03, 0),
+            (PduType::CapsuleCmd, 0, 0),
+        ];
+        for (t, flags, data_len) in cases {
+            // Junk in the common header: both paths rewrite all of it.
+            let mut hdr = [0xA5u8; 72];
+            for (i, b) in hdr.iter_mut().enumerate() {
+                *b = b.wrapping_add(i as u8);
+            }
+            let mut sb = SendBuf::new(256);
+            sb.layout = plain;
+            let mut want = [0u8; MAX_HEADER_LEN + MAX_PAD];
+            let n = t.hlen();
+            want[..n].copy_from_slice(&hdr[..n]);
+            let len = plain.finish_header(&mut want, t, flags, data_len);
+            if n == 72 {
+                sb.push_pdu(t, &hdr, flags, data_len);
+            } else {
+                let short: [u8; 24] = hdr[..24].try_into().expect("24 bytes");
+                sb.push_pdu(t, &short, flags, data_len);
+            }
+            assert_eq!(sb.unsent_bytes(), &want[..len], "{t:?}");
+        }
     }
 
     #[test]

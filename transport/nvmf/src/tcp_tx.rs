@@ -40,8 +40,15 @@ pub(crate) trait SegSource<K> {
 enum Seg<K> {
     /// The next `len` bytes of the send buffer.
     Bytes(usize),
-    /// `len` bytes of owner `key`'s data from byte `off`.
-    Data { key: K, off: usize, len: usize },
+    /// `len` bytes of owner `key`'s data from byte `off`; `mark`: a
+    /// [`Mark`](Seg::Mark) of `key` follows at once (folded in: one
+    /// segment less per payload sent by reference).
+    Data {
+        key: K,
+        off: usize,
+        len: usize,
+        mark: bool,
+    },
     /// Everything queued for `key` before this point is out.
     Mark(K),
 }
@@ -56,7 +63,7 @@ pub(crate) struct SegQueue<K> {
     by_ref: usize,
 }
 
-impl<K: Copy> SegQueue<K> {
+impl<K: Copy + PartialEq> SegQueue<K> {
     /// A queue with room for `capacity` bytes and `entries` commands in
     /// flight before it grows.
     pub(crate) fn new(capacity: usize, entries: usize) -> Self {
@@ -98,25 +105,36 @@ impl<K: Copy> SegQueue<K> {
     }
 
     /// Appends a PDU header (see [`SendBuf::push_pdu`]).
-    pub(crate) fn push_pdu(&mut self, t: PduType, hdr: &[u8], flags: u8, data_len: usize) {
+    pub(crate) fn push_pdu<const N: usize>(
+        &mut self,
+        t: PduType,
+        hdr: &[u8; N],
+        flags: u8,
+        data_len: usize,
+    ) {
         let before = self.buf.unsent();
         self.buf.push_pdu(t, hdr, flags, data_len);
         self.note_bytes(before);
     }
 
-    /// Appends a copied payload (see [`SendBuf::push_data`]).
-    pub(crate) fn push_data(&mut self, len: usize, fill: impl FnOnce(&mut Vec<u8>)) {
+    /// Appends a PDU header (see [`SendBuf::push_pdu`]) and a copy of its
+    /// `len` bytes of data from `bufs` at byte `off`, then the data digest
+    /// when it is on: one stretch of the send buffer.
+    pub(crate) fn push_pdu_copy<const N: usize>(
+        &mut self,
+        t: PduType,
+        hdr: &[u8; N],
+        flags: u8,
+        bufs: &SgList,
+        off: usize,
+        len: usize,
+    ) {
         let before = self.buf.unsent();
-        self.buf.push_data(len, fill);
-        self.note_bytes(before);
-    }
-
-    /// Appends a copy of `len` bytes of `bufs` from byte `off`, then the
-    /// data digest when it is on.
-    pub(crate) fn push_copy(&mut self, bufs: &SgList, off: usize, len: usize) {
-        self.push_data(len, |out| {
+        self.buf.push_pdu(t, hdr, flags, len);
+        self.buf.push_data(len, |out| {
             for_each_slice(bufs, off, len, |s| out.extend_from_slice(s));
         });
+        self.note_bytes(before);
     }
 
     /// Appends `len` bytes of owner `key`'s buffers `bufs` from byte `off`
@@ -128,7 +146,12 @@ impl<K: Copy> SegQueue<K> {
         if len == 0 {
             return;
         }
-        self.segs.push_back(Seg::Data { key, off, len });
+        self.segs.push_back(Seg::Data {
+            key,
+            off,
+            len,
+            mark: false,
+        });
         self.by_ref += len;
         if self.buf.layout.ddgst {
             let mut crc = 0;
@@ -140,13 +163,27 @@ impl<K: Copy> SegQueue<K> {
     /// Report `key` to the flush's `marked` once everything queued before
     /// this point is written.
     pub(crate) fn mark(&mut self, key: K) {
+        if let Some(Seg::Data {
+            key: k,
+            mark: m @ false,
+            ..
+        }) = self.segs.back_mut()
+        {
+            if *k == key {
+                *m = true;
+                return;
+            }
+        }
         self.segs.push_back(Seg::Mark(key));
     }
 
     /// Writes as much as the socket takes, one `writev` at a time (a
     /// plain `write` when only send-buffer bytes are queued), taking owner
-    /// data from `src`; `marked` hears of each mark reached. `Ok(true)`
-    /// when it wrote.
+    /// data from `src`; `marked` hears of each mark reached. A write that
+    /// takes less than it offered ends the flush: the socket's buffer is
+    /// full, and another call now would most likely fail with
+    /// `WouldBlock` (the rest goes at the next flush). `Ok(true)` when it
+    /// wrote.
     ///
     /// # Errors
     /// The socket's error (`WriteZero` when the peer is gone);
@@ -160,22 +197,22 @@ impl<K: Copy> SegQueue<K> {
         let mut wrote = false;
         loop {
             self.consume(0, marked);
-            let res = match self.segs.front() {
+            let (res, offered) = match self.segs.front() {
                 None => return Ok(wrote),
                 // Send-buffer bytes alone (capsules, small payloads): one
                 // plain write, no slice array to set up.
                 Some(&Seg::Bytes(len)) if self.segs.len() == 1 => {
-                    sock.write(&self.buf.unsent_bytes()[..len])
+                    (sock.write(&self.buf.unsent_bytes()[..len]), len)
                 }
                 _ if self.segs.len() <= SMALL_IOV / 2 => {
                     let mut iov = [IoSlice::new(&[]); SMALL_IOV];
-                    let n = self.gather(src, &mut iov)?;
-                    sock.write_vectored(&iov[..n])
+                    let (n, offered) = self.gather(src, &mut iov)?;
+                    (sock.write_vectored(&iov[..n]), offered)
                 }
                 _ => {
                     let mut iov = [IoSlice::new(&[]); MAX_IOV];
-                    let n = self.gather(src, &mut iov)?;
-                    sock.write_vectored(&iov[..n])
+                    let (n, offered) = self.gather(src, &mut iov)?;
+                    (sock.write_vectored(&iov[..n]), offered)
                 }
             };
             match res {
@@ -183,6 +220,9 @@ impl<K: Copy> SegQueue<K> {
                 Ok(n) => {
                     self.consume(n, marked);
                     wrote = true;
+                    if n < offered {
+                        return Ok(true);
+                    }
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(wrote),
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
@@ -191,16 +231,18 @@ impl<K: Copy> SegQueue<K> {
         }
     }
 
-    /// Fills `iov` from the front of the queue; returns the slices used.
+    /// Fills `iov` from the front of the queue; returns the slices used
+    /// and the bytes they hold.
     fn gather<'a, S: SegSource<K> + ?Sized>(
         &'a self,
         src: &'a S,
         iov: &mut [IoSlice<'a>],
-    ) -> std::io::Result<usize> {
+    ) -> std::io::Result<(usize, usize)> {
         let bytes = self.buf.unsent_bytes();
         let max = iov.len();
         let mut at = 0;
         let mut n = 0;
+        let mut total = 0;
         for seg in &self.segs {
             if n == max {
                 break;
@@ -210,8 +252,9 @@ impl<K: Copy> SegQueue<K> {
                     iov[n] = IoSlice::new(&bytes[at..at + len]);
                     at += len;
                     n += 1;
+                    total += len;
                 }
-                Seg::Data { key, off, len } => {
+                Seg::Data { key, off, len, .. } => {
                     let Some(bufs) = src.seg_bufs(key) else {
                         return Err(std::io::Error::new(
                             ErrorKind::InvalidData,
@@ -222,18 +265,21 @@ impl<K: Copy> SegQueue<K> {
                         if n < max {
                             iov[n] = IoSlice::new(s);
                             n += 1;
+                            total += s.len();
                         }
                     });
                 }
                 Seg::Mark(_) => {}
             }
         }
-        Ok(n)
+        Ok((n, total))
     }
 
     /// `n` bytes from the front were written; `marked` hears of the marks
     /// then reached.
     fn consume(&mut self, mut n: usize, marked: &mut impl FnMut(K)) {
+        // Send-buffer bytes written, released at once at the end.
+        let mut bytes = 0;
         while let Some(seg) = self.segs.front_mut() {
             match seg {
                 Seg::Mark(key) => {
@@ -241,27 +287,39 @@ impl<K: Copy> SegQueue<K> {
                     self.segs.pop_front();
                     marked(key);
                 }
-                _ if n == 0 => return,
+                _ if n == 0 => break,
                 Seg::Bytes(len) => {
                     let m = n.min(*len);
-                    self.buf.consume(m);
+                    bytes += m;
                     *len -= m;
                     n -= m;
                     if *len == 0 {
                         self.segs.pop_front();
                     }
                 }
-                Seg::Data { off, len, .. } => {
+                Seg::Data {
+                    key,
+                    off,
+                    len,
+                    mark,
+                } => {
                     let m = n.min(*len);
                     *off += m;
                     *len -= m;
                     self.by_ref -= m;
                     n -= m;
                     if *len == 0 {
+                        let (key, mark) = (*key, *mark);
                         self.segs.pop_front();
+                        if mark {
+                            marked(key);
+                        }
                     }
                 }
             }
+        }
+        if bytes > 0 {
+            self.buf.consume(bytes);
         }
     }
 
@@ -269,8 +327,12 @@ impl<K: Copy> SegQueue<K> {
     /// gives up); `held` hears of every mark not reached.
     pub(crate) fn discard(&mut self, held: &mut impl FnMut(K)) {
         for seg in self.segs.drain(..) {
-            if let Seg::Mark(key) = seg {
-                held(key);
+            match seg {
+                Seg::Mark(key)
+                | Seg::Data {
+                    key, mark: true, ..
+                } => held(key),
+                _ => {}
             }
         }
         self.buf.discard();

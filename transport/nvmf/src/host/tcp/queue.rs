@@ -697,19 +697,17 @@ impl TcpQueue {
                 datao: at as u32,
                 datal: chunk as u32,
             };
-            self.tx.push_pdu(
-                PduType::H2cData,
-                &h.encode(),
-                if last { FLAG_LAST_PDU } else { 0 },
-                chunk,
-            );
-            if chunk >= BY_REF_MIN {
+            let flags = if last { FLAG_LAST_PDU } else { 0 };
+            if chunk < BY_REF_MIN {
+                self.tx
+                    .push_pdu_copy(PduType::H2cData, &h.encode(), flags, data, at, chunk);
+            } else {
+                self.tx
+                    .push_pdu(PduType::H2cData, &h.encode(), flags, chunk);
                 self.tx.push_ref(slot as u16, data, at, chunk);
                 self.tx.mark(slot as u16);
                 self.slots[slot].tx_refs += 1;
                 self.stats.sent_by_ref += 1;
-            } else {
-                self.tx.push_copy(data, at, chunk);
             }
             self.stats.h2c_pdus += 1;
             at += chunk;
@@ -758,19 +756,20 @@ impl HostQueue for TcpQueue {
             ..Slot::default()
         };
         let hdr = CapsuleCmdHdr::encode(&cmd.encode());
-        let icd = if inline { len } else { 0 };
-        self.tx.push_pdu(PduType::CapsuleCmd, &hdr, 0, icd);
-        if inline {
+        if !inline {
+            self.tx.push_pdu(PduType::CapsuleCmd, &hdr, 0, 0);
+        } else if len < BY_REF_MIN {
             self.stats.inline += 1;
-            if len >= BY_REF_MIN {
-                // The core keeps `data` in the slot and lends it to flush.
-                self.tx.push_ref(slot, data, 0, len);
-                self.tx.mark(slot);
-                self.slots[si].tx_refs = 1;
-                self.stats.sent_by_ref += 1;
-            } else {
-                self.tx.push_copy(data, 0, len);
-            }
+            self.tx
+                .push_pdu_copy(PduType::CapsuleCmd, &hdr, 0, data, 0, len);
+        } else {
+            self.stats.inline += 1;
+            self.tx.push_pdu(PduType::CapsuleCmd, &hdr, 0, len);
+            // The core keeps `data` in the slot and lends it to flush.
+            self.tx.push_ref(slot, data, 0, len);
+            self.tx.mark(slot);
+            self.slots[si].tx_refs = 1;
+            self.stats.sent_by_ref += 1;
         }
         Ok(Queued::Yes)
     }

@@ -70,6 +70,7 @@ pub enum PduType {
 
 impl PduType {
     /// The wire value.
+    #[inline]
     pub const fn code(self) -> u8 {
         match self {
             PduType::IcReq => 0x00,
@@ -85,6 +86,7 @@ impl PduType {
     }
 
     /// The type of a wire value (`None`: not a PDU type).
+    #[inline]
     pub const fn from_code(v: u8) -> Option<Self> {
         Some(match v {
             0x00 => PduType::IcReq,
@@ -101,6 +103,7 @@ impl PduType {
     }
 
     /// The header length (`hlen`) the specification fixes for this type.
+    #[inline]
     pub const fn hlen(self) -> usize {
         match self {
             PduType::IcReq | PduType::IcResp => IC_PDU_LEN,
@@ -110,6 +113,7 @@ impl PduType {
     }
 
     /// Sent by the host (the controller receives it).
+    #[inline]
     pub const fn from_host(self) -> bool {
         matches!(
             self,
@@ -118,6 +122,7 @@ impl PduType {
     }
 
     /// May carry a header digest (every PDU but ICReq/ICResp and TermReqs).
+    #[inline]
     pub const fn digestible(self) -> bool {
         !matches!(
             self,
@@ -126,6 +131,7 @@ impl PduType {
     }
 
     /// May carry data (with a data digest when negotiated).
+    #[inline]
     pub const fn has_data(self) -> bool {
         matches!(
             self,
@@ -344,6 +350,7 @@ pub struct CommonHeader {
 
 impl CommonHeader {
     /// Parse the first 8 bytes of `b` (zeroes past its end).
+    #[inline]
     pub fn parse(b: &[u8]) -> Self {
         CommonHeader {
             pdu_type: byte(b, 0),
@@ -355,6 +362,7 @@ impl CommonHeader {
     }
 
     /// Write it into the first 8 bytes of `out`.
+    #[inline]
     pub fn encode_into(&self, out: &mut [u8]) {
         if let Some(h) = out.get_mut(..CH_LEN) {
             h[0] = self.pdu_type;
@@ -405,6 +413,7 @@ impl Frame {
     /// # Errors
     ///
     /// A [`TcpPduError`] naming the field (the TermReq's FEI).
+    #[inline]
     pub fn check(
         ch: &CommonHeader,
         from_host: bool,
@@ -543,11 +552,65 @@ impl SendLayout {
         }
     }
 
+    /// No digests and no padding (the peer's alignment is the default 4
+    /// bytes): a PDU's data follows its header at `hlen`, and the common
+    /// header alone describes it ([`plain_header`](Self::plain_header)).
+    #[inline]
+    pub const fn is_plain(&self) -> bool {
+        !self.hdgst && !self.ddgst && self.align <= 4
+    }
+
+    /// The common header of a `t` PDU with `data_len` bytes of data under
+    /// a [plain](Self::is_plain) layout (what
+    /// [`finish_header`](Self::finish_header) writes there).
+    #[inline]
+    pub const fn plain_header(t: PduType, extra_flags: u8, data_len: usize) -> CommonHeader {
+        let hlen = t.hlen();
+        let plen = hlen + data_len;
+        CommonHeader {
+            pdu_type: t.code(),
+            flags: extra_flags & !(FLAG_HDGST | FLAG_DDGST),
+            hlen: hlen as u8,
+            pdo: if data_len > 0 { hlen as u8 } else { 0 },
+            plen: if plen > u32::MAX as usize {
+                u32::MAX
+            } else {
+                plen as u32
+            },
+        }
+    }
+
+    /// Bytes of header digest a `t` PDU carries.
+    #[inline]
+    const fn hdgst_len(&self, t: PduType) -> usize {
+        if self.hdgst && t.digestible() {
+            DIGEST_LEN
+        } else {
+            0
+        }
+    }
+
+    /// Header bytes of a `t` PDU with `data_len` bytes of data: header,
+    /// header digest and padding up to the data offset (PDO).
+    #[inline]
+    pub const fn header_bytes(&self, t: PduType, data_len: usize) -> usize {
+        let end = t.hlen() + self.hdgst_len(t);
+        // Every header (with or without its digest) ends at a multiple of
+        // 4: the default alignment needs no padding (and no division).
+        if data_len == 0 || self.align <= 4 {
+            end
+        } else {
+            end.div_ceil(self.align) * self.align
+        }
+    }
+
     /// Write the common header and header digest of a `t` PDU whose
     /// specific header is already in `hdr[8..hlen]`, for `data_len` bytes
     /// of data; returns how many header bytes to send (header, digest and
     /// padding: the data follows, then [`ddgst_len`](Self::ddgst_len)
-    /// digest bytes). `hdr` must hold [`MAX_HEADER_LEN`] + the alignment.
+    /// digest bytes). `hdr` must hold at least that many bytes
+    /// ([`header_bytes`](Self::header_bytes); [`MAX_HEADER_LEN`] + the
+    /// alignment always do).
     pub fn finish_header(
         &self,
         hdr: &mut [u8],
@@ -556,25 +619,20 @@ impl SendLayout {
         data_len: usize,
     ) -> usize {
         let hlen = t.hlen();
-        let hd = if self.hdgst && t.digestible() {
-            DIGEST_LEN
-        } else {
-            0
-        };
+        let hd = self.hdgst_len(t);
         let mut flags = extra_flags & !(FLAG_HDGST | FLAG_DDGST);
         if hd > 0 {
             flags |= FLAG_HDGST;
         }
+        let header_bytes = self.header_bytes(t, data_len);
         let (pdo, tail) = if data_len > 0 {
-            let pdo = (hlen + hd).div_ceil(self.align) * self.align;
             if self.ddgst {
                 flags |= FLAG_DDGST;
             }
-            (pdo, if self.ddgst { DIGEST_LEN } else { 0 })
+            (header_bytes, if self.ddgst { DIGEST_LEN } else { 0 })
         } else {
             (0, 0)
         };
-        let header_bytes = if data_len > 0 { pdo } else { hlen + hd };
         let ch = CommonHeader {
             pdu_type: t.code(),
             flags,
@@ -587,8 +645,10 @@ impl SendLayout {
             let d = crc32c(hdr.get(..hlen).unwrap_or(&[]));
             put32(hdr, hlen, d);
         }
-        if let Some(pad) = hdr.get_mut(hlen + hd..header_bytes) {
-            pad.fill(0);
+        if header_bytes > hlen + hd {
+            if let Some(pad) = hdr.get_mut(hlen + hd..header_bytes) {
+                pad.fill(0);
+            }
         }
         header_bytes
     }

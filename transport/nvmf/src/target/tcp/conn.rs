@@ -196,13 +196,12 @@ impl QpairOps for TcpOps {
                     datao: off as u32,
                     datal: n as u32,
                 };
-                self.tx.push_pdu(PduType::C2hData, &h.encode(), flags, n);
                 if by_ref {
+                    self.tx.push_pdu(PduType::C2hData, &h.encode(), flags, n);
                     self.tx.push_ref(tag, d.bufs, off, n);
                 } else {
-                    self.tx.push_data(n, |out| {
-                        sg_at::append_from(d.bufs, off, n, out);
-                    });
+                    self.tx
+                        .push_pdu_copy(PduType::C2hData, &h.encode(), flags, d.bufs, off, n);
                 }
                 off += n;
             }

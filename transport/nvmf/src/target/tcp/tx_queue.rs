@@ -107,6 +107,67 @@ mod tests {
         }
     }
 
+    /// Takes up to `room` bytes per write and never blocks; counts writes.
+    struct Shallow {
+        room: usize,
+        writes: usize,
+        out: Vec<u8>,
+    }
+
+    impl std::io::Write for Shallow {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.write_vectored(&[std::io::IoSlice::new(b)])
+        }
+
+        fn write_vectored(&mut self, bufs: &[std::io::IoSlice<'_>]) -> std::io::Result<usize> {
+            self.writes += 1;
+            let mut n = 0;
+            for b in bufs {
+                let m = b.len().min(self.room - n);
+                self.out.extend_from_slice(&b[..m]);
+                n += m;
+                if n == self.room {
+                    break;
+                }
+            }
+            Ok(n)
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_write_that_takes_less_than_offered_ends_the_flush() {
+        let reqs = Reqs(vec![Some(data(31, 0, 2, 8192))]);
+        let mut q = TxQueue::new(1024, 1);
+        let tag = ReqTag::new(0, 1);
+        let bufs = reqs.0[0].as_ref().expect("data");
+        q.push_pdu(PduType::C2hData, &[0u8; 24], 0, 16384);
+        q.push_ref(tag, bufs, 0, 16384);
+        q.mark(tag);
+        let mut sock = Shallow {
+            room: 10_000,
+            writes: 0,
+            out: Vec::new(),
+        };
+        let mut sent = Vec::new();
+        // One write per flush while the socket takes less than offered.
+        assert!(q
+            .flush(&mut sock, &reqs, &mut |t| sent.push(t.slot()))
+            .expect("flush"));
+        assert_eq!((sock.writes, sock.out.len()), (1, 10_000));
+        assert!(sent.is_empty());
+        assert!(q
+            .flush(&mut sock, &reqs, &mut |t| sent.push(t.slot()))
+            .expect("flush"));
+        // The rest fitted: the request is reported, nothing is left.
+        assert_eq!((sock.writes, sock.out.len()), (2, 16384 + 24));
+        assert_eq!(sent, [0]);
+        assert!(q.is_empty());
+    }
+
     #[test]
     fn discard_names_every_request_it_held_and_empties_the_queue() {
         let reqs = Reqs(vec![Some(data(31, 0, 1, 8192)), Some(data(31, 1, 1, 8192))]);
