@@ -333,6 +333,7 @@ impl NvmeCmd {
     /// # Errors
     ///
     /// [`SglError`] for a type or subtype this crate does not know.
+    #[inline(always)]
     pub fn sgl(&self) -> Result<SglDescriptor, SglError> {
         SglDescriptor::parse(&self.dptr)
     }

@@ -203,6 +203,7 @@ impl SglDescriptor {
     ///
     /// [`SglError::UnsupportedType`] for an unknown type nibble,
     /// [`SglError::UnsupportedSubtype`] for a subtype the type does not allow.
+    #[inline(always)]
     pub fn parse(b: &[u8; SGL_DESC_SIZE]) -> Result<Self, SglError> {
         let id = byte(b, 15);
         let (ty, sub) = (id >> 4, id & 0xF);

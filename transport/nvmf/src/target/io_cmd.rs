@@ -207,11 +207,11 @@ impl QueuePair {
         let (slba, nlb) = (req.slba, u64::from(req.nlb));
         // In place: the completion lends the bdev's slot and only the
         // buffers move back (see `IoInbox`).
-        let (io_type, bufs) = match req.plan.exec {
-            Exec::Read => (IoType::Read, std::mem::take(&mut req.bufs)),
-            Exec::Write => (IoType::Write, std::mem::take(&mut req.bufs)),
-            Exec::Flush => (IoType::Flush, SgList::new()),
-            Exec::WriteZeroes => (IoType::WriteZeroes, SgList::new()),
+        let io_type = match req.plan.exec {
+            Exec::Read => IoType::Read,
+            Exec::Write => IoType::Write,
+            Exec::Flush => IoType::Flush,
+            Exec::WriteZeroes => IoType::WriteZeroes,
             Exec::Dsm => return self.exec_dsm(slot),
             _ => return ExecOutcome::Done(NvmeStatus::INTERNAL_ERROR),
         };
@@ -220,15 +220,21 @@ impl QueuePair {
         } else {
             (slba, nlb)
         };
-        let mut bufs = bufs;
         if io_type == IoType::Write {
             if let Some((bs, md)) = req.pi_spread.take() {
                 // PRACT: data-only blocks spread out for the bdev to
                 // generate the tuples into (once: a busy channel resubmits
                 // them as they are; a read strips at completion).
-                super::pi_layout::spread(&mut bufs, bs as usize, md as usize, nlb as usize);
+                super::pi_layout::spread(&mut req.bufs, bs as usize, md as usize, nlb as usize);
             }
         }
+        // The data buffers go to the bdev (taken straight into the call:
+        // no intermediate moves of the list); the others carry none.
+        let bufs = if matches!(io_type, IoType::Read | IoType::Write) {
+            std::mem::take(&mut req.bufs)
+        } else {
+            SgList::new()
+        };
         let sub = match req.pi {
             Some(a) => e.ch.submit_in_place_with_pi(
                 io_type,

@@ -46,7 +46,7 @@ struct IoInbox {
 impl IoInbox {
     /// Keep `bufs` (left empty, or holding a stale list the caller drops)
     /// for the request named by `ctx`, then queue the completion.
-    #[inline]
+    #[inline(always)]
     fn put(&self, ctx: u64, status: IoStatus, bufs: &mut SgList) {
         if !bufs.is_empty() {
             if let Some(home) = self.bufs.borrow_mut().get_mut(ReqTag::from_u64(ctx).slot()) {

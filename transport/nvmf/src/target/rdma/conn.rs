@@ -310,7 +310,7 @@ impl<P: Provider> ConnIo<P> {
     /// [`queue_data`](Self::queue_data) for `len` bytes (not 0) of one
     /// buffer at least that long: one WR of one SGE.
     #[allow(clippy::too_many_arguments)]
-    #[inline]
+    #[inline(always)]
     fn queue_one(
         &mut self,
         shared: &MrTable<P>,
