@@ -339,6 +339,7 @@ impl NvmeCmd {
     }
 
     /// Set SGL descriptor 1.
+    #[inline]
     pub fn set_sgl(&mut self, sgl: &SglDescriptor) {
         self.dptr = sgl.encode();
     }

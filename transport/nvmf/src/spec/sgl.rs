@@ -260,6 +260,7 @@ impl SglDescriptor {
 
     /// The 16 encoded bytes. A keyed length is masked to 24 bits (use
     /// [`keyed`](Self::keyed) to build a checked one).
+    #[inline]
     pub fn encode(&self) -> [u8; SGL_DESC_SIZE] {
         let mut b = [0u8; SGL_DESC_SIZE];
         match *self {

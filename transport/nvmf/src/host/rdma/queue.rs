@@ -864,6 +864,7 @@ impl<P: Provider> HostQueue for RdmaQueue<P> {
         self.inline
     }
 
+    #[inline]
     fn queue_cmd(
         &mut self,
         slot: u16,
