@@ -165,11 +165,13 @@ impl DmaBuf {
     }
 
     /// The arena the buffer lives in.
+    #[inline]
     pub fn arena(&self) -> &Arc<DmaArena> {
         self.pool().arena_of(self.idx).0
     }
 
     /// Id of the arena the buffer lives in.
+    #[inline]
     pub fn arena_id(&self) -> ArenaId {
         self.arena().id()
     }

@@ -334,7 +334,12 @@ impl<Q: HostQueue> Qpair<Q> {
         self.free.pop();
         s.busy = true;
         s.ctx = ctx;
-        s.data = data;
+        // The slot's list was taken by the previous completion: normally
+        // empty, forgotten without a call into its drop glue.
+        let old = std::mem::replace(&mut s.data, data);
+        if old.is_empty() && old.is_inline() {
+            std::mem::forget(old);
+        }
         s.started = self.now;
         self.submitted += 1;
         self.staged = true;

@@ -333,11 +333,13 @@ impl NvmeCmd {
     /// # Errors
     ///
     /// [`SglError`] for a type or subtype this crate does not know.
+    #[inline(always)]
     pub fn sgl(&self) -> Result<SglDescriptor, SglError> {
         SglDescriptor::parse(&self.dptr)
     }
 
     /// Set SGL descriptor 1.
+    #[inline]
     pub fn set_sgl(&mut self, sgl: &SglDescriptor) {
         self.dptr = sgl.encode();
     }

@@ -299,6 +299,7 @@ impl NvmeCompletion {
     /// # Errors
     ///
     /// [`WireError::Short`] when `b` has fewer than 16 bytes.
+    #[inline]
     pub fn parse(b: &[u8]) -> Result<Self, WireError> {
         let b: &[u8; CQE_SIZE] = need(b, "CQE")?;
         let st = le16(b, off::STATUS);
@@ -314,6 +315,7 @@ impl NvmeCompletion {
     }
 
     /// Encode into `out`.
+    #[inline]
     pub fn encode_into(&self, out: &mut [u8; CQE_SIZE]) {
         put32(out, off::DW0, self.dw0);
         put32(out, off::DW1, self.dw1);

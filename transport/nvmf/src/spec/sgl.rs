@@ -203,6 +203,7 @@ impl SglDescriptor {
     ///
     /// [`SglError::UnsupportedType`] for an unknown type nibble,
     /// [`SglError::UnsupportedSubtype`] for a subtype the type does not allow.
+    #[inline(always)]
     pub fn parse(b: &[u8; SGL_DESC_SIZE]) -> Result<Self, SglError> {
         let id = byte(b, 15);
         let (ty, sub) = (id >> 4, id & 0xF);
@@ -259,6 +260,7 @@ impl SglDescriptor {
 
     /// The 16 encoded bytes. A keyed length is masked to 24 bits (use
     /// [`keyed`](Self::keyed) to build a checked one).
+    #[inline]
     pub fn encode(&self) -> [u8; SGL_DESC_SIZE] {
         let mut b = [0u8; SGL_DESC_SIZE];
         match *self {

@@ -10,13 +10,19 @@ use pollux_bdev::{IoError, IoType, PiAction, PiChecks, PiErrorKind, SgList, PI_T
 
 use super::qpair::{ExecOutcome, NsEntry, QueuePair};
 use super::req::{Dir, Exec, Plan};
+use super::subsystem::pi_type_code;
 use super::transport::ReqTag;
 use crate::spec::cmd::{FabricsType, IoOpcode};
 use crate::spec::cpl::NvmeStatus;
 use crate::spec::nvm::{prinfo, DsmCmd, DsmRange, RwCmd, DSM_RANGE_SIZE};
 
 /// The entry of `nsid` in a sorted namespace view.
+#[inline]
 fn find_ns(view: &[NsEntry], nsid: u32) -> Option<&NsEntry> {
+    // Most subsystems serve one namespace (or the first is the busy one).
+    if let Some(e) = view.first().filter(|e| e.nsid == nsid) {
+        return Some(e);
+    }
     view.binary_search_by_key(&nsid, |e| e.nsid)
         .ok()
         .and_then(|i| view.get(i))
@@ -136,10 +142,12 @@ impl QueuePair {
         let Some(e) = find_ns(&self.ns_view, nsid) else {
             return Err(NvmeStatus::INVALID_NAMESPACE);
         };
-        let bs = u64::from(e.ns.block_size());
-        let md = e.ns.md_size();
-        let pi_type = e.ns.pi_type();
-        let nsze = e.ns.num_blocks();
+        // One look at the bdev's geometry (a call through the backend).
+        let info = e.ns.bdev().info();
+        let bs = u64::from(info.block_size());
+        let md = info.md_size();
+        let pi_type = pi_type_code(info.pi_type());
+        let nsze = info.num_blocks();
         let max_io = u64::from(self.target.options().max_io_size);
         let op = IoOpcode::from_code(opcode).ok_or(NvmeStatus::INVALID_OPCODE)?;
         let req = &mut self.reqs[si];
@@ -199,11 +207,11 @@ impl QueuePair {
         let (slba, nlb) = (req.slba, u64::from(req.nlb));
         // In place: the completion lends the bdev's slot and only the
         // buffers move back (see `IoInbox`).
-        let (io_type, bufs) = match req.plan.exec {
-            Exec::Read => (IoType::Read, std::mem::take(&mut req.bufs)),
-            Exec::Write => (IoType::Write, std::mem::take(&mut req.bufs)),
-            Exec::Flush => (IoType::Flush, SgList::new()),
-            Exec::WriteZeroes => (IoType::WriteZeroes, SgList::new()),
+        let io_type = match req.plan.exec {
+            Exec::Read => IoType::Read,
+            Exec::Write => IoType::Write,
+            Exec::Flush => IoType::Flush,
+            Exec::WriteZeroes => IoType::WriteZeroes,
             Exec::Dsm => return self.exec_dsm(slot),
             _ => return ExecOutcome::Done(NvmeStatus::INTERNAL_ERROR),
         };
@@ -212,15 +220,21 @@ impl QueuePair {
         } else {
             (slba, nlb)
         };
-        let mut bufs = bufs;
         if io_type == IoType::Write {
             if let Some((bs, md)) = req.pi_spread.take() {
                 // PRACT: data-only blocks spread out for the bdev to
                 // generate the tuples into (once: a busy channel resubmits
                 // them as they are; a read strips at completion).
-                super::pi_layout::spread(&mut bufs, bs as usize, md as usize, nlb as usize);
+                super::pi_layout::spread(&mut req.bufs, bs as usize, md as usize, nlb as usize);
             }
         }
+        // The data buffers go to the bdev (taken straight into the call:
+        // no intermediate moves of the list); the others carry none.
+        let bufs = if matches!(io_type, IoType::Read | IoType::Write) {
+            std::mem::take(&mut req.bufs)
+        } else {
+            SgList::new()
+        };
         let sub = match req.pi {
             Some(a) => e.ch.submit_in_place_with_pi(
                 io_type,

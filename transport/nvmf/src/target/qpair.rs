@@ -46,7 +46,7 @@ struct IoInbox {
 impl IoInbox {
     /// Keep `bufs` (left empty, or holding a stale list the caller drops)
     /// for the request named by `ctx`, then queue the completion.
-    #[inline]
+    #[inline(always)]
     fn put(&self, ctx: u64, status: IoStatus, bufs: &mut SgList) {
         if !bufs.is_empty() {
             if let Some(home) = self.bufs.borrow_mut().get_mut(ReqTag::from_u64(ctx).slot()) {
@@ -927,15 +927,26 @@ impl QueuePair {
 
     /// Rebuild the namespace view when the subsystem's namespaces changed
     /// (control-path event: allocates then, not per I/O).
+    #[inline]
     pub(crate) fn refresh_ns_view(&mut self) {
         let Some(c) = &self.ctrlr else {
             return;
         };
-        let subsys = c.subsystem();
-        let gen = subsys.ns_generation();
-        if gen == self.ns_gen {
-            return;
+        let gen = c.subsystem().ns_generation();
+        if gen != self.ns_gen {
+            self.rebuild_ns_view(gen);
         }
+    }
+
+    /// [`refresh_ns_view`](Self::refresh_ns_view) after a change: the view
+    /// of generation `gen`.
+    #[cold]
+    #[inline(never)]
+    fn rebuild_ns_view(&mut self, gen: u64) {
+        let Some(c) = &self.ctrlr else {
+            return;
+        };
+        let subsys = c.subsystem();
         let mut view = Vec::new();
         for ns in subsys.namespaces() {
             let nsid = ns.nsid();

@@ -269,7 +269,7 @@ impl Request {
 
     /// Put the slot buffer in `bufs`, `len` bytes long; `false` if it is
     /// too small (or already in use).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn take_slot_buf(&mut self, len: usize) -> bool {
         if self.slot_parked {
             let fits = match self.bufs.as_mut_slice() {

@@ -175,12 +175,17 @@ impl Namespace {
 
     /// The PI type (0: none, 1-3), in the last 8 bytes of the metadata.
     pub fn pi_type(&self) -> u8 {
-        match self.bdev().info().pi_type() {
-            PiType::None => 0,
-            PiType::Type1 => 1,
-            PiType::Type2 => 2,
-            PiType::Type3 => 3,
-        }
+        pi_type_code(self.bdev().info().pi_type())
+    }
+}
+
+/// The NVMe PI type number of a bdev's PI type (0: none, 1-3).
+pub(crate) fn pi_type_code(t: PiType) -> u8 {
+    match t {
+        PiType::None => 0,
+        PiType::Type1 => 1,
+        PiType::Type2 => 2,
+        PiType::Type3 => 3,
     }
 }
 

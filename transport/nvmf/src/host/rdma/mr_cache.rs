@@ -85,13 +85,21 @@ impl<P: Provider> MrCache<P> {
     ///
     /// # Errors
     /// As [`MrCache::register`].
+    #[inline]
     pub fn keys(&self, buf: &DmaBuf) -> Result<(u32, u32), HostError> {
-        let id = buf.arena_id();
         if let Some((a, l, r)) = self.last.get() {
-            if a == id {
+            if a == buf.arena_id() {
                 return Ok((l, r));
             }
         }
+        self.keys_slow(buf)
+    }
+
+    /// [`keys`](Self::keys) for another arena than the last one.
+    #[cold]
+    #[inline(never)]
+    fn keys_slow(&self, buf: &DmaBuf) -> Result<(u32, u32), HostError> {
+        let id = buf.arena_id();
         if let Some((_, _, mr, _)) = self.mrs.borrow().iter().find(|(a, ..)| *a == id) {
             let keys = (mr.lkey(), mr.rkey());
             self.last.set(Some((id, keys.0, keys.1)));

@@ -160,7 +160,12 @@ pub struct RdmaQueue<P: Provider> {
     /// The device has signature offload.
     integrity_cap: bool,
     qp: P::Qp,
-    ctrl_mr: P::Mr,
+    /// Keeps the queue buffers registered (the fields below say where).
+    _ctrl_mr: P::Mr,
+    /// `ctrl_mr`'s address and local key, read once (every capsule and
+    /// receive SGE names them).
+    ctrl_addr: u64,
+    ctrl_lkey: u32,
     cq: P::Cq,
     _pd: Rc<P::Pd>,
     ctrl: Arc<DmaArena>,
@@ -290,7 +295,9 @@ impl<P: Provider> RdmaQueue<P> {
             _frmrs: frmrs,
             imrs: Vec::new(),
             integrity_cap: caps.integrity,
-            ctrl_mr,
+            ctrl_addr: ctrl_mr.addr(),
+            ctrl_lkey: ctrl_mr.lkey(),
+            _ctrl_mr: ctrl_mr,
             cq,
             _pd: Rc::clone(pd),
             ctrl,
@@ -366,8 +373,8 @@ impl<P: Provider> RdmaQueue<P> {
     }
 
     fn post_recvs(&mut self) -> Result<(), HostError> {
-        let lkey = self.ctrl_mr.lkey();
-        let base = self.ctrl_mr.addr() + self.rsp_base as u64;
+        let lkey = self.ctrl_lkey;
+        let base = self.ctrl_addr + self.rsp_base as u64;
         let mut i = 0;
         while i < self.repost.len() {
             let end = (i + POST_BATCH).min(self.repost.len());
@@ -598,9 +605,9 @@ impl<P: Provider> RdmaQueue<P> {
     /// The SGE of slot `si`'s command capsule.
     fn capsule_sge(&self, si: usize) -> Sge {
         Sge {
-            addr: self.ctrl_mr.addr() + (si * SQE_SIZE) as u64,
+            addr: self.ctrl_addr + (si * SQE_SIZE) as u64,
             length: SQE_SIZE as u32,
-            lkey: self.ctrl_mr.lkey(),
+            lkey: self.ctrl_lkey,
         }
     }
 
@@ -857,6 +864,7 @@ impl<P: Provider> HostQueue for RdmaQueue<P> {
         self.inline
     }
 
+    #[inline]
     fn queue_cmd(
         &mut self,
         slot: u16,

@@ -8,8 +8,8 @@ use std::collections::VecDeque;
 
 use pollux_reactor::mem::{ArenaId, DmaBuf, SgList};
 use pollux_verbs::{
-    Access, MemoryRegion, ProtectionDomain, Provider, QueuePair as _, RemoteAddr, SendOp, SendWr,
-    Sge, WrId,
+    Access, MemoryRegion, ProtectionDomain, Provider, QueuePair as _, RemoteAddr, SendFlags,
+    SendOp, SendWr, Sge, WrId,
 };
 
 use super::super::qpair::QueuePair;
@@ -98,6 +98,10 @@ pub(crate) struct ConnIo<P: Provider> {
     /// Per request slot: `unsig_pushed` when its signaled SEND was posted
     /// (everything before it completes with it).
     req_upto: Vec<u64>,
+    /// The index in `pend` of the newest response SEND waiting for the
+    /// flush: the only one of the batch posted signaled (each SEND queued
+    /// after it turns it unsignaled).
+    last_send: Option<usize>,
 }
 
 impl<P: Provider> ConnIo<P> {
@@ -139,6 +143,7 @@ impl<P: Provider> ConnIo<P> {
             unsig_pushed: 0,
             unsig_popped: 0,
             req_upto: vec![0; depth],
+            last_send: None,
         }
     }
 
@@ -211,22 +216,13 @@ impl<P: Provider> ConnIo<P> {
     pub(crate) fn flush(&mut self, qp: &P::Qp) -> Result<(), pollux_verbs::PostError> {
         // One signaled response SEND per flush (the last): its completion
         // retires the others (RC completes in order), one CQE instead of
-        // one per request.
-        let last_send = self
-            .pend
-            .iter()
-            .rposition(|p| matches!(p.op, PendOp::Send | PendOp::SendInv(_)));
-        if let Some(last) = last_send {
-            for p in &mut self.pend[..last] {
-                if matches!(p.op, PendOp::Send | PendOp::SendInv(_)) && p.signaled {
-                    p.signaled = false;
-                    self.unsig.push_back(p.token.index);
-                    self.unsig_pushed += 1;
+        // one per request. `queue_send` turned the earlier ones unsignaled.
+        if let Some(last) = self.last_send.take() {
+            if let Some(p) = self.pend.get(last) {
+                let slot = ReqTag::from_u64(u64::from(p.token.index)).slot();
+                if let Some(u) = self.req_upto.get_mut(slot) {
+                    *u = self.unsig_pushed;
                 }
-            }
-            let slot = ReqTag::from_u64(u64::from(self.pend[last].token.index)).slot();
-            if let Some(u) = self.req_upto.get_mut(slot) {
-                *u = self.unsig_pushed;
             }
         }
         let mut start = 0;
@@ -237,21 +233,46 @@ impl<P: Provider> ConnIo<P> {
             let end = (start + POST_CHUNK).min(self.pend.len());
             let mut wrs = [SendWr::new(WrId(0), SendOp::Send, &[]); POST_CHUNK];
             for (w, p) in wrs.iter_mut().zip(&self.pend[start..end]) {
-                let sg = &self.sges[p.sge_start as usize..(p.sge_start + p.sge_n) as usize];
-                let op = match p.op {
-                    PendOp::Read(remote) => SendOp::RdmaRead { remote },
-                    PendOp::Write(remote) => SendOp::RdmaWrite { remote },
-                    PendOp::Send => SendOp::Send,
-                    PendOp::SendInv(rkey) => SendOp::SendWithInv { rkey },
+                let signaled = if p.signaled {
+                    SendFlags::SIGNALED
+                } else {
+                    SendFlags::NONE
                 };
-                let mut wr = SendWr::new(p.token.encode(), op, sg);
-                if matches!(p.op, PendOp::Send | PendOp::SendInv(_)) {
-                    wr = wr.with_inline(&self.cqes[p.cqe_slot as usize]);
-                }
-                if p.signaled {
-                    wr = wr.signaled();
-                }
-                *w = wr;
+                // A response SEND carries its CQE inline (no SGE); a data
+                // WR its SGEs.
+                let (op, sg_list, inline, flags): (_, &[Sge], &[u8], _) = match p.op {
+                    PendOp::Read(remote) => (
+                        SendOp::RdmaRead { remote },
+                        sges_of(&self.sges, p),
+                        &[],
+                        signaled,
+                    ),
+                    PendOp::Write(remote) => (
+                        SendOp::RdmaWrite { remote },
+                        sges_of(&self.sges, p),
+                        &[],
+                        signaled,
+                    ),
+                    PendOp::Send => (
+                        SendOp::Send,
+                        &[],
+                        cqe_of(&self.cqes, p),
+                        signaled | SendFlags::INLINE,
+                    ),
+                    PendOp::SendInv(rkey) => (
+                        SendOp::SendWithInv { rkey },
+                        &[],
+                        cqe_of(&self.cqes, p),
+                        signaled | SendFlags::INLINE,
+                    ),
+                };
+                *w = SendWr {
+                    wr_id: p.token.encode(),
+                    op,
+                    sg_list,
+                    inline,
+                    flags,
+                };
             }
             self.doorbells += 1;
             if let Err(e) = qp.post_send(&wrs[..end - start]) {
@@ -261,21 +282,100 @@ impl<P: Provider> ConnIo<P> {
         };
         self.pend.clear();
         self.sges.clear();
+        self.last_send = None;
         result
     }
 
+    /// Queue a response SEND (signaled until another one is queued after
+    /// it in the same flush: the batch's last is the only signaled one).
+    fn queue_send(&mut self, token: Token, op: PendOp, cqe_slot: u32) {
+        if let Some(prev) = self.last_send {
+            if let Some(p) = self.pend.get_mut(prev) {
+                p.signaled = false;
+                self.unsig.push_back(p.token.index);
+                self.unsig_pushed += 1;
+            }
+        }
+        self.last_send = Some(self.pend.len());
+        self.pend.push(PendWr {
+            token,
+            op,
+            sge_start: 0,
+            sge_n: 0,
+            signaled: true,
+            cqe_slot,
+        });
+    }
+
+    /// [`queue_data`](Self::queue_data) for `len` bytes (not 0) of one
+    /// buffer at least that long: one WR of one SGE.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn queue_one(
+        &mut self,
+        shared: &MrTable<P>,
+        pd: &P::Pd,
+        b: &DmaBuf,
+        len: u32,
+        remote: &RemoteBuf,
+        read: bool,
+        last: Token,
+    ) -> Result<(), TransportError> {
+        let lkey = self.lkey(shared, pd, b)?;
+        let sge_start = self.sges.len() as u32;
+        self.sges.push(Sge {
+            addr: b.addr() as u64,
+            length: len,
+            lkey,
+        });
+        let ra = RemoteAddr {
+            addr: remote.addr,
+            rkey: remote.key,
+        };
+        let (token, op) = if read {
+            (last, PendOp::Read(ra))
+        } else {
+            (
+                Token::new(WrKind::Data, self.slot, self.gen, last.index),
+                PendOp::Write(ra),
+            )
+        };
+        self.pend.push(PendWr {
+            token,
+            op,
+            sge_start,
+            sge_n: 1,
+            signaled: read,
+            cqe_slot: 0,
+        });
+        Ok(())
+    }
+
+    #[inline]
     fn lkey(
         &mut self,
         shared: &MrTable<P>,
         pd: &P::Pd,
         buf: &DmaBuf,
     ) -> Result<u32, TransportError> {
-        let id = buf.arena_id();
         if let Some((a, k)) = self.last_key {
-            if a == id {
+            if a == buf.arena_id() {
                 return Ok(k);
             }
         }
+        self.lkey_slow(shared, pd, buf)
+    }
+
+    /// [`lkey`](Self::lkey) for another arena than the last one.
+    #[cold]
+    #[inline(never)]
+    fn lkey_slow(
+        &mut self,
+        shared: &MrTable<P>,
+        pd: &P::Pd,
+        buf: &DmaBuf,
+    ) -> Result<u32, TransportError> {
+        let id = buf.arena_id();
         if let Some(k) = shared.lkey(id).or_else(|| self.own_mrs.lkey(id)) {
             self.last_key = Some((id, k));
             return Ok(k);
@@ -386,6 +486,19 @@ impl<P: Provider> ConnIo<P> {
     }
 }
 
+/// The SGEs of a pending data WR.
+#[inline]
+fn sges_of<'a>(sges: &'a [Sge], p: &PendWr) -> &'a [Sge] {
+    sges.get(p.sge_start as usize..(p.sge_start + p.sge_n) as usize)
+        .unwrap_or(&[])
+}
+
+/// The stored CQE a pending response SEND carries.
+#[inline]
+fn cqe_of<'a>(cqes: &'a [[u8; CQE_SIZE]], p: &PendWr) -> &'a [u8] {
+    cqes.get(p.cqe_slot as usize).map_or(&[], |c| &c[..])
+}
+
 /// [`QpairOps`] for one queue, borrowing the poll group's shared state.
 pub(crate) struct RdmaOps<'a, P: Provider> {
     pub(crate) io: &'a mut ConnIo<P>,
@@ -404,14 +517,27 @@ impl<P: Provider> QpairOps for RdmaOps<'_, P> {
         if io.closing {
             return Err(TransportError::Disconnected);
         }
-        let n = io.wrs_for(bufs, remote.len);
+        let one = match bufs.as_slice() {
+            [b] if remote.len > 0 && b.len() >= remote.len as usize => Some(b),
+            _ => None,
+        };
+        let n = match one {
+            Some(_) => 1,
+            None => io.wrs_for(bufs, remote.len),
+        };
         let reads_ok = io.rd_avail >= n || io.rd_avail == io.rd_depth;
         if n > io.sq_avail || !reads_ok {
             io.busy += 1;
             return Ok(Transfer::Busy);
         }
         let last = Token::new(WrKind::Read, io.slot, io.gen, tag.to_u64() as u32);
-        let n = io.queue_data(self.shared, self.pd, bufs, remote.len, remote, true, last)?;
+        let n = match one {
+            Some(b) => {
+                io.queue_one(self.shared, self.pd, b, remote.len, remote, true, last)?;
+                1
+            }
+            None => io.queue_data(self.shared, self.pd, bufs, remote.len, remote, true, last)?,
+        };
         io.sq_avail -= n;
         io.rd_avail = io.rd_avail.saturating_sub(n);
         io.req_wrs[tag.slot()] = n;
@@ -429,33 +555,39 @@ impl<P: Provider> QpairOps for RdmaOps<'_, P> {
         if io.closing {
             return Err(TransportError::Disconnected);
         }
-        let writes = rsp
-            .data
-            .as_ref()
-            .map_or(0, |d| io.wrs_for(d.bufs, d.len.min(d.remote.len)));
+        // The common response: its data in one buffer (one WRITE of one SGE).
+        let (writes, one) = match &rsp.data {
+            None => (0, None),
+            Some(d) => {
+                let len = d.len.min(d.remote.len);
+                match d.bufs.as_slice() {
+                    [b] if len > 0 && b.len() >= len as usize => (1, Some((b, len, &d.remote))),
+                    _ => (io.wrs_for(d.bufs, len), None),
+                }
+            }
+        };
         if writes + 1 > io.sq_avail {
             io.busy += 1;
             return Ok(Transfer::Busy);
         }
         let slot = tag.slot();
         let token = Token::new(WrKind::Send, io.slot, io.gen, tag.to_u64() as u32);
-        if let Some(d) = &rsp.data {
-            let len = d.len.min(d.remote.len);
-            io.queue_data(self.shared, self.pd, d.bufs, len, &d.remote, false, token)?;
+        match (one, &rsp.data) {
+            (Some((b, len, remote)), _) => {
+                io.queue_one(self.shared, self.pd, b, len, remote, false, token)?;
+            }
+            (None, Some(d)) => {
+                let len = d.len.min(d.remote.len);
+                io.queue_data(self.shared, self.pd, d.bufs, len, &d.remote, false, token)?;
+            }
+            (None, None) => {}
         }
         io.cqes[slot] = rsp.cqe;
         let op = match rsp.invalidate_key {
             Some(k) if io.send_inv => PendOp::SendInv(k),
             _ => PendOp::Send,
         };
-        io.pend.push(PendWr {
-            token,
-            op,
-            sge_start: 0,
-            sge_n: 0,
-            signaled: true,
-            cqe_slot: slot as u32,
-        });
+        io.queue_send(token, op, slot as u32);
         io.sq_avail -= writes + 1;
         io.req_wrs[slot] = writes + 1;
         io.req_tag[slot] = tag.0;

@@ -830,13 +830,15 @@ impl<P: Provider> Shared<P> {
             // before this side saw the SEND complete), so that capsule
             // runs now instead of waiting in the backlog.
             for wc in &wcs[..n] {
-                if Token::decode(wc.wr_id).kind != WrKind::Recv {
-                    self.completion(wc);
+                let tok = Token::decode(wc.wr_id);
+                if tok.kind != WrKind::Recv {
+                    self.completion(wc, tok);
                 }
             }
             for wc in &wcs[..n] {
-                if Token::decode(wc.wr_id).kind == WrKind::Recv {
-                    self.completion(wc);
+                let tok = Token::decode(wc.wr_id);
+                if tok.kind == WrKind::Recv {
+                    self.completion(wc, tok);
                 }
             }
             self.wcs = wcs;
@@ -853,8 +855,8 @@ impl<P: Provider> Shared<P> {
         (c.io.gen & 0x3FFF == tok.gen).then_some(i)
     }
 
-    fn completion(&mut self, wc: &Wc) {
-        let tok = Token::decode(wc.wr_id);
+    /// One work completion, `tok` its decoded token.
+    fn completion(&mut self, wc: &Wc, tok: Token) {
         let ok = wc.status == WcStatus::Success;
         if !ok {
             self.stats.wc_errors += 1;
@@ -1251,6 +1253,7 @@ fn post_rq_pending<P: Provider>(
 /// Give a consumed receive back: to the SRQ batch or to the queue's
 /// pending receives, both posted once per poll (with a fresh data buffer
 /// when the request kept the old one).
+#[inline(always)]
 fn repost<P: Provider>(c: &mut Conn<P>, srq_repost: &mut Vec<u32>, srq: bool, id: u32) {
     if srq {
         srq_repost.push(id);
