@@ -7,6 +7,7 @@
 #   bash scripts/bench.sh               # 3 rounds of 5 s runs
 #   ROUNDS=1 SECS=2 bash scripts/bench.sh
 #   ONLY=bdev bash scripts/bench.sh     # bdev | copy | nvmf | tcp
+#   ONLY="bdev copy" bash scripts/bench.sh   # several areas, in the table's order
 #
 # Run it on a quiet machine (nothing else on the cores it uses: 0 and 1).
 # It prints a markdown table on stdout (progress on stderr); the raw JSON
@@ -51,7 +52,7 @@ fi
 
 cargo build --release -q -p pollux-apps --bin pollux-bdevperf --bin pollux-perf --bin pollux-tgt
 B=target/release/pollux-bdevperf
-want() { [ -z "$ONLY" ] || [ "$ONLY" = "$1" ]; }
+want() { [ -z "$ONLY" ] || [[ " $ONLY " == *" $1 "* ]]; }
 
 # record CELL SIDE JSON: keep one run's figure.
 record() {
