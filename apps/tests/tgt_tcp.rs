@@ -110,6 +110,14 @@ fn io(qp: &mut pollux_nvmf::host::Qpair<pollux_nvmf::host::tcp::TcpQueue>, size:
     assert!(got.unwrap() == want, "{size} B read back differs");
 }
 
+/// The target's stats file as JSON (`Null` while it is not there yet).
+fn read_stats(path: &std::path::Path) -> serde_json::Value {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or_default()
+}
+
 #[test]
 fn serves_tcp_beside_rdma_and_shuts_both_down() {
     let soft = format!("@pollux-tgt-tcp-test-{}", std::process::id());
@@ -206,10 +214,7 @@ fn serves_tcp_beside_rdma_and_shuts_both_down() {
     // two queues are left, so that the count below is exact.
     let deadline = Instant::now() + WAIT;
     loop {
-        let v: serde_json::Value = std::fs::read_to_string(&stats)
-            .ok()
-            .and_then(|t| serde_json::from_str(&t).ok())
-            .unwrap_or_default();
+        let v = read_stats(&stats);
         if v["connections"] == 2 {
             break;
         }
@@ -367,10 +372,7 @@ fn a_silent_connection_is_closed_after_the_connect_timeout_and_counted() {
     assert!(start.elapsed() < WAIT, "the silent connection stayed open");
     let deadline = Instant::now() + WAIT;
     loop {
-        let v: serde_json::Value = std::fs::read_to_string(&stats)
-            .ok()
-            .and_then(|t| serde_json::from_str(&t).ok())
-            .unwrap_or_default();
+        let v = read_stats(&stats);
         if v["connect_timeouts"] == 1 {
             assert_eq!(v["connections"], 0, "{v}");
             break;
