@@ -412,7 +412,21 @@ impl DmaArena {
 /// Smallest [`DmaArena::copy_in`] that uses non-temporal stores (x86-64).
 pub const NT_COPY_MIN: usize = 4096;
 
-/// Copies `len` bytes with non-temporal 16-byte stores, then `sfence`.
+/// Orders every non-temporal store this thread made before it (an
+/// `sfence` on x86-64, nothing elsewhere): after it, the data of earlier
+/// [`DmaArena::copy_in_unfenced`] calls is visible like a normal copy's.
+#[inline]
+pub fn streaming_fence() {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a plain fence (SSE, baseline): it only orders earlier stores
+    // before later ones.
+    unsafe {
+        std::arch::x86_64::_mm_sfence()
+    };
+}
+
+/// Copies `len` bytes with non-temporal 16-byte stores, left unordered
+/// (the caller fences: [`streaming_fence`]).
 ///
 /// # Safety
 ///
@@ -421,7 +435,7 @@ pub const NT_COPY_MIN: usize = 4096;
 #[cfg(target_arch = "x86_64")]
 #[inline]
 unsafe fn nt_copy(dst: *mut u8, src: *const u8, len: usize) {
-    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
+    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
     let d = dst.cast::<__m128i>();
     let s = src.cast::<__m128i>();
     let mut i = 0;
@@ -441,9 +455,6 @@ unsafe fn nt_copy(dst: *mut u8, src: *const u8, len: usize) {
         }
         i += 4;
     }
-    // SAFETY: a plain fence (SSE, baseline): orders the streaming stores
-    // before any later store, so the data is visible like a normal copy's.
-    unsafe { _mm_sfence() };
 }
 
 /// Whole-arena byte access, for a backend that owns an arena outright (the
@@ -477,6 +488,24 @@ impl DmaArena {
     ///
     /// [`MemError::InvalidArgument`] when `offset + src.len()` passes the end.
     pub fn copy_in(&self, offset: usize, src: &[u8]) -> MemResult<()> {
+        self.copy_in_unfenced(offset, src)?;
+        streaming_fence();
+        Ok(())
+    }
+
+    /// [`copy_in`](Self::copy_in) without the closing fence: a copy that
+    /// used non-temporal stores is not yet ordered with this thread's later
+    /// stores, nor visible to other cores. Call [`streaming_fence`] before
+    /// anything depends on the data (a completion reported, a read or a fill
+    /// of the range, another core told): one fence can close a whole batch
+    /// of copies, which is what makes a batch of them fast (a fence per 4 KiB
+    /// copy costs about a third of the copy rate).
+    ///
+    /// # Errors
+    ///
+    /// [`MemError::InvalidArgument`] when `offset + src.len()` passes the end.
+    #[inline]
+    pub fn copy_in_unfenced(&self, offset: usize, src: &[u8]) -> MemResult<()> {
         self.check_range(offset, src.len())?;
         #[cfg(target_arch = "x86_64")]
         {
@@ -768,5 +797,31 @@ mod tests {
             assert_eq!(&out[1..=len], &src[..len], "offset {off} len {len}");
             assert_eq!(out[len + 1], 0xEE);
         }
+    }
+
+    #[test]
+    fn a_batch_of_unfenced_copies_is_exact_after_one_fence() {
+        let a = DmaArena::new(
+            64 << 10,
+            ArenaOptions::named("nt-batch-test").hugepages(HugepageMode::Never),
+        )
+        .unwrap();
+        a.fill(0, a.len(), 0).unwrap();
+        let blocks = a.len() / NT_COPY_MIN;
+        // Every block written twice, the second write last: a block's
+        // later copy in program order wins.
+        for pass in 0..2u8 {
+            for b in 0..blocks {
+                let src = vec![pass * 100 + b as u8; NT_COPY_MIN];
+                a.copy_in_unfenced(b * NT_COPY_MIN, &src).unwrap();
+            }
+        }
+        streaming_fence();
+        let mut out = vec![0u8; NT_COPY_MIN];
+        for b in 0..blocks {
+            a.copy_out(b * NT_COPY_MIN, &mut out).unwrap();
+            assert!(out.iter().all(|&x| x == 100 + b as u8), "block {b}");
+        }
+        assert!(a.copy_in_unfenced(a.len() - 1, b"ab").is_err());
     }
 }

@@ -41,7 +41,9 @@ mod registry;
 mod sg_list;
 pub(crate) mod tsc;
 
-pub use arena::{ArenaId, ArenaOptions, DmaArena, HugepageMode, HUGEPAGE_SIZE, NT_COPY_MIN};
+pub use arena::{
+    streaming_fence, ArenaId, ArenaOptions, DmaArena, HugepageMode, HUGEPAGE_SIZE, NT_COPY_MIN,
+};
 pub use buf::DmaBuf;
 pub use cache::{BufCache, CacheStats};
 #[cfg(any(test, feature = "test-util"))]
