@@ -178,6 +178,13 @@ struct MallocChannel {
 }
 
 impl MallocChannel {
+    /// Order the non-temporal stores of the writes since the last fence.
+    #[inline]
+    fn fence(&mut self) {
+        streaming_fence();
+        self.unfenced = false;
+    }
+
     /// Write zeroes / unmap: zero the data and metadata of the range; with
     /// PI, write each block's tuple (guard 0, app tag 0, ref tag = LBA).
     fn zero(&self, lba: u64, n: u64) {
@@ -265,15 +272,6 @@ impl BackendChannel for MallocChannel {
             self.fence();
         }
         PollStatus::Idle
-    }
-}
-
-impl MallocChannel {
-    /// Order the non-temporal stores of the writes since the last fence.
-    #[inline]
-    fn fence(&mut self) {
-        streaming_fence();
-        self.unfenced = false;
     }
 }
 
