@@ -542,9 +542,8 @@ impl ChannelCore {
                 if !slot.req.io.md_bufs.is_empty() {
                     slot.req.io.md_bufs.clear();
                 }
-                slot.req.state = SlotState::Free;
+                self.release(&mut slot.req, tag);
                 drop(slot);
-                self.free.push(tag);
                 drop(cb);
             }
         } else {
