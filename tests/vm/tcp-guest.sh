@@ -34,14 +34,21 @@
 #            its busy-polling reactor takes no CPU from the kernel target.
 #            Prints a line per run (target, block size, QD, IOPS, mean and
 #            p99 latency, each vCPU's busy share; then NET_RX softirqs per
-#            vCPU, ksoftirqd/0's CPU time and, for pollux-tgt, how often its
-#            threads were preempted: the kernel's receive work that competes
-#            with the reactor on vCPU 0), a median line per cell and
+#            vCPU, ksoftirqd/0's CPU time, the packets each veth end sent
+#            and, for pollux-tgt, how often its threads were preempted: the
+#            kernel's receive work that competes with the reactor on vCPU
+#            0), a median line per cell and
 #            `kcompare: 4k pollux/knvmet = X.XX` (likewise 512 and 4k-qd1:
 #            the ratio of the median IOPS; the same lines in the summary).
-#            Receive packet steering stays as the lab sets it (every vCPU)
-#            unless LAB_USER_TCP_KCMP_RPS gives the veth ends' rps_cpus mask
-#            for this run (2: vCPU 1 only, off the reactor's vCPU).
+#            Receive packet steering is split as between two one-core
+#            machines: what the host sends is received on vCPU 0 (the
+#            target's: pollux-tgt's reactor, or nvmet-tcp's softirq and
+#            io_work), what the target sends on vCPU 1 (the host's).
+#            With the lab's default (every vCPU) the flow hash of each boot's
+#            ports decided whether nvmet-tcp's work ran on one vCPU or on
+#            both, which swung every ratio by 2-3x from boot to boot.
+#            LAB_USER_TCP_KCMP_RPS=lab keeps the lab's masks, a hex mask
+#            sets both ends (2: vCPU 1 only).
 #            It fails only on functional errors (connect, fio, no I/O seen by
 #            null_blk, teardown): under TCG the rates depend on the host's
 #            load and on how QEMU schedules two vCPUs, so a ratio below 1.0
@@ -54,8 +61,8 @@
 # LAB_USER_TCP_KCMP_SECS (seconds per kcompare fio run, default 2),
 # LAB_USER_TCP_KCMP_ROUNDS (kcompare rounds per cell, default 3),
 # LAB_USER_TCP_KCMP_IDLE (pollux-tgt's --idle in kcompare: busy, the
-# default, or adaptive[:US], a diagnostic), LAB_USER_TCP_KCMP_RPS and
-# LAB_USER_TCP_KCMP_NULLB (above).
+# default, or adaptive[:US]), LAB_USER_TCP_KCMP_RPS (split, the default;
+# lab; or a mask) and LAB_USER_TCP_KCMP_NULLB (above).
 set -u
 [ "${LAB_IN_GUEST:-}" = 1 ] || { echo "run inside tests/vm/lab" >&2; exit 2; }
 TGT=${1:?usage: tcp-guest.sh PATH/TO/pollux-tgt PATH/TO/pollux-perf}
@@ -320,7 +327,7 @@ perf_verify() {  # perf_verify BS QD [digest flags]
 }
 # ---------------------------------------------------------------- kcompare ---
 KC_SECS=${LAB_USER_TCP_KCMP_SECS:-2} KC_ROUNDS=${LAB_USER_TCP_KCMP_ROUNDS:-3}
-KC_IDLE=${LAB_USER_TCP_KCMP_IDLE:-busy} KC_RPS=${LAB_USER_TCP_KCMP_RPS:-}
+KC_IDLE=${LAB_USER_TCP_KCMP_IDLE:-busy} KC_RPS=${LAB_USER_TCP_KCMP_RPS:-split}
 KC_KSOFT="" KC_CLK_TCK=100
 KC_CELLS="4k:32 512:32 4k:1"       # BS:QD, in this order
 NQN_NULL=nqn.2016-06.io.pollux:tcpnull KNQN_NULL=nqn.2016-06.io.pollux:ktcpnull
@@ -419,7 +426,8 @@ kc_busy() {
       printf "%s%s %d%%", (i>1?", ":""), p[1], (q[3]>p[3]?100*(q[2]-p[2])/(q[3]-p[3]):0)}}'
 }
 # kc_diag: NET_RX softirqs on cpu0 and cpu1, ksoftirqd/0's CPU time (ticks),
-# pollux-tgt's involuntary context switches (all threads)
+# pollux-tgt's involuntary context switches (all threads), packets sent by
+# the target's and by the host's veth end
 kc_diag() {
   local n=0 f k v a b rx="0 0" st=()
   for f in /proc/"$TPID"/task/*/status; do
@@ -427,14 +435,17 @@ kc_diag() {
   done 2>/dev/null
   while read -r k a b _; do [ "$k" = NET_RX: ] && rx="$a ${b:-0}"; done </proc/softirqs
   [ -n "$KC_KSOFT" ] && read -r -a st <"/proc/$KC_KSOFT/stat"
-  echo "$rx $((${st[13]:-0} + ${st[14]:-0})) $n"
+  read -r a <"/sys/class/net/$LAB_TARGET_IF/statistics/tx_packets"
+  read -r b <"/sys/class/net/$LAB_HOST_IF/statistics/tx_packets"
+  echo "$rx $((${st[13]:-0} + ${st[14]:-0})) $n $a $b"
 }
 # kc_diag_delta BEFORE AFTER TARGET
 kc_diag_delta() {
   set -- $1 $2 "$3"
   local tick=$((1000 / KC_CLK_TCK))
-  printf 'NET_RX cpu0 +%d cpu1 +%d, ksoftirqd/0 %d ms' $(($5 - $1)) $(($6 - $2)) $((($7 - $3) * tick))
-  [ "$9" = pollux ] && printf ', pollux-tgt preempted %d' $(($8 - $4))
+  printf 'NET_RX cpu0 +%d cpu1 +%d, ksoftirqd/0 %d ms' $(($7 - $1)) $(($8 - $2)) $((($9 - $3) * tick))
+  printf ', packets target->host +%d host->target +%d' $((${11} - $5)) $((${12} - $6))
+  [ "${13}" = pollux ] && printf ', pollux-tgt preempted %d' $((${10} - $4))
 }
 kc_nullb_ios() {
   local r=0
@@ -600,10 +611,14 @@ if want kcompare; then
   : >"$KC_TSV"
   KC_KSOFT=$(pgrep -x ksoftirqd/0 | head -1) KC_CLK_TCK=$(getconf CLK_TCK)
   kc_rps_old=()
+  kc_masks=("$KC_RPS" "$KC_RPS")
+  [ "$KC_RPS" = split ] && kc_masks=(1 2)
+  [ "$KC_RPS" = split ] && [ "$(nproc)" -lt 2 ] && kc_masks=("" "")
   for i in "$LAB_TARGET_IF" "$LAB_HOST_IF"; do
     f=/sys/class/net/$i/queues/rx-0/rps_cpus
     kc_rps_old+=("$(cat "$f")")
-    [ -z "$KC_RPS" ] || echo "$KC_RPS" >"$f" || say "kcompare: rps_cpus=$KC_RPS on $i refused"
+    m=${kc_masks[${#kc_rps_old[@]} - 1]}
+    [ -z "$m" ] || [ "$m" = lab ] || echo "$m" >"$f" || say "kcompare: rps_cpus=$m on $i refused"
   done
   say "kcompare: receive packet steering: rps_cpus $(cat "/sys/class/net/$LAB_TARGET_IF/queues/rx-0/rps_cpus") on $LAB_TARGET_IF, $(cat "/sys/class/net/$LAB_HOST_IF/queues/rx-0/rps_cpus") on $LAB_HOST_IF"
   if check config 10 write_kcfg && TCFG=$W/tgt-kcmp.toml TIDLE=$KC_IDLE start_tgt; then
