@@ -34,6 +34,7 @@ use pollux_reactor::Reactor;
 
 use super::super::qpair::QueuePair;
 use super::super::transport::{QpairOps, RemoteBuf, ReqTag, Response, Transfer, TransportError};
+use super::quiet::{token_of, QuietSet, QUIET_AFTER};
 use super::transport::TcpTransport;
 use super::tx_queue::{TxQueue, BY_REF_MIN};
 use super::wake::WakeReg;
@@ -243,6 +244,17 @@ pub(super) struct TcpConn {
     sent: Vec<ReqTag>,
     /// The socket as a wake source of the reactor (adaptive idle mode).
     wake: Option<WakeReg>,
+    /// Polls in a row whose read found the socket empty (and nothing
+    /// buffered).
+    empty_reads: u32,
+    /// Watched by the group's [`QuietSet`] (so it may turn quiet).
+    watched: bool,
+    /// Quiet: read only when the group's set reports bytes.
+    quiet: bool,
+    /// The set reported bytes (or a hang-up) since the last read.
+    readable: bool,
+    /// Reads of the socket issued (diagnostics, tests).
+    reads: u64,
 }
 
 impl TcpConn {
@@ -276,6 +288,11 @@ impl TcpConn {
             terminated: false,
             sent: Vec::with_capacity(nreq),
             wake: None,
+            empty_reads: 0,
+            watched: false,
+            quiet: false,
+            readable: false,
+            reads: 0,
         }
     }
 
@@ -291,10 +308,15 @@ impl TcpConn {
 
     /// Receive, run the core, send. Returns whether it did work; `done`
     /// is set when the connection is finished and may be dropped.
-    pub(super) fn poll(&mut self, done: &mut bool) -> bool {
+    /// A quiet connection reads only once the group's set (`quiet`)
+    /// reported its socket ([`mark_readable`](Self::mark_readable)); one
+    /// whose reads found nothing [`QUIET_AFTER`] polls in a row turns quiet.
+    pub(super) fn poll(&mut self, done: &mut bool, quiet: &mut QuietSet) -> bool {
         let mut busy = false;
-        if !self.ops.closing {
-            busy |= self.receive();
+        if !self.ops.closing && (!self.quiet || std::mem::take(&mut self.readable)) {
+            let got = self.receive();
+            busy |= got;
+            self.note_read(got, quiet);
         }
         self.ops.c2h_success = self.transport.opts.c2h_success && self.qp.sq_flow_disabled();
         busy |= self.qp.poll(&mut self.ops).is_busy();
@@ -307,6 +329,62 @@ impl TcpConn {
             *done = self.close_step();
         }
         busy
+    }
+
+    /// Move between busy and quiet after a read: bytes (or bytes left
+    /// buffered) make it busy, [`QUIET_AFTER`] empty reads in a row quiet.
+    fn note_read(&mut self, got: bool, quiet: &mut QuietSet) {
+        if got || self.rx.head != self.rx.tail {
+            self.empty_reads = 0;
+            if self.quiet {
+                self.quiet = false;
+                quiet.leave();
+            }
+        } else if self.watched && !self.quiet {
+            self.empty_reads += 1;
+            if self.empty_reads >= QUIET_AFTER {
+                self.empty_reads = 0;
+                self.quiet = true;
+                quiet.enter();
+            }
+        }
+    }
+
+    /// Join the group's set (on adoption).
+    pub(super) fn join_quiet_set(&mut self, quiet: &mut QuietSet) {
+        self.watched = quiet.watch(&self.sock);
+    }
+
+    /// Leave the group's set (the connection goes).
+    pub(super) fn leave_quiet_set(&mut self, quiet: &mut QuietSet) {
+        if self.quiet {
+            self.quiet = false;
+            quiet.leave();
+        }
+        if self.watched {
+            self.watched = false;
+            quiet.unwatch(&self.sock);
+        }
+    }
+
+    /// The group's set reported this socket readable: read it next poll.
+    pub(super) fn mark_readable(&mut self) {
+        self.readable = true;
+    }
+
+    /// The token of this connection's socket in the group's set.
+    pub(super) fn quiet_token(&self) -> u64 {
+        token_of(&self.sock)
+    }
+
+    /// Whether it is quiet (read only when the group's set reports bytes).
+    pub(super) fn is_quiet(&self) -> bool {
+        self.quiet
+    }
+
+    /// Reads of the socket issued so far.
+    pub(super) fn reads(&self) -> u64 {
+        self.reads
     }
 
     /// `(SO_RCVBUF, SO_SNDBUF)` of the socket, as the kernel reports them.
@@ -450,6 +528,7 @@ impl TcpConn {
     }
 
     fn read_buffered(&mut self) -> std::io::Result<usize> {
+        self.reads += 1;
         self.rx.fill(&mut self.sock)
     }
 
@@ -483,6 +562,7 @@ impl TcpConn {
         if n == 0 {
             return self.read_buffered();
         }
+        self.reads += 1;
         let got = self.sock.read(&mut dst[..n])?;
         self.rx.drained = got < n;
         if got > 0 {

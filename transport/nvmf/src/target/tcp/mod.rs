@@ -88,9 +88,11 @@
 //! Where io_uring wins is *idle* connections: polling one that has nothing
 //! costs a failing `read`, **~340 ns** of CPU on this VM, against **~5
 //! ns** for a reap and a submit that find nothing (the same bench, first
-//! lines). With many mostly idle connections per core that is 340 ns per
-//! connection per poll round (64 connections: ~22 us per round). If that
-//! matters, adopt `SockRing` behind this same connection code: the
+//! lines). With many mostly idle connections per core that was 340 ns per
+//! connection per poll round (64 connections: ~22 us per round); quiet
+//! connections (the `quiet` module: an idle socket is read only once the
+//! group's epoll set reports bytes) took that cost away without a ring.
+//! Should a ring be wanted still, adopt `SockRing` behind this same connection code: the
 //! poll group owns one ring per core and attaches each accepted socket;
 //! `receive` handles each `SockEvent::Recv` slice where it lies (a PDU cut
 //! by a buffer edge is copied into the connection's `RecvBuf`, and large
@@ -110,6 +112,7 @@
 mod conn;
 mod options;
 mod poll_group;
+mod quiet;
 mod refusal;
 mod transport;
 mod tx_queue;

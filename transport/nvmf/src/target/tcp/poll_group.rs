@@ -8,7 +8,9 @@
 //! [`PlacementPolicy`](pollux_verbs::placement::PlacementPolicy) (fewest
 //! connections first, or the listener's core): a socket for another group
 //! travels by reactor message to that core's [`TcpInbox`]; adopt handed-over
-//! sockets; poll every connection (receive, core, send).
+//! sockets; poll every connection (receive, core, send), where a quiet
+//! connection receives only once the group's [`QuietSet`] reports bytes
+//! on its socket.
 
 use std::cell::RefCell;
 use std::net::{TcpListener, TcpStream};
@@ -21,6 +23,7 @@ use pollux_reactor::{IdleMode, PollStatus, PollerId, Reactor};
 use super::super::qpair::QueuePair;
 use super::super::transport::{QpairParams, TransportError, TransportPollGroup};
 use super::conn::TcpConn;
+use super::quiet::QuietSet;
 use super::refusal::{Refusal, MAX_REFUSALS};
 use super::transport::{TcpInbox, TcpTransport};
 use super::wake::WakeReg;
@@ -54,6 +57,8 @@ struct GroupState {
     shutting_down: bool,
     /// Polls until the next round of `accept` is due.
     accept_in: u32,
+    /// The connections read only when their socket has bytes.
+    quiet: QuietSet,
 }
 
 /// One core's NVMe/TCP poll group (`!Send`).
@@ -95,6 +100,7 @@ impl TcpPollGroup {
             listen_gen: 0,
             shutting_down: false,
             accept_in: 0,
+            quiet: QuietSet::new(),
         }));
         let ctx = Ctx {
             transport: Arc::clone(t),
@@ -140,6 +146,17 @@ impl TcpPollGroup {
             .iter()
             .filter_map(|c| c.socket_buffers())
             .collect()
+    }
+
+    /// Connections read only when their socket has bytes (see
+    /// [`QuietSet`]).
+    pub fn quiet_connections(&self) -> usize {
+        self.state.borrow().quiet.quiet()
+    }
+
+    /// Socket reads issued over this group's live connections.
+    pub fn socket_reads(&self) -> u64 {
+        self.state.borrow().conns.iter().map(TcpConn::reads).sum()
     }
 
     /// Requests in use over this group's queues (tests: 0 once idle).
@@ -208,8 +225,10 @@ impl Drop for TcpPollGroup {
     fn drop(&mut self) {
         self.reactor.remove_poller(self.poller);
         self.transport.seats.leave(self.index);
-        let conns = std::mem::take(&mut self.state.borrow_mut().conns);
+        let mut st = self.state.borrow_mut();
+        let conns = std::mem::take(&mut st.conns);
         for mut c in conns {
+            c.leave_quiet_set(&mut st.quiet);
             c.shut_down();
             self.transport.seats.release(self.index);
             self.transport
@@ -275,12 +294,24 @@ impl Ctx {
                 i += 1;
             }
         }
+        let GroupState { conns, quiet, .. } = st;
+        if quiet.look_due(self.reactor.last_loop_busy()) {
+            quiet.look(|token| {
+                if let Some(c) = conns
+                    .iter_mut()
+                    .find(|c| c.is_quiet() && c.quiet_token() == token)
+                {
+                    c.mark_readable();
+                }
+            });
+        }
         let mut i = 0;
-        while i < st.conns.len() {
+        while i < conns.len() {
             let mut done = false;
-            busy |= st.conns[i].poll(&mut done);
+            busy |= conns[i].poll(&mut done, quiet);
             if done {
-                st.conns.swap_remove(i);
+                conns[i].leave_quiet_set(quiet);
+                conns.swap_remove(i);
                 self.transport.seats.release(self.index);
                 self.transport
                     .stats
@@ -314,7 +345,9 @@ impl Ctx {
             st.accept_in -= 1;
             return false;
         }
-        let n = u32::try_from(st.conns.len()).unwrap_or(u32::MAX).max(1);
+        // The connections that read on every poll (quiet ones do not).
+        let reading = st.conns.len().saturating_sub(st.quiet.quiet());
+        let n = u32::try_from(reading).unwrap_or(u32::MAX).max(1);
         st.accept_in = (ACCEPT_EVERY / n).saturating_sub(1);
         true
     }
@@ -413,6 +446,7 @@ impl Ctx {
             Ok(mut c) => {
                 t.stats.accepted.fetch_add(1, Ordering::Relaxed);
                 c.watch(&self.reactor);
+                c.join_quiet_set(&mut st.quiet);
                 st.conns.push(c);
             }
             Err(e) => {

@@ -9,6 +9,7 @@ mod io;
 mod limits;
 mod netns;
 mod placement;
+mod quiet;
 mod raw;
 mod restart;
 mod sock_buffers;

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# What idle NVMe/TCP connections cost the busy one on the same core:
+# pollux-tgt on core 0 (null bdev, 512 B blocks, busy polling), pollux-perf
+# on core 1 (one connection, randread, QD 128, 512 B), with 0 and with IDLE
+# other connections open to the target that sent their ICReq and nothing
+# since (a Python client on core 1, asleep while the host runs).
+#
+#   bash scripts/tcp-idle-conns.sh                      # this tree, IDLE=64
+#   TGTS="/tmp/pollux-tgt-before target/release/pollux-tgt" bash scripts/tcp-idle-conns.sh
+#
+# Every target binary in TGTS (default this tree's) runs ROUNDS (5) rounds
+# of SECS (3) seconds per connection count, interleaved; prints each run and
+# the median IOPS per binary and count. NO_BUILD=1 skips the build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+IDLE=${IDLE:-64}
+ROUNDS=${ROUNDS:-5}
+SECS=${SECS:-3}
+PORT=${TCP_PORT:-4437}
+TGTS=${TGTS:-target/release/pollux-tgt}
+PERF=target/release/pollux-perf
+NQN=nqn.2016-06.io.pollux:idle
+if [ -z "${NO_BUILD:-}" ]; then
+    cargo build --release -q -p pollux-apps --bin pollux-tgt --bin pollux-perf
+fi
+W=$(mktemp -d /tmp/pollux-tcp-idle.XXXXXX)
+TPID="" IPID=""
+cleanup() {
+    [ -z "$IPID" ] || kill "$IPID" 2>/dev/null || true
+    [ -z "$TPID" ] || { kill -INT "$TPID" 2>/dev/null || true; wait "$TPID" 2>/dev/null || true; }
+    rm -rf "$W"
+}
+trap cleanup EXIT
+
+cat >"$W/tgt.toml" <<EOF
+cores = "0"
+provider = "soft"
+
+[[bdev]]
+spec = "null:name=Null0,size=1G,block=512"
+
+[[subsystem]]
+nqn = "$NQN"
+serial = "POLLUXIDLE"
+allow_any_host = true
+namespaces = [{ bdev = "Null0", nsid = 1 }]
+
+[[listener]]
+trtype = "tcp"
+traddr = "127.0.0.1"
+trsvcid = "$PORT"
+EOF
+
+# idle.py N: N connections that send an ICReq, read the ICResp, then sleep.
+cat >"$W/idle.py" <<'EOF'
+import socket, struct, sys, time
+port, n = int(sys.argv[1]), int(sys.argv[2])
+conns = []
+for _ in range(n):
+    s = socket.create_connection(("127.0.0.1", port))
+    # ICReq: common header (type 0, hlen 128, plen 128), PFV 0, no digests.
+    s.sendall(struct.pack("<BBBBIHBBI", 0, 0, 128, 0, 128, 0, 0, 0, 0) + bytes(112))
+    got = b""
+    while len(got) < 128:
+        d = s.recv(128 - len(got))
+        if not d:
+            sys.exit("the target closed an idle connection")
+        got += d
+    conns.append(s)
+print("up", flush=True)
+time.sleep(3600)
+EOF
+
+run() { # TGT N -> IOPS
+    local tgt=$1 n=$2 iops
+    "$tgt" -c "$W/tgt.toml" >"$W/tgt.log" 2>&1 &
+    TPID=$!
+    for _ in $(seq 100); do grep -q 'pollux-tgt: ready' "$W/tgt.log" && break; sleep 0.1; done
+    grep -q 'pollux-tgt: ready' "$W/tgt.log" || { cat "$W/tgt.log" >&2; exit 1; }
+    if [ "$n" -gt 0 ]; then
+        taskset -c 1 python3 "$W/idle.py" "$PORT" "$n" >"$W/idle.out" &
+        IPID=$!
+        for _ in $(seq 100); do grep -q up "$W/idle.out" && break; sleep 0.1; done
+        grep -q up "$W/idle.out" || { echo "idle connections did not come up" >&2; exit 1; }
+    fi
+    iops=$("$PERF" -r "trtype:tcp adrfam:ipv4 traddr:127.0.0.1 trsvcid:$PORT subnqn:$NQN" \
+        -q 128 -o 512 -w randread -t "$SECS" --cores 1 | awk '/^total/{print $2}')
+    [ -z "$IPID" ] || { kill "$IPID"; wait "$IPID" 2>/dev/null || true; IPID=""; }
+    kill -INT "$TPID"
+    wait "$TPID" || { echo "pollux-tgt exited with an error" >&2; cat "$W/tgt.log" >&2; exit 1; }
+    TPID=""
+    echo "$iops"
+}
+
+: >"$W/runs"
+for r in $(seq "$ROUNDS"); do
+    for tgt in $TGTS; do
+        for n in 0 "$IDLE"; do
+            iops=$(run "$tgt" "$n")
+            echo "round $r  $tgt  idle $n: $iops IOPS"
+            echo "$tgt $n $iops" >>"$W/runs"
+        done
+    done
+done
+echo
+echo "| pollux-tgt | 0 idle connections | $IDLE idle connections | cost |"
+echo "| --- | --- | --- | --- |"
+for tgt in $TGTS; do
+    python3 - "$W/runs" "$tgt" "$IDLE" <<'EOF'
+import statistics, sys
+rows = [l.split() for l in open(sys.argv[1])]
+tgt, idle = sys.argv[2], sys.argv[3]
+m = {n: statistics.median(int(r[2]) for r in rows if r[0] == tgt and r[1] == n) for n in ("0", idle)}
+print(f"| `{tgt}` | {m['0'] / 1e6:.2f} M | {m[idle] / 1e6:.2f} M | {m['0'] / m[idle]:.2f}x |")
+EOF
+done
