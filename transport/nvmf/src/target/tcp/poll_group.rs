@@ -148,8 +148,8 @@ impl TcpPollGroup {
             .collect()
     }
 
-    /// Connections read only when their socket has bytes (see
-    /// [`QuietSet`]).
+    /// Quiet connections: those whose socket was empty for a while, read
+    /// only once the group's epoll set reports bytes on it.
     pub fn quiet_connections(&self) -> usize {
         self.state.borrow().quiet.quiet()
     }
