@@ -7,10 +7,15 @@
 #
 #   bash scripts/tcp-idle-conns.sh                      # this tree, IDLE=64
 #   TGTS="/tmp/pollux-tgt-before target/release/pollux-tgt" bash scripts/tcp-idle-conns.sh
+#   CG=1 bash scripts/tcp-idle-conns.sh                 # instructions per idle loop
 #
 # Every target binary in TGTS (default this tree's) runs ROUNDS (5) rounds
 # of SECS (3) seconds per connection count, interleaved; prints each run and
 # the median IOPS per binary and count. NO_BUILD=1 skips the build.
+# CG=1 instead runs each target under callgrind with the IDLE connections
+# and no host, zeroes the counters once they are up, and after CG_SECS (10)
+# seconds prints the reactor thread's instructions per reactor loop (user
+# space only: a failing `read` is kernel time and does not show).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 IDLE=${IDLE:-64}
@@ -91,6 +96,61 @@ run() { # TGT N -> IOPS
     TPID=""
     echo "$iops"
 }
+
+# cg_loop TGT: instructions per reactor loop of an idle target with IDLE
+# idle connections (callgrind; counters zeroed once the connections are up).
+cg_loop() {
+    local tgt=$1 vg
+    rm -f "$W"/cg.*
+    valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file="$W/cg.%p" \
+        "$tgt" -c "$W/tgt.toml" >"$W/tgt.log" 2>&1 &
+    vg=$!
+    for _ in $(seq 600); do grep -q 'pollux-tgt: ready' "$W/tgt.log" && break; sleep 0.1; done
+    taskset -c 1 python3 "$W/idle.py" "$PORT" "$IDLE" >"$W/idle.out" &
+    IPID=$!
+    for _ in $(seq 600); do grep -q up "$W/idle.out" && break; sleep 0.1; done
+    sleep 2
+    callgrind_control -z "$vg" >/dev/null 2>&1
+    sleep "${CG_SECS:-10}"
+    callgrind_control -d "$vg" >/dev/null 2>&1
+    kill "$IPID"; wait "$IPID" 2>/dev/null || true; IPID=""
+    kill -INT "$vg"; wait "$vg" || true
+    python3 - "$tgt" "$W"/cg.*.1-* <<'PY'
+import re, sys
+best = None
+for f in sys.argv[2:]:
+    names, total, loops, cfn = {}, 0, 0, None
+    def name(v):
+        m = re.match(r"\((\d+)\)(?: (.*))?", v)
+        if not m:
+            return v
+        if m.group(2):
+            names[m.group(1)] = m.group(2)
+        return names.get(m.group(1), "?")
+    for line in open(f, errors="replace"):
+        if line.startswith(("summary:", "totals:")):
+            total = max(total, int(line.split()[1]))
+        elif line.startswith(("fn=", "fl=", "fi=", "fe=")) and line[3] == "(":
+            name(line[3:].strip())
+        elif line.startswith("cfn="):
+            cfn = name(line[4:].strip())
+        elif line.startswith("calls=") and cfn and cfn.endswith("Reactor::poll_once"):
+            loops += int(line[6:].split()[0])
+    if loops and (best is None or total > best[0]):
+        best = (total, loops)
+if best is None:
+    sys.exit("no reactor loops in the dump")
+print(f"| `{sys.argv[1]}` | {best[0] / best[1]:.0f} |")
+PY
+}
+
+if [ -n "${CG:-}" ]; then
+    command -v valgrind >/dev/null || { echo "CG=1 needs valgrind" >&2; exit 2; }
+    echo "| pollux-tgt | instructions per reactor loop, $IDLE idle connections |"
+    echo "| --- | --- |"
+    for tgt in $TGTS; do cg_loop "$tgt"; done
+    exit 0
+fi
 
 : >"$W/runs"
 for r in $(seq "$ROUNDS"); do

@@ -34,7 +34,7 @@ use pollux_reactor::Reactor;
 
 use super::super::qpair::QueuePair;
 use super::super::transport::{QpairOps, RemoteBuf, ReqTag, Response, Transfer, TransportError};
-use super::quiet::{token_of, QuietSet, QUIET_AFTER};
+use super::quiet::{token_of, QuietSet, CORE_EVERY_QUIET, QUIET_AFTER};
 use super::transport::TcpTransport;
 use super::tx_queue::{TxQueue, BY_REF_MIN};
 use super::wake::WakeReg;
@@ -253,6 +253,8 @@ pub(super) struct TcpConn {
     quiet: bool,
     /// The set reported bytes (or a hang-up) since the last read.
     readable: bool,
+    /// Polls skipped in a row while quiet with nothing in flight.
+    skipped_polls: u32,
     /// Reads of the socket issued (diagnostics, tests).
     reads: u64,
 }
@@ -292,6 +294,7 @@ impl TcpConn {
             watched: false,
             quiet: false,
             readable: false,
+            skipped_polls: 0,
             reads: 0,
         }
     }
@@ -311,7 +314,24 @@ impl TcpConn {
     /// A quiet connection reads only once the group's set (`quiet`)
     /// reported its socket ([`mark_readable`](Self::mark_readable)); one
     /// whose reads found nothing [`QUIET_AFTER`] polls in a row turns quiet.
+    ///
+    /// A quiet connection with no command in flight and nothing to send
+    /// can only be woken by its socket (watched), a controller event or a
+    /// deadline: its queue pair is polled on every [`CORE_EVERY_QUIET`]th
+    /// poll only.
     pub(super) fn poll(&mut self, done: &mut bool, quiet: &mut QuietSet) -> bool {
+        if self.quiet
+            && !self.readable
+            && !self.ops.closing
+            && self.qp.outstanding() == 0
+            && self.ops.tx.is_empty()
+        {
+            self.skipped_polls += 1;
+            if self.skipped_polls < CORE_EVERY_QUIET {
+                return false;
+            }
+        }
+        self.skipped_polls = 0;
         let mut busy = false;
         if !self.ops.closing && (!self.quiet || std::mem::take(&mut self.readable)) {
             let got = self.receive();

@@ -32,6 +32,11 @@ pub(super) const QUIET_AFTER: u32 = 16;
 /// idle reactor looks on every poll).
 pub(super) const LOOK_EVERY: u32 = 4;
 
+/// A quiet connection with no command in flight and nothing to send has
+/// its queue pair polled (controller events, the Connect deadline) on every
+/// this many polls of its group only.
+pub(super) const CORE_EVERY_QUIET: u32 = 8;
+
 /// Readiness events taken per look; more wait for the next look (the set is
 /// level-triggered, and the kernel reports ready entries round-robin).
 const EVENTS_PER_LOOK: usize = 32;
