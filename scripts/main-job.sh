@@ -97,40 +97,10 @@ fi
 # still costs instructions, so the figure rises when the profiled side is
 # not saturated; compare figures at about the same loops per I/O.
 cg_per_io() {
-    python3 - "$@" <<'PY'
-import re, sys
-pat = re.compile(sys.argv[1])
-best = None
-for f in sys.argv[2:]:
-    names, total, calls, loops, cfn, pend = {}, 0, 0, 0, None, False
-    def name(s):
-        m = re.match(r"\((\d+)\)(?: (.*))?", s)
-        if not m:
-            return s
-        if m.group(2):
-            names[m.group(1)] = m.group(2)
-        return names.get(m.group(1), "?")
-    for line in open(f, errors="replace"):
-        if line.startswith(("summary:", "totals:")):
-            total = max(total, int(line.split()[1]))
-        elif line.startswith(("fn=", "fl=", "fi=", "fe=")) and line[3] == "(":
-            name(line[3:].strip())
-        elif line.startswith("cfn="):
-            cfn = name(line[4:].strip())
-        elif line.startswith("calls=") and cfn and pat.search(cfn):
-            calls += int(line[6:].split()[0])
-        elif line.startswith("calls=") and cfn and cfn.endswith("Reactor::poll_once"):
-            loops += int(line[6:].split()[0])
-    if best is None or total > best[1]:
-        best = (f, total, calls, loops)
-if best is None:
-    sys.exit("no callgrind dump")
-f, total, calls, loops = best
-per = total / calls if calls else float("nan")
-lpi = loops / calls if calls else float("nan")
-print(f"callgrind {f}: {total} Ir, {calls} I/Os ({sys.argv[1]}), {per:.0f} Ir per I/O, "
-      f"{lpi:.3f} reactor loops per I/O")
-PY
+    local line
+    line=$(python3 scripts/cg-calls.py "$@") || return 1
+    PAT=$1 awk '{ pat = ENVIRON["PAT"]; per = $3 ? sprintf("%.0f", $2 / $3) : "nan"; lpi = $3 ? sprintf("%.3f", $4 / $3) : "nan"
+        printf "callgrind %s: %.0f Ir, %.0f I/Os (%s), %s Ir per I/O, %s reactor loops per I/O\n", $1, $2, $3, pat, per, lpi }' <<<"$line"
 }
 
 # Zero the counters of the process under valgrind once warm, dump them

@@ -115,33 +115,9 @@ cg_loop() {
     callgrind_control -d "$vg" >/dev/null 2>&1
     kill "$IPID"; wait "$IPID" 2>/dev/null || true; IPID=""
     kill -INT "$vg"; wait "$vg" || true
-    python3 - "$tgt" "$W"/cg.*.1-* <<'PY'
-import re, sys
-best = None
-for f in sys.argv[2:]:
-    names, total, loops, cfn = {}, 0, 0, None
-    def name(v):
-        m = re.match(r"\((\d+)\)(?: (.*))?", v)
-        if not m:
-            return v
-        if m.group(2):
-            names[m.group(1)] = m.group(2)
-        return names.get(m.group(1), "?")
-    for line in open(f, errors="replace"):
-        if line.startswith(("summary:", "totals:")):
-            total = max(total, int(line.split()[1]))
-        elif line.startswith(("fn=", "fl=", "fi=", "fe=")) and line[3] == "(":
-            name(line[3:].strip())
-        elif line.startswith("cfn="):
-            cfn = name(line[4:].strip())
-        elif line.startswith("calls=") and cfn and cfn.endswith("Reactor::poll_once"):
-            loops += int(line[6:].split()[0])
-    if loops and (best is None or total > best[0]):
-        best = (total, loops)
-if best is None:
-    sys.exit("no reactor loops in the dump")
-print(f"| `{sys.argv[1]}` | {best[0] / best[1]:.0f} |")
-PY
+    python3 scripts/cg-calls.py 'Reactor::poll_once$' "$W"/cg.*.1-* |
+        awk -v t="$tgt" '$4 > 0 { printf "| `%s` | %.0f |\n", t, $2 / $4; ok = 1 }
+            END { if (!ok) { print "no reactor loops in the dump" > "/dev/stderr"; exit 1 } }'
 }
 
 if [ -n "${CG:-}" ]; then
