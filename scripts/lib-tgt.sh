@@ -4,6 +4,8 @@
 #   source scripts/lib-tgt.sh
 #   tgt_start CONFIG.toml       # waits for "pollux-tgt: ready" (10 s)
 #
+# TGT_BIN names the binary (default target/release/pollux-tgt).
+#
 # The target's log is $TGT_WORK/tgt.log; $TGT_WORK (a temporary directory
 # for the script's own files too) is removed at exit.
 TGT_WORK=$(mktemp -d /tmp/pollux-bench.XXXXXX)
@@ -19,7 +21,7 @@ tgt_stop() {
 }
 trap 'tgt_stop; rm -rf "$TGT_WORK"' EXIT
 tgt_start() {
-    target/release/pollux-tgt -c "$1" >"$TGT_WORK/tgt.log" 2>&1 &
+    "${TGT_BIN:-target/release/pollux-tgt}" -c "$1" >"$TGT_WORK/tgt.log" 2>&1 &
     TGT_PID=$!
     for _ in $(seq 100); do
         grep -q 'pollux-tgt: ready' "$TGT_WORK/tgt.log" 2>/dev/null && return 0

@@ -28,14 +28,11 @@ NQN=nqn.2016-06.io.pollux:idle
 if [ -z "${NO_BUILD:-}" ]; then
     cargo build --release -q -p pollux-apps --bin pollux-tgt --bin pollux-perf
 fi
-W=$(mktemp -d /tmp/pollux-tcp-idle.XXXXXX)
-TPID="" IPID=""
-cleanup() {
-    [ -z "$IPID" ] || kill "$IPID" 2>/dev/null || true
-    [ -z "$TPID" ] || { kill -INT "$TPID" 2>/dev/null || true; wait "$TPID" 2>/dev/null || true; }
-    rm -rf "$W"
-}
-trap cleanup EXIT
+source scripts/lib-tgt.sh
+W=$TGT_WORK
+IPID=""
+# lib-tgt.sh's cleanup, and the idle client's.
+trap '[ -z "$IPID" ] || kill "$IPID" 2>/dev/null || true; tgt_stop; rm -rf "$W"' EXIT
 
 cat >"$W/tgt.toml" <<EOF
 cores = "0"
@@ -76,25 +73,24 @@ print("up", flush=True)
 time.sleep(3600)
 EOF
 
-run() { # TGT N -> IOPS
-    local tgt=$1 n=$2 iops
-    "$tgt" -c "$W/tgt.toml" >"$W/tgt.log" 2>&1 &
-    TPID=$!
-    for _ in $(seq 100); do grep -q 'pollux-tgt: ready' "$W/tgt.log" && break; sleep 0.1; done
-    grep -q 'pollux-tgt: ready' "$W/tgt.log" || { cat "$W/tgt.log" >&2; exit 1; }
+# run TGT N: one run; its IOPS into RUN_IOPS (not printed: run in a
+# subshell, the EXIT trap would not see the processes it starts)
+run() {
+    local tgt=$1 n=$2
+    TGT_BIN=$tgt tgt_start "$W/tgt.toml"
     if [ "$n" -gt 0 ]; then
         taskset -c 1 python3 "$W/idle.py" "$PORT" "$n" >"$W/idle.out" &
         IPID=$!
         for _ in $(seq 100); do grep -q up "$W/idle.out" && break; sleep 0.1; done
         grep -q up "$W/idle.out" || { echo "idle connections did not come up" >&2; exit 1; }
     fi
-    iops=$("$PERF" -r "trtype:tcp adrfam:ipv4 traddr:127.0.0.1 trsvcid:$PORT subnqn:$NQN" \
+    RUN_IOPS=$("$PERF" -r "trtype:tcp adrfam:ipv4 traddr:127.0.0.1 trsvcid:$PORT subnqn:$NQN" \
         -q 128 -o 512 -w randread -t "$SECS" --cores 1 | awk '/^total/{print $2}')
+    [ -n "$RUN_IOPS" ] || { echo "pollux-perf reported no total" >&2; exit 1; }
     [ -z "$IPID" ] || { kill "$IPID"; wait "$IPID" 2>/dev/null || true; IPID=""; }
-    kill -INT "$TPID"
-    wait "$TPID" || { echo "pollux-tgt exited with an error" >&2; cat "$W/tgt.log" >&2; exit 1; }
-    TPID=""
-    echo "$iops"
+    kill -INT "$TGT_PID"
+    wait "$TGT_PID" || { echo "pollux-tgt exited with an error" >&2; cat "$W/tgt.log" >&2; exit 1; }
+    TGT_PID=""
 }
 
 # cg_loop TGT: instructions per reactor loop of an idle target with IDLE
@@ -132,9 +128,9 @@ fi
 for r in $(seq "$ROUNDS"); do
     for tgt in $TGTS; do
         for n in 0 "$IDLE"; do
-            iops=$(run "$tgt" "$n")
-            echo "round $r  $tgt  idle $n: $iops IOPS"
-            echo "$tgt $n $iops" >>"$W/runs"
+            run "$tgt" "$n"
+            echo "round $r  $tgt  idle $n: $RUN_IOPS IOPS"
+            echo "$tgt $n $RUN_IOPS" >>"$W/runs"
         done
     done
 done

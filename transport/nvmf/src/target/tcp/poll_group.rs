@@ -57,7 +57,8 @@ struct GroupState {
     shutting_down: bool,
     /// Polls until the next round of `accept` is due.
     accept_in: u32,
-    /// The connections read only when their socket has bytes.
+    /// Every connection's socket, for the quiet ones: read only once their
+    /// socket has bytes.
     quiet: QuietSet,
 }
 

@@ -1,5 +1,5 @@
-//! [`QuietSet`]: a poll group's epoll set of its quiet connections, so that
-//! a connection with nothing to read costs no `recv` per poll.
+//! [`QuietSet`]: a poll group's epoll set of its connections' sockets, so
+//! that a connection with nothing to read costs no `recv` per poll.
 //!
 //! A poll group reads every connection's socket on every poll while it
 //! carries traffic: a read that finds bytes is the cheapest way to learn of
@@ -16,8 +16,8 @@
 //! reactor and on every [`LOOK_EVERY`]th poll of a busy one, so a quiet
 //! connection's next command waits at most that many polls. SPDK's posix
 //! socket groups wait on an epoll set of every socket on every poll; here
-//! the busy connections keep their direct reads and the set stays empty
-//! (no system call) while every connection carries traffic.
+//! the busy connections keep their direct reads and nobody looks at the
+//! set (no system call) while every connection carries traffic.
 
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
