@@ -96,17 +96,25 @@ impl ChannelStats {
     }
 }
 
-/// The free slot indexes of a channel: a stack of `depth` cells (no borrow
-/// flag, no growth check: it never holds more than the table's slots).
+/// The free slot indexes of a channel: the most recently freed one in a
+/// cell of its own (a completion frees a slot and its callback's next
+/// submission takes it back, without touching the stack), the others in a
+/// stack of `depth` cells (no borrow flag, no growth check: it never holds
+/// more than the table's slots).
 struct FreeStack {
+    hot: Cell<u32>,
     tags: Box<[Cell<u32>]>,
     len: Cell<usize>,
 }
 
+/// `FreeStack::hot` when it holds no slot.
+const NO_TAG: u32 = u32::MAX;
+
 impl FreeStack {
-    /// Every slot free; popped from the top: slot 0 first.
+    /// Every slot free; slot 0 first.
     fn new(depth: usize) -> Self {
         Self {
+            hot: Cell::new(NO_TAG),
             tags: (0..depth as u32).rev().map(Cell::new).collect(),
             len: Cell::new(depth),
         }
@@ -114,6 +122,10 @@ impl FreeStack {
 
     #[inline(always)]
     fn pop(&self) -> Option<u32> {
+        let hot = self.hot.replace(NO_TAG);
+        if hot != NO_TAG {
+            return Some(hot);
+        }
         let n = self.len.get().checked_sub(1)?;
         let tag = self.tags.get(n)?.get();
         self.len.set(n);
@@ -123,16 +135,19 @@ impl FreeStack {
     /// Push a tag popped before (so there is room for it).
     #[inline(always)]
     fn push(&self, tag: u32) {
-        let n = self.len.get();
-        if let Some(c) = self.tags.get(n) {
-            c.set(tag);
-            self.len.set(n + 1);
+        let older = self.hot.replace(tag);
+        if older != NO_TAG {
+            let n = self.len.get();
+            if let Some(c) = self.tags.get(n) {
+                c.set(older);
+                self.len.set(n + 1);
+            }
         }
     }
 
     #[inline(always)]
     fn len(&self) -> usize {
-        self.len.get()
+        self.len.get() + usize::from(self.hot.get() != NO_TAG)
     }
 }
 

@@ -37,10 +37,13 @@ fn nvmf_target_and_host_allocate_nothing_and_lock_nothing_per_io() {
     let _pg = cl.on(0, |r| transport.create_poll_group(r)).unwrap();
     cl.poll_until_idle().unwrap();
     // (memory mode, inline capacity, I/O size): 4 KiB writes travel in the
-    // capsule; with no in-capsule data, 8 KiB writes are RDMA READs.
+    // capsule; with no in-capsule data, 8 KiB writes are RDMA READs; a
+    // 128 KiB transfer takes four of the target's 32 KiB buffers (a
+    // multi-segment list, its block recycled on the core).
     let cases = [
         (MemMode::Pool, None, 4096),
         (MemMode::Pool, Some(0), 8192),
+        (MemMode::Pool, Some(0), 128 * 1024),
         (MemMode::RegisterAlways, None, 4096),
         (MemMode::RegisterAlways, Some(0), 8192),
     ];

@@ -5,7 +5,8 @@
 //!   in the global [`ArenaRegistry`], whose [`subscribe`](ArenaRegistry::subscribe)
 //!   hook lets a verbs provider register each arena once.
 //! - [`DmaBuf`]: an exclusively owned, aligned buffer in an arena; dropping it
-//!   returns it to its pool. [`SgList`]: a list of them (4 inline).
+//!   returns it to its pool. [`SgList`]: a list of them (one inline, longer
+//!   lists in a block recycled per thread).
 //! - [`BufPool`] (shared, lock-free queue) and [`BufCache`] (per reactor,
 //!   `!Send`, token waiters for back-pressure); [`PoolSet`]: small + large
 //!   pools like SPDK's iobuf.
@@ -53,4 +54,4 @@ pub use obj_pool::{ObjKey, ObjPool};
 pub use pool::{BufPool, BufPoolOptions};
 pub use pool_set::{PoolClass, PoolSet, PoolSetCache, PoolSetOptions};
 pub use registry::{ArenaEvent, ArenaHook, ArenaRegistry, Subscription};
-pub use sg_list::{SgList, SG_INLINE};
+pub use sg_list::{SgIntoIter, SgList, SG_INLINE};

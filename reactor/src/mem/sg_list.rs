@@ -1,19 +1,70 @@
 //! `SgList`: a scatter-gather list of owned [`DmaBuf`] segments.
+//!
+//! Lists travel by value with every I/O (into a request slot and back out
+//! to its completion), so the list is kept to 32 bytes: one segment inline,
+//! and a list of two or more in an out-of-line block. Blocks are recycled
+//! through a per-thread spare list, so a core that builds and drops
+//! multi-segment lists per I/O allocates nothing once warm.
 
-use smallvec::SmallVec;
+use std::cell::RefCell;
+use std::fmt;
 
 use super::buf::DmaBuf;
 
-/// Segments kept inline (no heap allocation) in an [`SgList`].
-pub const SG_INLINE: usize = 4;
+/// Segments kept inline in an [`SgList`]. Longer lists keep every segment
+/// in a block taken from (and given back to) a per-thread spare list.
+pub const SG_INLINE: usize = 1;
+
+/// Spare blocks kept per thread; more are freed.
+const SPARE_MAX: usize = 1024;
+/// Capacity of a new block (a 128 KiB transfer in 32 KiB units fits).
+const BLOCK_CAP: usize = 8;
+
+/// The segments of a list of two or more.
+type Block = Box<Vec<DmaBuf>>;
+
+thread_local! {
+    static SPARE: RefCell<Vec<Block>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A block from this thread's spare list, or a new one.
+#[cold]
+#[inline(never)]
+fn take_block() -> Block {
+    SPARE
+        .try_with(|s| s.borrow_mut().pop())
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| Box::new(Vec::with_capacity(BLOCK_CAP)))
+}
+
+/// Drop `b`'s segments and keep the block for this thread's next list.
+#[cold]
+#[inline(never)]
+fn recycle(mut b: Block) {
+    b.clear();
+    // During thread teardown the block is simply freed.
+    let _ = SPARE.try_with(move |s| {
+        let mut s = s.borrow_mut();
+        if s.len() < SPARE_MAX {
+            s.push(b);
+        }
+    });
+}
 
 /// A scatter-gather list of owned [`DmaBuf`]s, used by bdev I/O, the io
-/// engines and verbs work requests. Up to [`SG_INLINE`] segments live inline,
-/// so building a list of that many allocates nothing. Each segment
-/// contributes its [`len()`](DmaBuf::len) bytes.
-#[derive(Debug, Default)]
+/// engines and verbs work requests. One segment lives inline; a longer list
+/// keeps its segments in a block recycled per thread (no allocation once a
+/// thread has had as many multi-segment lists live at once before). Each
+/// segment contributes its [`len()`](DmaBuf::len) bytes.
+///
+/// An empty list owns nothing: dropping or forgetting it is the same.
+#[derive(Default)]
 pub struct SgList {
-    segs: SmallVec<[DmaBuf; SG_INLINE]>,
+    // INVARIANT: at most one of `one` and `more` is `Some`, and `more` is
+    // never empty (a list that empties gives its block back).
+    one: Option<DmaBuf>,
+    more: Option<Block>,
 }
 
 impl SgList {
@@ -21,85 +72,126 @@ impl SgList {
     #[inline]
     pub fn new() -> SgList {
         SgList {
-            segs: SmallVec::new(),
+            one: None,
+            more: None,
         }
     }
 
     /// A list of one segment.
     #[inline]
     pub fn from_buf(buf: DmaBuf) -> SgList {
-        let mut l = SgList::new();
-        l.push(buf);
-        l
+        SgList {
+            one: Some(buf),
+            more: None,
+        }
     }
 
-    /// Append a segment (allocates only past [`SG_INLINE`] segments).
+    /// Append a segment (a second one moves the list into a block).
     #[inline]
     pub fn push(&mut self, buf: DmaBuf) {
-        self.segs.push(buf);
+        if let Some(m) = self.more.as_mut() {
+            m.push(buf);
+            return;
+        }
+        match self.one.take() {
+            None => self.one = Some(buf),
+            Some(first) => self.spill(first, buf),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn spill(&mut self, first: DmaBuf, second: DmaBuf) {
+        let mut m = take_block();
+        m.push(first);
+        m.push(second);
+        self.more = Some(m);
     }
 
     /// Remove and return the last segment.
     #[inline]
     pub fn pop(&mut self) -> Option<DmaBuf> {
-        self.segs.pop()
+        match self.more.as_mut() {
+            None => self.one.take(),
+            Some(m) => {
+                let b = m.pop();
+                if m.is_empty() {
+                    if let Some(m) = self.more.take() {
+                        recycle(m);
+                    }
+                }
+                b
+            }
+        }
     }
 
     /// Number of segments.
     #[inline]
     pub fn len(&self) -> usize {
-        self.segs.len()
+        match &self.more {
+            None => usize::from(self.one.is_some()),
+            Some(m) => m.len(),
+        }
     }
 
     /// Whether there are no segments.
     #[inline]
     pub fn is_empty(&self) -> bool {
-        self.segs.is_empty()
+        self.one.is_none() && self.more.is_none()
     }
 
     /// Sum of the segments' lengths in bytes.
     #[inline]
     pub fn total_len(&self) -> usize {
-        match self.segs.as_slice() {
-            [one] => one.len(),
-            segs => segs.iter().map(DmaBuf::len).sum(),
+        match &self.more {
+            None => self.one.as_ref().map_or(0, DmaBuf::len),
+            Some(m) => m.iter().map(DmaBuf::len).sum(),
         }
     }
 
-    /// Whether the segments are still inline (no heap allocation).
+    /// Whether the list holds no block (at most one segment, inline).
     #[inline]
     pub fn is_inline(&self) -> bool {
-        !self.segs.spilled()
+        self.more.is_none()
     }
 
     /// The segments.
     #[inline]
     pub fn iter(&self) -> std::slice::Iter<'_, DmaBuf> {
-        self.segs.iter()
+        self.as_slice().iter()
     }
 
     /// The segments, mutably.
     #[inline]
     pub fn iter_mut(&mut self) -> std::slice::IterMut<'_, DmaBuf> {
-        self.segs.iter_mut()
+        self.as_mut_slice().iter_mut()
     }
 
     /// The segments as a slice.
     #[inline]
     pub fn as_slice(&self) -> &[DmaBuf] {
-        &self.segs
+        match &self.more {
+            None => self.one.as_slice(),
+            Some(m) => m,
+        }
     }
 
     /// The segments as a mutable slice.
     #[inline]
     pub fn as_mut_slice(&mut self) -> &mut [DmaBuf] {
-        &mut self.segs
+        match &mut self.more {
+            None => self.one.as_mut_slice(),
+            Some(m) => m,
+        }
     }
 
     /// Drop every segment (returning pool buffers to their pools).
     #[inline]
     pub fn clear(&mut self) {
-        self.segs.clear();
+        self.one = None;
+        if let Some(m) = self.more.take() {
+            recycle(m);
+        }
     }
 
     /// Copy `src` into the segments in order, from the start; returns the
@@ -107,7 +199,7 @@ impl SgList {
     #[inline]
     pub fn copy_from_slice(&mut self, src: &[u8]) -> usize {
         let mut done = 0;
-        for seg in self.segs.iter_mut() {
+        for seg in self.iter_mut() {
             if done == src.len() {
                 break;
             }
@@ -123,7 +215,7 @@ impl SgList {
     #[inline]
     pub fn copy_to_slice(&self, dst: &mut [u8]) -> usize {
         let mut done = 0;
-        for seg in self.segs.iter() {
+        for seg in self.iter() {
             if done == dst.len() {
                 break;
             }
@@ -132,6 +224,21 @@ impl SgList {
             done += n;
         }
         done
+    }
+}
+
+impl Drop for SgList {
+    #[inline]
+    fn drop(&mut self) {
+        if let Some(m) = self.more.take() {
+            recycle(m);
+        }
+    }
+}
+
+impl fmt::Debug for SgList {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
     }
 }
 
@@ -144,24 +251,58 @@ impl From<DmaBuf> for SgList {
 
 impl FromIterator<DmaBuf> for SgList {
     fn from_iter<I: IntoIterator<Item = DmaBuf>>(iter: I) -> SgList {
-        SgList {
-            segs: iter.into_iter().collect(),
-        }
+        let mut l = SgList::new();
+        l.extend(iter);
+        l
     }
 }
 
 impl Extend<DmaBuf> for SgList {
     fn extend<I: IntoIterator<Item = DmaBuf>>(&mut self, iter: I) {
-        self.segs.extend(iter);
+        for b in iter {
+            self.push(b);
+        }
+    }
+}
+
+/// The segments of an [`SgList`], by value, in order.
+pub struct SgIntoIter {
+    /// The list, its block reversed so that `pop` yields the next segment.
+    list: SgList,
+}
+
+impl Iterator for SgIntoIter {
+    type Item = DmaBuf;
+
+    #[inline]
+    fn next(&mut self) -> Option<DmaBuf> {
+        self.list.pop()
+    }
+
+    #[inline]
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let n = self.list.len();
+        (n, Some(n))
+    }
+}
+
+impl ExactSizeIterator for SgIntoIter {}
+
+impl fmt::Debug for SgIntoIter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("SgIntoIter").field(&self.list.len()).finish()
     }
 }
 
 impl IntoIterator for SgList {
     type Item = DmaBuf;
-    type IntoIter = smallvec::IntoIter<[DmaBuf; SG_INLINE]>;
+    type IntoIter = SgIntoIter;
     #[inline]
-    fn into_iter(self) -> Self::IntoIter {
-        self.segs.into_iter()
+    fn into_iter(mut self) -> SgIntoIter {
+        if let Some(m) = self.more.as_mut() {
+            m.reverse();
+        }
+        SgIntoIter { list: self }
     }
 }
 
@@ -170,7 +311,7 @@ impl<'a> IntoIterator for &'a SgList {
     type IntoIter = std::slice::Iter<'a, DmaBuf>;
     #[inline]
     fn into_iter(self) -> Self::IntoIter {
-        self.segs.iter()
+        self.iter()
     }
 }
 
@@ -179,7 +320,7 @@ impl<'a> IntoIterator for &'a mut SgList {
     type IntoIter = std::slice::IterMut<'a, DmaBuf>;
     #[inline]
     fn into_iter(self) -> Self::IntoIter {
-        self.segs.iter_mut()
+        self.iter_mut()
     }
 }
 
@@ -195,22 +336,57 @@ mod tests {
     }
 
     #[test]
-    fn inline_up_to_four_and_lengths_add_up() {
+    fn one_segment_inline_more_in_a_block_and_lengths_add_up() {
+        assert_eq!(
+            std::mem::size_of::<SgList>(),
+            32,
+            "lists move with every I/O"
+        );
         let p = pool(6);
         let mut l = SgList::new();
-        for i in 0..4 {
+        assert!(l.is_empty() && l.is_inline() && l.as_slice().is_empty());
+        let mut b = p.get().unwrap();
+        b.set_len(1).unwrap();
+        l.push(b);
+        assert!(l.is_inline());
+        assert_eq!((l.len(), l.total_len()), (1, 1));
+        for i in 1..5 {
             let mut b = p.get().unwrap();
             b.set_len(i + 1).unwrap();
             l.push(b);
         }
-        assert!(l.is_inline());
-        assert_eq!(l.len(), 4);
-        assert_eq!(l.total_len(), 1 + 2 + 3 + 4);
-        l.push(p.get().unwrap());
         assert!(!l.is_inline());
-        assert_eq!(l.total_len(), 10 + 16);
+        assert_eq!(l.len(), 5);
+        assert_eq!(l.total_len(), 1 + 2 + 3 + 4 + 5);
+        let lens: Vec<usize> = l.iter().map(DmaBuf::len).collect();
+        assert_eq!(lens, [1, 2, 3, 4, 5], "segments keep their order");
+        assert_eq!(l.pop().map(|b| b.len()), Some(5));
         drop(l);
         assert_eq!(p.available(), 6, "segments go back to the pool");
+    }
+
+    #[test]
+    fn an_emptied_list_owns_nothing_and_blocks_are_reused() {
+        let p = pool(4);
+        let mut l: SgList = (0..3).map(|_| p.get().unwrap()).collect();
+        let block = l.as_slice().as_ptr();
+        while l.pop().is_some() {}
+        assert!(
+            l.is_empty() && l.is_inline(),
+            "popping the last segment gives the block back"
+        );
+        assert_eq!(p.available(), 4);
+        // The next list to spill on this thread takes the same block.
+        let mut l2: SgList = (0..2).map(|_| p.get().unwrap()).collect();
+        assert_eq!(l2.as_slice().as_ptr(), block, "the spare block is reused");
+        l2.clear();
+        assert!(l2.is_empty() && l2.is_inline());
+        let l3: SgList = (0..4).map(|_| p.get().unwrap()).collect();
+        assert_eq!(l3.as_slice().as_ptr(), block, "clear gives the block back");
+        let order: Vec<*const u8> = l3.iter().map(|b| b.as_slice().as_ptr()).collect();
+        let moved: Vec<*const u8> = l3.into_iter().map(|b| b.as_slice().as_ptr()).collect();
+        assert_eq!(order, moved, "into_iter yields the segments in order");
+        assert_eq!(p.available(), 4);
     }
 
     #[test]
