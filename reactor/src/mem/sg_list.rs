@@ -116,9 +116,8 @@ impl SgList {
             Some(m) => {
                 let b = m.pop();
                 if m.is_empty() {
-                    if let Some(m) = self.more.take() {
-                        recycle(m);
-                    }
+                    // Keep the invariant: an emptied list gives its block back.
+                    self.clear();
                 }
                 b
             }
