@@ -34,7 +34,7 @@ use pollux_reactor::Reactor;
 
 use super::super::qpair::QueuePair;
 use super::super::transport::{QpairOps, RemoteBuf, ReqTag, Response, Transfer, TransportError};
-use super::quiet::{token_of, QuietSet, CORE_EVERY_QUIET, QUIET_AFTER};
+use super::quiet::{QuietSet, CORE_EVERY_QUIET, QUIET_AFTER};
 use super::transport::TcpTransport;
 use super::tx_queue::{TxQueue, BY_REF_MIN};
 use super::wake::WakeReg;
@@ -370,9 +370,18 @@ impl TcpConn {
         }
     }
 
-    /// Join the group's set (on adoption).
-    pub(super) fn join_quiet_set(&mut self, quiet: &mut QuietSet) {
-        self.watched = quiet.watch(&self.sock);
+    /// Join the group's set (on adoption), as the group's connection `index`.
+    pub(super) fn join_quiet_set(&mut self, quiet: &mut QuietSet, index: usize) {
+        self.watched = quiet.watch(&self.sock, index);
+    }
+
+    /// This connection moved to `index` in the group: re-tag its entry in
+    /// the set. If the kernel refuses, it leaves the set and is read on
+    /// every poll from then on.
+    pub(super) fn moved_in_quiet_set(&mut self, quiet: &mut QuietSet, index: usize) {
+        if self.watched && !quiet.retag(&self.sock, index) {
+            self.leave_quiet_set(quiet);
+        }
     }
 
     /// Leave the group's set (the connection goes).
@@ -390,11 +399,6 @@ impl TcpConn {
     /// The group's set reported this socket readable: read it next poll.
     pub(super) fn mark_readable(&mut self) {
         self.readable = true;
-    }
-
-    /// The token of this connection's socket in the group's set.
-    pub(super) fn quiet_token(&self) -> u64 {
-        token_of(&self.sock)
     }
 
     /// Whether it is quiet (read only when the group's set reports bytes).

@@ -297,11 +297,8 @@ impl Ctx {
         }
         let GroupState { conns, quiet, .. } = st;
         if quiet.look_due(self.reactor.last_loop_busy()) {
-            quiet.look(|token| {
-                if let Some(c) = conns
-                    .iter_mut()
-                    .find(|c| c.is_quiet() && c.quiet_token() == token)
-                {
+            quiet.look(|i| {
+                if let Some(c) = conns.get_mut(i).filter(|c| c.is_quiet()) {
                     c.mark_readable();
                 }
             });
@@ -313,6 +310,9 @@ impl Ctx {
             if done {
                 conns[i].leave_quiet_set(quiet);
                 conns.swap_remove(i);
+                if let Some(moved) = conns.get_mut(i) {
+                    moved.moved_in_quiet_set(quiet, i);
+                }
                 self.transport.seats.release(self.index);
                 self.transport
                     .stats
@@ -447,7 +447,7 @@ impl Ctx {
             Ok(mut c) => {
                 t.stats.accepted.fetch_add(1, Ordering::Relaxed);
                 c.watch(&self.reactor);
-                c.join_quiet_set(&mut st.quiet);
+                c.join_quiet_set(&mut st.quiet, st.conns.len());
                 st.conns.push(c);
             }
             Err(e) => {

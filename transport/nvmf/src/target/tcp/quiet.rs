@@ -11,7 +11,11 @@
 //! turns quiet and is read only once the set reports it readable; a read
 //! that finds bytes makes it busy again. Every connection's socket is in
 //! the set (level-triggered, readable) from its first poll to its last, so
-//! turning quiet or busy costs no system call; the group looks
+//! turning quiet or busy costs no system call. A socket's entry carries
+//! its connection's index in the group, so a look finds each ready
+//! connection without a search; when a connection goes and another moves
+//! into its place, the moved one's entry is re-tagged (one `epoll_ctl`, on
+//! the control path). The group looks
 //! at the set (`epoll_wait` with a zero timeout) on every poll of an idle
 //! reactor and on every [`LOOK_EVERY`]th poll of a busy one, so a quiet
 //! connection's next command waits at most that many polls. SPDK's posix
@@ -20,7 +24,7 @@
 //! set (no system call) while every connection carries traffic.
 
 use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 
 use rustix::event::epoll;
 
@@ -75,19 +79,39 @@ impl QuietSet {
         self.quiet
     }
 
-    /// Watch a new connection's socket; `false` (it never turns quiet,
-    /// read on every poll) when it cannot be watched.
-    pub(super) fn watch(&mut self, sock: &impl AsFd) -> bool {
+    /// Watch a new connection's socket, tagged with the connection's
+    /// index in the group (`index`); `false` (it never turns quiet, read on
+    /// every poll) when it cannot be watched.
+    pub(super) fn watch(&mut self, sock: &impl AsFd, index: usize) -> bool {
         let Some(ep) = &self.epoll else { return false };
         match epoll::add(
             ep,
             sock,
-            epoll::EventData::new_u64(token_of(sock)),
+            epoll::EventData::new_u64(index as u64),
             epoll::EventFlags::IN,
         ) {
             Ok(()) => true,
             Err(e) => {
                 log::debug!("nvmf tcp: cannot watch a connection's socket: {e}");
+                false
+            }
+        }
+    }
+
+    /// A watched connection moved to `index` in the group (another one
+    /// left its place): tag its entry with the new index. `false` when the
+    /// kernel refused (the connection must then be read on every poll).
+    pub(super) fn retag(&mut self, sock: &impl AsFd, index: usize) -> bool {
+        let Some(ep) = &self.epoll else { return false };
+        match epoll::modify(
+            ep,
+            sock,
+            epoll::EventData::new_u64(index as u64),
+            epoll::EventFlags::IN,
+        ) {
+            Ok(()) => true,
+            Err(e) => {
+                log::warn!("nvmf tcp: cannot re-tag a connection's socket: {e}");
                 false
             }
         }
@@ -133,9 +157,9 @@ impl QuietSet {
     }
 
     /// Ask the kernel which watched sockets have bytes (or a hang-up or an
-    /// error: a read finds out which), without waiting; `ready` gets each
-    /// one's token (see [`token_of`]).
-    pub(super) fn look(&self, mut ready: impl FnMut(u64)) {
+    /// error: a read finds out which), without waiting; `ready` gets the
+    /// index in the group of each one's connection.
+    pub(super) fn look(&self, mut ready: impl FnMut(usize)) {
         let Some(ep) = &self.epoll else { return };
         let mut events = [const { MaybeUninit::<epoll::Event>::uninit() }; EVENTS_PER_LOOK];
         let zero = rustix::event::Timespec {
@@ -145,7 +169,9 @@ impl QuietSet {
         match epoll::wait(ep, &mut events, Some(&zero)) {
             Ok((got, _)) => {
                 for e in got.iter() {
-                    ready(e.data.u64());
+                    if let Ok(i) = usize::try_from(e.data.u64()) {
+                        ready(i);
+                    }
                 }
             }
             Err(rustix::io::Errno::INTR) => {}
@@ -161,10 +187,4 @@ impl std::fmt::Debug for QuietSet {
             .field("watching", &self.epoll.is_some())
             .finish()
     }
-}
-
-/// The token a socket has in the set: its descriptor number, unique among
-/// the open sockets of the process.
-pub(super) fn token_of(sock: &impl AsFd) -> u64 {
-    sock.as_fd().as_raw_fd() as u64
 }
