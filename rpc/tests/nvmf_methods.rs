@@ -392,8 +392,10 @@ fn a_listener_that_cannot_bind_leaves_nothing() {
     let port = common::free_port();
     populated(&f, port);
     // Someone else holds this port: the listen fails after every check passed.
-    let taken = TcpListener::bind("127.0.0.1:0").unwrap();
-    let busy = taken.local_addr().unwrap().port();
+    // Below the ephemeral range, so that no outgoing connection takes it
+    // once it is free again.
+    let busy = common::free_port();
+    let taken = TcpListener::bind(("127.0.0.1", busy)).unwrap();
     let before = subsystems(&f);
     let e = err(
         &f,

@@ -83,38 +83,30 @@ impl QuietSet {
     /// index in the group (`index`); `false` (it never turns quiet, read on
     /// every poll) when it cannot be watched.
     pub(super) fn watch(&mut self, sock: &impl AsFd, index: usize) -> bool {
-        let Some(ep) = &self.epoll else { return false };
-        match epoll::add(
-            ep,
-            sock,
-            epoll::EventData::new_u64(index as u64),
-            epoll::EventFlags::IN,
-        ) {
-            Ok(()) => true,
-            Err(e) => {
-                log::debug!("nvmf tcp: cannot watch a connection's socket: {e}");
-                false
-            }
-        }
+        self.tag(sock, index, false)
     }
 
     /// A watched connection moved to `index` in the group (another one
     /// left its place): tag its entry with the new index. `false` when the
     /// kernel refused (the connection must then be read on every poll).
     pub(super) fn retag(&mut self, sock: &impl AsFd, index: usize) -> bool {
+        self.tag(sock, index, true)
+    }
+
+    /// Add `sock`'s entry, or change its tag (`again`), to `index`.
+    fn tag(&self, sock: &impl AsFd, index: usize, again: bool) -> bool {
         let Some(ep) = &self.epoll else { return false };
-        match epoll::modify(
-            ep,
-            sock,
-            epoll::EventData::new_u64(index as u64),
-            epoll::EventFlags::IN,
-        ) {
-            Ok(()) => true,
-            Err(e) => {
-                log::warn!("nvmf tcp: cannot re-tag a connection's socket: {e}");
-                false
-            }
+        let data = epoll::EventData::new_u64(index as u64);
+        let flags = epoll::EventFlags::IN;
+        let r = if again {
+            epoll::modify(ep, sock, data, flags)
+        } else {
+            epoll::add(ep, sock, data, flags)
+        };
+        if let Err(e) = r {
+            log::debug!("nvmf tcp: cannot tag a connection's socket in the quiet set: {e}");
         }
+        r.is_ok()
     }
 
     /// Stop watching a socket [`watch`](Self::watch) took (its connection
