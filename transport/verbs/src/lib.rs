@@ -33,6 +33,7 @@ pub mod error;
 pub mod ibv;
 pub mod placement;
 pub mod provider;
+pub mod recv_repost;
 pub mod sig;
 pub mod soft;
 pub mod token;

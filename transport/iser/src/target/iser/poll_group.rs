@@ -18,10 +18,11 @@ use pollux_reactor::mem::{BufPool, BufPoolOptions, DmaBuf};
 use pollux_reactor::{PollStatus, PollerId, RareCheck, Reactor};
 use pollux_verbs::placement::{Handoff, Inbox, Route};
 use pollux_verbs::provider::PendingConn as _;
+use pollux_verbs::recv_repost::RecvRepost;
 use pollux_verbs::{
     Access, CmAddr, CmEvent, CmId, CmListener, CompletionQueue, ConnParam, ConnRequestInfo, Device,
-    ProtectionDomain, Provider, QpAttr, QpCaps, QpInit, QpState, QueuePair as _, RecvWr, Sge,
-    SharedRecvQueue, Wc, WcOpcode, WcStatus, WrId,
+    ProtectionDomain, Provider, QpAttr, QpCaps, QpInit, QpState, QueuePair as _, Sge,
+    SharedRecvQueue, Wc, WcOpcode, WcStatus,
 };
 
 use super::conn::{Conn, ConnIo, ConnState, IserOps, MrTable};
@@ -79,8 +80,9 @@ struct Shared<P: Provider> {
     _recv_pool: BufPool,
     recvs: Vec<DmaBuf>,
     recv_lkey: Vec<u32>,
-    srq_repost: Vec<u32>,
-    srq_posted: usize,
+    /// Receive buffers waiting to be posted to the SRQ (every one is
+    /// posted, or waits here).
+    recv_repost: RecvRepost,
     conns: Vec<Option<Conn<P>>>,
     gens: Vec<u16>,
     free_slots: Vec<u16>,
@@ -193,8 +195,7 @@ impl<P: Provider> IserPollGroup<P> {
             _recv_pool: recv_pool,
             recvs,
             recv_lkey,
-            srq_repost: (0..nrecv as u32).collect(),
-            srq_posted: 0,
+            recv_repost: RecvRepost::all(nrecv as u32),
             conns: Vec::new(),
             gens: Vec::new(),
             free_slots: Vec::new(),
@@ -300,7 +301,7 @@ impl<P: Provider> Shared<P> {
             st.transport_busy += c.io.busy;
             st.nop_pings += c.core.stats().nop_pings;
         }
-        st.recv_buffers_idle = self.srq_posted + self.srq_repost.len();
+        st.recv_buffers_idle = self.recv_repost.posted() + self.recv_repost.waiting();
         st
     }
 
@@ -361,7 +362,7 @@ impl<P: Provider> Shared<P> {
         for i in 0..self.conns.len() {
             busy |= self.service(i, cm_round);
         }
-        if !self.srq_repost.is_empty() {
+        if !self.recv_repost.is_empty() {
             if let Err(e) = self.post_srq() {
                 log::error!("iser: SRQ post failed: {e}");
             }
@@ -370,41 +371,25 @@ impl<P: Provider> Shared<P> {
     }
 
     fn post_srq(&mut self) -> Result<(), pollux_verbs::PostError> {
-        let total = self.srq_repost.len();
-        let mut done = 0;
-        let mut res = Ok(());
-        while done < total {
-            let end = (done + 32).min(total);
-            let mut sges = [Sge::default(); 32];
-            let mut wrs = [RecvWr {
-                wr_id: WrId(0),
-                sg_list: &[],
-            }; 32];
-            for (k, &id) in self.srq_repost[done..end].iter().enumerate() {
-                let b = &self.recvs[id as usize];
-                sges[k] = Sge {
-                    addr: b.addr() as u64,
+        let Shared {
+            recv_repost,
+            recvs,
+            recv_lkey,
+            srq,
+            ..
+        } = self;
+        recv_repost.post::<1>(
+            |id, e| {
+                let i = id as usize;
+                e[0] = Sge {
+                    addr: recvs.get(i)?.addr() as u64,
                     length: RECV_BUF_LEN as u32,
-                    lkey: self.recv_lkey[id as usize],
+                    lkey: *recv_lkey.get(i)?,
                 };
-            }
-            for (k, w) in wrs.iter_mut().enumerate().take(end - done) {
-                *w = RecvWr {
-                    wr_id: Token::new(WrKind::Recv, u16::MAX, 0, self.srq_repost[done + k])
-                        .encode(),
-                    sg_list: std::slice::from_ref(&sges[k]),
-                };
-            }
-            if let Err(e) = self.srq.post_recv(&wrs[..end - done]) {
-                done += e.index;
-                res = Err(e);
-                break;
-            }
-            done = end;
-        }
-        self.srq_posted += done;
-        self.srq_repost.drain(..done);
-        res
+                Some(1)
+            },
+            |wrs| srq.post_recv(wrs),
+        )
     }
 
     fn accept(&mut self) -> bool {
@@ -666,9 +651,9 @@ impl<P: Provider> Shared<P> {
     }
 
     fn recv_done(&mut self, wc: &Wc, id: u32, ok: bool) {
-        self.srq_posted = self.srq_posted.saturating_sub(1);
+        self.recv_repost.completed();
         // Every receive goes back to the SRQ: the core copies what it keeps.
-        self.srq_repost.push(id);
+        self.recv_repost.push(id);
         let Some(i) = self.by_qpn.get(&wc.qp_num).map(|&s| usize::from(s)) else {
             return;
         };

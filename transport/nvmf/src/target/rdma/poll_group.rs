@@ -15,6 +15,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use pollux_reactor::{PollStatus, PollerId, RareCheck, Reactor};
+use pollux_verbs::recv_repost::RecvRepost;
 use pollux_verbs::{provider::PendingConn as _, ConnRequestInfo};
 use pollux_verbs::{
     Access, CmEvent, CmId, CmListener, CompletionQueue, ConnParam, Device, ProtectionDomain,
@@ -101,8 +102,7 @@ pub(crate) struct Shared<P: Provider> {
     /// Receive buffers not owned by a queue (no SRQ).
     free_recvs: Vec<u32>,
     /// SRQ receives to post at the end of the poll.
-    srq_repost: Vec<u32>,
-    srq_posted: usize,
+    recv_repost: RecvRepost,
     conns: Vec<Option<Conn<P>>>,
     gens: Vec<u16>,
     free_slots: Vec<u16>,
@@ -229,8 +229,7 @@ impl<P: Provider> RdmaPollGroup<P> {
             } else {
                 Vec::new()
             },
-            srq_repost: Vec::with_capacity(nrecv),
-            srq_posted: 0,
+            recv_repost: RecvRepost::with_capacity(nrecv),
             conns: Vec::new(),
             gens: Vec::new(),
             free_slots: Vec::new(),
@@ -251,7 +250,7 @@ impl<P: Provider> RdmaPollGroup<P> {
             dev,
         };
         if sh.srq.is_some() {
-            sh.srq_repost.extend(0..nrecv as u32);
+            sh.recv_repost.extend(0..nrecv as u32);
             sh.post_srq()
                 .map_err(|e| no_res("posting SRQ receives", e))?;
         }
@@ -385,7 +384,7 @@ impl<P: Provider> Shared<P> {
             st.icd_copies += qs.icd_copies;
         }
         let slots_idle = if self.srq.is_some() {
-            self.srq_posted + self.srq_repost.len()
+            self.recv_repost.posted() + self.recv_repost.waiting()
         } else {
             self.free_recvs.len()
         };
@@ -476,7 +475,7 @@ impl<P: Provider> Shared<P> {
         for i in 0..self.conns.len() {
             busy |= self.flush_conn(i);
         }
-        if !self.srq_repost.is_empty() {
+        if !self.recv_repost.is_empty() {
             if let Err(e) = self.post_srq() {
                 log::error!("nvmf rdma: SRQ post failed: {e}");
             }
@@ -485,51 +484,17 @@ impl<P: Provider> Shared<P> {
     }
 
     fn post_srq(&mut self) -> Result<(), pollux_verbs::PostError> {
-        let Some(srq) = &self.srq else {
+        let Shared {
+            recv_repost,
+            recvs,
+            srq,
+            ..
+        } = self;
+        let Some(srq) = srq else {
             return Ok(());
         };
-        let total = self.srq_repost.len();
-        let mut done = 0;
-        let mut res = Ok(());
-        while done < total {
-            let mut sges = [[Sge::default(); 2]; 32];
-            let mut nsge = [0usize; 32];
-            let mut n = 0;
-            for &id in &self.srq_repost[done..(done + 32).min(total)] {
-                // No data buffer at hand: the rest waits for a lent one.
-                let Some(k) = self.recvs.sges(id, &mut sges[n]) else {
-                    break;
-                };
-                nsge[n] = k;
-                n += 1;
-            }
-            if n == 0 {
-                break;
-            }
-            let mut wrs = [RecvWr {
-                wr_id: WrId(0),
-                sg_list: &[],
-            }; 32];
-            for (k, w) in wrs.iter_mut().enumerate().take(n) {
-                let id = self.srq_repost[done + k];
-                *w = RecvWr {
-                    wr_id: Token::new(WrKind::Recv, u16::MAX, 0, id).encode(),
-                    sg_list: &sges[k][..nsge[k]],
-                };
-            }
-            if let Err(e) = srq.post_recv(&wrs[..n]) {
-                done += e.index;
-                res = Err(e);
-                break;
-            }
-            done += n;
-            if n < 32 {
-                break;
-            }
-        }
-        self.srq_posted += done;
-        self.srq_repost.drain(..done);
-        res
+        // No data buffer at hand: that receive and the rest wait for a lent one.
+        recv_repost.post::<2>(|id, e| recvs.sges(id, e), |wrs| srq.post_recv(wrs))
     }
 
     /// Accept or reject pending connect requests on this group's listeners.
@@ -911,7 +876,7 @@ impl<P: Provider> Shared<P> {
         let id = tok.index;
         let srq = self.srq.is_some();
         let conn = if srq {
-            self.srq_posted = self.srq_posted.saturating_sub(1);
+            self.recv_repost.completed();
             let hot = self.hot_conn;
             let hit = self
                 .conns
@@ -932,7 +897,7 @@ impl<P: Provider> Shared<P> {
         };
         let Some(i) = conn else {
             if srq {
-                self.srq_repost.push(id);
+                self.recv_repost.push(id);
             }
             return;
         };
@@ -941,7 +906,7 @@ impl<P: Provider> Shared<P> {
             recvs,
             mrs,
             pd,
-            srq_repost,
+            recv_repost,
             stats,
             ..
         } = self;
@@ -954,7 +919,7 @@ impl<P: Provider> Shared<P> {
         let live = c.state == ConnState::Live;
         if !ok || !live || wc.opcode != WcOpcode::Recv {
             if srq {
-                srq_repost.push(id);
+                recv_repost.push(id);
             }
             if !ok && wc.status != WcStatus::WrFlushErr {
                 self.begin_close(i);
@@ -973,7 +938,7 @@ impl<P: Provider> Shared<P> {
             return;
         }
         match submit(c, recvs, mrs, pd, id, wc.byte_len) {
-            Ok(()) => repost(c, srq_repost, srq, id),
+            Ok(()) => repost(c, recv_repost, srq, id),
             Err(CapsuleError::QueueFull) if c.backlog.len() < usize::from(c.core.depth()) => {
                 c.backlog.push_back((id, wc.byte_len));
                 stats.capsules_queued += 1;
@@ -991,7 +956,7 @@ impl<P: Provider> Shared<P> {
     /// A capsule that cannot be served: give its buffer back, close the queue.
     fn fail_capsule(&mut self, i: usize, id: u32) {
         if self.srq.is_some() {
-            self.srq_repost.push(id);
+            self.recv_repost.push(id);
         }
         self.begin_close(i);
     }
@@ -1025,7 +990,7 @@ impl<P: Provider> Shared<P> {
             recvs,
             mrs,
             pd,
-            srq_repost,
+            recv_repost,
             ..
         } = self;
         let Some(c) = conns[i].as_mut() else {
@@ -1048,7 +1013,7 @@ impl<P: Provider> Shared<P> {
             match submit(c, recvs, mrs, pd, id, len) {
                 Ok(()) => {
                     c.backlog.pop_front();
-                    repost(c, srq_repost, srq, id);
+                    repost(c, recv_repost, srq, id);
                     busy = true;
                 }
                 Err(CapsuleError::QueueFull) => break,
@@ -1129,7 +1094,7 @@ impl<P: Provider> Shared<P> {
         let (busy, doorbells) = (c.io.busy, c.io.doorbells);
         drop(c.qp);
         if self.srq.is_some() {
-            self.srq_repost
+            self.recv_repost
                 .extend(c.backlog.drain(..).map(|(id, _)| id));
         } else {
             self.free_recvs.append(&mut c.own_recvs);
@@ -1254,9 +1219,9 @@ fn post_rq_pending<P: Provider>(
 /// pending receives, both posted once per poll (with a fresh data buffer
 /// when the request kept the old one).
 #[inline(always)]
-fn repost<P: Provider>(c: &mut Conn<P>, srq_repost: &mut Vec<u32>, srq: bool, id: u32) {
+fn repost<P: Provider>(c: &mut Conn<P>, recv_repost: &mut RecvRepost, srq: bool, id: u32) {
     if srq {
-        srq_repost.push(id);
+        recv_repost.push(id);
     } else {
         c.io.rq_repost.push(id);
     }
