@@ -7,8 +7,11 @@
 //! once the capsule or PDU in it is consumed), and the group posts every
 //! waiting buffer once per poll in batches of [`POST_BATCH`] work requests
 //! ([`post`](RecvRepost::post)), each tagged `Token(Recv, u16::MAX, 0, id)`.
-//! What a buffer's scatter list is stays with the transport (the NVMe-oF
-//! target adds a lent data buffer as a second entry).
+//! A queue pair without SRQ keeps its own receives the same way, tagged
+//! with its connection's slot and generation
+//! ([`post_tagged`](RecvRepost::post_tagged)). What a buffer's scatter list
+//! is stays with the transport (the NVMe-oF target adds a lent data buffer
+//! as a second entry).
 
 use crate::token::{WrKind, WrToken};
 use crate::types::{Sge, WrId};
@@ -49,6 +52,11 @@ impl RecvRepost {
         self.waiting.push(id);
     }
 
+    /// Forget the waiting buffers (the caller took them back).
+    pub fn clear(&mut self) {
+        self.waiting.clear();
+    }
+
     /// Buffers `ids` wait to be posted.
     pub fn extend(&mut self, ids: impl IntoIterator<Item = u32>) {
         self.waiting.extend(ids);
@@ -87,8 +95,25 @@ impl RecvRepost {
     /// # Errors
     ///
     /// The provider's [`PostError`] (its `index` counts within the batch).
+    #[inline]
     pub fn post<const N: usize>(
         &mut self,
+        sges: impl FnMut(u32, &mut [Sge; N]) -> Option<usize>,
+        post_recv: impl FnMut(&[RecvWr<'_>]) -> Result<(), PostError>,
+    ) -> Result<(), PostError> {
+        self.post_tagged(u16::MAX, 0, sges, post_recv)
+    }
+
+    /// [`post`](Self::post) with the tokens naming connection slot `conn`,
+    /// generation `gen` (a queue pair's own receives).
+    ///
+    /// # Errors
+    ///
+    /// As [`post`](Self::post).
+    pub fn post_tagged<const N: usize>(
+        &mut self,
+        conn: u16,
+        gen: u16,
         mut sges: impl FnMut(u32, &mut [Sge; N]) -> Option<usize>,
         mut post_recv: impl FnMut(&[RecvWr<'_>]) -> Result<(), PostError>,
     ) -> Result<(), PostError> {
@@ -116,7 +141,7 @@ impl RecvRepost {
             for (k, w) in wrs.iter_mut().enumerate().take(n) {
                 let id = self.waiting[done + k];
                 *w = RecvWr {
-                    wr_id: WrToken::new(WrKind::Recv, u16::MAX, 0, id).encode(),
+                    wr_id: WrToken::new(WrKind::Recv, conn, gen, id).encode(),
                     sg_list: &lists[k][..lens[k]],
                 };
             }
@@ -172,6 +197,25 @@ mod tests {
         r.completed();
         r.push(5);
         assert_eq!((r.waiting(), r.posted()), (1, 69));
+    }
+
+    #[test]
+    fn tagged_posts_name_the_connection() {
+        let mut r = RecvRepost::with_capacity(4);
+        r.extend([9, 3]);
+        let mut got = Vec::new();
+        r.post_tagged(12, 0x1234, one, |wrs| {
+            got.extend(wrs.iter().map(|w| WrToken::decode(w.wr_id)));
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(
+            got,
+            [9, 3].map(|i| WrToken::new(WrKind::Recv, 12, 0x1234, i))
+        );
+        r.push(1);
+        r.clear();
+        assert!(r.is_empty());
     }
 
     #[test]

@@ -7,6 +7,7 @@
 use std::collections::VecDeque;
 
 use pollux_reactor::mem::{ArenaId, DmaBuf, SgList};
+use pollux_verbs::recv_repost::RecvRepost;
 use pollux_verbs::{
     Access, MemoryRegion, ProtectionDomain, Provider, QueuePair as _, RemoteAddr, SendFlags,
     SendOp, SendWr, Sge, WrId,
@@ -85,7 +86,7 @@ pub(crate) struct ConnIo<P: Provider> {
     pub(crate) busy: u64,
     /// Receives of this queue (no SRQ) waiting to be posted, in one batch
     /// per poll, as far as in-capsule data buffers are at hand.
-    pub(crate) rq_repost: Vec<u32>,
+    pub(crate) rq_repost: RecvRepost,
     /// The last arena looked up and its local key (the data of one queue
     /// mostly lives in one or two arenas: no table scan per buffer).
     last_key: Option<(ArenaId, u32)>,
@@ -137,7 +138,7 @@ impl<P: Provider> ConnIo<P> {
             own_mrs: MrTable(Vec::new()),
             doorbells: 0,
             busy: 0,
-            rq_repost: Vec::with_capacity(depth),
+            rq_repost: RecvRepost::with_capacity(depth),
             last_key: None,
             unsig: VecDeque::with_capacity(sq_size as usize),
             unsig_pushed: 0,
@@ -663,8 +664,6 @@ pub(crate) struct Conn<P: Provider> {
     pub(crate) qid: u16,
     /// Receive buffers this queue owns (no SRQ).
     pub(crate) own_recvs: Vec<u32>,
-    /// Receive buffers posted and not yet completed (no SRQ).
-    pub(crate) recvs_posted: usize,
     /// Capsules waiting for a free request (the host ran ahead of the
     /// completions it has seen): `(receive buffer, length)`.
     pub(crate) backlog: VecDeque<(u32, u32)>,

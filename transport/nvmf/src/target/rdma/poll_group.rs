@@ -19,8 +19,8 @@ use pollux_verbs::recv_repost::RecvRepost;
 use pollux_verbs::{provider::PendingConn as _, ConnRequestInfo};
 use pollux_verbs::{
     Access, CmEvent, CmId, CmListener, CompletionQueue, ConnParam, Device, ProtectionDomain,
-    Provider, QpAttr, QpCaps, QpInit, QpState, QueuePair as _, RecvWr, Sge, SharedRecvQueue, Wc,
-    WcOpcode, WcStatus, WrId,
+    Provider, QpAttr, QpCaps, QpInit, QpState, QueuePair as _, SharedRecvQueue, Wc, WcOpcode,
+    WcStatus,
 };
 
 use super::super::error::CapsuleError;
@@ -722,7 +722,6 @@ impl<P: Provider> Shared<P> {
             ),
             qid: req.qid,
             own_recvs: Vec::new(),
-            recvs_posted: 0,
             backlog: VecDeque::with_capacity(usize::from(depth)),
             state: ConnState::Live,
             cqes,
@@ -733,7 +732,6 @@ impl<P: Provider> Shared<P> {
             conn.own_recvs = self.free_recvs.split_off(at);
             let ok = conn.qp.modify(&QpAttr::to(QpState::Init)).is_ok()
                 && post_own_rq(&mut conn, &mut self.recvs).is_ok();
-            conn.recvs_posted = n;
             if !ok {
                 self.free_recvs.append(&mut conn.own_recvs);
                 self.free_slots.push(slot);
@@ -914,7 +912,7 @@ impl<P: Provider> Shared<P> {
             return;
         };
         if !srq {
-            c.recvs_posted = c.recvs_posted.saturating_sub(1);
+            c.io.rq_repost.completed();
         }
         let live = c.state == ConnState::Live;
         if !ok || !live || wc.opcode != WcOpcode::Recv {
@@ -1162,7 +1160,7 @@ fn post_own_rq<P: Provider>(
     recvs: &mut RecvBufs,
 ) -> Result<(), pollux_verbs::PostError> {
     c.io.rq_repost.clear();
-    c.io.rq_repost.extend_from_slice(&c.own_recvs);
+    c.io.rq_repost.extend(c.own_recvs.iter().copied());
     post_rq_pending(c, recvs)
 }
 
@@ -1172,47 +1170,14 @@ fn post_rq_pending<P: Provider>(
     c: &mut Conn<P>,
     recvs: &mut RecvBufs,
 ) -> Result<(), pollux_verbs::PostError> {
-    let total = c.io.rq_repost.len();
-    let mut done = 0;
-    let mut res = Ok(());
-    while done < total {
-        let mut sges = [[Sge::default(); 2]; 32];
-        let mut nsge = [0usize; 32];
-        let mut n = 0;
-        for &id in &c.io.rq_repost[done..(done + 32).min(total)] {
-            let Some(k) = recvs.sges(id, &mut sges[n]) else {
-                break;
-            };
-            nsge[n] = k;
-            n += 1;
-        }
-        if n == 0 {
-            break;
-        }
-        let mut wrs = [RecvWr {
-            wr_id: WrId(0),
-            sg_list: &[],
-        }; 32];
-        for (k, w) in wrs.iter_mut().enumerate().take(n) {
-            *w = RecvWr {
-                wr_id: Token::new(WrKind::Recv, c.io.slot, c.io.gen, c.io.rq_repost[done + k])
-                    .encode(),
-                sg_list: &sges[k][..nsge[k]],
-            };
-        }
-        if let Err(e) = c.qp.post_recv(&wrs[..n]) {
-            done += e.index;
-            res = Err(e);
-            break;
-        }
-        done += n;
-        if n < 32 {
-            break;
-        }
-    }
-    c.recvs_posted += done;
-    c.io.rq_repost.drain(..done);
-    res
+    let (slot, gen) = (c.io.slot, c.io.gen);
+    let qp = &c.qp;
+    c.io.rq_repost.post_tagged::<2>(
+        slot,
+        gen,
+        |id, e| recvs.sges(id, e),
+        |wrs| qp.post_recv(wrs),
+    )
 }
 
 /// Give a consumed receive back: to the SRQ batch or to the queue's
