@@ -16,6 +16,7 @@
 //!   processes.
 //! - `ibv` (feature `ibverbs`): libibverbs/librdmacm.
 //!
+//! [`group`] is the plumbing of a target's per-core RDMA poll group and
 //! [`placement`] spreads a target transport's connections over its per-core
 //! poll groups (shared by the NVMe-oF RDMA and iSER targets).
 //!
@@ -29,6 +30,7 @@
 pub mod cm;
 pub mod conformance;
 pub mod error;
+pub mod group;
 #[cfg(feature = "ibverbs")]
 pub mod ibv;
 pub mod placement;

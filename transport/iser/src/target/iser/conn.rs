@@ -5,28 +5,16 @@
 //! WRITEs queued before the response SEND, solicited Data-Out as signaled
 //! RDMA READs. WRs are queued during a poll and posted once at its end.
 
-use pollux_reactor::mem::{ArenaId, DmaBuf};
+use pollux_reactor::mem::DmaBuf;
+use pollux_verbs::group::{post_sends, GroupConn, Link, MrTable};
 use pollux_verbs::{
-    Access, MemoryRegion, ProtectionDomain, Provider, QueuePair as _, RemoteAddr, SendOp, SendWr,
-    Sge, WrId,
+    Access, MemoryRegion, ProtectionDomain, Provider, RemoteAddr, SendOp, SendWr, Sge,
 };
 
 use super::options::{IserOptions, LARGE_SLOT, LARGE_SLOTS, SMALL_SLOT};
 use super::wrid::{Token, WrKind};
 use crate::pdu::{IserHeader, Stag, BHS_LEN, ISER_HDR_LEN};
 use crate::target::{ConnOps, Connection, Transfer};
-
-/// Most WRs handed to one `post_send` call.
-const POST_CHUNK: usize = 32;
-
-/// Memory regions by arena.
-pub(crate) struct MrTable<P: Provider>(pub(crate) Vec<(ArenaId, P::Mr)>);
-
-impl<P: Provider> MrTable<P> {
-    pub(crate) fn lkey(&self, id: ArenaId) -> Option<u32> {
-        self.0.iter().find(|(a, _)| *a == id).map(|(_, m)| m.lkey())
-    }
-}
 
 #[derive(Debug, Clone, Copy)]
 enum PendOp {
@@ -114,7 +102,7 @@ impl<P: Provider> ConnIo<P> {
             closing: false,
             disconnect_requested: false,
             abort_requested: false,
-            own_mrs: MrTable(Vec::new()),
+            own_mrs: MrTable::new(),
             doorbells: 0,
             busy: 0,
         };
@@ -172,48 +160,34 @@ impl<P: Provider> ConnIo<P> {
             return Some(k);
         }
         // An arena the poll group did not register: once, control path.
-        let arena = buf.arena();
-        let mr = pd.reg_mr(arena, 0, arena.len(), Access::LOCAL_WRITE).ok()?;
-        let k = mr.lkey();
-        self.own_mrs.0.push((id, mr));
-        Some(k)
+        self.own_mrs.register(pd, buf.arena()).ok()
     }
 
-    /// Post every queued WR (one `post_send` per [`POST_CHUNK`] WRs).
+    /// Post every queued WR (one `post_send` per [`POST_CHUNK`](pollux_verbs::group::POST_CHUNK) WRs).
     ///
     /// # Errors
     /// The QP refused a WR: the connection must be torn down.
     pub(crate) fn flush(&mut self, qp: &P::Qp) -> Result<(), pollux_verbs::PostError> {
-        let mut start = 0;
-        let mut result = Ok(());
-        while start < self.pend.len() {
-            let end = (start + POST_CHUNK).min(self.pend.len());
-            let mut wrs = [SendWr::new(WrId(0), SendOp::Send, &[]); POST_CHUNK];
-            for (w, p) in wrs.iter_mut().zip(&self.pend[start..end]) {
-                let op = match p.op {
-                    PendOp::Send => SendOp::Send,
-                    PendOp::SendInv(rkey) => SendOp::SendWithInv { rkey },
-                    PendOp::Read(remote) => SendOp::RdmaRead { remote },
-                    PendOp::Write(remote) => SendOp::RdmaWrite { remote },
-                };
-                let mut wr = SendWr::new(p.token.encode(), op, std::slice::from_ref(&p.sge));
-                if p.signaled {
-                    wr = wr.signaled();
-                }
-                *w = wr;
+        let pend = &self.pend;
+        let result = post_sends::<P>(qp, pend.len(), &mut self.doorbells, |i| {
+            let p = &pend[i];
+            let op = match p.op {
+                PendOp::Send => SendOp::Send,
+                PendOp::SendInv(rkey) => SendOp::SendWithInv { rkey },
+                PendOp::Read(remote) => SendOp::RdmaRead { remote },
+                PendOp::Write(remote) => SendOp::RdmaWrite { remote },
+            };
+            let wr = SendWr::new(p.token.encode(), op, std::slice::from_ref(&p.sge));
+            if p.signaled {
+                wr.signaled()
+            } else {
+                wr
             }
-            self.doorbells += 1;
-            if let Err(e) = qp.post_send(&wrs[..end - start]) {
-                // WRs that never reached the QP never complete.
-                let lost = self.pend[start + e.index..]
-                    .iter()
-                    .filter(|p| p.signaled)
-                    .count() as u32;
-                self.signaled_inflight = self.signaled_inflight.saturating_sub(lost);
-                result = Err(e);
-                break;
-            }
-            start = end;
+        });
+        if let Err(e) = &result {
+            // WRs that never reached the QP never complete.
+            let lost = self.pend[e.index..].iter().filter(|p| p.signaled).count() as u32;
+            self.signaled_inflight = self.signaled_inflight.saturating_sub(lost);
         }
         self.pend.clear();
         result
@@ -364,23 +338,28 @@ impl<P: Provider> ConnOps for IserOps<'_, P> {
     }
 }
 
-/// Where a connection is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ConnState {
-    /// Accepted, serving.
-    Live,
-    /// Disconnect started: waiting for flushes, then destroyed.
-    Closing,
-}
-
-/// One connection of a poll group.
+/// One connection of a poll group. Dropped in field order: the QP first
+/// (no DMA into our buffers after it), then the core (its task buffers go
+/// back to the target's pool; bdev I/O in flight owns its buffer and
+/// returns it when it completes), then the send slots.
 pub(crate) struct Conn<P: Provider> {
-    pub(crate) qp: P::Qp,
-    pub(crate) cm: P::CmId,
+    pub(crate) link: Link<P>,
     pub(crate) core: Connection,
     pub(crate) io: ConnIo<P>,
-    pub(crate) send_mr: P::Mr,
-    pub(crate) qp_num: u32,
-    pub(crate) state: ConnState,
-    pub(crate) cqes: u32,
+    /// The registration of the send slots, kept while the connection lives.
+    pub(crate) _send_mr: P::Mr,
+}
+
+impl<P: Provider> GroupConn<P> for Conn<P> {
+    fn link(&self) -> &Link<P> {
+        &self.link
+    }
+
+    fn link_mut(&mut self) -> &mut Link<P> {
+        &mut self.link
+    }
+
+    fn closing(&mut self) {
+        self.io.closing = true;
+    }
 }

@@ -5,12 +5,11 @@
 
 use std::marker::PhantomData;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use pollux_reactor::sync::{Mutex, MutexGuard};
-
 use pollux_reactor::Reactor;
+use pollux_verbs::group::ListenTable;
 use pollux_verbs::placement::{Placer, SeatLimits};
 use pollux_verbs::{CmAddr, Provider};
 use thiserror::Error;
@@ -37,14 +36,6 @@ pub enum IserTransportError {
     UnknownPortalGroup(u16),
 }
 
-/// A listen address, its portal group, and the poll group owning it.
-#[derive(Debug, Clone)]
-pub(crate) struct ListenEntry {
-    pub(crate) addr: CmAddr,
-    pub(crate) tag: u16,
-    pub(crate) owner: Option<usize>,
-}
-
 #[derive(Debug, Default)]
 pub(crate) struct SharedStats {
     pub(crate) accepted: AtomicU64,
@@ -68,9 +59,8 @@ pub struct IserTransportStats {
 pub struct IserTransport<P: Provider> {
     pub(crate) target: Arc<IscsiTarget>,
     pub(crate) opts: IserOptions,
-    listeners: Mutex<Vec<ListenEntry>>,
-    pub(crate) listen_gen: AtomicU64,
-    groups: AtomicUsize,
+    /// Listen addresses by portal group tag, each owned by one poll group.
+    pub(crate) listens: Arc<ListenTable<u16>>,
     /// The poll groups' cores and connection counts, and their inboxes of
     /// handed-over connect requests (each carries its portal group tag).
     pub(crate) placer: Arc<Placer<P, u16>>,
@@ -100,9 +90,7 @@ impl<P: Provider> IserTransport<P> {
         Arc::new(IserTransport {
             target: Arc::clone(target),
             opts,
-            listeners: Mutex::new(Vec::new()),
-            listen_gen: AtomicU64::new(1),
-            groups: AtomicUsize::new(0),
+            listens: Arc::new(ListenTable::new()),
             placer,
             stats: SharedStats::default(),
             _p: PhantomData,
@@ -119,12 +107,6 @@ impl<P: Provider> IserTransport<P> {
         &self.target
     }
 
-    pub(crate) fn lock(&self) -> MutexGuard<'_, Vec<ListenEntry>> {
-        self.listeners
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
     /// Listen on `addr` (a verbs CM address: `@name` for the soft
     /// provider, `ip:port` for ibverbs) for portal group `tag` (control
     /// path; a poll group opens the CM listener at its next poll).
@@ -136,18 +118,9 @@ impl<P: Provider> IserTransport<P> {
         if !self.target.portal_groups().iter().any(|g| g.tag == tag) {
             return Err(IserTransportError::UnknownPortalGroup(tag));
         }
-        let mut l = self.lock();
-        if l.iter().any(|e| e.addr.0 == addr) {
+        if !self.listens.add(CmAddr::new(addr), tag) {
             return Err(IserTransportError::AlreadyListening(addr.into()));
         }
-        let groups = self.groups.load(Ordering::Relaxed);
-        let owner = (groups > 0).then(|| l.len() % groups);
-        l.push(ListenEntry {
-            addr: CmAddr::new(addr),
-            tag,
-            owner,
-        });
-        self.listen_gen.fetch_add(1, Ordering::Release);
         Ok(())
     }
 
@@ -175,13 +148,9 @@ impl<P: Provider> IserTransport<P> {
     /// # Errors
     /// [`IserTransportError::NotListening`].
     pub fn stop_listen(&self, addr: &str) -> Result<(), IserTransportError> {
-        let mut l = self.lock();
-        let i = l
-            .iter()
-            .position(|e| e.addr.0 == addr)
-            .ok_or_else(|| IserTransportError::NotListening(addr.into()))?;
-        l.remove(i);
-        self.listen_gen.fetch_add(1, Ordering::Release);
+        if !self.listens.remove(|a, _| a.0 == addr) {
+            return Err(IserTransportError::NotListening(addr.into()));
+        }
         Ok(())
     }
 
@@ -195,7 +164,7 @@ impl<P: Provider> IserTransport<P> {
         self: &Arc<Self>,
         reactor: &Reactor,
     ) -> Result<Rc<IserPollGroup<P>>, IserTransportError> {
-        let index = self.groups.fetch_add(1, Ordering::Relaxed);
+        let index = self.listens.next_group();
         IserPollGroup::new(self, reactor, index)
     }
 

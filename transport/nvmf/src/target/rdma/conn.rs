@@ -7,20 +7,14 @@
 use std::collections::VecDeque;
 
 use pollux_reactor::mem::{ArenaId, DmaBuf, SgList};
+use pollux_verbs::group::{post_sends, GroupConn, Link, MrTable};
 use pollux_verbs::recv_repost::RecvRepost;
-use pollux_verbs::{
-    Access, MemoryRegion, ProtectionDomain, Provider, QueuePair as _, RemoteAddr, SendFlags,
-    SendOp, SendWr, Sge, WrId,
-};
+use pollux_verbs::{Provider, RemoteAddr, SendFlags, SendOp, SendWr, Sge};
 
 use super::super::qpair::QueuePair;
 use super::super::transport::{QpairOps, RemoteBuf, ReqTag, Response, Transfer, TransportError};
 use super::wrid::{Token, WrKind};
 use crate::spec::cpl::CQE_SIZE;
-
-/// Most WRs handed to one `post_send` call (the batch is posted in chunks
-/// of this many; one chunk per poll in practice).
-const POST_CHUNK: usize = 32;
 
 /// A work request waiting for the end-of-poll flush.
 #[derive(Debug, Clone, Copy)]
@@ -40,16 +34,6 @@ pub(crate) struct PendWr {
     signaled: bool,
     /// The request slot whose stored CQE a SEND carries inline.
     cqe_slot: u32,
-}
-
-/// Memory regions by arena (the poll group's shared ones are passed in;
-/// per-queue ones, e.g. the core's per-request buffers, live here).
-pub(crate) struct MrTable<P: Provider>(pub(crate) Vec<(ArenaId, P::Mr)>);
-
-impl<P: Provider> MrTable<P> {
-    pub(crate) fn lkey(&self, id: ArenaId) -> Option<u32> {
-        self.0.iter().find(|(a, _)| *a == id).map(|(_, m)| m.lkey())
-    }
 }
 
 /// The transport side of one queue: what [`QpairOps`] needs.
@@ -135,7 +119,7 @@ impl<P: Provider> ConnIo<P> {
             send_inv,
             closing: false,
             disconnect_requested: false,
-            own_mrs: MrTable(Vec::new()),
+            own_mrs: MrTable::new(),
             doorbells: 0,
             busy: 0,
             rq_repost: RecvRepost::with_capacity(depth),
@@ -208,7 +192,7 @@ impl<P: Provider> ConnIo<P> {
         }
     }
 
-    /// Post every pending WR: one `post_send` per [`POST_CHUNK`] WRs (one
+    /// Post every pending WR: one `post_send` per [`POST_CHUNK`](pollux_verbs::group::POST_CHUNK) WRs (one
     /// doorbell per poll for normal batches). Allocation-free.
     ///
     /// # Errors
@@ -226,61 +210,53 @@ impl<P: Provider> ConnIo<P> {
                 }
             }
         }
-        let mut start = 0;
-        let result = loop {
-            if start >= self.pend.len() {
-                break Ok(());
+        let ConnIo {
+            pend,
+            sges,
+            cqes,
+            doorbells,
+            ..
+        } = self;
+        let result = post_sends::<P>(qp, pend.len(), doorbells, |i| {
+            let p = &pend[i];
+            let signaled = if p.signaled {
+                SendFlags::SIGNALED
+            } else {
+                SendFlags::NONE
+            };
+            // A response SEND carries its CQE inline (no SGE); a data
+            // WR its SGEs.
+            let (op, sg_list, inline, flags): (_, &[Sge], &[u8], _) = match p.op {
+                PendOp::Read(remote) => {
+                    (SendOp::RdmaRead { remote }, sges_of(sges, p), &[], signaled)
+                }
+                PendOp::Write(remote) => (
+                    SendOp::RdmaWrite { remote },
+                    sges_of(sges, p),
+                    &[],
+                    signaled,
+                ),
+                PendOp::Send => (
+                    SendOp::Send,
+                    &[],
+                    cqe_of(cqes, p),
+                    signaled | SendFlags::INLINE,
+                ),
+                PendOp::SendInv(rkey) => (
+                    SendOp::SendWithInv { rkey },
+                    &[],
+                    cqe_of(cqes, p),
+                    signaled | SendFlags::INLINE,
+                ),
+            };
+            SendWr {
+                wr_id: p.token.encode(),
+                op,
+                sg_list,
+                inline,
+                flags,
             }
-            let end = (start + POST_CHUNK).min(self.pend.len());
-            let mut wrs = [SendWr::new(WrId(0), SendOp::Send, &[]); POST_CHUNK];
-            for (w, p) in wrs.iter_mut().zip(&self.pend[start..end]) {
-                let signaled = if p.signaled {
-                    SendFlags::SIGNALED
-                } else {
-                    SendFlags::NONE
-                };
-                // A response SEND carries its CQE inline (no SGE); a data
-                // WR its SGEs.
-                let (op, sg_list, inline, flags): (_, &[Sge], &[u8], _) = match p.op {
-                    PendOp::Read(remote) => (
-                        SendOp::RdmaRead { remote },
-                        sges_of(&self.sges, p),
-                        &[],
-                        signaled,
-                    ),
-                    PendOp::Write(remote) => (
-                        SendOp::RdmaWrite { remote },
-                        sges_of(&self.sges, p),
-                        &[],
-                        signaled,
-                    ),
-                    PendOp::Send => (
-                        SendOp::Send,
-                        &[],
-                        cqe_of(&self.cqes, p),
-                        signaled | SendFlags::INLINE,
-                    ),
-                    PendOp::SendInv(rkey) => (
-                        SendOp::SendWithInv { rkey },
-                        &[],
-                        cqe_of(&self.cqes, p),
-                        signaled | SendFlags::INLINE,
-                    ),
-                };
-                *w = SendWr {
-                    wr_id: p.token.encode(),
-                    op,
-                    sg_list,
-                    inline,
-                    flags,
-                };
-            }
-            self.doorbells += 1;
-            if let Err(e) = qp.post_send(&wrs[..end - start]) {
-                break Err(e);
-            }
-            start = end;
-        };
+        });
         self.pend.clear();
         self.sges.clear();
         self.last_send = None;
@@ -383,13 +359,9 @@ impl<P: Provider> ConnIo<P> {
         }
         // First use of an arena the poll group did not register (the core's
         // per-request buffers): register it for this queue (once).
-        let arena = buf.arena();
-        let mr = pd
-            .reg_mr(arena, 0, arena.len(), Access::LOCAL_WRITE)
-            .map_err(|e| TransportError::Other(format!("cannot register a data buffer: {e}")))?;
-        let k = mr.lkey();
-        self.own_mrs.0.push((id, mr));
-        Ok(k)
+        self.own_mrs
+            .register(pd, buf.arena())
+            .map_err(|e| TransportError::Other(format!("cannot register a data buffer: {e}")))
     }
 
     /// Queue data WRs moving `len` bytes between `bufs` and `remote`.
@@ -645,31 +617,37 @@ impl<P: Provider> Conn<P> {
     }
 }
 
-/// Where a connection is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ConnState {
-    /// Accepted, serving.
-    Live,
-    /// Disconnect started: waiting for flushes, then destroyed.
-    Closing,
-}
-
-/// One connection of a poll group.
+/// One connection of a poll group (one NVMe queue). Dropped in field
+/// order: the QP first (no DMA into our buffers after it), then the core's
+/// queue (bdev I/O still in flight owns its buffers and completes into the
+/// void).
 pub(crate) struct Conn<P: Provider> {
-    pub(crate) qp: P::Qp,
-    pub(crate) cm: P::CmId,
+    pub(crate) link: Link<P>,
     pub(crate) core: QueuePair,
     pub(crate) io: ConnIo<P>,
-    pub(crate) qp_num: u32,
     pub(crate) qid: u16,
     /// Receive buffers this queue owns (no SRQ).
     pub(crate) own_recvs: Vec<u32>,
     /// Capsules waiting for a free request (the host ran ahead of the
     /// completions it has seen): `(receive buffer, length)`.
     pub(crate) backlog: VecDeque<(u32, u32)>,
-    pub(crate) state: ConnState,
-    /// CQ entries reserved in the poll group's CQ.
-    pub(crate) cqes: u32,
+}
+
+impl<P: Provider> GroupConn<P> for Conn<P> {
+    fn link(&self) -> &Link<P> {
+        &self.link
+    }
+
+    fn link_mut(&mut self) -> &mut Link<P> {
+        &mut self.link
+    }
+
+    fn closing(&mut self) {
+        if log::log_enabled!(log::Level::Debug) {
+            log::debug!("nvmf rdma: closing {}", self.describe());
+        }
+        self.io.closing = true;
+    }
 }
 
 #[cfg(test)]

@@ -11,7 +11,10 @@
 //!   (a 64 B command slot + a separate in-capsule data buffer each, see
 //!   `recv_bufs.rs`: write data in the capsule is lent to the bdev in
 //!   place, not copied), the CM listeners it owns and its
-//!   connections. One poller: accept (CM private data checked, rejects
+//!   connections. The device, PD, CQ, connection table, listeners,
+//!   connect-request routing and CQ reaping are the generic
+//!   [`RdmaGroup`](pollux_verbs::group::RdmaGroup) that the iSER target
+//!   shares; the rest is NVMe/RDMA's. One poller: accept (CM private data checked, rejects
 //!   carry the NVMe/RDMA status); poll each queue (the bdev completions
 //!   of the last round become responses) and post its WRs; reap the CQ in
 //!   batches (send-side completions of a batch first, so a retired
@@ -20,7 +23,7 @@
 //!   receives (one `post_recv`). Each queue has 1.5 times its depth in
 //!   requests: a request stays busy until its response SEND is known
 //!   complete, while the host already reuses the command slot.
-//! - Placement (`placement.rs`, `handoff.rs`): the group that owns a
+//! - Placement (`placement.rs`, [`pollux_verbs::placement`]): the group that owns a
 //!   listener validates each connect request (rejects carry their status
 //!   from there), then places the queue ([`QueuePlacement`], default: the
 //!   group with the fewest queues, ties round robin). A queue for another
@@ -54,7 +57,6 @@
 //! the address family is intra-host (254).
 
 mod conn;
-mod handoff;
 mod options;
 mod placement;
 mod poll_group;

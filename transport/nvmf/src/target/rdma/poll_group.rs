@@ -8,44 +8,42 @@
 //! reaping lets the host read a batch of responses while this core parses
 //! the next capsules, instead of the two taking turns.
 
-use std::cell::RefCell;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use pollux_reactor::{PollStatus, PollerId, RareCheck, Reactor};
+use pollux_reactor::{PollStatus, Reactor};
+use pollux_verbs::group::{
+    Acceptor, GroupConn as _, GroupPoller, GroupSpec, Link, MrTable, RdmaGroup,
+};
+use pollux_verbs::placement::PlacementPolicy;
 use pollux_verbs::recv_repost::RecvRepost;
-use pollux_verbs::{provider::PendingConn as _, ConnRequestInfo};
 use pollux_verbs::{
-    Access, CmEvent, CmId, CmListener, CompletionQueue, ConnParam, Device, ProtectionDomain,
-    Provider, QpAttr, QpCaps, QpInit, QpState, QueuePair as _, SharedRecvQueue, Wc, WcOpcode,
-    WcStatus,
+    CmId, ConnRequestInfo, ProtectionDomain, Provider, QpAttr, QpCaps, QpInit, QpState,
+    QueuePair as _, SharedRecvQueue, Wc, WcOpcode, WcStatus,
 };
 
 use super::super::error::CapsuleError;
 use super::super::qpair::QueuePair;
 use super::super::transport::{QpairParams, ReqTag, TransportError};
-use super::conn::{Conn, ConnIo, ConnState, MrTable, RdmaOps};
-use super::handoff::{self, Handoff, Inbox};
-use super::options::{QueuePlacement, RdmaOptions};
+use super::conn::{Conn, ConnIo, RdmaOps};
+use super::options::RdmaOptions;
 use super::recv_bufs::RecvBufs;
-use super::transport::{cm_addr, RdmaTransport};
+use super::transport::RdmaTransport;
 use super::wrid::{Token, WrKind};
 use crate::spec::cmd::SQE_SIZE;
 use crate::spec::rdma_cm::{CmAccept, CmReject, CmRejectStatus, CmRequest};
 use crate::spec::transport_id::TransportId;
 
-/// Completions reaped per CQ poll call.
-const WC_BATCH: usize = 64;
 /// Most completions reaped in one poll round.
 const WC_ROUND: usize = 256;
 /// Poll rounds between CM checks (accept, connection events): those are
 /// system calls on the soft provider, kept off the per-I/O path.
 const CM_PERIOD: u64 = 32;
 /// CM rounds between two checks of the listeners while the reactor is
-/// busy (see [`RareCheck`]; a failing `accept` is a system call on the soft
-/// provider): about every 1024 polls.
+/// busy (see [`RareCheck`](pollux_reactor::RareCheck); a failing `accept`
+/// is a system call on the soft provider): about every 1024 polls.
 const LISTEN_PERIOD: u64 = 32;
 
 /// Counters of one poll group (data path: plain integers, read on its core).
@@ -86,50 +84,30 @@ pub struct PollGroupStats {
     pub icd_copies: u64,
 }
 
+/// A poll group: the generic part (device, PD, CQ, connections,
+/// listeners) and the NVMe/RDMA part.
 pub(crate) struct Shared<P: Provider> {
-    pub(crate) transport: Arc<RdmaTransport<P>>,
-    reactor: Reactor,
-    index: usize,
-    pd: P::Pd,
-    cq: P::Cq,
+    g: RdmaGroup<P, Conn<P>, TransportId>,
+    x: Nvmf<P>,
+}
+
+/// What a poll group holds of its own for NVMe/RDMA.
+struct Nvmf<P: Provider> {
+    transport: Arc<RdmaTransport<P>>,
     srq: Option<P::Srq>,
     mrs: MrTable<P>,
     /// Command slots and lendable in-capsule data buffers.
     recvs: RecvBufs,
-    /// The connection of the last SRQ receive (checked against the QP
-    /// number before use: no hash lookup per capsule in the common case).
-    hot_conn: usize,
     /// Receive buffers not owned by a queue (no SRQ).
     free_recvs: Vec<u32>,
     /// SRQ receives to post at the end of the poll.
     recv_repost: RecvRepost,
-    conns: Vec<Option<Conn<P>>>,
-    gens: Vec<u16>,
-    free_slots: Vec<u16>,
-    by_qpn: HashMap<u32, u16>,
-    listeners: Vec<(TransportId, P::CmListener)>,
-    /// Connect requests other groups handed to this one.
-    inbox: Rc<Inbox<P>>,
-    /// Rejected CM ids, kept for a few CM rounds so the host reads the
-    /// reject before the connection closes.
-    rejected: VecDeque<(u64, P::CmId)>,
-    listen_gen: u64,
-    cq_reserved: u32,
-    wcs: Vec<Wc>,
-    rounds: u64,
-    /// When a CM round checks the listeners.
-    listen: RareCheck,
     stats: PollGroupStats,
-    shutting_down: bool,
-    // The device last: everything above belongs to it.
-    dev: P::Device,
 }
 
 /// The per-reactor half of the RDMA transport (see the module docs).
 pub struct RdmaPollGroup<P: Provider> {
-    state: Rc<RefCell<Shared<P>>>,
-    reactor: Reactor,
-    poller: PollerId,
+    poller: GroupPoller<Shared<P>>,
 }
 
 impl<P: Provider> std::fmt::Debug for RdmaPollGroup<P> {
@@ -156,22 +134,17 @@ impl<P: Provider> RdmaPollGroup<P> {
             .upgrade()
             .ok_or_else(|| TransportError::Other("the target is gone".into()))?;
         let topts = target.options();
-        let name = match &opts.device {
-            Some(n) => n.clone(),
-            None => P::list_devices()
-                .map_err(|e| no_res("listing verbs devices", e))?
-                .first()
-                .map(|d| d.name.clone())
-                .ok_or_else(|| {
-                    TransportError::NoResources(format!("no {} verbs device", P::NAME))
-                })?,
+        let spec = GroupSpec {
+            label: "nvmf rdma",
+            device: opts.device.clone(),
+            num_cqe: opts.num_cqe,
+            cm_period: CM_PERIOD,
+            listen_period: LISTEN_PERIOD,
+            backlog: opts.acceptor_backlog,
         };
-        let dev = P::open_device(&name).map_err(|e| no_res("opening the verbs device", e))?;
-        let caps = dev.caps().clone();
-        let pd = dev.alloc_pd().map_err(|e| no_res("allocating a PD", e))?;
-        let cq = dev
-            .create_cq(opts.num_cqe.min(caps.max_cqe))
-            .map_err(|e| no_res("creating the CQ", e))?;
+        let g = RdmaGroup::open(spec, reactor, index, &t.placer, &t.listens)
+            .map_err(|e| TransportError::NoResources(e.to_string()))?;
+        let caps = g.caps().clone();
         let nrecv = opts.max_srq_depth.min(if opts.no_srq {
             u32::MAX
         } else {
@@ -184,11 +157,11 @@ impl<P: Provider> RdmaPollGroup<P> {
             None
         } else {
             Some(
-                pd.create_srq(nrecv as u32, recvs.sges_per_recv())
+                g.pd.create_srq(nrecv as u32, recvs.sges_per_recv())
                     .map_err(|e| no_res("creating the SRQ", e))?,
             )
         };
-        let mut mrs = MrTable::<P>(Vec::new());
+        let mut mrs = MrTable::<P>::new();
         let slot_arenas = target.slot_pool().map(|p| p.arenas());
         for a in recvs
             .arenas()
@@ -196,99 +169,61 @@ impl<P: Provider> RdmaPollGroup<P> {
             .chain(target.data_pool().arenas())
             .chain(slot_arenas.into_iter().flatten())
         {
-            if mrs.lkey(a.id()).is_none() {
-                let mr = pd
-                    .reg_mr(a, 0, a.len(), Access::LOCAL_WRITE)
-                    .map_err(|e| no_res("registering buffers", e))?;
-                mrs.0.push((a.id(), mr));
-            }
+            mrs.register(&g.pd, a)
+                .map_err(|e| no_res("registering buffers", e))?;
         }
         recvs.set_lkeys(|id| mrs.lkey(id));
         t.stats
             .recv_memory
             .fetch_add((nrecv * buf_size) as u64, Ordering::Relaxed);
         log::info!(
-            "nvmf rdma: poll group {index} on core {:?}: device {name}, {} receive buffers of {buf_size} B ({} KiB), {}",
+            "nvmf rdma: poll group {index} on core {:?}: device {}, {} receive buffers of {buf_size} B ({} KiB), {}",
             reactor.core(),
+            g.device_name(),
             nrecv,
             nrecv * buf_size / 1024,
             if opts.no_srq { "per-queue receive queues" } else { "shared receive queue" }
         );
         let mut sh = Shared {
-            transport: Arc::clone(t),
-            reactor: reactor.clone(),
-            index,
-            pd,
-            cq,
-            srq,
-            mrs,
-            recvs,
-            hot_conn: 0,
-            free_recvs: if opts.no_srq {
-                (0..nrecv as u32).rev().collect()
-            } else {
-                Vec::new()
+            g,
+            x: Nvmf {
+                transport: Arc::clone(t),
+                srq,
+                mrs,
+                recvs,
+                free_recvs: if opts.no_srq {
+                    (0..nrecv as u32).rev().collect()
+                } else {
+                    Vec::new()
+                },
+                recv_repost: RecvRepost::with_capacity(nrecv),
+                stats: PollGroupStats {
+                    recv_buffers: nrecv,
+                    ..PollGroupStats::default()
+                },
             },
-            recv_repost: RecvRepost::with_capacity(nrecv),
-            conns: Vec::new(),
-            gens: Vec::new(),
-            free_slots: Vec::new(),
-            by_qpn: HashMap::new(),
-            listeners: Vec::new(),
-            inbox: t.placer.inbox(reactor),
-            rejected: VecDeque::new(),
-            listen_gen: 0,
-            cq_reserved: 0,
-            wcs: vec![Wc::default(); WC_BATCH],
-            rounds: 0,
-            listen: RareCheck::new(LISTEN_PERIOD),
-            stats: PollGroupStats {
-                recv_buffers: nrecv,
-                ..PollGroupStats::default()
-            },
-            shutting_down: false,
-            dev,
         };
-        if sh.srq.is_some() {
-            sh.recv_repost.extend(0..nrecv as u32);
-            sh.post_srq()
+        if sh.x.srq.is_some() {
+            sh.x.recv_repost.extend(0..nrecv as u32);
+            sh.x.post_srq()
                 .map_err(|e| no_res("posting SRQ receives", e))?;
         }
-        sh.sync_listeners()?;
-        t.placer.seats().join(index, reactor.core());
-        let state = Rc::new(RefCell::new(sh));
-        let weak = Rc::downgrade(&state);
-        let poller = reactor.add_poller("nvmf-rdma", move || {
-            let Some(s) = weak.upgrade() else {
-                return PollStatus::Idle;
-            };
-            let Ok(mut s) = s.try_borrow_mut() else {
-                return PollStatus::Idle;
-            };
-            s.poll()
-        });
+        sh.g.join()
+            .map_err(|e| TransportError::Other(e.to_string()))?;
         Ok(Rc::new(RdmaPollGroup {
-            state,
-            reactor: reactor.clone(),
-            poller,
+            poller: GroupPoller::start(reactor, "nvmf-rdma", sh, Shared::poll),
         }))
     }
 
     /// Counters (call on this group's core).
     pub fn stats(&self) -> PollGroupStats {
-        self.state
-            .try_borrow()
-            .map(|s| s.snapshot())
-            .unwrap_or_default()
+        self.poller.with(Shared::snapshot).unwrap_or_default()
     }
 
     /// CM listeners this group has open (listeners are opened by the
     /// group's poller after [`TargetTransport::listen`](super::super::TargetTransport::listen)).
     pub fn listeners(&self) -> usize {
-        self.state
-            .try_borrow()
-            .map(|s| s.listeners.len())
-            .unwrap_or(0)
+        self.poller.with(|s| s.g.listeners()).unwrap_or(0)
     }
 
     /// Live connections.
@@ -300,18 +235,9 @@ impl<P: Provider> RdmaPollGroup<P> {
     /// disconnect); the queues are destroyed by the next polls. Poll until
     /// [`connections`](Self::connections) is 0 before dropping the group.
     pub fn shutdown(&self) {
-        if let Ok(mut s) = self.state.try_borrow_mut() {
-            s.shutting_down = true;
-            s.transport.placer.seats().leave(s.index);
-            s.listeners.clear();
-            for i in 0..s.conns.len() {
-                s.begin_close(i);
-            }
-        }
+        self.poller.with_mut(|s| s.g.shutdown());
     }
-}
 
-impl<P: Provider> RdmaPollGroup<P> {
     /// Open and close this group's CM listeners now (as its poller does
     /// every few rounds) after the transport's list changed.
     ///
@@ -319,11 +245,11 @@ impl<P: Provider> RdmaPollGroup<P> {
     ///
     /// The address it could not listen on.
     pub fn apply_listeners(&self) -> Result<(), TransportError> {
-        match self.state.try_borrow_mut() {
-            Ok(mut s) => s.sync_listeners(),
-            // Inside this group's own poll: it syncs there.
-            Err(_) => Ok(()),
-        }
+        // Inside this group's own poll: it syncs there.
+        self.poller
+            .with_mut(|s| s.g.sync_listeners())
+            .unwrap_or(Ok(()))
+            .map_err(|e| TransportError::Other(e.to_string()))
     }
 
     /// Start closing the queues that came in through the listener `trid`
@@ -333,49 +259,25 @@ impl<P: Provider> RdmaPollGroup<P> {
     /// the next polls destroy them and return their receive buffers,
     /// requests and seats. Returns how many.
     pub fn disconnect_listener(&self, trid: &TransportId, subnqn: Option<&str>) -> usize {
-        let Ok(mut s) = self.state.try_borrow_mut() else {
-            return 0;
-        };
-        let hit: Vec<usize> = s
-            .conns
-            .iter()
-            .enumerate()
-            .filter_map(|(i, c)| {
-                c.as_ref()
-                    .filter(|c| c.core.came_through(trid, subnqn))
-                    .map(|_| i)
-            })
-            .collect();
-        for &i in &hit {
-            s.begin_close(i);
-        }
-        hit.len()
-    }
-}
-
-impl<P: Provider> Drop for RdmaPollGroup<P> {
-    fn drop(&mut self) {
-        self.reactor.remove_poller(self.poller);
-        if let Ok(mut s) = self.state.try_borrow_mut() {
-            s.transport.placer.seats().leave(s.index);
-            // Destroy what is left on this core: QPs first, then the rest.
-            for c in s.conns.iter_mut() {
-                if let Some(c) = c.as_mut() {
-                    c.io.closing = true;
-                    let _ = c.cm.disconnect();
+        self.poller
+            .with_mut(|s| {
+                let hit = s.g.conns.select(|c| c.core.came_through(trid, subnqn));
+                for &i in &hit {
+                    s.g.begin_close(i);
                 }
-            }
-            s.conns.clear();
-            s.by_qpn.clear();
-        }
+                hit.len()
+            })
+            .unwrap_or(0)
     }
 }
 
 impl<P: Provider> Shared<P> {
     fn snapshot(&self) -> PollGroupStats {
-        let mut st = self.stats;
-        st.connections = self.conns.iter().flatten().count();
-        for c in self.conns.iter().flatten() {
+        let mut st = self.x.stats;
+        st.connections = self.g.conns.count();
+        st.handed_off = self.g.counters.handed_off;
+        st.adopted = self.g.counters.adopted;
+        for c in self.g.conns.iter() {
             let qs = c.core.stats();
             st.transport_busy += c.io.busy;
             st.doorbells += c.io.doorbells;
@@ -383,108 +285,105 @@ impl<P: Provider> Shared<P> {
             st.icd_lent += qs.icd_lent;
             st.icd_copies += qs.icd_copies;
         }
-        let slots_idle = if self.srq.is_some() {
-            self.recv_repost.posted() + self.recv_repost.waiting()
+        let slots_idle = if self.x.srq.is_some() {
+            self.x.recv_repost.posted() + self.x.recv_repost.waiting()
         } else {
-            self.free_recvs.len()
+            self.x.free_recvs.len()
         };
         // A slot is only as idle as the data buffers: lent ones are not.
         st.recv_buffers_idle = self
+            .x
             .recvs
             .data_idle()
             .map_or(slots_idle, |d| d.min(slots_idle));
         st
     }
 
-    /// Create or drop CM listeners when the transport's list changed.
-    fn sync_listeners(&mut self) -> Result<(), TransportError> {
-        let gen = self.transport.listen_gen.load(Ordering::Acquire);
-        if gen == self.listen_gen || self.shutting_down {
-            return Ok(());
-        }
-        self.listen_gen = gen;
-        let mut want = Vec::new();
-        {
-            let mut l = self.transport.lock();
-            for e in l.iter_mut() {
-                let owner = *e.owner.get_or_insert(self.index);
-                if owner == self.index {
-                    want.push(e.trid.clone());
-                }
-            }
-        }
-        self.listeners.retain(|(t, _)| want.contains(t));
-        let mut first_err = Ok(());
-        for t in want {
-            if self.listeners.iter().any(|(x, _)| *x == t) {
-                continue;
-            }
-            match self
-                .dev
-                .listen(&cm_addr(&t), self.transport.opts.acceptor_backlog)
-            {
-                Ok(l) => {
-                    log::info!("nvmf rdma: listening on {}", cm_addr(&t));
-                    self.listeners.push((t, l));
-                }
-                Err(e) => {
-                    log::error!("nvmf rdma: cannot listen on {}: {e}", cm_addr(&t));
-                    if first_err.is_ok() {
-                        first_err = Err(TransportError::Other(format!(
-                            "listen on {}: {e}",
-                            cm_addr(&t)
-                        )));
-                    }
-                }
-            }
-        }
-        first_err
-    }
-
     fn poll(&mut self) -> PollStatus {
+        let Shared { g, x } = self;
         let mut busy = false;
-        self.rounds += 1;
-        let cm_round = self.rounds % CM_PERIOD == 1;
-        if cm_round {
-            while self
-                .rejected
-                .front()
-                .is_some_and(|(r, _)| self.rounds - r > 4 * CM_PERIOD)
-            {
-                self.rejected.pop_front();
-            }
-            let _ = self.sync_listeners();
-            if self.listen.due(&self.reactor) {
-                let took = self.accept();
-                self.listen.found(took);
-                busy |= took;
-            }
-        }
-        if !self.inbox.is_empty() {
-            busy |= self.adopt();
-        }
+        let cm_round = g.begin_round();
+        busy |= g.serve_requests(cm_round, x);
         // Responses first: the bdev completions of the capsules reaped in
         // the previous round are answered and posted before this round's
         // capsules are parsed, so the host works on them while this core
         // works on the next batch (not after it).
-        for i in 0..self.conns.len() {
-            busy |= self.service(i, cm_round);
+        for i in 0..g.conns.slots() {
+            busy |= x.service(g, i, cm_round);
         }
-        busy |= self.poll_cq();
+        busy |= g.reap(WC_ROUND, |g, wcs| {
+            // Send-side completions first: a response SEND retired here
+            // frees its request for a capsule of the same batch (a host
+            // reuses a command slot as soon as it has the response, often
+            // before this side saw the SEND complete), so that capsule
+            // runs now instead of waiting in the backlog.
+            for wc in wcs {
+                let tok = Token::decode(wc.wr_id);
+                if tok.kind != WrKind::Recv {
+                    x.completion(g, wc, tok);
+                }
+            }
+            for wc in wcs {
+                let tok = Token::decode(wc.wr_id);
+                if tok.kind == WrKind::Recv {
+                    x.completion(g, wc, tok);
+                }
+            }
+        }) > 0;
         // What the new capsules queued (RDMA READs, immediate responses).
-        for i in 0..self.conns.len() {
-            busy |= self.flush_conn(i);
+        for i in 0..g.conns.slots() {
+            busy |= x.flush_conn(g, i);
         }
-        if !self.recv_repost.is_empty() {
-            if let Err(e) = self.post_srq() {
+        if !x.recv_repost.is_empty() {
+            if let Err(e) = x.post_srq() {
                 log::error!("nvmf rdma: SRQ post failed: {e}");
             }
         }
         PollStatus::from_work(busy)
     }
+}
 
+/// A poll group's generic part.
+type Group<P> = RdmaGroup<P, Conn<P>, TransportId>;
+
+impl<P: Provider> Acceptor<P, Conn<P>, TransportId> for Nvmf<P> {
+    type Refusal = CmRejectStatus;
+
+    fn check(&mut self, id: &P::CmId) -> Result<(), CmRejectStatus> {
+        let target = self
+            .transport
+            .target
+            .upgrade()
+            .ok_or(CmRejectStatus::NoResources)?;
+        check_request(id.request(), target.options().max_queue_depth).map(|_| ())
+    }
+
+    fn policy(&self) -> PlacementPolicy {
+        self.transport.opts.placement
+    }
+
+    fn no_group(&self) -> CmRejectStatus {
+        CmRejectStatus::NoResources
+    }
+
+    fn reject(&mut self, g: &mut Group<P>, id: P::CmId, st: CmRejectStatus) {
+        log::debug!("nvmf rdma: connect rejected: {st:?}");
+        let s = &self.transport.stats;
+        s.rejected.fetch_add(1, Ordering::Relaxed);
+        if st == CmRejectStatus::NoResources {
+            s.rejected_no_resources.fetch_add(1, Ordering::Relaxed);
+        }
+        g.reject(id, &CmReject::new(st).encode());
+    }
+
+    fn connect(&mut self, g: &mut Group<P>, id: P::CmId, trid: TransportId) -> bool {
+        self.open_queue(g, id, trid).is_ok()
+    }
+}
+
+impl<P: Provider> Nvmf<P> {
     fn post_srq(&mut self) -> Result<(), pollux_verbs::PostError> {
-        let Shared {
+        let Nvmf {
             recv_repost,
             recvs,
             srq,
@@ -497,138 +396,31 @@ impl<P: Provider> Shared<P> {
         recv_repost.post::<2>(|id, e| recvs.sges(id, e), |wrs| srq.post_recv(wrs))
     }
 
-    /// Accept or reject pending connect requests on this group's listeners.
-    fn accept(&mut self) -> bool {
-        let mut busy = false;
-        for li in 0..self.listeners.len() {
-            for _ in 0..16 {
-                let req = match self.listeners[li].1.get_request() {
-                    Ok(Some(id)) => id,
-                    Ok(None) => break,
-                    Err(e) => {
-                        log::warn!("nvmf rdma: listener error: {e}");
-                        break;
-                    }
-                };
-                busy = true;
-                let trid = self.listeners[li].0.clone();
-                self.admit(req, trid);
-            }
-        }
-        busy
-    }
-
-    /// A connect request on one of this group's listeners: validate it
-    /// here (a reject carries its status), then place its queue: here, or
-    /// handed to another group's core.
-    fn admit(&mut self, id: P::CmId, trid: TransportId) {
-        let t = Arc::clone(&self.transport);
-        let Some(target) = t.target.upgrade() else {
-            self.reject(id, CmRejectStatus::NoResources);
-            return;
-        };
-        if let Err(st) = check_request(id.request(), target.options().max_queue_depth) {
-            log::debug!("nvmf rdma: connect rejected: {st:?}");
-            self.reject(id, st);
-            return;
-        }
-        let place = t.placer.seats().place(self.index, t.opts.placement);
-        let (group, core) = match place {
-            Some((g, c)) if g != self.index => (g, c),
-            Some(_) => {
-                self.connect_placed(id, trid);
-                return;
-            }
-            None => {
-                self.reject(id, CmRejectStatus::NoResources);
-                return;
-            }
-        };
-        match id.detach() {
-            Ok(req) => {
-                self.stats.handed_off += 1;
-                log::debug!(
-                    "nvmf rdma: connect request handed from core {:?} to core {core}",
-                    self.reactor.core()
-                );
-                handoff::send(
-                    &t,
-                    &self.reactor,
-                    group,
-                    core,
-                    Handoff { req, context: trid },
-                );
-            }
-            Err(e) => {
-                // Serve it here after all: move its seat.
-                log::warn!("nvmf rdma: {e}; serving the queue on this core");
-                t.placer.seats().release(group);
-                if t.placer
-                    .seats()
-                    .place(self.index, QueuePlacement::ListenerCore)
-                    .is_some()
-                {
-                    self.connect_placed(e.id, trid);
-                } else {
-                    self.reject(e.id, CmRejectStatus::NoResources);
-                }
-            }
-        }
-    }
-
-    /// Requests other groups handed to this one: attach each to this
-    /// group's device and connect it here.
-    fn adopt(&mut self) -> bool {
-        let mut busy = false;
-        while let Some(Handoff { req, context: trid }) = self.inbox.pop() {
-            busy = true;
-            self.stats.adopted += 1;
-            match req.attach(&self.dev) {
-                Ok(id) => self.connect_placed(id, trid),
-                Err(e) => {
-                    // Dropping the request rejected it.
-                    log::warn!("nvmf rdma: cannot attach a handed-over connect request: {e}");
-                    handoff::refused(&self.transport, self.index);
-                }
-            }
-        }
-        busy
-    }
-
-    /// [`Self::connect`] for a request placed on this group: a refused one
-    /// gives its seat back (a connected one does when it is destroyed).
-    fn connect_placed(&mut self, id: P::CmId, trid: TransportId) {
-        if let Err(st) = self.connect(id, trid) {
-            log::debug!("nvmf rdma: connect rejected: {st:?}");
-            self.transport.placer.seats().release(self.index);
-        }
-    }
-
-    fn reject(&mut self, id: P::CmId, st: CmRejectStatus) -> CmRejectStatus {
-        let s = &self.transport.stats;
-        s.rejected.fetch_add(1, Ordering::Relaxed);
-        if st == CmRejectStatus::NoResources {
-            s.rejected_no_resources.fetch_add(1, Ordering::Relaxed);
-        }
-        let _ = id.reject(&CmReject::new(st).encode());
-        self.rejected.push_back((self.rounds, id));
+    /// [`Acceptor::reject`], for a `?`: the status again.
+    fn refuse(&mut self, g: &mut Group<P>, id: P::CmId, st: CmRejectStatus) -> CmRejectStatus {
+        Acceptor::reject(self, g, id, st);
         st
     }
 
-    /// One connect request: validate the private data, size the queue,
-    /// create the QP and the core's queue, post receives, accept.
-    fn connect(&mut self, id: P::CmId, trid: TransportId) -> Result<(), CmRejectStatus> {
+    /// One connect request placed here: validate the private data, size
+    /// the queue, create the QP and the core's queue, post receives, accept.
+    fn open_queue(
+        &mut self,
+        g: &mut Group<P>,
+        id: P::CmId,
+        trid: TransportId,
+    ) -> Result<(), CmRejectStatus> {
         let t = Arc::clone(&self.transport);
         let Some(target) = t.target.upgrade() else {
-            return Err(self.reject(id, CmRejectStatus::NoResources));
+            return Err(self.refuse(g, id, CmRejectStatus::NoResources));
         };
         let topts = target.options();
         let (info, req) = match check_request(id.request(), topts.max_queue_depth) {
             Ok(v) => v,
-            Err(st) => return Err(self.reject(id, st)),
+            Err(st) => return Err(self.refuse(g, id, st)),
         };
-        if self.shutting_down {
-            return Err(self.reject(id, CmRejectStatus::NoResources));
+        if g.is_shutting_down() {
+            return Err(self.refuse(g, id, CmRejectStatus::NoResources));
         }
         let depth = if req.qid == 0 {
             req.hsqsize + 1
@@ -637,7 +429,7 @@ impl<P: Provider> Shared<P> {
                 .min(req.hrqsize)
                 .min(topts.max_queue_depth)
         };
-        let caps = self.dev.caps().clone();
+        let caps = g.caps().clone();
         let max_sge = caps.max_sge.clamp(1, 16);
         let requests = RdmaOptions::requests_per_queue(depth);
         let sq = RdmaOptions::send_wrs_per_queue(topts, requests, max_sge).min(caps.max_qp_wr);
@@ -647,15 +439,17 @@ impl<P: Provider> Shared<P> {
         } else {
             0
         };
-        if self.cq_reserved + cqes + srq_cqes > self.cq.depth()
+        if !g.cq_fits(cqes, srq_cqes)
             || (self.srq.is_none() && self.free_recvs.len() < usize::from(depth))
-            || (self.free_slots.is_empty() && self.conns.len() >= usize::from(u16::MAX - 1))
         {
-            return Err(self.reject(id, CmRejectStatus::NoResources));
+            return Err(self.refuse(g, id, CmRejectStatus::NoResources));
         }
-        let qp = match self.pd.create_qp(&QpInit {
-            send_cq: &self.cq,
-            recv_cq: &self.cq,
+        let Some((slot, gen)) = g.conns.reserve() else {
+            return Err(self.refuse(g, id, CmRejectStatus::NoResources));
+        };
+        let qp = match g.pd.create_qp(&QpInit {
+            send_cq: &g.cq,
+            recv_cq: &g.cq,
             srq: self.srq.as_ref(),
             caps: QpCaps {
                 max_send_wr: sq,
@@ -673,7 +467,8 @@ impl<P: Provider> Shared<P> {
             Ok(q) => q,
             Err(e) => {
                 log::warn!("nvmf rdma: cannot create a QP: {e}");
-                return Err(self.reject(id, CmRejectStatus::NoResources));
+                g.conns.unreserve(slot);
+                return Err(self.refuse(g, id, CmRejectStatus::NoResources));
             }
         };
         let params = QpairParams {
@@ -686,30 +481,17 @@ impl<P: Provider> Shared<P> {
             listener: trid,
             qid: Some(req.qid),
         };
-        let core = match QueuePair::with_requests(&target, &self.reactor, params, requests) {
+        let core = match QueuePair::with_requests(&target, g.reactor(), params, requests) {
             Ok(c) => c,
             Err(e) => {
                 log::warn!("nvmf rdma: cannot create the queue: {e}");
-                return Err(self.reject(id, CmRejectStatus::NoResources));
+                g.conns.unreserve(slot);
+                return Err(self.refuse(g, id, CmRejectStatus::NoResources));
             }
         };
-        let slot = match self.free_slots.pop() {
-            Some(s) => s,
-            None => {
-                self.conns.push(None);
-                self.gens.push(0);
-                (self.conns.len() - 1) as u16
-            }
-        };
-        let gen = self.gens[usize::from(slot)];
-        let rd = u32::from(info.initiator_depth)
-            .min(caps.max_qp_init_rd_atom.max(1))
-            .min(u32::from(t.opts.max_read_depth))
-            .max(1);
+        let rd = g.read_depth(&info, u32::from(t.opts.max_read_depth));
         let mut conn: Conn<P> = Conn {
-            qp_num: qp.qp_num(),
-            qp,
-            cm: id,
+            link: Link::new(qp, id, cqes),
             core,
             io: ConnIo::new(
                 slot,
@@ -723,20 +505,19 @@ impl<P: Provider> Shared<P> {
             qid: req.qid,
             own_recvs: Vec::new(),
             backlog: VecDeque::with_capacity(usize::from(depth)),
-            state: ConnState::Live,
-            cqes,
         };
         if self.srq.is_none() {
             let n = usize::from(depth);
             let at = self.free_recvs.len() - n;
             conn.own_recvs = self.free_recvs.split_off(at);
-            let ok = conn.qp.modify(&QpAttr::to(QpState::Init)).is_ok()
+            let ok = conn.link.qp.modify(&QpAttr::to(QpState::Init)).is_ok()
                 && post_own_rq(&mut conn, &mut self.recvs).is_ok();
             if !ok {
                 self.free_recvs.append(&mut conn.own_recvs);
-                self.free_slots.push(slot);
-                let st = self.reject(conn.cm, CmRejectStatus::NoResources);
-                return Err(st);
+                g.conns.unreserve(slot);
+                let Conn { link, .. } = conn;
+                let Link { cm, .. } = link;
+                return Err(self.refuse(g, cm, CmRejectStatus::NoResources));
             }
         }
         let rep = CmAccept {
@@ -744,95 +525,39 @@ impl<P: Provider> Shared<P> {
             crqsize: depth,
         }
         .encode();
-        let param = ConnParam {
-            private_data: &rep,
-            responder_resources: 0,
-            initiator_depth: rd as u8,
-            retry_count: 7,
-            rnr_retry_count: 7,
-        };
-        if let Err(e) = conn.cm.accept(&conn.qp, &param) {
+        let param = Group::<P>::accept_param(&rep, rd);
+        if let Err(e) = conn.link.cm.accept(&conn.link.qp, &param) {
             log::warn!("nvmf rdma: accept failed: {e}");
-            drop(conn.qp);
             self.free_recvs.append(&mut conn.own_recvs);
-            self.free_slots.push(slot);
+            g.conns.unreserve(slot);
             t.stats.rejected.fetch_add(1, Ordering::Relaxed);
             return Err(CmRejectStatus::NoResources);
         }
-        self.cq_reserved += cqes;
-        self.by_qpn.insert(conn.qp_num, slot);
         log::debug!(
             "nvmf rdma: accepted qid {} depth {depth} on core {:?}",
             req.qid,
-            self.reactor.core()
+            g.reactor().core()
         );
-        self.conns[usize::from(slot)] = Some(conn);
+        g.add(slot, conn);
         t.stats.accepted.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
-    /// Reap the CQ, [`WC_BATCH`] completions at a time, until it is empty
-    /// (or [`WC_ROUND`] were reaped).
-    fn poll_cq(&mut self) -> bool {
-        let mut total = 0;
-        loop {
-            let mut wcs = std::mem::take(&mut self.wcs);
-            let n = match self.cq.poll(&mut wcs) {
-                Ok(n) => n,
-                Err(e) => {
-                    log::error!("nvmf rdma: CQ failed ({e}); closing every queue of this group");
-                    for i in 0..self.conns.len() {
-                        self.begin_close(i);
-                    }
-                    0
-                }
-            };
-            // Send-side completions first: a response SEND retired here
-            // frees its request for a capsule of the same batch (a host
-            // reuses a command slot as soon as it has the response, often
-            // before this side saw the SEND complete), so that capsule
-            // runs now instead of waiting in the backlog.
-            for wc in &wcs[..n] {
-                let tok = Token::decode(wc.wr_id);
-                if tok.kind != WrKind::Recv {
-                    self.completion(wc, tok);
-                }
-            }
-            for wc in &wcs[..n] {
-                let tok = Token::decode(wc.wr_id);
-                if tok.kind == WrKind::Recv {
-                    self.completion(wc, tok);
-                }
-            }
-            self.wcs = wcs;
-            total += n;
-            if n < WC_BATCH || total >= WC_ROUND {
-                return total > 0;
-            }
-        }
-    }
-
-    fn conn_of(&self, tok: &Token) -> Option<usize> {
-        let i = usize::from(tok.conn);
-        let c = self.conns.get(i)?.as_ref()?;
-        (c.io.gen & 0x3FFF == tok.gen).then_some(i)
-    }
-
     /// One work completion, `tok` its decoded token.
-    fn completion(&mut self, wc: &Wc, tok: Token) {
+    fn completion(&mut self, g: &mut Group<P>, wc: &Wc, tok: Token) {
         let ok = wc.status == WcStatus::Success;
         if !ok {
             self.stats.wc_errors += 1;
         }
         match tok.kind {
-            WrKind::Recv => self.recv_done(wc, &tok, ok),
+            WrKind::Recv => self.recv_done(g, wc, &tok, ok),
             WrKind::Send | WrKind::Read | WrKind::Data => {
-                let Some(i) = self.conn_of(&tok) else {
+                let Some(i) = g.conns.by_token(tok.conn, tok.gen) else {
                     return;
                 };
                 let tag = ReqTag::from_u64(u64::from(tok.index));
-                let Shared { conns, mrs, pd, .. } = self;
-                let Some(c) = conns[i].as_mut() else {
+                let RdmaGroup { conns, pd, .. } = &mut *g;
+                let Some(c) = conns.get_mut(i) else {
                     return;
                 };
                 match tok.kind {
@@ -851,7 +576,7 @@ impl<P: Provider> Shared<P> {
                         };
                         let mut ops = RdmaOps {
                             io: &mut c.io,
-                            shared: mrs,
+                            shared: &self.mrs,
                             pd,
                         };
                         c.core.transfer_done(tag, res, &mut ops);
@@ -864,34 +589,20 @@ impl<P: Provider> Shared<P> {
                         c.qid,
                         wc.status
                     );
-                    self.begin_close(i);
+                    g.begin_close(i);
                 }
             }
         }
     }
 
-    fn recv_done(&mut self, wc: &Wc, tok: &Token, ok: bool) {
+    fn recv_done(&mut self, g: &mut Group<P>, wc: &Wc, tok: &Token, ok: bool) {
         let id = tok.index;
         let srq = self.srq.is_some();
         let conn = if srq {
             self.recv_repost.completed();
-            let hot = self.hot_conn;
-            let hit = self
-                .conns
-                .get(hot)
-                .and_then(|c| c.as_ref())
-                .is_some_and(|c| c.qp_num == wc.qp_num);
-            if hit {
-                Some(hot)
-            } else {
-                let found = self.by_qpn.get(&wc.qp_num).map(|&s| usize::from(s));
-                if let Some(i) = found {
-                    self.hot_conn = i;
-                }
-                found
-            }
+            g.conns.by_qpn(wc.qp_num)
         } else {
-            self.conn_of(tok)
+            g.conns.by_token(tok.conn, tok.gen)
         };
         let Some(i) = conn else {
             if srq {
@@ -899,28 +610,26 @@ impl<P: Provider> Shared<P> {
             }
             return;
         };
-        let Shared {
-            conns,
+        let Nvmf {
             recvs,
             mrs,
-            pd,
             recv_repost,
             stats,
             ..
         } = self;
-        let Some(c) = conns[i].as_mut() else {
+        let RdmaGroup { conns, pd, .. } = &mut *g;
+        let Some(c) = conns.get_mut(i) else {
             return;
         };
         if !srq {
             c.io.rq_repost.completed();
         }
-        let live = c.state == ConnState::Live;
-        if !ok || !live || wc.opcode != WcOpcode::Recv {
+        if !ok || !c.link.is_live() || wc.opcode != WcOpcode::Recv {
             if srq {
                 recv_repost.push(id);
             }
             if !ok && wc.status != WcStatus::WrFlushErr {
-                self.begin_close(i);
+                g.begin_close(i);
             }
             return;
         }
@@ -931,7 +640,7 @@ impl<P: Provider> Shared<P> {
                 c.backlog.push_back((id, wc.byte_len));
                 stats.capsules_queued += 1;
             } else {
-                self.fail_capsule(i, id);
+                self.fail_capsule(g, i, id);
             }
             return;
         }
@@ -946,52 +655,30 @@ impl<P: Provider> Shared<P> {
                     "nvmf rdma: qid {}: bad capsule ({e}); closing the queue",
                     c.qid
                 );
-                self.fail_capsule(i, id);
+                self.fail_capsule(g, i, id);
             }
         }
     }
 
     /// A capsule that cannot be served: give its buffer back, close the queue.
-    fn fail_capsule(&mut self, i: usize, id: u32) {
+    fn fail_capsule(&mut self, g: &mut Group<P>, i: usize, id: u32) {
         if self.srq.is_some() {
             self.recv_repost.push(id);
         }
-        self.begin_close(i);
-    }
-
-    /// Start tearing connection `i` down (idempotent): the CM disconnect
-    /// moves the QP to ERR, its WRs flush, and [`Self::service`] destroys it
-    /// once the core has no transfer pending.
-    fn begin_close(&mut self, i: usize) {
-        let Some(c) = self.conns.get_mut(i).and_then(|c| c.as_mut()) else {
-            return;
-        };
-        if c.state == ConnState::Closing {
-            return;
-        }
-        if log::log_enabled!(log::Level::Debug) {
-            log::debug!("nvmf rdma: closing {}", c.describe());
-        }
-        c.state = ConnState::Closing;
-        c.io.closing = true;
-        let _ = c.cm.disconnect();
-        if c.qp.state() != QpState::Err {
-            let _ = c.qp.modify(&QpAttr::to(QpState::Err));
-        }
+        g.begin_close(i);
     }
 
     /// Per-queue work of one poll round.
-    fn service(&mut self, i: usize, cm_round: bool) -> bool {
+    fn service(&mut self, g: &mut Group<P>, i: usize, cm_round: bool) -> bool {
         let srq = self.srq.is_some();
-        let Shared {
-            conns,
+        let Nvmf {
             recvs,
             mrs,
-            pd,
             recv_repost,
             ..
         } = self;
-        let Some(c) = conns[i].as_mut() else {
+        let RdmaGroup { conns, pd, .. } = &mut *g;
+        let Some(c) = conns.get_mut(i) else {
             return false;
         };
         let mut busy = false;
@@ -1004,7 +691,7 @@ impl<P: Provider> Shared<P> {
             };
             busy |= c.core.poll(&mut ops).is_busy();
         }
-        while c.state == ConnState::Live {
+        while c.link.is_live() {
             let Some(&(id, len)) = c.backlog.front() else {
                 break;
             };
@@ -1021,7 +708,7 @@ impl<P: Provider> Shared<P> {
                 }
             }
         }
-        if !srq && c.state == ConnState::Live && !c.io.rq_repost.is_empty() {
+        if !srq && c.link.is_live() && !c.io.rq_repost.is_empty() {
             // Receives first: a lent buffer released by a response of this
             // round is posted again before the host can see the response.
             if post_rq_pending(c, recvs).is_err() {
@@ -1035,22 +722,18 @@ impl<P: Provider> Shared<P> {
         if c.io.disconnect_requested {
             close = true;
         }
-        if cm_round && c.state == ConnState::Live {
-            while let Ok(Some(ev)) = c.cm.get_event() {
-                if matches!(ev, CmEvent::Disconnected | CmEvent::ConnectError) {
-                    close = true;
-                }
-            }
+        if cm_round && c.link.is_live() && c.link.peer_left() {
+            close = true;
         }
         if close {
-            self.begin_close(i);
+            g.begin_close(i);
             busy = true;
         }
-        let Some(c) = self.conns[i].as_mut() else {
+        let Some(c) = g.conns.get(i) else {
             return busy;
         };
-        if c.state == ConnState::Closing && c.core.transfers_in_flight() == 0 {
-            self.destroy(i);
+        if !c.link().is_live() && c.core.transfers_in_flight() == 0 {
+            self.destroy(g, i);
             busy = true;
         }
         busy
@@ -1058,10 +741,9 @@ impl<P: Provider> Shared<P> {
 
     /// Post what connection `i` queued since its [`Self::service`] (the
     /// WRs of capsules reaped after it); a failed post closes it.
-    fn flush_conn(&mut self, i: usize) -> bool {
+    fn flush_conn(&mut self, g: &mut Group<P>, i: usize) -> bool {
         let srq = self.srq.is_some();
-        let Shared { conns, recvs, .. } = self;
-        let Some(c) = conns[i].as_mut() else {
+        let Some(c) = g.conns.get_mut(i) else {
             return false;
         };
         if !c.io.has_pending() {
@@ -1069,12 +751,12 @@ impl<P: Provider> Shared<P> {
         }
         // As in `service`: receives before the responses that free them.
         let mut close = !srq
-            && c.state == ConnState::Live
+            && c.link.is_live()
             && !c.io.rq_repost.is_empty()
-            && post_rq_pending(c, recvs).is_err();
+            && post_rq_pending(c, &mut self.recvs).is_err();
         close |= flush_io(c);
         if close {
-            self.begin_close(i);
+            g.begin_close(i);
         }
         true
     }
@@ -1082,41 +764,40 @@ impl<P: Provider> Shared<P> {
     /// Destroy connection `i` on this core: QP first (no more DMA into our
     /// buffers), then return its receive buffers, then drop the core's queue
     /// (bdev I/O still in flight owns its buffers and completes into the void).
-    fn destroy(&mut self, i: usize) {
-        let Some(mut c) = self.conns[i].take() else {
+    fn destroy(&mut self, g: &mut Group<P>, i: usize) {
+        let Some(c) = g.remove(i) else {
             return;
         };
-        self.by_qpn.remove(&c.qp_num);
-        self.cq_reserved = self.cq_reserved.saturating_sub(c.cqes);
-        let parked = c.core.stats().parked;
-        let (busy, doorbells) = (c.io.busy, c.io.doorbells);
-        drop(c.qp);
+        let Conn {
+            link,
+            core,
+            io,
+            mut own_recvs,
+            mut backlog,
+            ..
+        } = c;
+        drop(link);
         if self.srq.is_some() {
-            self.recv_repost
-                .extend(c.backlog.drain(..).map(|(id, _)| id));
+            self.recv_repost.extend(backlog.drain(..).map(|(id, _)| id));
         } else {
-            self.free_recvs.append(&mut c.own_recvs);
+            self.free_recvs.append(&mut own_recvs);
         }
-        drop(c.core);
-        drop(c.io);
-        drop(c.cm);
-        self.stats.core_parked += parked;
-        self.stats.transport_busy += busy;
-        self.stats.doorbells += doorbells;
-        self.gens[i] = self.gens[i].wrapping_add(1) & 0x3FFF;
-        self.free_slots.push(i as u16);
+        self.stats.core_parked += core.stats().parked;
+        self.stats.transport_busy += io.busy;
+        self.stats.doorbells += io.doorbells;
+        drop(core);
+        drop(io);
         self.transport
             .stats
             .destroyed
             .fetch_add(1, Ordering::Relaxed);
-        self.transport.placer.seats().release(self.index);
     }
 }
 
 /// Post the queue's pending WRs; `true` when the QP refused them (the
 /// queue must close).
 fn flush_io<P: Provider>(c: &mut Conn<P>) -> bool {
-    match c.io.flush(&c.qp) {
+    match c.io.flush(&c.link.qp) {
         Ok(()) => false,
         Err(e) => {
             log::debug!(
@@ -1171,7 +852,7 @@ fn post_rq_pending<P: Provider>(
     recvs: &mut RecvBufs,
 ) -> Result<(), pollux_verbs::PostError> {
     let (slot, gen) = (c.io.slot, c.io.gen);
-    let qp = &c.qp;
+    let qp = &c.link.qp;
     c.io.rq_repost.post_tagged::<2>(
         slot,
         gen,

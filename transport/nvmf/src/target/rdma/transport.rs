@@ -4,12 +4,11 @@
 
 use std::marker::PhantomData;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
-use pollux_reactor::sync::{Mutex, MutexGuard};
-
 use pollux_reactor::Reactor;
+use pollux_verbs::group::ListenTable;
 use pollux_verbs::placement::SeatLimits;
 use pollux_verbs::{CmAddr, Provider};
 
@@ -32,14 +31,6 @@ pub fn cm_addr(trid: &TransportId) -> CmAddr {
     } else {
         CmAddr::new(format!("{}:{}", trid.traddr, trid.trsvcid))
     }
-}
-
-/// A listener and the poll group (core) that owns its CM endpoint.
-#[derive(Debug, Clone)]
-pub(crate) struct ListenEntry {
-    pub(crate) trid: TransportId,
-    /// Core index of the owning poll group (`None`: the first group to see it).
-    pub(crate) owner: Option<usize>,
 }
 
 /// Connection counters of the whole transport (control path: updated on
@@ -77,10 +68,11 @@ pub struct RdmaTransportStats {
 pub struct RdmaTransport<P: Provider> {
     pub(crate) target: Weak<Target>,
     pub(crate) opts: RdmaOptions,
-    pub(crate) listeners: Mutex<Vec<ListenEntry>>,
-    /// Bumped on every listener change; poll groups compare it once per poll.
-    pub(crate) listen_gen: AtomicU64,
-    pub(crate) groups: AtomicUsize,
+    /// Listen addresses by transport id, each owned by one poll group
+    /// (spread round robin over the groups that exist). The owner
+    /// validates each connect request and places its queue
+    /// ([`RdmaOptions::placement`]), handing it to another core if need be.
+    pub(crate) listens: Arc<ListenTable<TransportId>>,
     /// The poll groups' cores and queue counts (where new queues go) and
     /// each group's inbox of handed-over connect requests.
     pub(crate) placer: Arc<QueuePlacer<P>>,
@@ -117,9 +109,7 @@ impl<P: Provider> RdmaTransport<P> {
         Ok(Arc::new(RdmaTransport {
             target: Arc::downgrade(target),
             opts,
-            listeners: Mutex::new(Vec::new()),
-            listen_gen: AtomicU64::new(1),
-            groups: AtomicUsize::new(0),
+            listens: Arc::new(ListenTable::new()),
             placer,
             stats: SharedStats::default(),
             _p: PhantomData,
@@ -129,10 +119,6 @@ impl<P: Provider> RdmaTransport<P> {
     /// The options.
     pub fn options(&self) -> &RdmaOptions {
         &self.opts
-    }
-
-    pub(crate) fn lock(&self) -> MutexGuard<'_, Vec<ListenEntry>> {
-        self.listeners.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// This core's poll group (control path): opens the device, creates
@@ -148,7 +134,7 @@ impl<P: Provider> RdmaTransport<P> {
         self: &Arc<Self>,
         reactor: &Reactor,
     ) -> Result<Rc<RdmaPollGroup<P>>, TransportError> {
-        let index = self.groups.fetch_add(1, Ordering::Relaxed);
+        let index = self.listens.next_group();
         RdmaPollGroup::new(self, reactor, index)
     }
 
@@ -183,31 +169,16 @@ impl<P: Provider> TargetTransport for RdmaTransport<P> {
     }
 
     fn listen(&self, trid: &TransportId) -> Result<(), TransportError> {
-        let mut l = self.lock();
-        if l.iter().any(|e| &e.trid == trid) {
+        if !self.listens.add(cm_addr(trid), trid.clone()) {
             return Err(TransportError::AlreadyListening(trid.clone()));
         }
-        // Spread listeners over the poll groups that exist (round robin).
-        // The owner validates each connect request and places its queue
-        // (`RdmaOptions::placement`), handing it to another core if need be.
-        let groups = self.groups.load(Ordering::Relaxed);
-        let owner = (groups > 0).then(|| l.len() % groups);
-        l.push(ListenEntry {
-            trid: trid.clone(),
-            owner,
-        });
-        self.listen_gen.fetch_add(1, Ordering::Release);
         Ok(())
     }
 
     fn stop_listen(&self, trid: &TransportId) -> Result<(), TransportError> {
-        let mut l = self.lock();
-        let i = l
-            .iter()
-            .position(|e| &e.trid == trid)
-            .ok_or_else(|| TransportError::NotListening(trid.clone()))?;
-        l.remove(i);
-        self.listen_gen.fetch_add(1, Ordering::Release);
+        if !self.listens.remove(|_, t| t == trid) {
+            return Err(TransportError::NotListening(trid.clone()));
+        }
         Ok(())
     }
 
