@@ -9,14 +9,29 @@ use std::collections::HashMap;
 /// names no connection in receive tokens.
 pub const MAX_CONNS: usize = u16::MAX as usize - 1;
 
+/// A generation no token carries (tokens have 14 bits): an empty slot's.
+const NO_GEN: u16 = u16::MAX;
+/// A QP number no QP has (they have 24 bits): an empty slot's.
+const NO_QPN: u32 = u32::MAX;
+
+/// What a lookup reads of a slot: one small entry, so that a token or a
+/// QP number is checked with one load and compare.
+#[derive(Debug, Clone, Copy)]
+struct SlotKey {
+    /// The live connection's generation, or [`NO_GEN`].
+    gen: u16,
+    /// The generation of the slot's next connection.
+    next_gen: u16,
+    /// The live connection's QP number, or [`NO_QPN`].
+    qpn: u32,
+}
+
 /// Connections by slot. Control path (`reserve`, `insert`, `remove`)
 /// allocates; lookups do not.
 #[derive(Debug)]
 pub struct ConnTable<C> {
     conns: Vec<Option<C>>,
-    /// Generation of each slot (14 bits, as a [`WrToken`](crate::token::WrToken) carries it).
-    gens: Vec<u16>,
-    qpns: Vec<u32>,
+    keys: Vec<SlotKey>,
     free: Vec<u16>,
     by_qpn: HashMap<u32, u16>,
     /// The slot of the last QP-number lookup: completions come in runs
@@ -35,8 +50,7 @@ impl<C> ConnTable<C> {
     pub fn new() -> Self {
         ConnTable {
             conns: Vec::new(),
-            gens: Vec::new(),
-            qpns: Vec::new(),
+            keys: Vec::new(),
             free: Vec::new(),
             by_qpn: HashMap::new(),
             hot: 0,
@@ -95,13 +109,16 @@ impl<C> ConnTable<C> {
             Some(s) => s,
             None if self.conns.len() < MAX_CONNS => {
                 self.conns.push(None);
-                self.gens.push(0);
-                self.qpns.push(0);
+                self.keys.push(SlotKey {
+                    gen: NO_GEN,
+                    next_gen: 0,
+                    qpn: NO_QPN,
+                });
                 (self.conns.len() - 1) as u16
             }
             None => return None,
         };
-        Some((slot, self.gens[usize::from(slot)]))
+        Some((slot, self.keys[usize::from(slot)].next_gen))
     }
 
     /// Give back a slot [`reserve`](Self::reserve)d for a connection that
@@ -116,7 +133,9 @@ impl<C> ConnTable<C> {
     pub fn insert(&mut self, slot: u16, qp_num: u32, c: C) {
         let i = usize::from(slot);
         self.conns[i] = Some(c);
-        self.qpns[i] = qp_num;
+        let k = &mut self.keys[i];
+        k.gen = k.next_gen;
+        k.qpn = qp_num;
         self.by_qpn.insert(qp_num, slot);
     }
 
@@ -124,8 +143,11 @@ impl<C> ConnTable<C> {
     /// (tokens of this connection no longer match) and the slot is free.
     pub fn remove(&mut self, i: usize) -> Option<C> {
         let c = self.conns.get_mut(i)?.take()?;
-        self.by_qpn.remove(&self.qpns[i]);
-        self.gens[i] = self.gens[i].wrapping_add(1) & 0x3FFF;
+        let k = &mut self.keys[i];
+        self.by_qpn.remove(&k.qpn);
+        k.gen = NO_GEN;
+        k.qpn = NO_QPN;
+        k.next_gen = k.next_gen.wrapping_add(1) & 0x3FFF;
         self.free.push(i as u16);
         Some(c)
     }
@@ -139,18 +161,19 @@ impl<C> ConnTable<C> {
         out
     }
 
-    /// The slot a token's `(conn, gen)` names, if that connection is live.
+    /// The slot a token's `(conn, gen)` names, if that connection is live
+    /// (`gen` is taken to 14 bits, as a token carries it).
     #[inline]
     pub fn by_token(&self, conn: u16, gen: u16) -> Option<usize> {
         let i = usize::from(conn);
-        (self.conns.get(i)?.is_some() && self.gens[i] == gen).then_some(i)
+        (self.keys.get(i)?.gen == gen & 0x3FFF).then_some(i)
     }
 
     /// The slot of the connection whose QP is `qp_num`.
     #[inline]
     pub fn by_qpn(&mut self, qp_num: u32) -> Option<usize> {
         let hot = self.hot;
-        if self.qpns.get(hot) == Some(&qp_num) && self.conns[hot].is_some() {
+        if self.keys.get(hot).is_some_and(|k| k.qpn == qp_num) && qp_num != NO_QPN {
             return Some(hot);
         }
         let i = usize::from(*self.by_qpn.get(&qp_num)?);
@@ -195,6 +218,9 @@ mod tests {
             assert_eq!(t.get(i), Some(&q));
         }
         assert_eq!(t.by_qpn(5), None);
+        t.remove(0);
+        assert_eq!(t.by_qpn(NO_QPN), None, "an empty slot has no QP number");
+        assert_eq!(t.by_token(0, NO_GEN), None, "nor a generation");
     }
 
     #[test]

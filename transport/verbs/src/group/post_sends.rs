@@ -10,33 +10,32 @@ use crate::PostError;
 /// Most work requests handed to one `post_send` call.
 pub const POST_CHUNK: usize = 32;
 
-/// Post `count` send work requests to `qp`, the `i`-th built by `wr(i)`,
-/// [`POST_CHUNK`] to a call; each call is counted in `doorbells`.
+/// Post a send work request for each of `queued` to `qp`, built by
+/// `wr`, [`POST_CHUNK`] to a call; each call is counted in `doorbells`.
 ///
 /// # Errors
-/// The QP refused a request: its [`index`](PostError::index) counts from
-/// the first of all `count`; it and those after it were not posted (and
-/// will never complete).
+/// The QP refused a request: its [`index`](PostError::index) is its place
+/// in `queued`; it and those after it were not posted (and will never
+/// complete).
 #[inline]
-pub fn post_sends<'a, P: Provider>(
+pub fn post_sends<'a, T, P: Provider>(
     qp: &P::Qp,
-    count: usize,
+    queued: &'a [T],
     doorbells: &mut u64,
-    mut wr: impl FnMut(usize) -> SendWr<'a>,
+    mut wr: impl FnMut(&'a T) -> SendWr<'a>,
 ) -> Result<(), PostError> {
     let mut start = 0;
-    while start < count {
-        let end = (start + POST_CHUNK).min(count);
+    for chunk in queued.chunks(POST_CHUNK) {
         let mut wrs = [SendWr::new(WrId(0), SendOp::Send, &[]); POST_CHUNK];
-        for (i, w) in (start..end).zip(wrs.iter_mut()) {
-            *w = wr(i);
+        for (w, q) in wrs.iter_mut().zip(chunk) {
+            *w = wr(q);
         }
         *doorbells += 1;
-        qp.post_send(&wrs[..end - start]).map_err(|mut e| {
+        qp.post_send(&wrs[..chunk.len()]).map_err(|mut e| {
             e.index += start;
             e
         })?;
-        start = end;
+        start += chunk.len();
     }
     Ok(())
 }
@@ -65,9 +64,10 @@ mod tests {
             rkey: p.b.mr.rkey(),
         };
         let mut doorbells = 0;
-        let r = post_sends::<crate::soft::Soft>(&p.a.qp, n, &mut doorbells, |i| {
+        let ids: Vec<u64> = (0..n as u64).collect();
+        let r = post_sends::<_, crate::soft::Soft>(&p.a.qp, &ids, &mut doorbells, |&i| {
             SendWr::new(
-                WrId(i as u64),
+                WrId(i),
                 SendOp::RdmaWrite { remote },
                 std::slice::from_ref(&sge),
             )

@@ -168,9 +168,7 @@ impl<P: Provider> ConnIo<P> {
     /// # Errors
     /// The QP refused a WR: the connection must be torn down.
     pub(crate) fn flush(&mut self, qp: &P::Qp) -> Result<(), pollux_verbs::PostError> {
-        let pend = &self.pend;
-        let result = post_sends::<P>(qp, pend.len(), &mut self.doorbells, |i| {
-            let p = &pend[i];
+        let result = post_sends::<_, P>(qp, &self.pend, &mut self.doorbells, |p| {
             let op = match p.op {
                 PendOp::Send => SendOp::Send,
                 PendOp::SendInv(rkey) => SendOp::SendWithInv { rkey },

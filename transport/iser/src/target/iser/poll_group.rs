@@ -1,6 +1,8 @@
-//! [`IserPollGroup`]: one per reactor. It owns one PD, one CQ shared by
-//! its connections, one SRQ with receive buffers of iSER header + BHS +
-//! 8 KiB, the CM listeners assigned to its core, and its connections. One
+//! [`IserPollGroup`]: one per reactor. Its generic part ([`RdmaGroup`],
+//! shared with the NVMe-oF RDMA target) holds the device, PD and CQ shared
+//! by its connections, the CM listeners assigned to its core, and its
+//! connections; its own part one SRQ with receive buffers of iSER header +
+//! BHS + 8 KiB, and its [`Acceptor`] (the iSER CM header). One
 //! poller: accept (iSER CM header checked), reap the CQ in batches, feed
 //! PDUs to the connection cores, poll them, post the queued WRs (one
 //! doorbell per connection, one for the SRQ), destroy closed connections on

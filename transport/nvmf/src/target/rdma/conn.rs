@@ -141,6 +141,7 @@ impl<P: Provider> ConnIo<P> {
     /// failing): it and every unsignaled SEND posted before it are done.
     /// Releases their send-queue slots and calls `done` for each request,
     /// oldest first. A stale tag is harmless (the core ignores it).
+    #[inline(always)]
     pub(crate) fn sends_done(&mut self, tag: ReqTag, mut done: impl FnMut(ReqTag)) {
         let upto = if self.owns(tag) {
             self.req_upto.get(tag.slot()).copied().unwrap_or(0)
@@ -217,8 +218,7 @@ impl<P: Provider> ConnIo<P> {
             doorbells,
             ..
         } = self;
-        let result = post_sends::<P>(qp, pend.len(), doorbells, |i| {
-            let p = &pend[i];
+        let result = post_sends::<_, P>(qp, pend, doorbells, |p| {
             let signaled = if p.signaled {
                 SendFlags::SIGNALED
             } else {

@@ -1,7 +1,9 @@
-//! [`RdmaPollGroup`]: one per reactor. It owns, per device, one PD, one CQ
-//! shared by all its queues, one SRQ (unless `no_srq`) and the receive
-//! buffers; the CM listeners assigned to its core; and its connections.
-//! One poller drives everything: accept; poll each queue, answering the
+//! [`RdmaPollGroup`]: one per reactor. Its generic part
+//! ([`RdmaGroup`]: the device, PD and CQ shared by all its queues, the CM
+//! listeners assigned to its core, its connections) is shared with the
+//! iSER target; its own part holds the SRQ (unless `no_srq`) and the
+//! receive buffers, and decides which connect requests become queues (its
+//! [`Acceptor`]). One poller drives everything: accept; poll each queue, answering the
 //! bdev completions of the last round, and post its WRs; reap the CQ and
 //! feed its capsules to the core; post what they queued and the
 //! SRQ receives; destroy closed queues on this core. Answering before
@@ -619,6 +621,9 @@ impl<P: Provider> Nvmf<P> {
         } = self;
         let RdmaGroup { conns, pd, .. } = &mut *g;
         let Some(c) = conns.get_mut(i) else {
+            if srq {
+                recv_repost.push(id);
+            }
             return;
         };
         if !srq {
@@ -876,6 +881,7 @@ fn repost<P: Provider>(c: &mut Conn<P>, recv_repost: &mut RecvRepost, srq: bool,
 /// Hand the capsule in receive `id` to the core: the SQE is parsed (one
 /// copy of 64 bytes into the request), in-capsule data at offset 0 is lent
 /// with its buffer (the slot then takes a fresh one when reposted).
+#[inline(always)]
 fn submit<P: Provider>(
     c: &mut Conn<P>,
     recvs: &mut RecvBufs,
