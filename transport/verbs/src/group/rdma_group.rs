@@ -638,6 +638,18 @@ mod tests {
         (g, placer)
     }
 
+    /// A QP on the group's CQ, without SRQ.
+    fn plain_qp(g: &Group) -> <Soft as Provider>::Qp {
+        g.pd.create_qp(&QpInit {
+            send_cq: &g.cq,
+            recv_cq: &g.cq,
+            srq: None,
+            caps: QpCaps::default(),
+            sq_sig_all: false,
+        })
+        .expect("QP")
+    }
+
     /// A peer connecting to `addr` with `data`, and its CM id.
     fn peer(addr: &CmAddr, data: &[u8]) -> (Endpoint<SoftFixture>, <Soft as Provider>::CmId) {
         let peer = Endpoint::<SoftFixture>::new(&FX, QpCaps::default(), 4096, 16);
@@ -682,15 +694,7 @@ mod tests {
             panic!("one group: it stays here");
         };
         assert_eq!(placer.seats().loads(), [1]);
-        let qp =
-            g.pd.create_qp(&QpInit {
-                send_cq: &g.cq,
-                recv_cq: &g.cq,
-                srq: None,
-                caps: QpCaps::default(),
-                sq_sig_all: false,
-            })
-            .expect("QP");
+        let qp = plain_qp(&g);
         assert!(g.cq_fits(60, 4) && !g.cq_fits(60, 5), "64 CQ entries");
         let (slot, gen) = g.conns.reserve().expect("a slot");
         id.accept(&qp, &Group::accept_param(b"ok", 1))
@@ -779,15 +783,7 @@ mod tests {
             g.reject(id, why.as_bytes());
         }
         fn connect(&mut self, g: &mut Group, id: <Soft as Provider>::CmId, _key: u16) -> bool {
-            let qp =
-                g.pd.create_qp(&QpInit {
-                    send_cq: &g.cq,
-                    recv_cq: &g.cq,
-                    srq: None,
-                    caps: QpCaps::default(),
-                    sq_sig_all: false,
-                })
-                .expect("QP");
+            let qp = plain_qp(g);
             let Some((slot, _)) = g.conns.reserve() else {
                 return false;
             };
