@@ -86,11 +86,6 @@ impl<C> ConnTable<C> {
         self.conns.iter().flatten()
     }
 
-    /// Every connection, mutably.
-    pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut C> {
-        self.conns.iter_mut().flatten()
-    }
-
     /// The slots of the connections `pick` selects.
     pub fn select(&self, mut pick: impl FnMut(&C) -> bool) -> Vec<usize> {
         self.conns
