@@ -12,8 +12,11 @@ quick=0
 echo "=== SPDK JSON-RPC client (scripts/spdk-rpc-venv.sh)"
 bash scripts/spdk-rpc-venv.sh
 
-echo "=== cargo test --workspace"
-cargo test --workspace --release
+# Release optimisation without cross-crate LTO (the `test-release` profile in
+# Cargo.toml, built in target/test-release): linking ~60 test binaries with
+# thin LTO cost more than the rest of the build.
+echo "=== cargo test --workspace --profile test-release"
+cargo test --workspace --profile test-release
 
 if ((quick)); then
   echo "=== VM interop skipped (--quick)"

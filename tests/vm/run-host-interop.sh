@@ -19,14 +19,7 @@ rm -rf "$out" && mkdir -p "$out" || exit 125
 tests/vm/build-bins.sh "$out" pollux-perf pollux-tgt || exit 1
 # Every 8-byte little-endian word holds its byte offset XOR
 # 0xA5A5_0000_0000_5A5A (pollux_apps::workload::known_pattern).
-python3 - "$out/pattern.img" <<'PY' || { echo "pattern image failed" >&2; exit 125; }
-import struct, sys
-K, MIB = 0xA5A5_0000_0000_5A5A, 1 << 20
-with open(sys.argv[1], "wb") as f:
-    for m in range(32):
-        base = m * MIB
-        f.write(struct.pack("<%dQ" % (MIB // 8), *[(base + i * 8) ^ K for i in range(MIB // 8)]))
-PY
+tests/vm/make-pattern.sh "$out/pattern.img" || { echo "pattern image failed" >&2; exit 125; }
 t0=$SECONDS
 "$LAB" -t 420 --out "$out" "$@" run tests/vm/host-guest.sh \
   "$PWD/$out/pollux-perf" "$PWD/$out/pollux-tgt" "$PWD/$out/pattern.img"

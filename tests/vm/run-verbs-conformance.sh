@@ -13,24 +13,13 @@ PERF=0
 
 "$LAB" --setup-only -q || exit $?
 # Test binaries of the ibverbs suite (integration tests named *ibverbs*).
-build() {  # cargo test args... -> executables, one a line
-  cargo test "$@" -p pollux-verbs --features ibverbs --tests --no-run \
-    --message-format=json-render-diagnostics | python3 -c '
-import json, sys
-for line in sys.stdin:
-    try: m = json.loads(line)
-    except ValueError: continue
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and "ibverbs" in m["target"]["name"]:
-        print(m["executable"])
-'
-}
-echo "building pollux-verbs tests with --features ibverbs" >&2
-mapfile -t bins < <(build) && [ ${#bins[@]} -gt 0 ] || { echo "build failed / no ibverbs test binary" >&2; exit 1; }
+build() { tests/vm/build-verbs-tests.sh "$@"; }   # cargo args -> executables
+mapfile -t bins < <(build) && [ ${#bins[@]} -gt 0 ] || exit 1
 echo "test binaries: ${bins[*]}" >&2
 if [ "$PERF" = 1 ]; then
   # Measure optimised code; the suite itself runs from the debug build (its
   # waits are bounded by polling rounds, sized for that).
-  mapfile -t rel < <(build --release) && [ ${#rel[@]} -gt 0 ] || { echo "release build failed" >&2; exit 1; }
+  mapfile -t rel < <(build --release) && [ ${#rel[@]} -gt 0 ] || exit 1
   tool=()
   if cargo build --release -q -p pollux-apps --features ibverbs --bin pollux-verbs-perf; then
     tool=(--tool "$PWD/target/release/pollux-verbs-perf")
