@@ -501,14 +501,21 @@ impl<P: Provider, C: GroupConn<P>, K: Clone + PartialEq + Send + 'static> RdmaGr
         self.conns.insert(slot, qpn, c);
     }
 
-    /// Take connection `i` out (its QP still exists: drop it first, then
-    /// what its buffers belong to): its slot, CQ entries and seat are
-    /// free.
-    pub fn remove(&mut self, i: usize) -> Option<C> {
-        let c = self.conns.remove(i)?;
+    /// Take connection `i` out and hand it to `teardown` (drop its QP
+    /// first, then what its buffers belong to; count it): its slot and CQ
+    /// entries are free, and its placement seat once `teardown` has
+    /// returned. So a group's seat count never drops before the
+    /// connection is gone and counted: "no queue left" (loads of zero)
+    /// means every connection that went is torn down. `false` when there
+    /// is no connection `i`.
+    pub fn remove_with(&mut self, i: usize, teardown: impl FnOnce(C)) -> bool {
+        let Some(c) = self.conns.remove(i) else {
+            return false;
+        };
         self.cq_reserved = self.cq_reserved.saturating_sub(c.link().cqes());
+        teardown(c);
         self.placer.seats().release(self.index);
-        Some(c)
+        true
     }
 
     /// Begin closing connection `i` (idempotent): the transport's
@@ -723,8 +730,15 @@ mod tests {
         let ev = spin(|| peer_id.get_event().expect("event")).expect("disconnect");
         assert!(matches!(ev, CmEvent::Disconnected), "{ev:?}");
 
-        // Removed: slot, CQ entries and seat are free, tokens stale.
-        assert!(g.remove(i).is_some());
+        // Removed: slot, CQ entries and seat are free, tokens stale; the
+        // seat only once the teardown has run.
+        let mut seats_during = None;
+        assert!(g.remove_with(i, |c| {
+            seats_during = Some(placer.seats().loads());
+            drop(c);
+        }));
+        assert_eq!(seats_during, Some(vec![1]), "seat held until torn down");
+        assert!(!g.remove_with(i, drop), "removed once");
         assert_eq!(placer.seats().loads(), [0]);
         assert!(g.cq_fits(64, 0));
         assert_eq!(g.conns.by_token(slot, gen), None);

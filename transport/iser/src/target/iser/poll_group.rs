@@ -448,18 +448,19 @@ impl<P: Provider> Iser<P> {
 
     /// Destroy connection `i` on this core: the QP first (no more DMA into
     /// our buffers), then the core and the send slots (see [`Conn`]).
+    /// Counted as destroyed before its seat is released (`remove_with`):
+    /// a transport whose groups hold no connection has counted every one.
     fn destroy(&mut self, g: &mut Group<P>, i: usize) {
-        let Some(c) = g.remove(i) else {
-            return;
-        };
-        self.stats.doorbells += c.io.doorbells;
-        self.stats.transport_busy += c.io.busy;
-        self.stats.nop_pings += c.core.stats().nop_pings;
-        drop(c);
-        self.transport
-            .stats
-            .destroyed
-            .fetch_add(1, Ordering::Relaxed);
+        g.remove_with(i, |c| {
+            self.stats.doorbells += c.io.doorbells;
+            self.stats.transport_busy += c.io.busy;
+            self.stats.nop_pings += c.core.stats().nop_pings;
+            drop(c);
+            self.transport
+                .stats
+                .destroyed
+                .fetch_add(1, Ordering::Relaxed);
+        });
     }
 
     /// One work completion.

@@ -769,33 +769,34 @@ impl<P: Provider> Nvmf<P> {
     /// Destroy connection `i` on this core: QP first (no more DMA into our
     /// buffers), then return its receive buffers, then drop the core's queue
     /// (bdev I/O still in flight owns its buffers and completes into the void).
+    /// Counted as destroyed before its seat is released (`remove_with`):
+    /// a transport whose groups hold no queue has counted every one.
     fn destroy(&mut self, g: &mut Group<P>, i: usize) {
-        let Some(c) = g.remove(i) else {
-            return;
-        };
-        let Conn {
-            link,
-            core,
-            io,
-            mut own_recvs,
-            mut backlog,
-            ..
-        } = c;
-        drop(link);
-        if self.srq.is_some() {
-            self.recv_repost.extend(backlog.drain(..).map(|(id, _)| id));
-        } else {
-            self.free_recvs.append(&mut own_recvs);
-        }
-        self.stats.core_parked += core.stats().parked;
-        self.stats.transport_busy += io.busy;
-        self.stats.doorbells += io.doorbells;
-        drop(core);
-        drop(io);
-        self.transport
-            .stats
-            .destroyed
-            .fetch_add(1, Ordering::Relaxed);
+        g.remove_with(i, |c| {
+            let Conn {
+                link,
+                core,
+                io,
+                mut own_recvs,
+                mut backlog,
+                ..
+            } = c;
+            drop(link);
+            if self.srq.is_some() {
+                self.recv_repost.extend(backlog.drain(..).map(|(id, _)| id));
+            } else {
+                self.free_recvs.append(&mut own_recvs);
+            }
+            self.stats.core_parked += core.stats().parked;
+            self.stats.transport_busy += io.busy;
+            self.stats.doorbells += io.doorbells;
+            drop(core);
+            drop(io);
+            self.transport
+                .stats
+                .destroyed
+                .fetch_add(1, Ordering::Relaxed);
+        });
     }
 }
 

@@ -231,11 +231,12 @@ impl Drop for TcpPollGroup {
         for mut c in conns {
             c.leave_quiet_set(&mut st.quiet);
             c.shut_down();
-            self.transport.seats.release(self.index);
+            // Counted before the seat goes, as below.
             self.transport
                 .stats
                 .destroyed
                 .fetch_add(1, Ordering::Relaxed);
+            self.transport.seats.release(self.index);
         }
     }
 }
@@ -313,11 +314,13 @@ impl Ctx {
                 if let Some(moved) = conns.get_mut(i) {
                     moved.moved_in_quiet_set(quiet, i);
                 }
-                self.transport.seats.release(self.index);
+                // Counted before the seat goes: a transport whose groups
+                // hold no queue has counted every one.
                 self.transport
                     .stats
                     .destroyed
                     .fetch_add(1, Ordering::Relaxed);
+                self.transport.seats.release(self.index);
                 busy = true;
             } else {
                 i += 1;
