@@ -131,7 +131,7 @@ pub trait Acceptor<P: Provider, C: GroupConn<P>, K: Clone + PartialEq + Send + '
 /// [`take_requests`](Self::take_requests), [`route`](Self::route),
 /// [`adopt`](Self::adopt), [`reject`](Self::reject)); serve its
 /// connections and [`reap`](Self::reap) the CQ; and
-/// [`remove`](Self::remove) a closed connection once nothing of it is in
+/// [`remove_with`](Self::remove_with) a closed connection once nothing of it is in
 /// flight.
 pub struct RdmaGroup<P: Provider, C: GroupConn<P>, K: Clone + PartialEq + Send + 'static> {
     /// The protection domain.
