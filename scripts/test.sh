@@ -14,9 +14,10 @@ bash scripts/spdk-rpc-venv.sh
 
 # Release optimisation without cross-crate LTO (the `test-release` profile in
 # Cargo.toml, built in target/test-release): linking ~60 test binaries with
-# thin LTO cost more than the rest of the build.
-echo "=== cargo test --workspace --profile test-release"
-cargo test --workspace --profile test-release
+# thin LTO cost more than the rest of the build. --no-fail-fast: every test
+# binary runs, so one failure does not hide another.
+echo "=== cargo test --workspace --profile test-release --no-fail-fast"
+cargo test --workspace --profile test-release --no-fail-fast
 
 if ((quick)); then
   echo "=== VM interop skipped (--quick)"
