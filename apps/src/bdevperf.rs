@@ -863,7 +863,7 @@ mod tests {
             ("null:size=1M,block=4096,md=8,pi=3", 4096),
         ] {
             let rep = pi_run(spec, Workload::RandRw, io, PiMode::Both).unwrap();
-            assert!(rep.total.ios > 10, "{spec}");
+            assert!(rep.total.ios > 0, "{spec}: no I/O");
             assert_eq!(rep.total.errors, 0, "{spec}: PI errors");
         }
     }

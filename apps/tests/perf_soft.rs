@@ -5,7 +5,9 @@
 #![allow(clippy::unwrap_used)]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use pollux_reactor::sync::Mutex;
 use std::time::Duration;
 
 use pollux_apps::perf::{run, PerfParams, TransportFactory};
@@ -80,14 +82,13 @@ fn target_at(bdev: &str, addr: String) -> Tgt {
         "0"
     };
     let (tx, rx) = std::sync::mpsc::channel::<()>();
-    let tx = std::sync::Mutex::new(tx);
     let set = launch(LaunchConfig::new(Cores::parse(core).unwrap()), move |r| {
         let pg = transport.create_poll_group(r).unwrap();
         r.add_poller("keep-poll-group", move || {
             let _ = &pg;
             PollStatus::Idle
         });
-        let _ = tx.lock().unwrap().send(());
+        let _ = tx.send(());
     })
     .unwrap();
     // The listener is up once the poll group exists.

@@ -83,6 +83,10 @@ fn serves_a_host_and_shuts_down_cleanly_on_sigterm() {
     assert_eq!(s["cores"], serde_json::json!([0]), "{s}");
     assert_eq!(s["busy_pct"].as_array().unwrap().len(), 1, "{s}");
     assert!(s["recv_memory_bytes"].as_u64().unwrap() > 0, "{s}");
+    // The reactor has looped by the time it is ready; a busy loop is a loop.
+    let loops = s["loops"][0].as_u64().unwrap();
+    let busy_loops = s["busy_loops"][0].as_u64().unwrap();
+    assert!(loops > 0 && busy_loops <= loops, "{s}");
 
     // A second target on the same address fails and names the listener.
     let mut dup = Tgt::start(&cfg, &[]);

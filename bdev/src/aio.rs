@@ -54,15 +54,24 @@ pub enum AioEngineKind {
     LinuxAio,
 }
 
+/// An option value its parser does not know (the message names the
+/// values it takes).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OptionValueError {
+    /// Not an [`AioEngineKind`].
+    #[error("unknown engine `{0}` (uring, aio or auto)")]
+    AioEngine(String),
+}
+
 impl FromStr for AioEngineKind {
-    type Err = String;
+    type Err = OptionValueError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "auto" => Ok(Self::Auto),
             "uring" | "io_uring" => Ok(Self::Uring),
             "aio" | "libaio" => Ok(Self::LinuxAio),
-            other => Err(format!("unknown engine `{other}` (uring, aio or auto)")),
+            other => Err(OptionValueError::AioEngine(other.to_owned())),
         }
     }
 }
@@ -335,7 +344,10 @@ mod tests {
     use crate::registry::BdevRegistry;
     use crate::testutil::{bytes_of, pattern, sg, sg_with, Recorder};
 
-    /// A temp file path on a file system that accepts O_DIRECT, removed on drop.
+    /// A temp file path on a file system that accepts O_DIRECT (`$TMPDIR`
+    /// or, where that is tmpfs, the workspace's `target/`), removed on drop.
+    /// A directory whose file system also zeroes ranges (`fallocate`, for
+    /// write zeroes; tmpfs does not) is preferred.
     struct TempFile(PathBuf);
 
     impl Drop for TempFile {
@@ -347,7 +359,9 @@ mod tests {
     fn direct_temp_file(tag: &str) -> Option<TempFile> {
         let name = format!("pollux-bdev-aio-{}-{tag}", std::process::id());
         let mut tried = Vec::new();
-        for dir in [std::env::temp_dir(), PathBuf::from(".")] {
+        let target = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../target"));
+        let mut direct_only = None;
+        for dir in [std::env::temp_dir(), target] {
             let p = dir.join(&name);
             let r = OpenOptions::new()
                 .read(true)
@@ -356,16 +370,29 @@ mod tests {
                 .custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32)
                 .open(&p);
             match r {
-                Ok(_) => return Some(TempFile(p)),
+                Ok(f) => {
+                    let zero = FallocateFlags::ZERO_RANGE | FallocateFlags::KEEP_SIZE;
+                    if rustix::fs::fallocate(&f, zero, 0, 4096).is_ok() {
+                        drop(direct_only);
+                        return Some(TempFile(p));
+                    }
+                    direct_only.get_or_insert(TempFile(p));
+                }
                 Err(e) => {
                     let _ = std::fs::remove_file(&p);
                     tried.push(format!("{}: {e}", dir.display()));
                 }
             }
         }
-        println!(
-            "SKIP aio test {tag}: O_DIRECT refused ({})",
-            tried.join("; ")
+        if direct_only.is_some() {
+            return direct_only;
+        }
+        pollux_reactor::test_env::skip(
+            &format!(
+                "a directory that accepts O_DIRECT for aio test {tag} ({})",
+                tried.join("; ")
+            ),
+            "point TMPDIR at a disk file system such as ext4 or xfs, not tmpfs",
         );
         None
     }
@@ -394,8 +421,8 @@ mod tests {
     );
 
     /// An aio bdev from `spec`, opened, and its channel on a one-reactor
-    /// cluster; `None` (with a SKIP line naming `what`) when the engine is
-    /// unavailable here.
+    /// cluster; `None` (after `pollux_reactor::test_env::skip` naming
+    /// `what`) when the engine is unavailable here.
     fn aio_channel(spec: &str, engine: &str, what: &str) -> Option<AioFixture> {
         let bdev = match BdevRegistry::new().create(spec) {
             Ok(b) => b,
@@ -406,7 +433,11 @@ mod tests {
         match cluster.on(0, |r| desc.channel(r)) {
             Ok(ch) => Some((cluster, bdev, desc, ch)),
             Err(BdevError::Engine(e)) => {
-                println!("SKIP aio {what} with engine={engine}: {e}");
+                pollux_reactor::test_env::skip(
+                    &format!("aio engine={engine} for the {what} ({e})"),
+                    "run on Linux with io_uring and libaio (AIO) enabled, \
+                     not blocked by seccomp or kernel.io_uring_disabled",
+                );
                 None
             }
             Err(e) => panic!("channel: {e}"),
@@ -458,7 +489,10 @@ mod tests {
         wait_for(&cluster, &rec, 2);
         let st: Vec<IoStatus> = rec.take().into_iter().map(|d| d.1.status).collect();
         if st.iter().any(|s| s.is_err()) {
-            println!("SKIP aio write_zeroes/unmap check: fallocate refused: {st:?}");
+            pollux_reactor::test_env::skip(
+                &format!("fallocate punch-hole/zero-range for write_zeroes/unmap ({st:?})"),
+                "point TMPDIR at ext4 or xfs, which support both",
+            );
         } else {
             cluster.on(0, |_| ch.read(3, 4, sg(&[4 * 4096], 0xEE), &cb, 6).unwrap());
             wait_for(&cluster, &rec, 1);

@@ -145,9 +145,9 @@ impl Drop for FallocateWorker {
 /// let it go, to see the reactor keep working while one is outstanding.
 #[cfg(test)]
 pub(crate) mod test_gate {
+    use pollux_reactor::sync::Mutex;
     use std::fs::File;
     use std::sync::mpsc::{channel, Receiver, Sender};
-    use std::sync::Mutex;
 
     type Gates = Vec<((u64, u64), Receiver<()>)>;
     static GATES: Mutex<Gates> = Mutex::new(Vec::new());

@@ -107,7 +107,7 @@ mod null;
 pub mod pi;
 mod registry;
 
-pub use aio::{AioBackend, AioEngineKind, AioOptions};
+pub use aio::{AioBackend, AioEngineKind, AioOptions, OptionValueError};
 pub use backend::{BackendChannel, BdevBackend, Completions, Submitted, DEFAULT_QUEUE_DEPTH};
 pub use bdev::{Bdev, BdevDesc};
 pub use channel::{ChannelCore, ChannelStats, IoChannel};

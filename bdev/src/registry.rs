@@ -29,7 +29,7 @@ use std::sync::{Arc, OnceLock};
 
 use pollux_reactor::sync::Mutex;
 
-use crate::aio::{AioBackend, AioEngineKind, AioOptions};
+use crate::aio::{AioBackend, AioEngineKind, AioOptions, OptionValueError};
 use crate::backend::BdevBackend;
 use crate::bdev::Bdev;
 use crate::info::{BdevInfo, PiType};
@@ -175,7 +175,9 @@ impl BdevSpec {
                     have_path = true;
                 }
                 ("engine", BackendSpec::Aio { engine, .. }) => {
-                    *engine = value.parse().map_err(|e: String| spec_err(key, e))?
+                    *engine = value
+                        .parse()
+                        .map_err(|e: OptionValueError| spec_err(key, e.to_string()))?
                 }
                 ("direct", BackendSpec::Aio { direct, .. }) => *direct = parse_bool(key, value)?,
                 (key, backend) => {

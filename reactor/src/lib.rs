@@ -77,7 +77,8 @@
 //! the idle policy (`wake`), statistics (`stats`), core sets (`cores`),
 //! the per-I/O clock ([`IoClock`], `io_clock`), control-path locks,
 //! counted ([`sync`]), launching (`launch`), the test cluster
-//! (`test_cluster`), DMA memory ([`mem`]) and asynchronous file and
+//! (`test_cluster`), skipping tests the machine cannot run ([`test_env`]),
+//! DMA memory ([`mem`]) and asynchronous file and
 //! socket I/O ([`io`]; the socket ring, [`io::SockRing`], measured against
 //! plain non-blocking sockets by `cargo bench -p pollux-reactor --bench
 //! sock_engine`).
@@ -97,6 +98,7 @@ mod stats;
 pub mod sync;
 #[cfg(any(test, feature = "test-util"))]
 mod test_cluster;
+pub mod test_env;
 #[cfg(any(test, feature = "test-util"))]
 mod test_port;
 mod timer;

@@ -38,10 +38,12 @@ pub const fn locks_counted() -> bool {
 
 /// [`std::sync::Mutex`], counted (see the module docs). Control path only.
 #[derive(Default)]
+#[allow(clippy::disallowed_types)] // the one place the standard mutex is used
 pub struct Mutex<T: ?Sized>(std::sync::Mutex<T>);
 
 impl<T> Mutex<T> {
     /// A new unlocked mutex holding `v`.
+    #[allow(clippy::disallowed_types)] // the wrapped standard mutex
     pub const fn new(v: T) -> Self {
         Self(std::sync::Mutex::new(v))
     }

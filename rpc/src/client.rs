@@ -85,7 +85,7 @@ impl RpcClient {
         self.send_raw(req.to_json().to_string().as_bytes())?;
         loop {
             let v = self.read_value()?;
-            let resp = Response::from_value(v).map_err(ClientError::Protocol)?;
+            let resp = Response::from_value(v).map_err(|e| ClientError::Protocol(e.to_string()))?;
             if resp.id.as_u64() == Some(id) || resp.id.is_null() {
                 return resp.outcome.map_err(ClientError::Rpc);
             }

@@ -122,6 +122,20 @@ pub fn response(id: Option<&Value>, outcome: Result<Value, RpcError>) -> Option<
     }
 }
 
+/// Why a value is not a response ([`Response::from_value`]).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ProtocolError {
+    /// The value is not a JSON object.
+    #[error("a response must be an object, got {0}")]
+    NotAnObject(Value),
+    /// The object has neither `result` nor an object `error`.
+    #[error("a response without `result` or `error`")]
+    NoOutcome,
+    /// The `error` object has no `code` that fits an `i32`.
+    #[error("an error without an integer `code`")]
+    NoCode,
+}
+
 /// A response as a client reads it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Response {
@@ -136,23 +150,23 @@ impl Response {
     ///
     /// # Errors
     ///
-    /// A message saying what the object lacks.
-    pub fn from_value(v: Value) -> Result<Response, String> {
+    /// [`ProtocolError`] saying what the object lacks.
+    pub fn from_value(v: Value) -> Result<Response, ProtocolError> {
         let Value::Object(mut obj) = v else {
-            return Err(format!("a response must be an object, got {v}"));
+            return Err(ProtocolError::NotAnObject(v));
         };
         let id = obj.remove("id").unwrap_or(Value::Null);
         if let Some(r) = obj.remove("result") {
             return Ok(Response { id, outcome: Ok(r) });
         }
         let Some(Value::Object(mut e)) = obj.remove("error") else {
-            return Err("a response without `result` or `error`".into());
+            return Err(ProtocolError::NoOutcome);
         };
         let code = e
             .get("code")
             .and_then(Value::as_i64)
             .and_then(|c| i32::try_from(c).ok())
-            .ok_or("an error without an integer `code`")?;
+            .ok_or(ProtocolError::NoCode)?;
         let message = match e.remove("message") {
             Some(Value::String(s)) => s,
             _ => String::new(),

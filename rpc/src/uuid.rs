@@ -2,6 +2,17 @@
 
 use std::io::Read;
 
+/// Why a string is not a UUID ([`Uuid::parse`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UuidError {
+    /// Not 36 characters with dashes at 8, 13, 18 and 23.
+    #[error("`{0}` is not a UUID (xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)")]
+    Format(String),
+    /// A character between the dashes is not a hex digit.
+    #[error("`{0}` is not a UUID (bad hex digit)")]
+    HexDigit(String),
+}
+
 /// A 128-bit UUID.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Uuid([u8; 16]);
@@ -24,13 +35,11 @@ impl Uuid {
     ///
     /// # Errors
     ///
-    /// A message saying what is wrong.
-    pub fn parse(s: &str) -> Result<Uuid, String> {
+    /// [`UuidError`] saying what is wrong.
+    pub fn parse(s: &str) -> Result<Uuid, UuidError> {
         let bytes = s.as_bytes();
         if bytes.len() != 36 || [8, 13, 18, 23].iter().any(|&i| bytes[i] != b'-') {
-            return Err(format!(
-                "`{s}` is not a UUID (xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)"
-            ));
+            return Err(UuidError::Format(s.to_owned()));
         }
         let hex: Vec<u8> = bytes.iter().copied().filter(|&c| c != b'-').collect();
         let mut out = [0u8; 16];
@@ -42,7 +51,7 @@ impl Uuid {
                 out.get_mut(i),
             ) {
                 (Some(h), Some(l), Some(o)) => *o = (h * 16 + l) as u8,
-                _ => return Err(format!("`{s}` is not a UUID (bad hex digit)")),
+                _ => return Err(UuidError::HexDigit(s.to_owned())),
             }
         }
         Ok(Uuid(out))

@@ -6,13 +6,15 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use pollux_reactor::sync::Mutex;
 
 use pollux_bdev::BdevRegistry;
 use pollux_iser::target::{IscsiTarget, TargetOptions};
 use pollux_rpc::bdev::BdevSubsystem;
 use pollux_rpc::error::INVALID_PARAMS;
-use pollux_rpc::iscsi::{IscsiSubsystem, PortalListener};
+use pollux_rpc::iscsi::{IscsiSubsystem, PortalError, PortalListener};
 use pollux_rpc::{CoreBus, JsonConfig, RpcError, RpcService};
 use serde_json::{json, Value};
 
@@ -21,15 +23,15 @@ use serde_json::{json, Value};
 struct Portals(Mutex<Vec<String>>);
 
 impl PortalListener for Portals {
-    fn listen(&self, addr: &str, _tag: u16) -> Result<(), String> {
+    fn listen(&self, addr: &str, _tag: u16) -> Result<(), PortalError> {
         if addr.contains("busy") {
-            return Err("address in use".into());
+            return Err(PortalError::Other("address in use".into()));
         }
         self.0.lock().unwrap().push(addr.to_owned());
         Ok(())
     }
 
-    fn stop_listen(&self, addr: &str) -> Result<(), String> {
+    fn stop_listen(&self, addr: &str) -> Result<(), PortalError> {
         self.0.lock().unwrap().retain(|a| a != addr);
         Ok(())
     }

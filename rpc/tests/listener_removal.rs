@@ -13,7 +13,7 @@ mod common;
 #[path = "common/rig.rs"]
 mod rig;
 
-use std::sync::Mutex;
+use pollux_reactor::sync::Mutex;
 
 use pollux_nvmf::host::HostTransport;
 use rig::{address, connect, rdma_host, tcp_host, Rig};

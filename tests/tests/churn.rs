@@ -66,16 +66,18 @@ const REPEAT_SLACK: u64 = 64 << 10;
 
 /// The soak samples this process too (the host side): the storm must not
 /// run beside it.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+static SERIAL: pollux_reactor::sync::Mutex<()> = pollux_reactor::sync::Mutex::new(());
 
-/// Not a test on its own: the target child's body.
+/// Not a test on its own: the target child's body (`TargetProc::start`).
 #[test]
+#[ignore = "child process entry point, spawned by the churn tests (TargetProc::start)"]
 fn child_target() {
     serve_target_child();
 }
 
-/// Not a test on its own: a host child's body.
+/// Not a test on its own: a host child's body (`start_host_child`).
 #[test]
+#[ignore = "child process entry point, spawned by the churn tests (start_host_child)"]
 fn child_host() {
     run_host_child();
 }

@@ -104,7 +104,7 @@ fn settle(c: &Cluster) {
 }
 
 /// The soak samples the whole process: the other tests here wait for it.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+static SERIAL: pollux_reactor::sync::Mutex<()> = pollux_reactor::sync::Mutex::new(());
 
 #[test]
 fn iser_churn_returns_everything() {

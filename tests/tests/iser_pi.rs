@@ -30,6 +30,7 @@ fn pi_round_trip(offload_off: bool) {
         o.pi_engine = PiEngine::Software;
     }
     let mut ini = fx.connect(o);
+    assert_eq!(ini.pi_offload(), !offload_off, "PI engine in use");
     fx.discover_luns(&mut ini);
     for (i, len) in [512usize, 4096, 65536].into_iter().enumerate() {
         let data = pattern(70 + i as u8, len);
@@ -87,6 +88,7 @@ fn pi_round_trip(offload_off: bool) {
         o.pi_engine = PiEngine::Software;
     }
     let mut ini = fx.connect(o);
+    assert_eq!(ini.pi_offload(), !offload_off, "PI engine in use");
     fx.discover_luns(&mut ini);
     let r = fx.read(&mut ini, 1, lba, 2048);
     let e = r.pi_error.expect("initiator-detected PI error");
@@ -337,6 +339,7 @@ fn dix_bad_memory(software: bool) {
     o.app_tag = 0x0042;
     o.app_tag_mask = 0xFFFF;
     let mut ini = fx.connect(o);
+    assert_eq!(ini.pi_offload(), !software, "PI engine in use");
     fx.discover_luns(&mut ini);
     let lba = 400u64;
     let good = pattern(1, 4 * 512);
@@ -405,6 +408,7 @@ fn dix_bad_wire(software: bool) {
     o.app_tag_mask = 0xFFFF;
     o.target_checks = false;
     let mut ini = fx.connect(o);
+    assert_eq!(ini.pi_offload(), !software, "PI engine in use");
     fx.discover_luns(&mut ini);
     let lba = 600u64;
     let mut wire = pi_blocks(lba, 4, 7);

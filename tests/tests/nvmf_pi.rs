@@ -252,8 +252,9 @@ fn pi(prinfo: u8, slba: u64, app: u16) -> RwPi {
     }
 }
 
-/// Everything, over one host transport.
-fn pi_over<T: HostTransport>(r: &Reactor, t: &T) {
+/// Everything, over one host transport; `check` then looks at the I/O
+/// queue (the transport's settings took effect).
+fn pi_over<T: HostTransport>(r: &Reactor, t: &T, check: impl FnOnce(&Qpair<T::Queue>)) {
     let (mut c, mut qp) = connect(t);
     // Identify: the extended-LBA format, as Linux's target reports it.
     let info = c.info().clone();
@@ -599,6 +600,7 @@ fn pi_over<T: HostTransport>(r: &Reactor, t: &T) {
     );
     assert!(got == old);
 
+    check(&qp);
     drop(qp);
     c.shutdown().unwrap();
 }
@@ -616,7 +618,24 @@ fn pi_over_soft_rdma_in_both_memory_modes() {
                 connect_timeout: Duration::from_secs(5),
             };
             let t = RdmaHost::<Soft>::open(None, CmAddr::new(fx.soft_addr.clone()), opts).unwrap();
-            pi_over(r, &t);
+            pi_over(r, &t, |qp| {
+                let q = qp.transport();
+                let st = q.stats();
+                assert_eq!(q.mem_mode(), mode);
+                // Reads always go keyed: RegisterAlways registers each
+                // one (and every key is invalidated again); Pool never
+                // registers on the data path.
+                if mode == MemMode::RegisterAlways {
+                    assert!(st.registrations > 0, "{mode:?}: {st:?}");
+                    assert_eq!(
+                        st.registrations,
+                        st.remote_invalidations + st.local_invalidations,
+                        "{mode:?}: {st:?}"
+                    );
+                } else {
+                    assert_eq!(st.registrations, 0, "{mode:?}: {st:?}");
+                }
+            });
         });
         fx.cl.poll_until_idle().unwrap();
     }
@@ -636,7 +655,14 @@ fn pi_over_tcp_with_and_without_digests() {
                 connect_timeout: Duration::from_secs(5),
             };
             let t = TcpHost::new(SocketAddr::V4(fx.tcp_addr), opts);
-            pi_over(r, &t);
+            pi_over(r, &t, |qp| {
+                let d = qp.transport().digests();
+                assert_eq!(
+                    (d.header, d.data),
+                    (digests, digests),
+                    "digests the target granted"
+                );
+            });
         });
         fx.cl.poll_until_idle().unwrap();
     }

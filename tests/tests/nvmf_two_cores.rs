@@ -8,7 +8,9 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use pollux_reactor::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use pollux_apps::perf::{run, PerfParams};

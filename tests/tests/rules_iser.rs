@@ -126,6 +126,13 @@ fn iser_target_and_initiator_allocate_nothing_and_lock_nothing_per_io() {
         opts.pi = pol;
         opts.pi_engine = engine;
         let mut ini = connect(&c, opts);
+        // `Auto` must really get the soft provider's signature offload
+        // (it would fall back to software silently).
+        assert_eq!(
+            ini.pi_offload(),
+            engine == PiEngine::Auto,
+            "lun {lun} {pol:?} {engine:?}: PI engine in use"
+        );
         learn_geometry(&c, &mut ini, lun);
         let dix = pol == PiPolicy::Dix;
         run(&c, &mut ini, lun, dix, &mut fill, N / 10);

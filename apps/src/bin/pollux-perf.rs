@@ -336,7 +336,7 @@ fn real_run(args: &Args, text: &str, tgt: Option<&SpawnedTarget>) -> Result<Exit
             "use --verify with a write or rw workload".into(),
         ));
     }
-    let mem = MemMode::parse(&args.mem).map_err(AppError::Usage)?;
+    let mem = MemMode::parse(&args.mem).map_err(|e| AppError::Usage(e.to_string()))?;
     let remote_invalidate = match args.remote_invalidation.as_str() {
         "on" => true,
         "off" => false,

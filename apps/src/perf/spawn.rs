@@ -73,7 +73,6 @@ impl SpawnedTarget {
             .map_err(|e| setup(e.to_string()))?;
         let ncores = cores.len();
         let (tx, rx) = std::sync::mpsc::channel::<Result<(), String>>();
-        let tx = std::sync::Mutex::new(tx);
         let set = launch(LaunchConfig::new(cores), move |r| {
             let res = match transport.create_poll_group(r) {
                 Ok(pg) => {
@@ -85,9 +84,7 @@ impl SpawnedTarget {
                 }
                 Err(e) => Err(e.to_string()),
             };
-            if let Ok(tx) = tx.lock() {
-                let _ = tx.send(res);
-            }
+            let _ = tx.send(res);
         })
         .map_err(|e| AppError::Reactor(e.to_string()))?;
         // The listener is up once the poll groups exist: wait for them.

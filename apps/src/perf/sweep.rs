@@ -37,7 +37,7 @@ impl SweepMode {
     /// A message naming the bad part.
     pub fn parse(s: &str) -> Result<Self, String> {
         let mut parts = s.split('+');
-        let mem = MemMode::parse(parts.next().unwrap_or(""))?;
+        let mem = MemMode::parse(parts.next().unwrap_or("")).map_err(|e| e.to_string())?;
         let mut m = SweepMode {
             name: s.to_string(),
             mem,

@@ -667,7 +667,7 @@ fn plan(text: &str, file: TgtFile) -> Result<TgtPlan, AppError> {
             }
             if let Some(v) = &sec.digest {
                 o.digest = DigestPolicy::parse(v.get_ref())
-                    .map_err(|e| err(v.span(), &key("digest"), e))?;
+                    .map_err(|e| err(v.span(), &key("digest"), e.to_string()))?;
             }
             for (k, v, field) in [
                 ("max_qpairs", &sec.max_qpairs, &mut o.max_qpairs),

@@ -663,12 +663,12 @@ pub fn build<P: Provider>(
 pub struct IserPortals<P: Provider>(pub Arc<IserTransport<P>>);
 
 impl<P: Provider> pollux_rpc::iscsi::PortalListener for IserPortals<P> {
-    fn listen(&self, addr: &str, tag: u16) -> Result<(), String> {
-        self.0.listen(addr, tag).map_err(|e| e.to_string())
+    fn listen(&self, addr: &str, tag: u16) -> Result<(), pollux_rpc::iscsi::PortalError> {
+        Ok(self.0.listen(addr, tag)?)
     }
 
-    fn stop_listen(&self, addr: &str) -> Result<(), String> {
-        self.0.stop_listen(addr).map_err(|e| e.to_string())
+    fn stop_listen(&self, addr: &str) -> Result<(), pollux_rpc::iscsi::PortalError> {
+        Ok(self.0.stop_listen(addr)?)
     }
 }
 

@@ -27,7 +27,8 @@
 //!
 //! ```json
 //! { "uptime_s": 12.0, "cores": [0], "busy_pct": [97.1], "busy_pct_total": [88.0],
-//!   "busy_ns": [..], "idle_ns": [..], "connections": 2, "connections_per_core": [2],
+//!   "busy_ns": [..], "idle_ns": [..], "loops": [..], "busy_loops": [..],
+//!   "connections": 2, "connections_per_core": [2],
 //!   "accepted": 2, "rejected": 0, "destroyed": 0, "recv_memory_bytes": 16908288,
 //!   "controllers": 1, "controllers_created": 1, "keep_alives": 4,
 //!   "keep_alive_timeouts": 0, "connect_timeouts": 0, "async_events": 1 }
@@ -37,7 +38,9 @@
 //! queues go to the group with the fewest), in the order of `cores`.
 //! `busy_pct` is per core over the last period, `busy_pct_total` since
 //! start; `busy_ns`/`idle_ns` are the reactors' cumulative counters, so a
-//! reader can take two samples and compute busy % over its own window.
+//! reader can take two samples and compute busy % over its own window;
+//! `loops`/`busy_loops` count each reactor's loops and those that did work
+//! (over a window, loops per I/O: how many I/Os one loop carries).
 //! `controllers` is the live NVMe controllers (discovery included);
 //! `controllers_created`, `keep_alives` (Keep Alive commands answered),
 //! `keep_alive_timeouts` (controllers torn down because no Keep Alive came
@@ -267,7 +270,10 @@ impl pollux_rpc::nvmf::CoreGroups for TgtGroups {
         GROUPS.with(|g| pollux_rpc::nvmf::disconnect_from(g, trid, subnqn))
     }
 
-    fn apply_listeners(&self, _r: &pollux_reactor::Reactor) -> Result<(), String> {
+    fn apply_listeners(
+        &self,
+        _r: &pollux_reactor::Reactor,
+    ) -> Result<(), pollux_rpc::nvmf::ListenerError> {
         GROUPS.with(pollux_rpc::nvmf::apply_listeners_in)
     }
 }
@@ -705,6 +711,8 @@ fn write_stats<P: Provider>(
         "busy_pct_total": total,
         "busy_ns": cur.iter().map(|s| s.busy_ns).collect::<Vec<_>>(),
         "idle_ns": cur.iter().map(|s| s.idle_ns).collect::<Vec<_>>(),
+        "loops": cur.iter().map(|s| s.loops).collect::<Vec<_>>(),
+        "busy_loops": cur.iter().map(|s| s.busy_loops).collect::<Vec<_>>(),
         "connections": conns,
         "connections_per_core": per_core,
         "accepted": t.accepted,

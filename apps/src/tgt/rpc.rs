@@ -24,7 +24,7 @@ use pollux_iser::target::IscsiTarget;
 use pollux_nvmf::target::{Target, TargetOptions};
 use pollux_reactor::ReactorSet;
 use pollux_rpc::bdev::BdevSubsystem;
-use pollux_rpc::iscsi::{IscsiSubsystem, PortalListener};
+use pollux_rpc::iscsi::{IscsiSubsystem, PortalError, PortalListener};
 use pollux_rpc::nvmf::{CoreGroups, LocalGroups, NvmfSubsystem};
 use pollux_rpc::{CoreBus, JsonConfig, RpcServer, RpcService, ServerConfig};
 
@@ -78,12 +78,12 @@ pub fn service(
 struct NoPortals;
 
 impl PortalListener for NoPortals {
-    fn listen(&self, addr: &str, _tag: u16) -> Result<(), String> {
-        Err(format!("{addr}: checking only"))
+    fn listen(&self, addr: &str, _tag: u16) -> Result<(), PortalError> {
+        Err(PortalError::Other(format!("{addr}: checking only")))
     }
 
-    fn stop_listen(&self, addr: &str) -> Result<(), String> {
-        Err(format!("{addr}: checking only"))
+    fn stop_listen(&self, addr: &str) -> Result<(), PortalError> {
+        Err(PortalError::Other(format!("{addr}: checking only")))
     }
 }
 

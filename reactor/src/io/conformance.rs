@@ -22,30 +22,38 @@ impl Drop for DirectFile {
     }
 }
 
-/// A fresh `O_DIRECT` file of `len` bytes, or `None` (with a printed reason)
-/// when the filesystem refuses `O_DIRECT`.
+/// A fresh `O_DIRECT` file of `len` bytes in `$TMPDIR` or, where that
+/// refuses `O_DIRECT` (tmpfs), in the workspace's `target/`; `None` (after
+/// [`crate::test_env::skip`]) when both refuse it.
 pub(super) fn direct_file(tag: &str, len: u64) -> Option<DirectFile> {
     static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let path = std::env::temp_dir().join(format!("pollux-io-{tag}-{}-{n}", std::process::id()));
-    match OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(&path)
-    {
-        Ok(file) => {
-            file.set_len(len).ok()?;
-            Some(DirectFile { file, path })
-        }
-        Err(e) => {
-            println!("SKIP: O_DIRECT refused in {:?}: {e}", std::env::temp_dir());
-            let _ = std::fs::remove_file(&path);
-            None
+    let name = format!("pollux-io-{tag}-{}-{n}", std::process::id());
+    let target = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../target"));
+    let mut tried = Vec::new();
+    for dir in [std::env::temp_dir(), target] {
+        let path = dir.join(&name);
+        let opened = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&path)
+            .and_then(|file| file.set_len(len).map(|()| file));
+        match opened {
+            Ok(file) => return Some(DirectFile { file, path }),
+            Err(e) => {
+                let _ = std::fs::remove_file(&path);
+                tried.push(format!("{}: {e}", dir.display()));
+            }
         }
     }
+    crate::test_env::skip(
+        &format!("a directory that accepts O_DIRECT ({})", tried.join("; ")),
+        "point TMPDIR at a disk file system such as ext4 or xfs, not tmpfs",
+    );
+    None
 }
 
 fn pool(n: usize) -> BufPool {

@@ -187,7 +187,11 @@ mod tests {
         match UringEngine::new(EngineConfig { depth, max_segs: 8 }) {
             Ok(e) => Some(e),
             Err(e) => {
-                println!("SKIP: io_uring unavailable: {e}");
+                crate::test_env::skip(
+                    &format!("io_uring ({e})"),
+                    "run on Linux 5.6 or later with io_uring enabled \
+                     (kernel.io_uring_disabled=0, not blocked by seccomp)",
+                );
                 None
             }
         }

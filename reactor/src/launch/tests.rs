@@ -4,7 +4,9 @@
 
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use crate::sync::Mutex;
 use std::time::Duration;
 
 use crossbeam_channel::{bounded, unbounded};
@@ -20,10 +22,14 @@ fn adaptive() -> IdleMode {
     }
 }
 
-/// Cores 0 and 1, or `None` (with the reason printed) on a 1-core machine.
+/// Cores 0 and 1, or `None` (after [`crate::test_env::skip`]) on a 1-core
+/// machine.
 fn two_cores() -> Option<Cores> {
     if affinity::get_core_num() < 2 {
-        eprintln!("skipped: needs 2 cores, this machine has 1");
+        crate::test_env::skip(
+            "2 cores (this machine has 1)",
+            "run on a machine or VM with at least 2 CPUs",
+        );
         return None;
     }
     Cores::parse("0-1").ok()

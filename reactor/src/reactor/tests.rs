@@ -289,7 +289,7 @@ fn current_is_set_while_polling_and_inside_on() {
 #[test]
 fn messages_cross_cores_in_order_and_count_as_work() {
     let c = TestCluster::new(3);
-    let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = Arc::new(crate::sync::Mutex::new(Vec::new()));
     c.on(0, |r| {
         for i in 0..5 {
             let l = log.clone();
@@ -386,7 +386,7 @@ fn stats_of_another_core_via_call() {
 #[test]
 fn for_each_core_visits_all_then_completes_at_home() {
     let c = TestCluster::new(3);
-    let visited = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let visited = Arc::new(crate::sync::Mutex::new(Vec::new()));
     let done = Rc::new(Cell::new(None));
     let (v, d) = (visited.clone(), done.clone());
     let n = c.on(1, |r| {
@@ -456,12 +456,12 @@ fn stopped_reactor_refuses_messages_and_tears_down() {
 
 struct Dev {
     created: AtomicUsize,
-    dropped_on: Arc<std::sync::Mutex<Vec<u32>>>,
+    dropped_on: Arc<crate::sync::Mutex<Vec<u32>>>,
 }
 
 struct Chan {
     core: u32,
-    dropped_on: Arc<std::sync::Mutex<Vec<u32>>>,
+    dropped_on: Arc<crate::sync::Mutex<Vec<u32>>>,
 }
 
 impl Drop for Chan {
@@ -560,7 +560,7 @@ fn for_each_core_reaches_every_channel() {
         .iter()
         .map(|&core| (core, c.on(core, |r| r.channel(&d).unwrap())))
         .collect();
-    let hits = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let hits = Arc::new(crate::sync::Mutex::new(Vec::new()));
     let (h, dd) = (hits.clone(), d.clone());
     c.on(0, |r| {
         r.for_each_core(

@@ -16,10 +16,11 @@ pub mod params;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use pollux_bdev::{AioEngineKind, BackendSpec, Bdev, BdevError, BdevRegistry, BdevSpec, PiType};
+use pollux_reactor::sync::Mutex;
 use serde_json::{json, Value};
 
 use self::params::{AioCreate, Delete, GetBdevs, GetIostat, MallocCreate, NullCreate};
@@ -226,9 +227,9 @@ impl BdevSubsystem {
             return Err(RpcError::errno(Errno::Invalid, "filename: empty"));
         }
         let engine: AioEngineKind = match &req.engine {
-            Some(e) => e
-                .parse()
-                .map_err(|e: String| RpcError::errno(Errno::Invalid, format!("engine: {e}")))?,
+            Some(e) => e.parse().map_err(|e: pollux_bdev::OptionValueError| {
+                RpcError::errno(Errno::Invalid, format!("engine: {e}"))
+            })?,
             None => AioEngineKind::Auto,
         };
         let make = |direct: bool| {

@@ -32,11 +32,13 @@
 //! `/path` with an empty or absent port.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pollux_bdev::{BdevDesc, BdevRegistry};
+use pollux_iser::target::iser::IserTransportError;
 use pollux_iser::target::{IscsiTarget, PortalGroup, SessionInfo, TargetNode};
+use pollux_reactor::sync::{Mutex, MutexGuard};
 use pollux_reactor::CoreId;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -55,13 +57,24 @@ pub trait PortalListener: Send + Sync + 'static {
     /// Listen on `addr` for portal group `tag`.
     ///
     /// # Errors
-    /// Why not, in words.
-    fn listen(&self, addr: &str, tag: u16) -> Result<(), String>;
+    /// [`PortalError`] saying why not.
+    fn listen(&self, addr: &str, tag: u16) -> Result<(), PortalError>;
     /// Stop listening on `addr`.
     ///
     /// # Errors
-    /// Why not, in words.
-    fn stop_listen(&self, addr: &str) -> Result<(), String>;
+    /// [`PortalError`] saying why not.
+    fn stop_listen(&self, addr: &str) -> Result<(), PortalError>;
+}
+
+/// Why a portal could not be opened or closed ([`PortalListener`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PortalError {
+    /// The iSER transport refused.
+    #[error(transparent)]
+    Transport(#[from] IserTransportError),
+    /// Any other reason, in words.
+    #[error("{0}")]
+    Other(String),
 }
 
 /// One portal of `iscsi_create_portal_group`.

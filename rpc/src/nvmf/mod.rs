@@ -70,7 +70,7 @@ pub mod params;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::rc::Rc;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use pollux_bdev::BdevRegistry;
 use pollux_nvmf::spec::connect::is_valid_nqn;
@@ -78,8 +78,9 @@ use pollux_nvmf::spec::transport_id::{AdrFam, TrType, TransportId};
 use pollux_nvmf::target::tcp::{TcpOptions, TcpTransport};
 use pollux_nvmf::target::{
     NamespaceConfig, Subsystem as NvmfSubsys, SubsystemConfig, Target, TargetError,
-    TargetTransport, TransportPollGroup,
+    TargetTransport, TransportError, TransportPollGroup,
 };
+use pollux_reactor::sync::{Mutex, MutexGuard};
 use pollux_reactor::Reactor;
 use serde_json::{json, Map, Value};
 
@@ -120,8 +121,21 @@ pub trait CoreGroups: Send + Sync + 'static {
     ///
     /// # Errors
     ///
-    /// The first group's error, in words.
-    fn apply_listeners(&self, r: &Reactor) -> Result<(), String>;
+    /// The first group's error.
+    fn apply_listeners(&self, r: &Reactor) -> Result<(), ListenerError>;
+}
+
+/// Why a core's poll groups could not open or close their listeners
+/// ([`CoreGroups::apply_listeners`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ListenerError {
+    /// A transport's poll group failed.
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+    /// Any other reason, in words (for [`CoreGroups`] implementations
+    /// with groups of their own).
+    #[error("{0}")]
+    Other(String),
 }
 
 thread_local! {
@@ -165,11 +179,13 @@ pub fn disconnect_from(
 ///
 /// # Errors
 ///
-/// The first group's error, in words.
-pub fn apply_listeners_in(list: &RefCell<Vec<Rc<dyn TransportPollGroup>>>) -> Result<(), String> {
+/// The first group's error ([`ListenerError::Transport`]).
+pub fn apply_listeners_in(
+    list: &RefCell<Vec<Rc<dyn TransportPollGroup>>>,
+) -> Result<(), ListenerError> {
     list.borrow()
         .iter()
-        .try_for_each(|g| g.apply_listeners().map_err(|e| e.to_string()))
+        .try_for_each(|g| g.apply_listeners().map_err(ListenerError::from))
 }
 
 /// A core's live queues per transport name (for
@@ -200,7 +216,7 @@ impl CoreGroups for LocalGroups {
         LOCAL_GROUPS.with(|g| disconnect_from(g, trid, subnqn))
     }
 
-    fn apply_listeners(&self, _r: &Reactor) -> Result<(), String> {
+    fn apply_listeners(&self, _r: &Reactor) -> Result<(), ListenerError> {
         LOCAL_GROUPS.with(apply_listeners_in)
     }
 }
@@ -847,7 +863,11 @@ impl NvmfSubsystem {
         cfg.uuid = n
             .uuid
             .as_deref()
-            .map(|s| Uuid::parse(s).map(|u| u.bytes()).map_err(invalid))
+            .map(|s| {
+                Uuid::parse(s)
+                    .map(|u| u.bytes())
+                    .map_err(|e| invalid(e.to_string()))
+            })
             .transpose()?;
         let nsid = sub.add_namespace(cfg).map_err(|e| match e {
             TargetError::Bdev(b) => RpcError::from(b),

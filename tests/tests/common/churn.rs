@@ -193,7 +193,14 @@ impl TargetProc {
     pub fn start(entry: &str, fabric: Fabric, tag: &str, max_qpairs: usize) -> TargetProc {
         let addr = fabric.fresh_addr(tag);
         let mut child = Command::new(std::env::current_exe().expect("exe"))
-            .args(["--exact", entry, "--nocapture", "--test-threads", "1"])
+            .args([
+                "--ignored",
+                "--exact",
+                entry,
+                "--nocapture",
+                "--test-threads",
+                "1",
+            ])
             .env(TARGET_ENV, &addr)
             .env(FABRIC_ENV, fabric.name())
             .env(MAX_QPAIRS_ENV, max_qpairs.to_string())
@@ -804,7 +811,14 @@ pub fn start_host_child(
     io: bool,
 ) -> (Reaper, usize) {
     let mut child = Command::new(std::env::current_exe().expect("exe"))
-        .args(["--exact", entry, "--nocapture", "--test-threads", "1"])
+        .args([
+            "--ignored",
+            "--exact",
+            entry,
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
         .env(
             HOST_ENV,
             format!(

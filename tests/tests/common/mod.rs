@@ -108,14 +108,13 @@ pub fn launch_with_groups<G: 'static>(
     let cores = Cores::parse(cores).expect("cores");
     let n = cores.len();
     let (tx, rx) = std::sync::mpsc::channel::<()>();
-    let tx = std::sync::Mutex::new(tx);
     let set = launch(LaunchConfig::new(cores), move |r| {
         let pg = create(r);
         r.add_poller("keep", move || {
             let _ = &pg;
             PollStatus::Idle
         });
-        let _ = tx.lock().unwrap().send(());
+        let _ = tx.send(());
     })
     .expect("launch");
     for _ in 0..n {

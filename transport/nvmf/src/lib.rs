@@ -100,3 +100,18 @@ mod tcp_bufs;
 #[cfg(test)]
 mod tcp_test_io;
 mod tcp_tx;
+
+/// An option value its parser does not know (the message names the
+/// values it takes).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OptionValueError {
+    /// Not a [`DigestPolicy`](target::tcp::DigestPolicy).
+    #[error("digest policy '{0}': expected allow, disable or require")]
+    DigestPolicy(String),
+    /// Not a [`MemMode`](host::rdma::MemMode).
+    #[error("memory mode '{0}': expected pool or register-always")]
+    MemMode(String),
+    /// Not a [`HostPi`](host::pi::HostPi).
+    #[error("unknown PI mode {0:?} (off, insert, dix)")]
+    HostPi(String),
+}

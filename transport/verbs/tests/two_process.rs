@@ -26,8 +26,8 @@ fn is_child() -> bool {
 
 /// The parent tests run one at a time: the release test counts this
 /// process's descriptors and mappings.
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+fn serial() -> pollux_reactor::sync::MutexGuard<'static, ()> {
+    static SERIAL: pollux_reactor::sync::Mutex<()> = pollux_reactor::sync::Mutex::new(());
     SERIAL
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -157,6 +157,7 @@ impl Side {
 
 /// The child's role (active side). Does nothing in a normal test run.
 #[test]
+#[ignore = "child process entry point, spawned by spawn_peer"]
 fn child_main() {
     let Ok(addr) = std::env::var(CHILD_ENV) else {
         return;
@@ -334,6 +335,7 @@ fn fds_and_maps() -> (usize, usize) {
 /// the MR deregistered and the arena dropped. Finally a zero key: "all
 /// released". Does nothing in a normal test run.
 #[test]
+#[ignore = "child process entry point, spawned by spawn_peer"]
 fn mr_child_main() {
     let Ok(arg) = std::env::var(MR_CHILD_ENV) else {
         return;
@@ -437,7 +439,7 @@ impl Drop for Child {
 fn listening_parent(
     tag: &str,
 ) -> (
-    std::sync::MutexGuard<'static, ()>,
+    pollux_reactor::sync::MutexGuard<'static, ()>,
     String,
     Side,
     <Soft as Provider>::CmListener,
@@ -449,11 +451,18 @@ fn listening_parent(
     (turn, addr, p, l)
 }
 
-/// This test binary again, running only test `role` with `env=value`.
+/// This test binary again, running only test `role` (an ignored entry
+/// point) with `env=value`.
 fn spawn_peer(role: &str, env: &str, value: &str) -> Child {
     Child(
         std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", role, "--nocapture", "--test-threads=1"])
+            .args([
+                "--ignored",
+                "--exact",
+                role,
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env(env, value)
             .spawn()
             .unwrap(),

@@ -9,7 +9,11 @@ fn ring_with<B: StableBuf>(cfg: SockRingConfig) -> Option<SockRing<B>> {
     match SockRing::new(cfg) {
         Ok(r) => Some(r),
         Err(e) => {
-            println!("SKIP: io_uring socket ring unavailable: {e}");
+            crate::test_env::skip(
+                &format!("an io_uring socket ring ({e})"),
+                "run on a recent Linux kernel with io_uring enabled \
+                 (kernel.io_uring_disabled=0, not blocked by seccomp)",
+            );
             None
         }
     }

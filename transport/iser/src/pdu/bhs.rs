@@ -264,11 +264,19 @@ mod tests {
 
     #[test]
     fn opcodes_round_trip() {
+        let mut decoded = 0;
         for v in 0..64u8 {
             if let Some(op) = Opcode::from_u8(v) {
                 assert_eq!(op as u8, v);
+                decoded += 1;
             }
         }
+        // All 18 variants decode (each from its own discriminant).
+        assert_eq!(decoded, 18, "opcodes that decode");
+        assert_eq!(Opcode::from_u8(0x01), Some(Opcode::ScsiCmd));
+        assert_eq!(Opcode::from_u8(0x25), Some(Opcode::DataIn));
+        assert_eq!(Opcode::from_u8(0x3F), Some(Opcode::Reject));
+        assert_eq!(Opcode::from_u8(0x07), None);
         assert!(Opcode::ScsiCmd.from_initiator());
         assert!(!Opcode::ScsiRsp.from_initiator());
     }

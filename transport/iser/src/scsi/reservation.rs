@@ -19,7 +19,8 @@
 //! are not persistent across a target restart (PTPL_C=0).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+
+use pollux_reactor::sync::{Mutex, MutexGuard};
 
 use super::sense::Sense;
 

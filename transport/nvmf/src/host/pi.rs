@@ -23,6 +23,7 @@ use pollux_pi::{PiError, PiParams, PiType, TUPLE_SIZE};
 
 use super::NsInfo;
 use crate::spec::nvm::{prinfo, RwPi};
+use crate::OptionValueError;
 
 /// How the host treats a PI namespace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,13 +37,13 @@ pub enum HostPi {
 }
 
 impl FromStr for HostPi {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = OptionValueError;
+    fn from_str(s: &str) -> Result<Self, OptionValueError> {
         match s {
             "off" | "pract" => Ok(HostPi::Pract),
             "insert" | "both" => Ok(HostPi::Insert),
             "dix" => Ok(HostPi::Dix),
-            _ => Err(format!("unknown PI mode {s:?} (off, insert, dix)")),
+            _ => Err(OptionValueError::HostPi(s.to_owned())),
         }
     }
 }

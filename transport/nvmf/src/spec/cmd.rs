@@ -394,17 +394,37 @@ mod tests {
 
     #[test]
     fn opcodes_round_trip() {
+        let (mut admin, mut io, mut fabrics) = (0, 0, 0);
         for code in 0..=255u8 {
             if let Some(op) = AdminOpcode::from_code(code) {
                 assert_eq!(op.code(), code);
+                admin += 1;
             }
             if let Some(op) = IoOpcode::from_code(code) {
                 assert_eq!(op.code(), code);
+                io += 1;
             }
             if let Some(t) = FabricsType::from_code(code) {
                 assert_eq!(t.code(), code);
+                fabrics += 1;
             }
         }
+        // Each variant decodes from exactly one code (codes are distinct and
+        // `code()` is a function, so the counts cover every variant).
+        assert_eq!((admin, io, fabrics), (12, 6, 6), "codes that decode");
+        assert_eq!(AdminOpcode::from_code(0x06), Some(AdminOpcode::Identify));
+        assert_eq!(AdminOpcode::from_code(0x18), Some(AdminOpcode::KeepAlive));
+        assert_eq!(
+            AdminOpcode::from_code(OPC_FABRICS),
+            Some(AdminOpcode::Fabrics)
+        );
+        assert_eq!(IoOpcode::from_code(0x01), Some(IoOpcode::Write));
+        assert_eq!(IoOpcode::from_code(0x02), Some(IoOpcode::Read));
+        assert_eq!(FabricsType::from_code(0x01), Some(FabricsType::Connect));
+        assert_eq!(FabricsType::from_code(0x04), Some(FabricsType::PropertyGet));
+        assert_eq!(AdminOpcode::from_code(0x03), None);
+        assert_eq!(IoOpcode::from_code(0x03), None);
+        assert_eq!(FabricsType::from_code(0x02), None);
         let f = NvmeCmd::fabrics(FabricsType::Connect, 1);
         assert_eq!(f.encode()[4], 0x01);
         assert_eq!(f.fctype(), 1);

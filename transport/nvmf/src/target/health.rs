@@ -41,8 +41,10 @@
 //! when the reported temperature crosses either threshold.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
+
+use pollux_reactor::sync::{Mutex, MutexGuard};
 
 /// Composite temperature reported without a thermal zone: 20 °C.
 pub const NOMINAL_TEMPERATURE_K: u16 = 293;
@@ -158,7 +160,7 @@ impl Default for HealthCounters {
 }
 
 impl HealthCounters {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Registry> {
+    fn lock(&self) -> MutexGuard<'_, Registry> {
         self.queues.lock().unwrap_or_else(|p| p.into_inner())
     }
 

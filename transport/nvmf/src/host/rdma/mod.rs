@@ -41,6 +41,7 @@ pub use queue::{RdmaQueue, RdmaQueueStats};
 
 use super::transport::{HostTransport, QueueParams};
 use super::HostError;
+use crate::OptionValueError;
 
 /// How I/O buffers are made reachable by the target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -55,14 +56,12 @@ impl MemMode {
     /// Parse `pool` or `register-always`.
     ///
     /// # Errors
-    /// A message for anything else.
-    pub fn parse(s: &str) -> Result<Self, String> {
+    /// [`OptionValueError::MemMode`] for anything else.
+    pub fn parse(s: &str) -> Result<Self, OptionValueError> {
         match s {
             "pool" => Ok(MemMode::Pool),
             "register-always" | "always" | "frwr" => Ok(MemMode::RegisterAlways),
-            _ => Err(format!(
-                "memory mode '{s}': expected pool or register-always"
-            )),
+            _ => Err(OptionValueError::MemMode(s.to_owned())),
         }
     }
 }

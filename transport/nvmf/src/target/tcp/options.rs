@@ -3,6 +3,7 @@
 
 use super::super::target::TargetOptions;
 use crate::spec::tcp::{Digests, MIN_MAXH2CDATA};
+use crate::OptionValueError;
 
 /// Which digests the target grants.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -21,15 +22,13 @@ impl DigestPolicy {
     /// Parse `allow`, `disable` or `require`.
     ///
     /// # Errors
-    /// A message for anything else.
-    pub fn parse(s: &str) -> Result<Self, String> {
+    /// [`OptionValueError::DigestPolicy`] for anything else.
+    pub fn parse(s: &str) -> Result<Self, OptionValueError> {
         match s {
             "allow" => Ok(DigestPolicy::Allow),
             "disable" | "none" => Ok(DigestPolicy::Disable),
             "require" => Ok(DigestPolicy::Require),
-            _ => Err(format!(
-                "digest policy '{s}': expected allow, disable or require"
-            )),
+            _ => Err(OptionValueError::DigestPolicy(s.to_owned())),
         }
     }
 

@@ -8,7 +8,9 @@ use std::collections::VecDeque;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Weak};
+
+use pollux_reactor::sync::{Mutex, MutexGuard};
 
 use pollux_reactor::{IoDevice, Reactor};
 use pollux_verbs::placement::{SeatLimits, Seats};

@@ -1,7 +1,8 @@
 //! Target and host in two network namespaces joined by a veth pair: a
 //! real network path (10.250.N.1 ↔ 10.250.N.2), no VM. The test creates
 //! the namespaces and the pair and removes them even when it fails; it is
-//! skipped, with a message, when not run as root or without `ip`.
+//! skipped (`pollux_reactor::test_env::skip`: a failure in a strict run)
+//! when not run as root or without `ip`.
 //!
 //! Namespaces are per thread: the test thread enters the target's
 //! namespace to bind the listener, the host's to connect (a socket stays
@@ -68,10 +69,10 @@ impl Drop for Home {
 
 fn skip_reason() -> Option<String> {
     if !rustix::process::geteuid().is_root() {
-        return Some("not root".into());
+        return Some("root (this process is not)".into());
     }
     if Command::new("ip").arg("-V").output().is_err() {
-        return Some("`ip` is not installed".into());
+        return Some("the `ip` tool (not installed)".into());
     }
     None
 }
@@ -79,7 +80,10 @@ fn skip_reason() -> Option<String> {
 #[test]
 fn tcp_across_two_network_namespaces_over_a_veth_pair() {
     if let Some(why) = skip_reason() {
-        eprintln!("SKIPPED tcp_across_two_network_namespaces_over_a_veth_pair: {why}");
+        pollux_reactor::test_env::skip(
+            &why,
+            "run as root (CAP_SYS_ADMIN, CAP_NET_ADMIN) with iproute2's `ip` installed",
+        );
         return;
     }
     let pid = std::process::id();
