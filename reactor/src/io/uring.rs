@@ -243,10 +243,18 @@ mod tests {
         let Some(f) = c::direct_file("drop", 8192) else {
             return;
         };
-        let b = crate::mem::DmaBuf::alloc(4096).unwrap();
+        let pool = {
+            let mut o = crate::mem::BufPoolOptions::new("t-uring-drop", 4096, 1);
+            o.hugepages = crate::mem::HugepageMode::Never;
+            crate::mem::BufPool::new(o).unwrap()
+        };
+        let b = pool.get().unwrap();
         e.queue(IoOp::read(f.file.as_raw_fd(), 0), SgList::from_buf(b), 1)
             .unwrap();
         e.submit().unwrap();
+        assert_eq!(pool.available(), 0, "the kernel holds the buffer");
+        // The drop waits for the kernel to finish the read, then frees it.
         drop(e);
+        assert_eq!(pool.available(), 1, "buffer returned");
     }
 }

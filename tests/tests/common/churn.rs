@@ -192,15 +192,7 @@ impl TargetProc {
     /// returns once it listens.
     pub fn start(entry: &str, fabric: Fabric, tag: &str, max_qpairs: usize) -> TargetProc {
         let addr = fabric.fresh_addr(tag);
-        let mut child = Command::new(std::env::current_exe().expect("exe"))
-            .args([
-                "--ignored",
-                "--exact",
-                entry,
-                "--nocapture",
-                "--test-threads",
-                "1",
-            ])
+        let mut child = child_test(entry)
             .env(TARGET_ENV, &addr)
             .env(FABRIC_ENV, fabric.name())
             .env(MAX_QPAIRS_ENV, max_qpairs.to_string())
@@ -810,15 +802,7 @@ pub fn start_host_child(
     threads: usize,
     io: bool,
 ) -> (Reaper, usize) {
-    let mut child = Command::new(std::env::current_exe().expect("exe"))
-        .args([
-            "--ignored",
-            "--exact",
-            entry,
-            "--nocapture",
-            "--test-threads",
-            "1",
-        ])
+    let mut child = child_test(entry)
         .env(
             HOST_ENV,
             format!(
@@ -841,4 +825,19 @@ pub fn start_host_child(
         }
     }
     (Reaper(child), ok.expect("the host child did not report"))
+}
+
+/// This test binary, run again to execute only its `#[ignore]`d child
+/// entry point `entry` (on one thread, output not captured).
+fn child_test(entry: &str) -> Command {
+    let mut c = Command::new(std::env::current_exe().expect("exe"));
+    c.args([
+        "--ignored",
+        "--exact",
+        entry,
+        "--nocapture",
+        "--test-threads",
+        "1",
+    ]);
+    c
 }
