@@ -9,7 +9,8 @@
 //! target's task buffers must all be back. Also: the transport's
 //! connection limit refuses the connection beyond it cleanly, and serves
 //! again once one goes; a connection the target ends for a malformed PDU
-//! behind writes in flight gives back its task buffers, session and seat.
+//! behind writes in flight, or because a command's STag made its RDMA
+//! READ or WRITE fail, gives back its task buffers, session and seat.
 //!
 //! Its own test binary: the samples are the whole process's, so nothing
 //! else may run beside the soak.
@@ -23,7 +24,9 @@ use common::churn::{env_or, Sample, SLACK};
 use common::iser::{iscsi_target, unique_addr, Cluster};
 use common::iser_io;
 use pollux_bdev::BdevRegistry;
+use pollux_iser::initiator::scsi::rw16_cdb;
 use pollux_iser::initiator::{IserInitiator, SessionState};
+use pollux_iser::pdu::{Bhs, IserHeader, Lun, ScsiCommand, Stag, TaskAttr};
 use pollux_iser::target::iser::IserOptions;
 use pollux_reactor::mem::{DmaBuf, SgList};
 use pollux_verbs::soft::Soft;
@@ -299,6 +302,91 @@ fn iser_bad_pdu_mid_io_returns_everything() {
     // The next initiator is served.
     let mut again = login(&c, TGT).unwrap();
     verified_io(&c, &mut again, 16, 2);
+    c.logout(again);
+    settle(&c);
+}
+
+/// One SEND of a SCSI WRITE (or READ) of 8 blocks at LBA 0 of LUN 0
+/// whose iSER header hands the target a write (read) STag that no
+/// registration of the initiator carries. Immediate: it needs no CmdSN of
+/// the session's.
+fn bogus_stag_command(write: bool) -> Vec<u8> {
+    let bogus = Some(Stag {
+        stag: 0xBAD5_7A00,
+        va: 0x1000,
+    });
+    let hdr = IserHeader::Control {
+        write: if write { bogus } else { None },
+        read: if write { None } else { bogus },
+    };
+    let cmd = ScsiCommand {
+        immediate: true,
+        final_: true,
+        read: !write,
+        write,
+        attr: TaskAttr::Simple,
+        lun: Lun::from_index(0),
+        itt: 0x0BAD_0001,
+        edtl: 4096,
+        cmd_sn: 0,
+        exp_stat_sn: 0,
+        cdb: rw16_cdb(write, 0, 8, 0),
+    };
+    let mut v = hdr.encode().to_vec();
+    v.extend_from_slice(&Bhs::ScsiCmd(cmd).encode(0, 0));
+    v
+}
+
+/// A WRITE whose write STag (then a READ whose read STag) is bogus, after
+/// a good login and verified I/O: the target's RDMA READ (WRITE) fails
+/// with a remote access error, the initiator sees its session fail, the
+/// target tears the connection down and gives back the session, the seat,
+/// every task and receive buffer (accepted = destroyed), and the next
+/// login is served.
+#[test]
+fn iser_bogus_stag_ends_the_connection_cleanly() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let c = fixture(IserOptions::for_tests());
+    let recv_total = c.pgs[0].stats().recv_buffers;
+    for (n, write) in [(1u64, true), (2, false)] {
+        let what = if write { "write" } else { "read" };
+        let mut ini = login(&c, TGT).unwrap();
+        verified_io(&c, &mut ini, 8 * n, n);
+        assert_eq!(c.target.live_sessions(), 1);
+        let wc_errors = c.pgs[0].stats().wc_errors;
+        assert!(
+            ini.send_raw(&bogus_stag_command(write)),
+            "the {what} was not sent"
+        );
+        let failed = c.spin(|| {
+            ini.poll(&mut |_| {});
+            matches!(ini.state(), SessionState::Failed(_)).then_some(())
+        });
+        assert!(
+            failed.is_some(),
+            "bogus {what} STag: the session lives on ({:?})",
+            ini.state()
+        );
+        drop(ini);
+        settle(&c);
+        assert!(
+            c.pgs[0].stats().wc_errors > wc_errors,
+            "bogus {what} STag: no failed work request at the target"
+        );
+        assert_eq!(c.target.live_sessions(), 0, "{what}: the session is gone");
+        let st = c.transport.stats();
+        assert_eq!(st.accepted, st.destroyed, "{what}: {st:?}");
+        assert_eq!(c.transport.connections_per_group(), vec![0], "seats free");
+        let idle = c.spin(|| (c.pgs[0].stats().recv_buffers_idle == recv_total).then_some(()));
+        assert!(
+            idle.is_some(),
+            "{what}: receive buffers {}/{recv_total}",
+            c.pgs[0].stats().recv_buffers_idle
+        );
+    }
+    // The next initiator is served.
+    let mut again = login(&c, TGT).unwrap();
+    verified_io(&c, &mut again, 24, 3);
     c.logout(again);
     settle(&c);
 }

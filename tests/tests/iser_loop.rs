@@ -2,14 +2,20 @@
 //! provider, in process on a one-reactor `TestCluster`: login, discovery,
 //! LUN discovery, reads and writes with data verification, remote and
 //! local invalidation, pre-registered task memory (providers without fast
-//! registration), and an initiator dying mid-I/O. T10 PI: `iser_pi.rs`.
+//! registration), an initiator dying mid-I/O, and a target dying under
+//! the initiator's I/O. T10 PI: `iser_pi.rs`.
 #![allow(clippy::unwrap_used)]
 
 mod common;
 
+use std::time::Instant;
+
+use common::iser_io::LIMIT;
 use common::iser_loop::{fixture, logout, pattern, INI, TGT};
-use pollux_iser::initiator::{InitiatorOptions, Invalidation, PiPolicy};
-use pollux_reactor::mem::{DmaBuf, SgList};
+use pollux_iser::initiator::{
+    InitiatorOptions, Invalidation, IserInitiator, PiPolicy, SessionState, TaskResult,
+};
+use pollux_reactor::mem::{BufPool, BufPoolOptions, DmaBuf, HugepageMode, SgList};
 use pollux_verbs::soft::Soft;
 
 #[test]
@@ -125,6 +131,135 @@ fn initiator_death_mid_io_returns_every_buffer() {
         fx.pg.stats().recv_buffers_idle
     );
     assert_eq!(fx.transport.stats().destroyed, 1);
+}
+
+/// Tasks in flight when the target dies (submitted from the caller's
+/// buffer pool).
+const IN_FLIGHT: u64 = 6;
+
+/// `IN_FLIGHT` 64 KiB tasks, writes and reads alternating, from buffers of
+/// a pool of the caller's; the target is polled once, so it has them all
+/// and has answered none. Returns the pool.
+fn submit_from_pool(fx: &common::iser_loop::Fx, ini: &mut IserInitiator<Soft>) -> BufPool {
+    let mut o = BufPoolOptions::new("iser-target-death", 65536, IN_FLIGHT as usize);
+    o.hugepages = HugepageMode::Never;
+    let pool = BufPool::new(o).unwrap();
+    for k in 0..IN_FLIGHT {
+        let mut b = pool.get().unwrap();
+        b.as_mut_slice().fill(k as u8 + 1);
+        let lba = 128 * k;
+        if k % 2 == 0 {
+            ini.write(0, lba, 128, SgList::from_buf(b), k).unwrap();
+        } else {
+            ini.read(0, lba, 128, SgList::from_buf(b), k).unwrap();
+        }
+    }
+    assert_eq!(pool.available(), 0);
+    fx.cl.poll_once_all();
+    pool
+}
+
+/// Poll `ini` (and `world`, what is left of the target) until its session
+/// failed and no task is outstanding, within [`LIMIT`], then some more:
+/// every result it handed over.
+fn results_after_target_death(
+    ini: &mut IserInitiator<Soft>,
+    world: &mut dyn FnMut(),
+) -> Vec<TaskResult> {
+    let mut out = Vec::new();
+    let start = Instant::now();
+    loop {
+        world();
+        ini.poll(&mut |r| out.push(r));
+        if matches!(ini.state(), SessionState::Failed(_)) && ini.outstanding() == 0 {
+            break;
+        }
+        assert!(
+            start.elapsed() < LIMIT,
+            "hung: {} of {IN_FLIGHT} tasks back, {:?}",
+            out.len(),
+            ini.state()
+        );
+    }
+    // Nothing more may come (each task exactly once).
+    for _ in 0..1000 {
+        world();
+        ini.poll(&mut |r| out.push(r));
+    }
+    out
+}
+
+/// Each task came back exactly once, as a transport error (none was
+/// answered), with its buffer; once the results go, every buffer is back
+/// in the caller's pool (the initiator kept none).
+fn check_every_task_back(ini: &IserInitiator<Soft>, results: Vec<TaskResult>, pool: &BufPool) {
+    let mut ctxs: Vec<u64> = results.iter().map(|r| r.ctx).collect();
+    ctxs.sort_unstable();
+    assert_eq!(ctxs, (0..IN_FLIGHT).collect::<Vec<_>>(), "each task once");
+    for r in &results {
+        assert!(
+            r.transport_error && !r.is_good(),
+            "task {} did not fail: status {:#x}",
+            r.ctx,
+            r.status
+        );
+        let len = r.bufs.as_ref().map_or(0, SgList::total_len);
+        assert_eq!(len, 65536, "task {}: its buffer did not come back", r.ctx);
+    }
+    assert_eq!(ini.outstanding(), 0);
+    assert_eq!(ini.stats().completed, ini.stats().submitted);
+    drop(results);
+    assert_eq!(
+        pool.available(),
+        pool.count(),
+        "buffers still held by the initiator"
+    );
+}
+
+/// The target's poll group shuts down under reads and writes in flight:
+/// every task completes exactly once with a transport error and hands
+/// back the caller's buffer, within a bounded wait; the target ends the
+/// connection and has every task buffer back.
+#[test]
+fn target_shutdown_mid_io_fails_every_task_once() {
+    let fx = fixture();
+    let mut ini = fx.connect(fx.opts());
+    fx.discover_luns(&mut ini);
+    let target_bufs = fx.target.pool().count();
+    let pool = submit_from_pool(&fx, &mut ini);
+    fx.pg.shutdown();
+    let results = results_after_target_death(&mut ini, &mut || {
+        fx.cl.poll_once_all();
+    });
+    check_every_task_back(&ini, results, &pool);
+    drop(ini);
+    let idle = fx.spin(|| {
+        (fx.pg.connections() == 0 && fx.target.pool().available() == target_bufs).then_some(())
+    });
+    assert!(
+        idle.is_some(),
+        "connections {}, task buffers {}/{target_bufs}",
+        fx.pg.connections(),
+        fx.target.pool().available()
+    );
+    let st = fx.transport.stats();
+    assert_eq!(st.accepted, st.destroyed);
+}
+
+/// The whole target goes at once, without a word (its reactors, poll
+/// group and connections dropped, as when its process dies) under reads
+/// and writes in flight: every task completes exactly once with a
+/// transport error and hands back the caller's buffer, within a bounded
+/// wait, with nothing left to poll but the initiator.
+#[test]
+fn target_vanishing_mid_io_fails_every_task_once() {
+    let fx = fixture();
+    let mut ini = fx.connect(fx.opts());
+    fx.discover_luns(&mut ini);
+    let pool = submit_from_pool(&fx, &mut ini);
+    drop(fx);
+    let results = results_after_target_death(&mut ini, &mut || {});
+    check_every_task_back(&ini, results, &pool);
 }
 
 #[test]

@@ -16,6 +16,9 @@
 //! reinstatement) and this connection closes at its next poll.
 //! MaxOutstandingUnexpectedPDUs, when the target declared it, bounds the
 //! immediate PDUs outstanding: one more is rejected (reason 0x06).
+//! FirstBurstLength bounds a command's unsolicited data: more immediate
+//! data is rejected (reason 0x09), more unsolicited Data-Out fails the
+//! task (ABORTED COMMAND 0C/0D).
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -402,6 +405,14 @@ impl Connection {
         !self.is_closed()
     }
 
+    /// The negotiated FirstBurstLength: the most unsolicited data
+    /// (immediate and unsolicited Data-Out) one command may carry.
+    fn first_burst(&self) -> usize {
+        self.outcome
+            .as_ref()
+            .map_or(0, |o| o.params.first_burst as usize)
+    }
+
     /// Whether `bhs` is an unexpected (immediate) PDU one beyond the
     /// MaxOutstandingUnexpectedPDUs the target declared.
     fn over_unexpected(&self, bhs: &Bhs) -> bool {
@@ -663,6 +674,15 @@ impl Connection {
             self.stats.rejected += 1;
             return;
         }
+        if data.len() > self.first_burst() {
+            // More unsolicited data than FirstBurstLength (RFC 7143
+            // §4.2.5.2): rejected as an invalid PDU field, as LIO does. No
+            // task is made and nothing is kept; its CmdSN is used up (and
+            // its window slot freed) so that the session goes on.
+            self.window.release();
+            self.reject(&raw, reject_reason::INVALID_PDU_FIELD, ops);
+            return;
+        }
         let Some(idx) = self.free.pop() else {
             // The window guarantees a slot to well-behaved initiators.
             self.window.release();
@@ -823,10 +843,18 @@ impl Connection {
             self.reject(&raw, reject_reason::PROTOCOL_ERROR, ops);
             return;
         };
+        let first_burst = self.first_burst();
         let t = &mut self.tasks[idx];
         let off = d.buffer_offset as usize;
         let end = off.saturating_add(data.len());
-        if off != t.got || end > t.need {
+        if end > first_burst {
+            // Unsolicited data (immediate and Data-Out) beyond
+            // FirstBurstLength (RFC 7143 §4.2.5.2): the task ends with
+            // "incorrect amount of data" (§11.4.7.2), as LIO answers it.
+            t.result = Err(Sense::NOT_ENOUGH_UNSOLICITED);
+            t.need = 0;
+            t.io = None;
+        } else if off != t.got || end > t.need {
             t.result = Err(Sense::INVALID_FIELD_IN_PARAM);
             t.need = 0;
             t.io = None;

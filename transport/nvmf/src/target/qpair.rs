@@ -27,7 +27,7 @@ use crate::spec::cmd::SQE_SIZE;
 use crate::spec::cpl::{NvmeCompletion, NvmeStatus, SQHD_DISABLED};
 use crate::spec::log_page::ErrorLogEntry;
 use crate::spec::sgl::{SglDescriptor, SglError};
-use crate::spec::transport_id::TransportId;
+use crate::spec::transport_id::{TrType, TransportId};
 
 /// Most AERs outstanding per controller (Identify AERL + 1).
 pub(crate) const AER_LIMIT: usize = 4;
@@ -473,6 +473,15 @@ impl QueuePair {
                 key,
                 invalidate,
             } => {
+                // NVMe/TCP moves data in PDUs: a keyed descriptor (an RDMA
+                // address and key) names nothing it can reach, and only
+                // the transport and in-capsule data block descriptors are
+                // valid there (SPDK answers SGL Descriptor Type Invalid
+                // too). The all-zero "no data" one some hosts send on a
+                // command without data is let by.
+                if self.params.listener.trtype == TrType::Tcp && (len > 0 || plan.len > 0) {
+                    return Err(NvmeStatus::SGL_DESCRIPTOR_TYPE_INVALID);
+                }
                 if !plan.sgl_len_ok(len) {
                     return Err(NvmeStatus::DATA_SGL_LENGTH_INVALID);
                 }
@@ -487,7 +496,13 @@ impl QueuePair {
             }
             SglDescriptor::Transport { len } => {
                 // NVMe/TCP: the transport moves the data (R2T/H2CData,
-                // C2HData); there is no host address or key.
+                // C2HData); there is no host address or key. Any other
+                // transport (RDMA, loopback: keyed SGLs) would move it with
+                // key 0 and address 0, and an RDMA op on them ends the
+                // queue: refuse it as a type it does not support.
+                if self.params.listener.trtype != TrType::Tcp {
+                    return Err(NvmeStatus::SGL_DESCRIPTOR_TYPE_INVALID);
+                }
                 if len != plan.len {
                     return Err(NvmeStatus::DATA_SGL_LENGTH_INVALID);
                 }

@@ -332,6 +332,7 @@ fn rw10(opc: u8, protect: u8, lba: u32, blocks: u16) -> [u8; 10] {
 }
 
 mod buffers;
+mod first_burst;
 mod nop;
 mod reinstatement;
 mod sbc;

@@ -4,7 +4,9 @@
 //! split by MAXH2CDATA and in-capsule writes sent from the caller's
 //! buffers, every digest combination, a bad data digest, an early
 //! response to a write whose data is not out, a target that vanishes
-//! mid-I/O. Data is checked byte for byte.
+//! mid-I/O, a target that sends a C2HTermReq, a PDU for an unknown
+//! command or a PLEN shorter than its header mid-I/O. Data is checked
+//! byte for byte.
 #![allow(clippy::unwrap_used)]
 
 use std::io::{ErrorKind, Read, Write};
@@ -19,8 +21,9 @@ use super::{TcpHostOptions, TcpQueue};
 use crate::spec::cmd::NvmeCmd;
 use crate::spec::cpl::{NvmeCompletion, NvmeStatus};
 use crate::spec::tcp::{
-    crc32c, C2hData, CapsuleResp, CommonHeader, Digests, H2cData, IcResp, PduType, R2t, SendLayout,
-    CH_LEN, CMD_HLEN, DIGEST_LEN, FLAG_LAST_PDU, FLAG_SUCCESS, IC_PDU_LEN,
+    crc32c, C2hData, CapsuleResp, CommonHeader, Digests, Fes, H2cData, IcResp, PduType, R2t,
+    SendLayout, TermReq, CH_LEN, CMD_HLEN, DIGEST_LEN, FLAG_LAST_PDU, FLAG_SUCCESS, IC_PDU_LEN,
+    SHORT_HLEN, TERM_REQ_MAX_DATA,
 };
 use crate::spec::{le16, le32};
 use crate::tcp_bufs::SendBuf;
@@ -123,6 +126,26 @@ impl Tgt {
         let plen = le32(&p, 4) as usize;
         p.extend(self.recv(plen - CH_LEN, pump));
         p
+    }
+
+    /// Everything the host sends until it closes the connection (end of
+    /// stream or reset), bounded.
+    fn rest(&mut self, pump: &mut dyn FnMut()) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut tmp = [0u8; 4096];
+        let start = Instant::now();
+        loop {
+            match self.t.read(&mut tmp) {
+                Ok(0) => return out,
+                Ok(k) => out.extend_from_slice(&tmp[..k]),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => pump(),
+                Err(_) => return out,
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "the host keeps the connection open"
+            );
+        }
     }
 
     /// Everything in `b` to the host.
@@ -613,5 +636,153 @@ fn a_target_that_vanishes_mid_io_fails_every_command_and_hands_every_buffer_back
     for c in &back {
         assert!(matches!(c.result, Err(IoError::Aborted)), "{:?}", c.result);
         assert_eq!(c.data.total_len(), 65536);
+    }
+}
+
+/// Four 64 KiB commands in flight on a host [`Qpair`] (two reads, two
+/// writes by R2T): one write's data all sent after its R2T, half of one
+/// read's data in; then the scripted target sends `bad(read cid, write
+/// cid)`. Every command ends with [`IoError::Aborted`] and its caller's
+/// buffers whole (a write's data unchanged), nothing is outstanding, the
+/// queue is dead and its socket closed. Returns the bad PDU and what the
+/// host sent after it, up to the end of the stream.
+fn bad_pdu_mid_io(bad: impl FnOnce(&Tgt, u16, u16) -> Vec<u8>) -> (Vec<u8>, Vec<u8>) {
+    let Rig { q, mut tgt, .. } = Rig::new(Digests::default(), 16 * 1024, 0);
+    let mut qp = Qpair::new(q, 1, 16, Duration::from_secs(30));
+    for i in 0..2u64 {
+        for (dir, ctx) in [(DataDir::FromCtrl, i), (DataDir::ToCtrl, 10 + i)] {
+            let opc = if dir == DataDir::ToCtrl { 1 } else { 2 };
+            qp.submit(NvmeCmd::new(opc, 0), dir, segments(65536, 3, 1), ctx)
+                .unwrap();
+        }
+    }
+    qp.flush();
+    let mut idle = || {
+        qp.poll(&mut |c| panic!("nothing can complete yet: {:?}", c.result));
+    };
+    let mut cids = Vec::new();
+    for _ in 0..4 {
+        let p = tgt.pdu(&mut idle);
+        cids.push((le16(&p, 8 + 2), p[8] == 1));
+    }
+    let (wcid, _) = *cids.iter().find(|c| c.1).unwrap();
+    let (rcid, _) = *cids.iter().find(|c| !c.1).unwrap();
+    let r2t = tgt.r2t(wcid, 1, 0, 65536);
+    tgt.send(&r2t, &mut idle);
+    for _ in 0..4 {
+        let p = tgt.pdu(&mut idle);
+        assert_eq!(p[0], PduType::H2cData.code());
+    }
+    let c2h = tgt.c2h(rcid, 0, &[0x5A; 32768], 0);
+    tgt.send(&c2h, &mut idle);
+    for _ in 0..10 {
+        idle();
+    }
+    let b = bad(&tgt, rcid, wcid);
+    tgt.send(&b, &mut || {});
+    let mut back = Vec::new();
+    let start = Instant::now();
+    while back.len() < 4 {
+        qp.poll(&mut |c| back.push(c));
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{} of 4 commands ended",
+            back.len()
+        );
+    }
+    assert!(!qp.is_alive());
+    assert_eq!(qp.outstanding(), 0);
+    let mut ctxs: Vec<u64> = back.iter().map(|c| c.ctx).collect();
+    ctxs.sort_unstable();
+    assert_eq!(ctxs, [0, 1, 10, 11]);
+    for c in &back {
+        assert!(matches!(c.result, Err(IoError::Aborted)), "{:?}", c.result);
+        assert_eq!(c.data.total_len(), 65536);
+        if c.ctx >= 10 {
+            assert!(flat(&c.data).iter().all(|&b| b == 1), "write data changed");
+        }
+    }
+    let rest = tgt.rest(&mut || {
+        qp.poll(&mut |c| panic!("completed twice: {:?}", c.ctx));
+    });
+    (b, rest)
+}
+
+/// What the host sent after a bad PDU `bad` must be one H2CTermReq with
+/// `fes` and `fei` carrying (the start of) the bad PDU, then nothing.
+fn assert_h2c_term(rest: &[u8], bad: &[u8], fes: Fes, fei: u32) {
+    assert!(rest.len() >= SHORT_HLEN + CH_LEN, "no H2CTermReq: {rest:?}");
+    assert_eq!(rest[0], PduType::H2cTermReq.code(), "not an H2CTermReq");
+    assert_eq!(
+        le32(rest, 4) as usize,
+        rest.len(),
+        "bytes after the H2CTermReq"
+    );
+    let t = TermReq::parse(rest);
+    assert_eq!((Fes::from_code(t.fes), t.fei), (Some(fes), fei));
+    assert!(rest.len() <= SHORT_HLEN + TERM_REQ_MAX_DATA);
+    assert!(
+        bad.starts_with(&rest[SHORT_HLEN..]),
+        "not the bad PDU's header"
+    );
+}
+
+/// A C2HTermReq from the target in the middle of I/O ends every command
+/// ([`bad_pdu_mid_io`]) and the host closes without a TermReq of its own.
+#[test]
+fn a_c2h_term_req_mid_io_ends_every_command_and_the_connection() {
+    let (_, rest) = bad_pdu_mid_io(|_, _, _| {
+        let mut out = [0u8; SHORT_HLEN + TERM_REQ_MAX_DATA];
+        let n = TermReq {
+            fes: Fes::DataOutOfRange.code(),
+            fei: 0,
+        }
+        .encode_into(true, &[0u8; 24], &mut out);
+        out[..n].to_vec()
+    });
+    assert!(rest.is_empty(), "the host answered a TermReq: {rest:?}");
+}
+
+/// C2HData for a command id that names no command, C2HData for a write,
+/// and a CapsuleResp for an unknown command id: each ends every command
+/// ([`bad_pdu_mid_io`]) with an H2CTermReq (Invalid PDU Header Field)
+/// naming CCCID (byte 8) or the CQE's CID (byte 20).
+#[test]
+fn a_pdu_for_an_unknown_command_ends_every_command_and_the_connection() {
+    type Bad = fn(&Tgt, u16, u16) -> Vec<u8>;
+    let cases: [(Bad, u32); 3] = [
+        (
+            |t, rcid, _| t.c2h(rcid ^ 0x8000, 0, &[1; 512], FLAG_LAST_PDU | FLAG_SUCCESS),
+            8,
+        ),
+        (
+            |t, _, wcid| t.c2h(wcid, 0, &[1; 512], FLAG_LAST_PDU | FLAG_SUCCESS),
+            8,
+        ),
+        (|t, rcid, _| t.resp(rcid ^ 0x8000, NvmeStatus::SUCCESS), 20),
+    ];
+    for (bad, fei) in cases {
+        let (sent, rest) = bad_pdu_mid_io(bad);
+        assert_h2c_term(&rest, &sent, Fes::InvalidHeaderField, fei);
+    }
+}
+
+/// A C2HData and a CapsuleResp whose PLEN is shorter than their 24-byte
+/// header: each ends every command ([`bad_pdu_mid_io`]) with an
+/// H2CTermReq (Invalid PDU Header Field) naming PLEN (byte 4).
+#[test]
+fn a_pdu_shorter_than_its_header_ends_every_command_and_the_connection() {
+    type Bad = fn(&Tgt, u16, u16) -> Vec<u8>;
+    let cases: [Bad; 2] = [
+        |t, rcid, _| t.c2h(rcid, 32768, &[2; 32768], FLAG_LAST_PDU | FLAG_SUCCESS),
+        |t, rcid, _| t.resp(rcid, NvmeStatus::SUCCESS),
+    ];
+    for bad in cases {
+        let (sent, rest) = bad_pdu_mid_io(|t, r, w| {
+            let mut b = bad(t, r, w);
+            b[4..8].copy_from_slice(&20u32.to_le_bytes());
+            b
+        });
+        assert_h2c_term(&rest, &sent, Fes::InvalidHeaderField, 4);
     }
 }

@@ -32,6 +32,7 @@ use std::sync::Arc;
 use pollux_reactor::mem::SgList;
 use pollux_reactor::Reactor;
 
+use super::super::error::CapsuleError;
 use super::super::qpair::QueuePair;
 use super::super::transport::{QpairOps, RemoteBuf, ReqTag, Response, Transfer, TransportError};
 use super::quiet::{QuietSet, CORE_EVERY_QUIET, QUIET_AFTER};
@@ -727,7 +728,7 @@ impl TcpConn {
                 self.rx.head += need;
             }
             PduType::CapsuleCmd => {
-                self.handle_capsule(&f);
+                self.handle_capsule(&f)?;
                 self.rx.head += need;
             }
             PduType::H2cData => {
@@ -801,7 +802,13 @@ impl TcpConn {
     }
 
     /// A whole CapsuleCmd PDU at `head`.
-    fn handle_capsule(&mut self, f: &Frame) {
+    ///
+    /// # Errors
+    ///
+    /// [`TcpPduError::Sequence`] when the host sends more commands than
+    /// the queue holds (fatal: the C2HTermReq carries this capsule's
+    /// header).
+    fn handle_capsule(&mut self, f: &Frame) -> Result<(), TcpPduError> {
         let start = self.rx.head;
         let data = start + f.data_offset..start + f.data_offset + f.data_len;
         if f.ddgst {
@@ -820,7 +827,7 @@ impl TcpConn {
                     0,
                     0,
                 );
-                return;
+                return Ok(());
             }
         }
         let sqe_at = start + CH_LEN;
@@ -831,7 +838,7 @@ impl TcpConn {
                 0,
                 0,
             );
-            return;
+            return Ok(());
         }
         let res = if f.data_len == 0 || data.start == sqe_at + SQE_SIZE {
             // SQE and data lie back to back in the receive buffer.
@@ -850,11 +857,24 @@ impl TcpConn {
             self.capsule.extend_from_slice(&self.rx.buf[data]);
             self.qp.submit_capsule(&self.capsule, &mut self.ops)
         };
-        if let Err(e) = res {
-            log::debug!("nvmf tcp: capsule refused, closing the queue: {e}");
-            self.ops.closing = true;
+        match res {
+            Ok(()) => {}
+            // The host overran the queue (no request took the capsule, so
+            // there is nothing to answer): a fatal PDU sequence error, told
+            // with a C2HTermReq rather than a silent close.
+            Err(CapsuleError::QueueFull) => {
+                return Err(TcpPduError::Sequence {
+                    pdu_type: PduType::CapsuleCmd.code(),
+                    why: "more commands than the queue holds",
+                });
+            }
+            Err(e) => {
+                log::debug!("nvmf tcp: capsule refused, closing the queue: {e}");
+                self.ops.closing = true;
+            }
         }
         self.issue_r2ts();
+        Ok(())
     }
 
     /// The refusal of a Connect for an I/O queue beyond

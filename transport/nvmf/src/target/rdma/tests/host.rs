@@ -264,6 +264,19 @@ impl Host {
             .expect("post send");
     }
 
+    /// Send `len` bytes of the data area from `off` as one capsule, not
+    /// waiting: a capsule of any length, longer than a receive buffer too.
+    pub(crate) fn send_from_data(&mut self, off: usize, len: usize) {
+        let sge = [Sge {
+            addr: self.addr(DATA_OFF + off),
+            length: len as u32,
+            lkey: self.mr.lkey(),
+        }];
+        self.qp
+            .post_send(&[SendWr::new(WrId(2000), SendOp::Send, &sge)])
+            .expect("post send");
+    }
+
     /// Reap completions; responses go to `rsps`. `false` on a dead queue.
     pub(crate) fn poll(&mut self) -> bool {
         let mut wcs = [Wc::default(); 32];

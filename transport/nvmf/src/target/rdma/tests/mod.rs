@@ -350,6 +350,73 @@ fn a_host_running_ahead_of_its_queue_depth_is_queued_not_dropped() {
     assert!(fx.pg.stats().capsules_queued > 0, "{:?}", fx.pg.stats());
 }
 
+/// In-capsule writes `cid0..cid0 + n` on `io`, sent at once.
+fn burst(io: &mut Host, cid0: u16, n: u16) {
+    for k in 0..n {
+        let cmd = rw(
+            0x01,
+            cid0 + k,
+            u64::from(k) * 8,
+            4096,
+            &SglDescriptor::in_capsule(0, 4096),
+        );
+        io.send(&cmd, &pattern(k as u8, 4096));
+    }
+}
+
+/// How far a host may run ahead: a queue of depth `d` has
+/// [`requests_per_queue`](RdmaOptions::requests_per_queue)`(d)` = 1.5 `d`
+/// requests and keeps up to `d` more capsules in its backlog (10 at depth
+/// 4): all are answered. One more (11, past 2.5 `d`) breaks flow control
+/// beyond what the target holds: there is no request to answer it with,
+/// so the queue is closed, and its receive and data buffers and its seat
+/// come back; QID 1 connects again.
+#[test]
+fn a_host_running_past_its_requests_and_backlog_loses_the_queue_not_buffers() {
+    const DEPTH: u16 = 4;
+    let limit = RdmaOptions::requests_per_queue(DEPTH) + DEPTH;
+    let fx = fixture(RdmaOptions::for_tests());
+    let (_admin, cntlid) = fx.admin();
+    let pool_start = fx.target.data_pool().available() + fx.cached();
+    // At the limit (the Connect's request freed first): all answered.
+    let mut io = fx.io(cntlid, DEPTH);
+    let _ = fx.cl.poll_until_idle_within(100_000);
+    let queued = fx.pg.stats().capsules_queued;
+    burst(&mut io, 100, limit);
+    let got = spin(&fx.cl, || {
+        io.poll();
+        (io.rsps.len() == usize::from(limit)).then_some(())
+    });
+    assert!(got.is_some(), "only {} responses", io.rsps.len());
+    assert!(io.rsps.iter().all(|r| r.cpl.status.is_success()));
+    let st = fx.pg.stats();
+    assert_eq!(st.capsules_queued - queued, u64::from(DEPTH), "{st:?}");
+    assert_eq!(st.connections, 2, "the queue went at the limit");
+    io.kill();
+    let gone = spin(&fx.cl, || (fx.pg.connections() == 1).then_some(()));
+    assert!(gone.is_some(), "queue not destroyed");
+    // One past it: the queue is closed, nothing answered after it.
+    let mut io = fx.io(cntlid, DEPTH);
+    let _ = fx.cl.poll_until_idle_within(100_000);
+    burst(&mut io, 200, limit + 1);
+    let gone = spin(&fx.cl, || (fx.pg.connections() == 1).then_some(()));
+    assert!(gone.is_some(), "a queue overrun past its backlog stays");
+    let dead = spin(&fx.cl, || (!io.poll()).then_some(()));
+    assert!(dead.is_some(), "the host's queue stays up");
+    fx.assert_recv_buffers_back();
+    let held = || fx.target.data_pool().available() + fx.cached();
+    let _ = spin(&fx.cl, || (held() == pool_start).then_some(()));
+    assert_eq!(held(), pool_start, "data buffers leaked");
+    assert_eq!(fx.transport.queues_per_group(), vec![1], "its seat is free");
+    let ts = fx.transport.stats();
+    assert_eq!((ts.accepted, ts.destroyed), (3, 2));
+    drop(io);
+    let mut again = fx.io(cntlid, DEPTH);
+    let w = rw(0x01, 5, 0, 4096, &SglDescriptor::in_capsule(0, 4096));
+    let rsp = again.exec(&fx.cl, &w, &pattern(3, 4096));
+    assert!(rsp.cpl.status.is_success(), "{:?}", rsp.cpl);
+}
+
 #[test]
 fn a_thousand_abrupt_disconnects_leak_nothing() {
     let fx = fixture(RdmaOptions::for_tests());

@@ -1,7 +1,9 @@
 //! Bad input from a raw socket: each fatal error gets its C2HTermReq
 //! (status and field offset), the connection closes and nothing leaks; a
 //! bad data digest fails only its command; 1,000 abrupt disconnects in
-//! the middle of R2T transfers leave every pool as it started.
+//! the middle of R2T transfers leave every pool as it started. A host
+//! that overruns its queue gets a C2HTermReq; a write past the end and a
+//! keyed SGL fail their command before any R2T.
 
 use super::raw::{connect_cmd, Raw};
 use super::*;
@@ -10,7 +12,7 @@ use crate::spec::cmd::{IoOpcode, NvmeCmd};
 use crate::spec::connect::CNTLID_DYNAMIC;
 use crate::spec::cpl::{NvmeCompletion, NvmeStatus};
 use crate::spec::sgl::SglDescriptor;
-use crate::spec::tcp::{Digests, Fes, H2cData, IcReq, PduType, R2t};
+use crate::spec::tcp::{Digests, Fes, H2cData, IcReq, PduType, R2t, TermReq};
 
 fn after(f: &Fx, terminated: u64) {
     f.settle();
@@ -242,4 +244,197 @@ fn a_thousand_abrupt_disconnects_leave_every_pool_full() {
     assert_eq!(st.accepted, 1001);
     assert_eq!(st.destroyed, 1001);
     assert_eq!(f.transport.queues_per_group(), vec![0]);
+}
+
+/// A raw I/O queue `qid` of controller `cntlid` whose Connect (SQSIZE
+/// `sqsize`, 0's based) succeeded.
+fn io_queue(f: &Fx, qid: u16, cntlid: u16, sqsize: u16) -> Raw {
+    let mut r = Raw::handshake(f, Digests::default());
+    let (mut cmd, data) = connect_cmd(qid, cntlid, SglDescriptor::in_capsule(0, 1024));
+    cmd.cdw11 = (cmd.cdw11 & !0xFFFF) | u32::from(sqsize);
+    let p = r.capsule(&cmd, &data);
+    r.send(&p);
+    let rsp = r.pdu(f);
+    let cpl = NvmeCompletion::parse(&rsp[8..24]).unwrap();
+    assert!(cpl.status.is_success(), "Connect QID {qid}: {cpl:?}");
+    r
+}
+
+/// A 64 KiB write of `cid` at `slba` whose data goes by R2T.
+fn write_by_r2t(cid: u16, slba: u32) -> NvmeCmd {
+    let mut w = NvmeCmd::new(IoOpcode::Write.code(), cid);
+    w.nsid = 1;
+    w.cdw10 = slba;
+    w.cdw12 = 127;
+    w.set_sgl(&SglDescriptor::Transport { len: 65536 });
+    w
+}
+
+/// The next PDU must be a CapsuleResp: its completion.
+fn response(f: &Fx, r: &mut Raw) -> NvmeCompletion {
+    let p = r.pdu(f);
+    assert_eq!(
+        p[0],
+        PduType::CapsuleResp.code(),
+        "not a CapsuleResp: {p:?}"
+    );
+    NvmeCompletion::parse(&p[8..24]).unwrap()
+}
+
+/// A raw admin queue of a new, enabled controller whose Connect asked
+/// for SQSIZE `sqsize` (0's based); its controller id.
+fn raw_controller(f: &Fx, sqsize: u16) -> (Raw, u16) {
+    use crate::spec::property::{ofst, Cc, PropertyCmd, PropertySize};
+    let mut r = Raw::handshake(f, Digests::default());
+    let (mut cmd, data) = connect_cmd(0, CNTLID_DYNAMIC, SglDescriptor::in_capsule(0, 1024));
+    cmd.cdw11 = (cmd.cdw11 & !0xFFFF) | u32::from(sqsize);
+    let p = r.capsule(&cmd, &data);
+    r.send(&p);
+    let cpl = response(f, &mut r);
+    assert!(cpl.status.is_success(), "admin Connect: {cpl:?}");
+    let cntlid = cpl.dw0 as u16;
+    let cc = Cc {
+        en: true,
+        ..Cc::linux_default(0)
+    };
+    let mut set = PropertyCmd::set(ofst::CC, PropertySize::Four, cc.to_u32().into(), 8);
+    set.set_sgl(&SglDescriptor::Transport { len: 0 });
+    let p = r.capsule(&set, &[]);
+    r.send(&p);
+    let cpl = response(f, &mut r);
+    assert!(cpl.status.is_success(), "CC.EN: {cpl:?}");
+    (r, cntlid)
+}
+
+/// A host that overruns its I/O queue (SQSIZE 3 on a target whose queues
+/// hold 4 commands; 8 writes by R2T sent at once, none answered) gets the
+/// R2Ts of the 4 that fit, then a C2HTermReq (PDU Sequence Error) whose
+/// copy of the offending header is the 5th capsule's; the target closes
+/// within a bound, keeps the admin queue, and every buffer the writes
+/// took is back.
+#[test]
+fn more_commands_than_the_queue_holds_is_a_sequence_error() {
+    let f = fixture(TcpOptions {
+        max_queue_depth: 4,
+        ..TcpOptions::default()
+    });
+    let (admin, cntlid) = raw_controller(&f, 3);
+    let mut r = io_queue(&f, 1, cntlid, 3);
+    let mut all = Vec::new();
+    for cid in 0..8u16 {
+        all.extend(r.capsule(&write_by_r2t(cid, u32::from(cid) * 128), &[]));
+    }
+    r.send(&all);
+    for cid in 0..4u16 {
+        let p = r.pdu(&f);
+        assert_eq!(p[0], PduType::R2t.code(), "not an R2T: {p:?}");
+        assert_eq!(R2t::parse(&p).unwrap().cccid, cid);
+    }
+    let p = r.pdu(&f);
+    assert_eq!(p[0], PduType::C2hTermReq.code(), "not a C2HTermReq: {p:?}");
+    let term = TermReq::parse(&p);
+    assert_eq!(Fes::from_code(term.fes), Some(Fes::SequenceError));
+    // The offending header: a CapsuleCmd, CID 4 (SQE byte 2).
+    assert_eq!(p[24], PduType::CapsuleCmd.code());
+    assert_eq!(crate::spec::le16(&p, 24 + 8 + 2), 4);
+    assert!(
+        r.closed_within(&f, std::time::Duration::from_secs(10)),
+        "the overrun queue stays open"
+    );
+    for _ in 0..200_000 {
+        if f.transport.queues_per_group() == [1] {
+            break;
+        }
+        f.cl.poll_once_all();
+    }
+    assert_eq!(f.transport.queues_per_group(), [1], "the admin queue");
+    f.assert_pool_full();
+    drop(admin);
+    after(&f, 1);
+}
+
+/// A write past the namespace's end (16 MiB of 512 B blocks: 32768) whose
+/// data would come by R2T fails with LBA Out of Range before any R2T goes
+/// out or any buffer is taken; the queue goes on, and the same write in
+/// range does get its R2T and completes.
+#[test]
+fn a_write_past_the_end_fails_before_any_r2t() {
+    let f = fixture(TcpOptions::default());
+    f.cl.on(0, |_| {
+        let t = f.host(false, false);
+        let c = Controller::connect(&t, who(), CtrlOptions::default()).unwrap();
+        let mut r = io_queue(&f, 1, c.info().cntlid, 31);
+        // Blocks 32760..32888: the last 120 are past the end.
+        let p = r.capsule(&write_by_r2t(9, 32768 - 8), &[]);
+        r.send(&p);
+        let cpl = response(&f, &mut r);
+        assert_eq!(cpl.cid, 9);
+        assert_eq!(cpl.status, NvmeStatus::LBA_OUT_OF_RANGE, "{cpl:?}");
+        f.assert_pool_full();
+        // In range: an R2T, the data, success.
+        let p = r.capsule(&write_by_r2t(10, 32768 - 128), &[]);
+        r.send(&p);
+        let p = r.pdu(&f);
+        assert_eq!(p[0], PduType::R2t.code(), "not an R2T: {p:?}");
+        let r2t = R2t::parse(&p).unwrap();
+        assert_eq!((r2t.cccid, r2t.r2to, r2t.r2tl), (10, 0, 65536));
+        let h = H2cData {
+            cccid: 10,
+            ttag: r2t.ttag,
+            datao: 0,
+            datal: 65536,
+        };
+        let p = r.h2c(&h, &[0xA5; 65536]);
+        r.send(&p);
+        let cpl = response(&f, &mut r);
+        assert!(cpl.status.is_success(), "{cpl:?}");
+        drop(r);
+        c.shutdown().unwrap();
+    });
+    after(&f, 0);
+}
+
+/// A keyed SGL descriptor (type 0x4x: an RDMA address and key) is not
+/// valid over NVMe/TCP: a write and a read naming one fail with SGL
+/// Descriptor Type Invalid, with no R2T and no C2HData, and take nothing;
+/// the all-zero keyed "no data" descriptor on a Flush is let by, and the
+/// queue goes on.
+#[test]
+fn a_keyed_sgl_over_tcp_is_a_descriptor_type_error() {
+    let f = fixture(TcpOptions::default());
+    f.cl.on(0, |_| {
+        let t = f.host(false, false);
+        let c = Controller::connect(&t, who(), CtrlOptions::default()).unwrap();
+        let mut r = io_queue(&f, 1, c.info().cntlid, 31);
+        let keyed = SglDescriptor::keyed(0x1000_0000, 65536, 0x1234, false).unwrap();
+        for (cid, op) in [(20u16, IoOpcode::Write), (21, IoOpcode::Read)] {
+            let mut cmd = NvmeCmd::new(op.code(), cid);
+            cmd.nsid = 1;
+            cmd.cdw12 = 127;
+            cmd.set_sgl(&keyed);
+            let p = r.capsule(&cmd, &[]);
+            r.send(&p);
+            let cpl = response(&f, &mut r);
+            assert_eq!(cpl.cid, cid);
+            assert_eq!(
+                cpl.status,
+                NvmeStatus::SGL_DESCRIPTOR_TYPE_INVALID,
+                "{op:?}: {cpl:?}"
+            );
+            f.assert_pool_full();
+        }
+        let mut flush = NvmeCmd::new(IoOpcode::Flush.code(), 22);
+        flush.nsid = 1;
+        assert!(matches!(
+            flush.sgl(),
+            Ok(SglDescriptor::Keyed { len: 0, .. })
+        ));
+        let p = r.capsule(&flush, &[]);
+        r.send(&p);
+        let cpl = response(&f, &mut r);
+        assert!(cpl.status.is_success(), "{cpl:?}");
+        drop(r);
+        c.shutdown().unwrap();
+    });
+    after(&f, 0);
 }
