@@ -2,18 +2,21 @@
 //! provider, in process on a one-reactor `TestCluster`: login, discovery,
 //! LUN discovery, reads and writes with data verification, remote and
 //! local invalidation, pre-registered task memory (providers without fast
-//! registration), an initiator dying mid-I/O, and a target dying under
-//! the initiator's I/O. T10 PI: `iser_pi.rs`.
+//! registration), an initiator dying mid-I/O, a target dying under the
+//! initiator's I/O, and the initiator's keep-alive (NOP-Out pings, a
+//! silent target). T10 PI: `iser_pi.rs`.
 #![allow(clippy::unwrap_used)]
 
 mod common;
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use common::iser::login_step;
 use common::iser_io::LIMIT;
-use common::iser_loop::{fixture, logout, pattern, INI, TGT};
+use common::iser_loop::{fixture, logout, pattern, Fx, INI, TGT};
 use pollux_iser::initiator::{
-    InitiatorOptions, Invalidation, IserInitiator, PiPolicy, SessionState, TaskResult,
+    InitiatorError, InitiatorOptions, Invalidation, IserInitiator, PiPolicy, SessionState,
+    SubmitError, TaskResult,
 };
 use pollux_reactor::mem::{BufPool, BufPoolOptions, DmaBuf, HugepageMode, SgList};
 use pollux_verbs::soft::Soft;
@@ -330,4 +333,177 @@ fn pre_registered_task_memory_moves_data_without_invalidation() {
     let st = ini.stats();
     assert_eq!((st.remote_invalidations, st.local_invalidations), (0, 0));
     logout(&fx, ini);
+}
+
+/// The initiator's keep-alive timing in the NOP tests (the defaults,
+/// open-iscsi's `noop_out_interval` / `noop_out_timeout`).
+const NOP_INTERVAL: Duration = Duration::from_secs(5);
+const NOP_TIMEOUT: Duration = Duration::from_secs(5);
+const MS: Duration = Duration::from_millis(1);
+/// Initiator polls per step of the NOP tests (its keep-alive check runs
+/// every 64).
+const NOP_ROUNDS: usize = 300;
+
+/// Connect on reactor 0, so that the session's keep-alive reads the
+/// cluster's manual clock, and log in.
+fn connect_on_reactor(fx: &Fx, opts: InitiatorOptions) -> IserInitiator<Soft> {
+    let mut ini = fx
+        .cl
+        .on(0, |_| IserInitiator::<Soft>::connect(opts))
+        .unwrap();
+    assert!(fx.spin(|| login_step(&mut ini)).is_some(), "login");
+    ini
+}
+
+/// Move the manual clock by `d`, then poll `inis` on reactor 0
+/// `NOP_ROUNDS` times, and the target too while `target_alive` (else it
+/// stays connected but silent): the results handed over.
+fn nop_pass(
+    fx: &Fx,
+    inis: &mut [&mut IserInitiator<Soft>],
+    d: Duration,
+    target_alive: bool,
+) -> Vec<TaskResult> {
+    fx.cl.advance(d);
+    let mut out = Vec::new();
+    for _ in 0..NOP_ROUNDS {
+        if target_alive {
+            fx.cl.poll_once_all();
+        }
+        fx.cl.on(0, |_| {
+            for ini in inis.iter_mut() {
+                ini.poll(&mut |r| out.push(r));
+            }
+        });
+    }
+    out
+}
+
+/// An idle session whose target answers stays up over several NOP
+/// intervals: no ping before `nop_interval` of silence, one at it, each
+/// answered by the target's NOP-In (an unanswered one would fail the
+/// session at the next step, `nop_timeout` after it); I/O still works
+/// afterwards (the immediate pings took no CmdSN).
+#[test]
+fn idle_session_is_pinged_and_every_ping_answered() {
+    let fx = fixture();
+    let mut ini = connect_on_reactor(&fx, fx.opts());
+    assert_eq!(
+        (fx.opts().nop_interval, fx.opts().nop_timeout),
+        (NOP_INTERVAL, NOP_TIMEOUT),
+        "defaults"
+    );
+    fx.discover_luns(&mut ini);
+    nop_pass(&fx, &mut [&mut ini], Duration::ZERO, true);
+    for k in 1..=4u64 {
+        nop_pass(&fx, &mut [&mut ini], NOP_INTERVAL - MS, true);
+        assert_eq!(ini.stats().nop_pings, k - 1, "pinged before the interval");
+        nop_pass(&fx, &mut [&mut ini], MS, true);
+        let st = ini.stats();
+        assert_eq!(
+            (st.nop_pings, st.nop_answers),
+            (k, k),
+            "ping {k}: one sent at the interval, and answered"
+        );
+        assert!(ini.is_ready(), "ping {k}: {:?}", ini.state());
+    }
+    let data = pattern(77, 4096);
+    assert!(fx.write(&mut ini, 0, 300, &data).is_good());
+    let r = fx.read(&mut ini, 0, 300, 4096);
+    assert!(r.is_good(), "{:?}", r.sense);
+    assert_eq!(r.bufs.unwrap().pop().unwrap().as_slice(), &data[..]);
+    logout(&fx, ini);
+}
+
+/// A target that stays connected but goes silent (its reactor no longer
+/// polled: a hung process) under reads and writes in flight: nothing
+/// happens before `nop_interval`, then one ping; at `nop_timeout` after it
+/// the session fails with `TargetUnresponsive` and every task completes
+/// exactly once with that error and its buffer (the caller's pool full
+/// again); later submits are refused at once, and the target, polled
+/// again, sees the connection closed.
+#[test]
+fn silent_target_fails_every_task_at_the_nop_timeout() {
+    let fx = fixture();
+    let mut ini = connect_on_reactor(&fx, fx.opts());
+    fx.discover_luns(&mut ini);
+    nop_pass(&fx, &mut [&mut ini], Duration::ZERO, true);
+    let pool = submit_from_pool(&fx, &mut ini);
+    let mut out = nop_pass(&fx, &mut [&mut ini], NOP_INTERVAL - MS, false);
+    assert_eq!(ini.stats().nop_pings, 0, "pinged before the interval");
+    out.extend(nop_pass(&fx, &mut [&mut ini], MS, false));
+    assert_eq!(ini.stats().nop_pings, 1, "no ping at the interval");
+    out.extend(nop_pass(&fx, &mut [&mut ini], NOP_TIMEOUT - MS, false));
+    assert!(
+        out.is_empty() && ini.is_ready(),
+        "gave up before the timeout: {} results, {:?}",
+        out.len(),
+        ini.state()
+    );
+    out.extend(nop_pass(&fx, &mut [&mut ini], MS, false));
+    assert_eq!(
+        *ini.state(),
+        SessionState::Failed(InitiatorError::TargetUnresponsive {
+            after: NOP_INTERVAL + NOP_TIMEOUT
+        })
+    );
+    out.extend(results_after_target_death(&mut ini, &mut || {}));
+    for r in &out {
+        assert!(
+            matches!(r.error, Some(InitiatorError::TargetUnresponsive { .. })),
+            "task {}: {:?}",
+            r.ctx,
+            r.error
+        );
+    }
+    check_every_task_back(&ini, out, &pool);
+    assert_eq!(ini.stats().nop_answers, 0);
+    let b = SgList::from_buf(DmaBuf::alloc(512).unwrap());
+    match ini.read(0, 0, 1, b, 99) {
+        Err(SubmitError::NotReady(Some(b))) => assert_eq!(b.total_len(), 512),
+        other => panic!("a submit on the failed session: {other:?}"),
+    }
+    assert!(
+        fx.spin(|| (fx.pg.connections() == 0).then_some(()))
+            .is_some(),
+        "the target still holds the connection"
+    );
+}
+
+/// `nop_interval` zero turns the keep-alive off: through 30 s of target
+/// silence that fails a session with the default interval (connected
+/// beside it, as the control), the session without it sends no ping and
+/// stays up, and its I/O works once the target is polled again.
+#[test]
+fn zero_nop_interval_never_pings() {
+    let fx = fixture();
+    let mut o = fx.opts();
+    o.nop_interval = Duration::ZERO;
+    let mut off = connect_on_reactor(&fx, o);
+    let mut o = fx.opts();
+    o.isid[5] = 2;
+    let mut on = connect_on_reactor(&fx, o);
+    fx.discover_luns(&mut off);
+    nop_pass(&fx, &mut [&mut off, &mut on], Duration::ZERO, true);
+    for _ in 0..6 {
+        nop_pass(&fx, &mut [&mut off, &mut on], NOP_INTERVAL, false);
+    }
+    assert!(
+        matches!(
+            on.state(),
+            SessionState::Failed(InitiatorError::TargetUnresponsive { .. })
+        ),
+        "the control session: {:?}",
+        on.state()
+    );
+    assert_eq!(on.stats().nop_pings, 1);
+    assert_eq!(off.stats().nop_pings, 0, "pinged with nop_interval 0");
+    assert!(off.is_ready(), "{:?}", off.state());
+    let data = pattern(78, 8192);
+    assert!(fx.write(&mut off, 0, 400, &data).is_good());
+    let r = fx.read(&mut off, 0, 400, 8192);
+    assert!(r.is_good(), "{:?}", r.sense);
+    assert_eq!(r.bufs.unwrap().pop().unwrap().as_slice(), &data[..]);
+    assert_eq!(off.stats().nop_pings, 0);
+    logout(&fx, off);
 }

@@ -27,6 +27,10 @@ pub fn login(
     static ISID: AtomicU32 = AtomicU32::new(1);
     let mut o = InitiatorOptions::new(addr, initiator, target);
     o.queue_depth = 8;
+    // The churn and soak runs hold sessions idle, stopped or killed on
+    // purpose and count the target's NOP-Ins: no pings of our own beside
+    // them (the initiator's keep-alive is tested in iser_loop).
+    o.nop_interval = std::time::Duration::ZERO;
     let n = ISID.fetch_add(1, Ordering::Relaxed).to_be_bytes();
     o.isid = [0x80, 0, n[0], n[1], n[2], n[3]];
     let mut ini = IserInitiator::<Soft>::connect(o).map_err(|e| e.to_string())?;

@@ -1,5 +1,7 @@
 //! Typed errors of the initiator.
 
+use std::time::Duration;
+
 use pollux_reactor::mem::SgList;
 use thiserror::Error;
 
@@ -31,6 +33,16 @@ pub enum InitiatorError {
     /// Not in the state the call needs.
     #[error("not ready: {0}")]
     NotReady(&'static str),
+    /// The target stayed connected but went silent: nothing was received
+    /// for `after` and the NOP-Out ping sent after
+    /// [`InitiatorOptions::nop_interval`](super::InitiatorOptions::nop_interval)
+    /// of silence went unanswered for
+    /// [`InitiatorOptions::nop_timeout`](super::InitiatorOptions::nop_timeout).
+    #[error("target unresponsive: nothing received for {after:?} (NOP-Out ping unanswered)")]
+    TargetUnresponsive {
+        /// How long the target had been silent when the session failed.
+        after: Duration,
+    },
 }
 
 /// Why a task was not submitted; the caller's buffers come back.

@@ -1,6 +1,7 @@
 //! [`InitiatorOptions`] and the T10-PI policy ([`PiPolicy`]).
 
 use std::str::FromStr;
+use std::time::Duration;
 
 use thiserror::Error;
 
@@ -138,6 +139,19 @@ pub struct InitiatorOptions {
     /// when the provider has no fast registration (user-space verbs
     /// without memory windows); `true` forces it.
     pub pre_registered: bool,
+    /// Keep-alive (open-iscsi's `noop_out_interval`, default 5 s): a
+    /// session in full feature phase that has received no PDU for this
+    /// long sends a NOP-Out ping (RFC 7143 §11.18: an ITT of its own, TTT
+    /// 0xffffffff, Immediate), one at a time. Any PDU received counts as
+    /// proof of life. Zero: never ping (a silent target then hangs the
+    /// session's tasks until the connection itself fails).
+    pub nop_interval: Duration,
+    /// How long a ping may go unanswered (open-iscsi's
+    /// `noop_out_timeout`, default 5 s) before the session fails with
+    /// [`InitiatorError::TargetUnresponsive`](super::InitiatorError::TargetUnresponsive):
+    /// every outstanding task completes with that error and its buffers,
+    /// the connection is closed and later submits are refused.
+    pub nop_timeout: Duration,
 }
 
 impl InitiatorOptions {
@@ -161,6 +175,8 @@ impl InitiatorOptions {
             target_checks: true,
             isid: [0x80, 0x50, 0x4f, 0x4c, 0x00, 0x01],
             pre_registered: false,
+            nop_interval: Duration::from_secs(5),
+            nop_timeout: Duration::from_secs(5),
         }
     }
 

@@ -2,6 +2,7 @@
 
 use pollux_reactor::mem::SgList;
 
+use super::error::InitiatorError;
 use super::pi::{PiLayout, PiShape};
 use crate::scsi::sense::Sense;
 
@@ -49,6 +50,9 @@ pub struct TaskResult {
     /// The connection failed before the task finished: status and sense
     /// mean nothing.
     pub transport_error: bool,
+    /// Why the session failed, with `transport_error` (e.g.
+    /// [`InitiatorError::TargetUnresponsive`]); `None` otherwise.
+    pub error: Option<InitiatorError>,
     /// The caller's buffers.
     pub bufs: Option<SgList>,
 }

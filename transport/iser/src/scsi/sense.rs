@@ -93,6 +93,9 @@ impl Sense {
     pub const PI_REF_TAG: Sense = Sense::new(key::ABORTED_COMMAND, 0x10, 0x03);
     /// ABORTED COMMAND 0C/0D: write error, not enough unsolicited data.
     pub const NOT_ENOUGH_UNSOLICITED: Sense = Sense::new(key::ABORTED_COMMAND, 0x0C, 0x0D);
+    /// ABORTED COMMAND 0C/0C: write error, unexpected unsolicited data
+    /// (unsolicited Data-Out although InitialR2T=Yes was negotiated).
+    pub const UNEXPECTED_UNSOLICITED: Sense = Sense::new(key::ABORTED_COMMAND, 0x0C, 0x0C);
     /// ABORTED COMMAND 47/05: protocol service CRC error / data transfer failed.
     pub const TRANSFER_FAILED: Sense = Sense::new(key::ABORTED_COMMAND, 0x47, 0x05);
     /// UNIT ATTENTION 29/00: power on, reset.

@@ -18,7 +18,9 @@
 //! immediate PDUs outstanding: one more is rejected (reason 0x06).
 //! FirstBurstLength bounds a command's unsolicited data: more immediate
 //! data is rejected (reason 0x09), more unsolicited Data-Out fails the
-//! task (ABORTED COMMAND 0C/0D).
+//! task (ABORTED COMMAND 0C/0D). With ImmediateData=No a command carrying
+//! data is rejected (reason 0x04); with InitialR2T=Yes unsolicited
+//! Data-Out fails the task (ABORTED COMMAND 0C/0C), as LIO answers both.
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -413,6 +415,20 @@ impl Connection {
             .map_or(0, |o| o.params.first_burst as usize)
     }
 
+    /// The negotiated ImmediateData: whether a SCSI Command may carry
+    /// unsolicited data in its own data segment.
+    fn immediate_data(&self) -> bool {
+        self.outcome
+            .as_ref()
+            .is_some_and(|o| o.params.immediate_data)
+    }
+
+    /// The negotiated InitialR2T: when set, no unsolicited Data-Out may
+    /// follow a command (only immediate data is unsolicited).
+    fn initial_r2t(&self) -> bool {
+        self.outcome.as_ref().map_or(true, |o| o.params.initial_r2t)
+    }
+
     /// Whether `bhs` is an unexpected (immediate) PDU one beyond the
     /// MaxOutstandingUnexpectedPDUs the target declared.
     fn over_unexpected(&self, bhs: &Bhs) -> bool {
@@ -674,6 +690,15 @@ impl Connection {
             self.stats.rejected += 1;
             return;
         }
+        if !data.is_empty() && !self.immediate_data() {
+            // Immediate data with ImmediateData=No (RFC 7143 §13.11): a
+            // protocol error, rejected as LIO does ("ImmediateData=No but
+            // DataSegmentLength=..."). As below, no task is made and its
+            // CmdSN is used up.
+            self.window.release();
+            self.reject(&raw, reject_reason::PROTOCOL_ERROR, ops);
+            return;
+        }
         if data.len() > self.first_burst() {
             // More unsolicited data than FirstBurstLength (RFC 7143
             // §4.2.5.2): rejected as an invalid PDU field, as LIO does. No
@@ -844,10 +869,20 @@ impl Connection {
             return;
         };
         let first_burst = self.first_burst();
+        let initial_r2t = self.initial_r2t();
         let t = &mut self.tasks[idx];
         let off = d.buffer_offset as usize;
         let end = off.saturating_add(data.len());
-        if end > first_burst {
+        if initial_r2t {
+            // Unsolicited Data-Out with InitialR2T=Yes (RFC 7143 §13.10).
+            // This target never sends an R2T (over iSER the solicited data
+            // is fetched by RDMA READ, RFC 7145), so every Data-Out is
+            // unsolicited: the task ends with "unexpected unsolicited data",
+            // as LIO answers it (TCM_UNEXPECTED_UNSOLICITED_DATA).
+            t.result = Err(Sense::UNEXPECTED_UNSOLICITED);
+            t.need = 0;
+            t.io = None;
+        } else if end > first_burst {
             // Unsolicited data (immediate and Data-Out) beyond
             // FirstBurstLength (RFC 7143 §4.2.5.2): the task ends with
             // "incorrect amount of data" (§11.4.7.2), as LIO answers it.

@@ -1,5 +1,6 @@
-//! Control PDUs of the session: login steps, SendTargets text, logout and
-//! raw PDUs (tests), each through one control slot.
+//! Control PDUs of the session: login steps, SendTargets text, logout,
+//! keep-alive NOP-Out pings and raw PDUs (tests), each through one
+//! control slot.
 
 use super::*;
 
@@ -52,6 +53,74 @@ impl<P: Provider> IserInitiator<P> {
                 self.ctrl_free.push(slot);
                 self.fail(InitiatorError::Verbs(format!("post: {e:?}")));
                 false
+            }
+        }
+    }
+
+    /// The keep-alive check (full feature phase, every [`CM_PERIOD`]
+    /// rounds): after `nop_interval` without a PDU received, a NOP-Out
+    /// ping; `nop_timeout` after it became due with still nothing heard,
+    /// the session fails with [`InitiatorError::TargetUnresponsive`]. The
+    /// time is the clock of the reactor the session was connected on (read
+    /// here, not per I/O; a session connected on a reactor and polled off
+    /// one skips the check), else the monotonic clock. No allocation.
+    pub(super) fn keep_alive(&mut self) {
+        let now = if self.reactor_clock {
+            match Reactor::current() {
+                Some(r) => r.read_clock(),
+                None => return,
+            }
+        } else {
+            Instant::now()
+        };
+        let last = match self.last_heard {
+            Some(t) if !self.heard => t,
+            // Heard from (or the first check): proof of life.
+            _ => {
+                self.heard = false;
+                self.last_heard = Some(now);
+                self.ping = None;
+                return;
+            }
+        };
+        let quiet = now.saturating_duration_since(last);
+        match self.ping {
+            None if quiet >= self.opts.nop_interval => {
+                self.ping_seq = self.ping_seq.wrapping_add(1);
+                self.ping = Some(Ping {
+                    itt: PING_ITT | (self.ping_seq & 0x0FFF_FFFF),
+                    since: now,
+                    sent: false,
+                });
+                self.send_ping();
+            }
+            Some(p) if now.saturating_duration_since(p.since) >= self.opts.nop_timeout => {
+                self.fail(InitiatorError::TargetUnresponsive { after: quiet });
+            }
+            // No control slot was free last time: the timeout runs anyway.
+            Some(p) if !p.sent => self.send_ping(),
+            _ => {}
+        }
+    }
+
+    /// Post the outstanding ping: NOP-Out with its ITT, TTT 0xffffffff,
+    /// Immediate (CmdSN carried, not advanced), no data (RFC 7143 §11.18).
+    fn send_ping(&mut self) {
+        let Some(p) = self.ping else {
+            return;
+        };
+        let o = NopOut {
+            immediate: true,
+            lun: Lun::default(),
+            itt: p.itt,
+            ttt: RESERVED_TAG,
+            cmd_sn: self.cmd_sn,
+            exp_stat_sn: self.exp_stat_sn,
+        };
+        if self.send_ctrl(&Bhs::NopOut(o).encode(0, 0), &[]) {
+            self.stats.nop_pings += 1;
+            if let Some(p) = self.ping.as_mut() {
+                p.sent = true;
             }
         }
     }

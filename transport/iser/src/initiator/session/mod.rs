@@ -11,9 +11,10 @@ mod receive;
 mod submit;
 
 use std::collections::VecDeque;
+use std::time::Instant;
 
 use pollux_reactor::mem::{ArenaId, DmaBuf, SgList};
-use pollux_reactor::PollStatus;
+use pollux_reactor::{PollStatus, Reactor};
 use pollux_verbs::{
     Access, CmAddr, CmEvent, CmId, CompletionQueue, ConnParam, Device, MemoryRegion,
     ProtectionDomain, Provider, QpAttr, QpCaps, QpInit, QpState, QueuePair, RecvWr, SendOp, SendWr,
@@ -47,8 +48,12 @@ const CTRL_SLOT: usize = RECV_SLOT;
 const WC_BATCH: usize = 32;
 /// Most page-list entries of one registration.
 const MAX_SGES: usize = 16;
-/// Poll rounds between CM event checks in full feature phase.
+/// Poll rounds between CM event checks (and keep-alive checks) in full
+/// feature phase.
 const CM_PERIOD: u64 = 64;
+/// The ITTs of NOP-Out pings: top bit set (a task's ITT never has it),
+/// never the reserved tag.
+const PING_ITT: u32 = 0x8000_0000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -107,6 +112,20 @@ pub struct InitiatorStats {
     pub pi_errors: u64,
     /// Submissions refused as busy (window closed or no task).
     pub busy: u64,
+    /// NOP-Out pings sent (keep-alive, `InitiatorOptions::nop_interval`).
+    pub nop_pings: u64,
+    /// NOP-In answers to those pings received.
+    pub nop_answers: u64,
+}
+
+/// The outstanding NOP-Out ping.
+#[derive(Debug, Clone, Copy)]
+struct Ping {
+    itt: u32,
+    /// When it became due (its timeout runs from here).
+    since: Instant,
+    /// Posted (`false` while no control slot was free).
+    sent: bool,
 }
 
 /// An iSER initiator session over provider `P` (one connection;
@@ -152,6 +171,16 @@ pub struct IserInitiator<P: Provider> {
     wcs: Vec<Wc>,
     rounds: u64,
     stats: InitiatorStats,
+    // Keep-alive.
+    /// Connected on a reactor's thread: time is that reactor's clock
+    /// (manual under `TestCluster`), else the monotonic clock.
+    reactor_clock: bool,
+    /// A PDU arrived since the last keep-alive check.
+    heard: bool,
+    /// When the target was last heard from (at check resolution).
+    last_heard: Option<Instant>,
+    ping: Option<Ping>,
+    ping_seq: u32,
     // Verbs objects; the device last.
     cm: Option<P::CmId>,
     qp: P::Qp,
@@ -297,6 +326,11 @@ impl<P: Provider> IserInitiator<P> {
             wcs: vec![Wc::default(); WC_BATCH],
             rounds: 0,
             stats: InitiatorStats::default(),
+            reactor_clock: Reactor::current().is_some(),
+            heard: false,
+            last_heard: None,
+            ping: None,
+            ping_seq: 0,
             cm: None,
             state: SessionState::Connecting,
             opts,
@@ -368,7 +402,7 @@ impl<P: Provider> IserInitiator<P> {
         self.cm.as_ref()
     }
 
-    /// Counters.
+    /// Counters (keep-alive pings among them).
     pub fn stats(&self) -> InitiatorStats {
         self.stats
     }
@@ -513,7 +547,14 @@ impl<P: Provider> IserInitiator<P> {
                 self.fail(InitiatorError::Verbs(format!("post receives: {e:?}")));
             }
         }
+        if cm_round && self.state == SessionState::Ready && !self.opts.nop_interval.is_zero() {
+            self.keep_alive();
+        }
         let failed = matches!(self.state, SessionState::Failed(_));
+        let error = match &self.state {
+            SessionState::Failed(e) => Some(e),
+            _ => None,
+        };
         while let Some(idx) = self.done.pop_front() {
             busy = true;
             let t = &mut self.tasks[usize::from(idx)];
@@ -532,6 +573,7 @@ impl<P: Provider> IserInitiator<P> {
                 pi_error: t.pi_error,
                 invalidation: t.invalidation,
                 transport_error: failed && !t.rsp,
+                error: error.filter(|_| !t.rsp).cloned(),
                 bufs: t.bufs.take(),
             });
         }

@@ -87,6 +87,8 @@ impl<P: Provider> IserInitiator<P> {
             Ok(p) => p,
             Err(e) => return self.fail(InitiatorError::Protocol(format!("bad PDU: {e}"))),
         };
+        // Proof of life for the keep-alive (any PDU).
+        self.heard = true;
         let inv = wc.flags.contains(WcFlags::WITH_INV).then_some(wc.imm);
         match pdu.bhs {
             Bhs::ScsiRsp(r) => {
@@ -116,8 +118,15 @@ impl<P: Provider> IserInitiator<P> {
                 }
             }
             Bhs::NopIn(n) => {
+                // The target's own ping asks for an answer (TTT its own).
                 let ping = n.ttt != RESERVED_TAG;
-                self.update_sn(n.stat_sn, n.exp_cmd_sn, n.max_cmd_sn, !ping);
+                // StatSN advances only in an answer to a NOP-Out with a
+                // valid ITT (RFC 7143 §11.19.4): one of our pings.
+                let answer = n.itt != RESERVED_TAG;
+                self.update_sn(n.stat_sn, n.exp_cmd_sn, n.max_cmd_sn, answer);
+                if answer && n.itt & PING_ITT != 0 {
+                    self.stats.nop_answers += 1;
+                }
                 if ping {
                     let o = NopOut {
                         immediate: true,

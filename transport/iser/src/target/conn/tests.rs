@@ -337,6 +337,7 @@ mod nop;
 mod reinstatement;
 mod sbc;
 mod unexpected;
+mod unsolicited;
 
 #[test]
 fn login_scan_and_data_round_trip() {

@@ -34,7 +34,14 @@ impl Fx {
     /// immediate data, F set when `last`, the rest behind write STag 2 at
     /// VA `rest_at` (the first byte the target is to fetch). Only sent;
     /// returns its ITT.
-    fn send_write(&mut self, lba: u32, data: &[u8], imm: usize, last: bool, rest_at: u64) -> u32 {
+    pub(super) fn send_write(
+        &mut self,
+        lba: u32,
+        data: &[u8],
+        imm: usize,
+        last: bool,
+        rest_at: u64,
+    ) -> u32 {
         let mut c = [0u8; 16];
         c[..10].copy_from_slice(&rw10(0x2A, 0, lba, (data.len() / 512) as u16));
         self.itt += 1;
@@ -67,7 +74,7 @@ impl Fx {
     }
 
     /// An unsolicited Data-Out of `data` at `offset` for task `itt`.
-    fn data_out(&mut self, itt: u32, offset: usize, data: &[u8], last: bool) {
+    pub(super) fn data_out(&mut self, itt: u32, offset: usize, data: &[u8], last: bool) {
         let d = DataOut {
             final_: last,
             lun: Lun::from_index(0),
@@ -83,7 +90,7 @@ impl Fx {
     }
 
     /// Poll until the response to `itt` arrived: (status, sense).
-    fn response_to(&mut self, itt: u32) -> (u8, Option<Sense>) {
+    pub(super) fn response_to(&mut self, itt: u32) -> (u8, Option<Sense>) {
         for _ in 0..10_000 {
             for (p, _) in &self.ops.sent {
                 let p = Pdu::parse(p).expect("valid PDU");
@@ -104,7 +111,7 @@ impl Fx {
 
     /// Every task finished and every task buffer back in the pool or the
     /// core's cache.
-    fn assert_idle(&self) {
+    pub(super) fn assert_idle(&self) {
         let pool = self.target.pool();
         assert_eq!(self.conn.tasks_in_flight(), 0, "a task was kept");
         assert_eq!(
