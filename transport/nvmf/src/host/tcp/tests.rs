@@ -588,16 +588,16 @@ fn an_early_response_waits_until_the_writes_data_is_out() {
     assert_eq!(back.total_len(), size);
 }
 
-#[test]
-fn a_target_that_vanishes_mid_io_fails_every_command_and_hands_every_buffer_back() {
-    let d = Digests {
-        header: true,
-        data: true,
-    };
-    let Rig { q, mut tgt, .. } = Rig::new(d, 16 * 1024, 4096);
-    let mut qp = Qpair::new(q, 1, 16, Duration::from_secs(30));
-    let mut cids = Vec::new();
-    for i in 0..4u64 {
+/// Submit `pairs` 64 KiB reads (ctx `i`) and writes (ctx `10 + i`) on
+/// `qp`, flush, and take their capsules at the scripted target (nothing
+/// may complete meanwhile): each command's (CID, is a write), in the
+/// order they arrived.
+fn reads_and_writes_in_flight(
+    qp: &mut Qpair<TcpQueue>,
+    tgt: &mut Tgt,
+    pairs: u64,
+) -> Vec<(u16, bool)> {
+    for i in 0..pairs {
         for (dir, ctx) in [(DataDir::FromCtrl, i), (DataDir::ToCtrl, 10 + i)] {
             let opc = if dir == DataDir::ToCtrl { 1 } else { 2 };
             qp.submit(NvmeCmd::new(opc, 0), dir, segments(65536, 3, 1), ctx)
@@ -608,10 +608,26 @@ fn a_target_that_vanishes_mid_io_fails_every_command_and_hands_every_buffer_back
     let mut idle = || {
         qp.poll(&mut |c| panic!("nothing can complete yet: {:?}", c.result));
     };
-    for _ in 0..8 {
-        let p = tgt.pdu(&mut idle);
-        cids.push((le16(&p, 8 + 2), p[8] == 1));
-    }
+    (0..2 * pairs)
+        .map(|_| {
+            let p = tgt.pdu(&mut idle);
+            (le16(&p, 8 + 2), p[8] == 1)
+        })
+        .collect()
+}
+
+#[test]
+fn a_target_that_vanishes_mid_io_fails_every_command_and_hands_every_buffer_back() {
+    let d = Digests {
+        header: true,
+        data: true,
+    };
+    let Rig { q, mut tgt, .. } = Rig::new(d, 16 * 1024, 4096);
+    let mut qp = Qpair::new(q, 1, 16, Duration::from_secs(30));
+    let cids = reads_and_writes_in_flight(&mut qp, &mut tgt, 4);
+    let mut idle = || {
+        qp.poll(&mut |c| panic!("nothing can complete yet: {:?}", c.result));
+    };
     // One write's R2T is answered in part, one read gets half its data,
     // then the target is gone.
     let (wcid, _) = *cids.iter().find(|c| c.1).unwrap();
@@ -649,22 +665,10 @@ fn a_target_that_vanishes_mid_io_fails_every_command_and_hands_every_buffer_back
 fn bad_pdu_mid_io(bad: impl FnOnce(&Tgt, u16, u16) -> Vec<u8>) -> (Vec<u8>, Vec<u8>) {
     let Rig { q, mut tgt, .. } = Rig::new(Digests::default(), 16 * 1024, 0);
     let mut qp = Qpair::new(q, 1, 16, Duration::from_secs(30));
-    for i in 0..2u64 {
-        for (dir, ctx) in [(DataDir::FromCtrl, i), (DataDir::ToCtrl, 10 + i)] {
-            let opc = if dir == DataDir::ToCtrl { 1 } else { 2 };
-            qp.submit(NvmeCmd::new(opc, 0), dir, segments(65536, 3, 1), ctx)
-                .unwrap();
-        }
-    }
-    qp.flush();
+    let cids = reads_and_writes_in_flight(&mut qp, &mut tgt, 2);
     let mut idle = || {
         qp.poll(&mut |c| panic!("nothing can complete yet: {:?}", c.result));
     };
-    let mut cids = Vec::new();
-    for _ in 0..4 {
-        let p = tgt.pdu(&mut idle);
-        cids.push((le16(&p, 8 + 2), p[8] == 1));
-    }
     let (wcid, _) = *cids.iter().find(|c| c.1).unwrap();
     let (rcid, _) = *cids.iter().find(|c| !c.1).unwrap();
     let r2t = tgt.r2t(wcid, 1, 0, 65536);

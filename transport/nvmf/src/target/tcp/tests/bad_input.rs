@@ -341,12 +341,7 @@ fn more_commands_than_the_queue_holds_is_a_sequence_error() {
         r.closed_within(&f, std::time::Duration::from_secs(10)),
         "the overrun queue stays open"
     );
-    for _ in 0..200_000 {
-        if f.transport.queues_per_group() == [1] {
-            break;
-        }
-        f.cl.poll_once_all();
-    }
+    until_connections(&f, 1);
     assert_eq!(f.transport.queues_per_group(), [1], "the admin queue");
     f.assert_pool_full();
     drop(admin);

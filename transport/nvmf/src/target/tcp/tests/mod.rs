@@ -42,6 +42,20 @@ pub(super) struct Fx {
 }
 
 /// A port nobody listens on right now, below the ephemeral range.
+/// Poll (bounded) until the transport serves `n` connections.
+pub(super) fn until_connections(f: &Fx, n: usize) {
+    for _ in 0..200_000 {
+        if f.transport.queues_per_group().iter().sum::<usize>() == n {
+            return;
+        }
+        f.cl.poll_once_all();
+    }
+    panic!(
+        "the target still serves {:?} connections (want {n})",
+        f.transport.queues_per_group()
+    );
+}
+
 pub(super) fn free_port(ip: &str) -> u16 {
     pollux_reactor::free_tcp_port(ip)
 }

@@ -46,20 +46,6 @@ fn writes_in_flight(f: &Fx, r: &mut Raw) {
     }
 }
 
-/// Poll (bounded) until the transport serves `n` connections.
-fn until_connections(f: &Fx, n: usize) {
-    for _ in 0..200_000 {
-        if f.transport.queues_per_group().iter().sum::<usize>() == n {
-            return;
-        }
-        f.cl.poll_once_all();
-    }
-    panic!(
-        "the target still serves {:?} connections (want {n})",
-        f.transport.queues_per_group()
-    );
-}
-
 #[test]
 fn an_io_queue_ended_for_bad_input_mid_io_returns_everything() {
     let f = fixture(TcpOptions::default());
