@@ -683,9 +683,12 @@ pub trait HostSide {
     /// # Errors
     /// Why it could not (refused by a limit, I/O failed).
     fn connect_verified(&self, r: &Reactor, addr: &str, seed: u64) -> Result<Self::Held, String>;
-    /// One more verified I/O on a held host (its errors ignored: the
-    /// host children run it until they are killed).
-    fn exercise(&self, r: &Reactor, held: &mut Self::Held, k: u64);
+    /// One more verified I/O on a held host (the host children run it
+    /// until they are killed).
+    ///
+    /// # Errors
+    /// Why the I/O failed or read back the wrong data.
+    fn exercise(&self, r: &Reactor, held: &mut Self::Held, k: u64) -> Result<(), String>;
     /// A clean cycle: connect, verified I/O, go cleanly.
     ///
     /// # Errors
@@ -706,8 +709,8 @@ impl<H: ChurnHost> HostSide for Hosts<H> {
         Ok((host, ctrl, qp))
     }
 
-    fn exercise(&self, r: &Reactor, held: &mut Connected<H>, k: u64) {
-        let _ = self.verified_io(r, &mut held.2, k * 8, k);
+    fn exercise(&self, r: &Reactor, held: &mut Connected<H>, k: u64) -> Result<(), String> {
+        self.verified_io(r, &mut held.2, k * 8, k)
     }
 
     fn clean_cycle(&self, r: &Reactor, addr: &str, n: u64) -> Result<(), String> {
@@ -720,7 +723,9 @@ impl<H: ChurnHost> HostSide for Hosts<H> {
 /// (each its share, one after the other, no keep-alive), each with one
 /// verified I/O; prints `POLLUX-CHURN-HOST-READY ok refused`, then holds
 /// the connections until killed (bounded), idle or, with `io`, running
-/// I/O. Returns at once unless [`HOST_ENV`] is set.
+/// verified I/O (`POLLUX-CHURN-HOST-IO-RUNNING` once it runs,
+/// `POLLUX-CHURN-HOST-IO-FAILED why` if an I/O fails). Returns at once
+/// unless [`HOST_ENV`] is set.
 pub fn run_host_child() {
     let Ok(v) = std::env::var(HOST_ENV) else {
         return;
@@ -768,15 +773,29 @@ fn host_child<S: HostSide>(v: &str) {
                     }
                 }
                 // Hold the connections until killed: idle, or with I/O
-                // in flight (4 KiB writes and reads, one at a time).
+                // in flight (4 KiB writes and reads, one at a time). With
+                // I/O, each thread says once that its held hosts have
+                // completed two verified rounds (the parent kills it then,
+                // with I/O running), and any thread says when one failed
+                // (and stops: the parent fails the test).
                 let start = Instant::now();
+                let mut rounds = 0u64;
+                let mut failed = false;
                 while start.elapsed() < Duration::from_secs(300) {
-                    if !busy || held.is_empty() {
+                    if !busy || held.is_empty() || failed {
                         std::thread::sleep(Duration::from_millis(100));
                         continue;
                     }
                     for (k, c) in held.iter_mut().enumerate() {
-                        h.exercise(r, c, k as u64);
+                        if let Err(e) = h.exercise(r, c, k as u64) {
+                            println!("POLLUX-CHURN-HOST-IO-FAILED host {k} round {rounds}: {e}");
+                            failed = true;
+                            break;
+                        }
+                    }
+                    rounds += 1;
+                    if rounds == 2 && !failed {
+                        println!("POLLUX-CHURN-HOST-IO-RUNNING");
                     }
                 }
                 drop(held);
@@ -815,16 +834,30 @@ pub fn start_host_child(
         .spawn()
         .expect("spawn a host child");
     let out = child.stdout.take().expect("stdout");
-    let mut ok = None;
+    // READY, and with `io` RUNNING too (so a kill lands mid-I/O); the
+    // threads print RUNNING as they get there, before or after READY. An
+    // I/O that did not verify fails the test.
+    let (mut ok, mut running) = (None, false);
     for l in BufReader::new(out).lines() {
         let Ok(l) = l else { break };
+        if let Some(why) = l.split("POLLUX-CHURN-HOST-IO-FAILED ").nth(1) {
+            panic!("a host child's I/O failed: {why}");
+        }
+        running |= l.contains("POLLUX-CHURN-HOST-IO-RUNNING");
         // libtest's "test NAME ... " may start the same line.
         if let Some(rest) = l.split("POLLUX-CHURN-HOST-READY ").nth(1) {
             ok = rest.split_whitespace().next().and_then(|v| v.parse().ok());
+        }
+        if ok.is_some_and(|n: usize| !io || n == 0 || running) {
             break;
         }
     }
-    (Reaper(child), ok.expect("the host child did not report"))
+    let ok = ok.expect("the host child did not report");
+    assert!(
+        !io || ok == 0 || running,
+        "the host child ended before its I/O ran"
+    );
+    (Reaper(child), ok)
 }
 
 /// This test binary, run again to execute only its `#[ignore]`d child

@@ -83,8 +83,8 @@ impl HostSide for IserHosts {
         Ok(ini)
     }
 
-    fn exercise(&self, _r: &Reactor, held: &mut IserInitiator<Soft>, k: u64) {
-        let _ = iser_io::verified_io(held, k * 8, k, &mut || {});
+    fn exercise(&self, _r: &Reactor, held: &mut IserInitiator<Soft>, k: u64) -> Result<(), String> {
+        iser_io::verified_io(held, k * 8, k, &mut || {})
     }
 
     fn clean_cycle(&self, r: &Reactor, addr: &str, n: u64) -> Result<(), String> {

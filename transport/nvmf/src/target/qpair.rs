@@ -338,6 +338,15 @@ impl QueuePair {
         self.in_flight
     }
 
+    /// Whether the host already has as many commands outstanding as its
+    /// Connect's SQSIZE allows (before Connect: the queue's depth), counted
+    /// as the requests whose response the transport has not yet handed
+    /// out. One more command overruns the host's queue; a transport that
+    /// cannot hold a host back by credits (NVMe/TCP) refuses it.
+    pub fn host_sq_full(&self) -> bool {
+        self.reqs.len() - self.free.len() >= usize::from(self.sq_entries)
+    }
+
     /// Whether the host disabled SQ flow control in its Connect (completions
     /// then carry no SQ head; NVMe/TCP may answer a read with C2H SUCCESS).
     pub fn sq_flow_disabled(&self) -> bool {

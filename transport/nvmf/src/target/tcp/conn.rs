@@ -809,6 +809,14 @@ impl TcpConn {
     /// the queue holds (fatal: the C2HTermReq carries this capsule's
     /// header).
     fn handle_capsule(&mut self, f: &Frame) -> Result<(), TcpPduError> {
+        // A host past its SQSIZE overran its queue, even while the target's
+        // queue has room: a fatal PDU sequence error, as below.
+        if self.qp.host_sq_full() {
+            return Err(TcpPduError::Sequence {
+                pdu_type: PduType::CapsuleCmd.code(),
+                why: "more commands than the host's SQSIZE allows",
+            });
+        }
         let start = self.rx.head;
         let data = start + f.data_offset..start + f.data_offset + f.data_len;
         if f.ddgst {

@@ -306,16 +306,15 @@ fn raw_controller(f: &Fx, sqsize: u16) -> (Raw, u16) {
     (r, cntlid)
 }
 
-/// A host that overruns its I/O queue (SQSIZE 3 on a target whose queues
-/// hold 4 commands; 8 writes by R2T sent at once, none answered) gets the
-/// R2Ts of the 4 that fit, then a C2HTermReq (PDU Sequence Error) whose
-/// copy of the offending header is the 5th capsule's; the target closes
-/// within a bound, keeps the admin queue, and every buffer the writes
-/// took is back.
-#[test]
-fn more_commands_than_the_queue_holds_is_a_sequence_error() {
+/// A host that overruns its I/O queue (SQSIZE 3: 4 commands; 8 writes by
+/// R2T sent at once, none answered) on a target whose queues hold
+/// `max_queue_depth` commands gets the R2Ts of the 4 that fit, then a
+/// C2HTermReq (PDU Sequence Error) whose copy of the offending header is
+/// the 5th capsule's; the target closes within a bound, keeps the admin
+/// queue, and every buffer the writes took is back.
+fn overrun_by_eight_writes(max_queue_depth: u16) {
     let f = fixture(TcpOptions {
-        max_queue_depth: 4,
+        max_queue_depth,
         ..TcpOptions::default()
     });
     let (admin, cntlid) = raw_controller(&f, 3);
@@ -346,6 +345,19 @@ fn more_commands_than_the_queue_holds_is_a_sequence_error() {
     f.assert_pool_full();
     drop(admin);
     after(&f, 1);
+}
+
+/// More commands than the target's queue holds (4, the host's SQSIZE too).
+#[test]
+fn more_commands_than_the_queue_holds_is_a_sequence_error() {
+    overrun_by_eight_writes(4);
+}
+
+/// More commands than the host's SQSIZE allows, while the target's queue
+/// (128 commands) has room: the host overran the queue it asked for.
+#[test]
+fn more_commands_than_the_host_sqsize_is_a_sequence_error() {
+    overrun_by_eight_writes(128);
 }
 
 /// A write past the namespace's end (16 MiB of 512 B blocks: 32768) whose
