@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use crate::error::RpcError;
 use crate::framing::FrameBuffer;
-use crate::protocol::{Request, Response};
+use crate::protocol::{ProtocolError, Request, Response};
 
 /// The largest answer a client reads (`save_config` of a big target).
 const MAX_RESPONSE: usize = 64 << 20;
@@ -37,9 +37,12 @@ pub enum ClientError {
     /// No answer in time.
     #[error("no answer within {0:?}")]
     Timeout(Duration),
-    /// The answer is not a JSON-RPC response.
+    /// The answer is JSON but not a JSON-RPC response.
     #[error("bad answer: {0}")]
-    Protocol(String),
+    Protocol(#[from] ProtocolError),
+    /// The answer is not JSON (or too large to frame).
+    #[error("bad answer: {0}")]
+    Framing(RpcError),
     /// The server answered with an error.
     #[error("{0}")]
     Rpc(RpcError),
@@ -85,7 +88,7 @@ impl RpcClient {
         self.send_raw(req.to_json().to_string().as_bytes())?;
         loop {
             let v = self.read_value()?;
-            let resp = Response::from_value(v).map_err(|e| ClientError::Protocol(e.to_string()))?;
+            let resp = Response::from_value(v)?;
             if resp.id.as_u64() == Some(id) || resp.id.is_null() {
                 return resp.outcome.map_err(ClientError::Rpc);
             }
@@ -107,13 +110,13 @@ impl RpcClient {
     /// # Errors
     ///
     /// [`ClientError::Closed`], [`ClientError::Timeout`],
-    /// [`ClientError::Protocol`] for bytes that are not JSON.
+    /// [`ClientError::Framing`] for bytes that are not JSON.
     pub fn read_value(&mut self) -> Result<Value, ClientError> {
         let deadline = Instant::now() + self.timeout;
         let mut buf = [0u8; 16 << 10];
         loop {
             if let Some(v) = self.frames.next_value() {
-                return v.map_err(|e| ClientError::Protocol(e.to_string()));
+                return v.map_err(ClientError::Framing);
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -160,5 +163,64 @@ impl RpcClient {
                 Err(e) => return Err(e.into()),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::net::UnixListener;
+
+    use super::*;
+
+    /// A client connected to a one-shot server that reads the request and
+    /// answers `answer` (then closes).
+    fn answered(name: &str, answer: &'static [u8]) -> (RpcClient, std::thread::JoinHandle<()>) {
+        let path =
+            std::env::temp_dir().join(format!("pollux-client-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let l = UnixListener::bind(&path).unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut buf = [0u8; 1024];
+            let _ = s.read(&mut buf).unwrap();
+            s.write_all(answer).unwrap();
+        });
+        let c = RpcClient::connect(&path, Duration::from_secs(5)).unwrap();
+        let _ = std::fs::remove_file(&path);
+        (c, server)
+    }
+
+    #[test]
+    fn an_answer_that_is_not_json_is_a_framing_error() {
+        let (mut c, s) = answered("garbage", b"}{ not json\n");
+        let e = c.call("spdk_get_version", None).unwrap_err();
+        assert!(matches!(e, ClientError::Framing(_)), "{e:?}");
+        s.join().unwrap();
+    }
+
+    #[test]
+    fn json_that_is_not_a_response_is_a_protocol_error() {
+        let (mut c, s) = answered("no-outcome", br#"{"jsonrpc":"2.0","id":1}"#);
+        let e = c.call("spdk_get_version", None).unwrap_err();
+        assert!(
+            matches!(e, ClientError::Protocol(ProtocolError::NoOutcome)),
+            "{e:?}"
+        );
+        s.join().unwrap();
+        let (mut c, s) = answered("array", b"[1, 2]");
+        let e = c.call("spdk_get_version", None).unwrap_err();
+        assert!(
+            matches!(e, ClientError::Protocol(ProtocolError::NotAnObject(_))),
+            "{e:?}"
+        );
+        s.join().unwrap();
+    }
+
+    #[test]
+    fn a_server_that_closes_without_answering_is_closed() {
+        let (mut c, s) = answered("closed", b"");
+        let e = c.call("spdk_get_version", None).unwrap_err();
+        assert!(matches!(e, ClientError::Closed), "{e:?}");
+        s.join().unwrap();
     }
 }

@@ -9,8 +9,10 @@
 #            128 KiB randwrite QD 32 (then a read-only verify pass),
 #            mkfs.ext4 + mount + a file written and read back + umount +
 #            fsck, disconnect
-#   digest   the same connect with --hdr-digest --data-digest (the target's
-#            log names the digests), fio verify at every size, disconnect
+#   digest   the same connect with --hdr-digest --data-digest and
+#            --queue-size=16 (the target's log names the digests and the
+#            queues' 16 entries; fio's QD 32 runs against the host's SQSIZE,
+#            which the target enforces), fio verify at every size, disconnect
 #   restart  connect with --reconnect-delay 1 --ctrl-loss-tmo 60, stop and
 #            start pollux-tgt on the same address: the host reconnects by
 #            itself, a fio verify passes, disconnect
@@ -284,6 +286,15 @@ digests_on() {
   grep 'ICReq granted' "$W/tgt.log" | tail -n 3
   echo "queues granted both digests: $n"
   [ "$n" -ge 2 ]
+}
+# small_queues: the I/O queues of this connection asked for 16 entries
+# (fio's QD 32 then runs into the host's own limit, never the target's:
+# the target refuses a host past its SQSIZE)
+small_queues() {
+  local n; n=$(grep -cE 'connected qid [1-9][0-9]* \(16 entries\)' "$W/tgt.log")
+  grep -E 'connected qid [0-9]+ \(' "$W/tgt.log" | tail -n 3
+  echo "I/O queues of 16 entries: $n"
+  [ "$n" -ge 1 ]
 }
 wait_live() {  # the host reconnects by itself after the restart
   for _ in $(seq 300); do
@@ -572,8 +583,9 @@ fi
 
 RUN=digest
 if want digest && start_tgt; then
-  if check connect 60 connect --hdr-digest --data-digest; then
+  if check connect 60 connect --hdr-digest --data-digest --queue-size=16; then
     check digests 10 digests_on
+    check queue-size-16 10 small_queues
     fio_all
     check disconnect 60 disconnect
   fi

@@ -370,7 +370,7 @@ fn real_run(args: &Args, text: &str, tgt: Option<&SpawnedTarget>) -> Result<Exit
         pi_software: pi_software(&args.pi_engine)?,
     };
     if args.sweep {
-        let modes = SweepMode::parse_list(&args.sweep_modes).map_err(AppError::Usage)?;
+        let modes = SweepMode::parse_list(&args.sweep_modes)?;
         let mut rows = Vec::new();
         let mut failed = false;
         for bs in SWEEP_SIZES {

@@ -91,22 +91,23 @@ impl IserTrid {
     ///
     /// # Errors
     /// A message naming the bad or missing key.
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub fn parse(s: &str) -> Result<Self, AppError> {
+        let usage = |m: String| AppError::Usage(format!("-r: {m}"));
         let (mut traddr, mut svc, mut target, mut lun, mut ini) = (None, None, None, 0u16, None);
         for kv in s.split_whitespace() {
             let (k, v) = kv
                 .split_once(':')
-                .ok_or_else(|| format!("'{kv}': expected key:value"))?;
+                .ok_or_else(|| usage(format!("'{kv}': expected key:value")))?;
             match k.to_ascii_lowercase().as_str() {
                 "trtype" if v.eq_ignore_ascii_case("iser") => {}
-                "trtype" => return Err(format!("trtype '{v}': expected iser")),
+                "trtype" => return Err(usage(format!("trtype '{v}': expected iser"))),
                 "traddr" => traddr = Some(v.to_string()),
                 "trsvcid" => {
                     svc = Some(
                         v.parse::<u16>()
                             .ok()
                             .filter(|p| *p != 0)
-                            .ok_or_else(|| format!("trsvcid '{v}' is not a port"))?,
+                            .ok_or_else(|| usage(format!("trsvcid '{v}' is not a port")))?,
                     );
                 }
                 "target" | "subnqn" => target = Some(v.to_string()),
@@ -115,19 +116,20 @@ impl IserTrid {
                         .parse::<u16>()
                         .ok()
                         .filter(|l| *l <= 16383)
-                        .ok_or_else(|| format!("lun '{v}' is not in 0..=16383"))?;
+                        .ok_or_else(|| usage(format!("lun '{v}' is not in 0..=16383")))?;
                 }
                 "initiator" | "hostnqn" => ini = Some(v.to_string()),
                 "adrfam" => {}
                 _ => {
-                    return Err(format!(
+                    return Err(usage(format!(
                         "unknown key '{k}' (traddr, trsvcid, target, lun, initiator)"
-                    ))
+                    )))
                 }
             }
         }
-        let traddr = traddr.ok_or("traddr: missing (traddr:@pollux-iser)")?;
-        let target = target.ok_or("target: missing (target:iqn.2016-06.io.pollux:disk0)")?;
+        let traddr = traddr.ok_or_else(|| usage("traddr: missing (traddr:@pollux-iser)".into()))?;
+        let target = target
+            .ok_or_else(|| usage("target: missing (target:iqn.2016-06.io.pollux:disk0)".into()))?;
         Ok(IserTrid {
             traddr,
             trsvcid: svc,
@@ -656,8 +658,8 @@ pub struct IserCli {
 /// Parses a comma-separated list of PI policies.
 ///
 /// # Errors
-/// The first unknown name; an empty list.
-pub fn parse_pi_list(s: &str) -> Result<Vec<(String, PiPolicy)>, String> {
+/// [`AppError::Usage`]: the first unknown name; an empty list.
+pub fn parse_pi_list(s: &str) -> Result<Vec<(String, PiPolicy)>, AppError> {
     let v: Vec<(String, PiPolicy)> = s
         .split(',')
         .map(str::trim)
@@ -665,11 +667,11 @@ pub fn parse_pi_list(s: &str) -> Result<Vec<(String, PiPolicy)>, String> {
         .map(|x| {
             x.parse::<PiPolicy>()
                 .map(|p| (x.to_string(), p))
-                .map_err(|e| e.to_string())
+                .map_err(|e| AppError::Usage(format!("--sweep-pi: {e}")))
         })
         .collect::<Result<_, _>>()?;
     if v.is_empty() {
-        return Err("no PI policy given".into());
+        return Err(AppError::Usage("--sweep-pi: no PI policy given".into()));
     }
     Ok(v)
 }
@@ -755,7 +757,7 @@ pub fn pi_table(cols: &[String], rows: &[(usize, Vec<PiCell>)]) -> String {
 /// [`AppError::Usage`] for a bad transport ID, workload or PI policy;
 /// the run's errors.
 pub fn main(cli: &IserCli) -> Result<ExitCode, AppError> {
-    let trid = IserTrid::parse(&cli.trid).map_err(|e| AppError::Usage(format!("-r: {e}")))?;
+    let trid = IserTrid::parse(&cli.trid)?;
     let workload: Workload = cli
         .workload
         .parse()
@@ -783,8 +785,7 @@ pub fn main(cli: &IserCli) -> Result<ExitCode, AppError> {
         verify: cli.verify,
     };
     if cli.sweep {
-        let cols = parse_pi_list(&cli.sweep_pi)
-            .map_err(|e| AppError::Usage(format!("--sweep-pi: {e}")))?;
+        let cols = parse_pi_list(&cli.sweep_pi)?;
         let mut rows = Vec::new();
         let mut failed = false;
         for bs in SWEEP_SIZES {
@@ -862,9 +863,11 @@ mod tests {
         assert_eq!((p.cm_addr().as_str(), p.lun), ("10.99.0.1:3260", 0));
         assert!(IserTrid::parse("trtype:iser target:iqn.x")
             .unwrap_err()
+            .to_string()
             .contains("traddr"));
         assert!(IserTrid::parse("trtype:iser traddr:@x")
             .unwrap_err()
+            .to_string()
             .contains("target"));
         assert!(IserTrid::parse("trtype:iser traddr:@x target:iqn.x lun:99999").is_err());
         assert!(IserTrid::parse("trtype:iser traddr:@x target:iqn.x bogus:1").is_err());

@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 
 use pollux_nvmf::host::rdma::MemMode;
 
+use crate::error::AppError;
 use crate::report::Report;
 
 /// Block sizes of a sweep: 512 B … 64 KiB.
@@ -34,10 +35,11 @@ impl SweepMode {
     /// Parse one mode name.
     ///
     /// # Errors
-    /// A message naming the bad part.
-    pub fn parse(s: &str) -> Result<Self, String> {
+    /// [`AppError::Usage`] naming the bad part.
+    pub fn parse(s: &str) -> Result<Self, AppError> {
         let mut parts = s.split('+');
-        let mem = MemMode::parse(parts.next().unwrap_or("")).map_err(|e| e.to_string())?;
+        let mem = MemMode::parse(parts.next().unwrap_or(""))
+            .map_err(|e| AppError::Usage(format!("mode '{s}': {e}")))?;
         let mut m = SweepMode {
             name: s.to_string(),
             mem,
@@ -50,9 +52,9 @@ impl SweepMode {
                 "local-inv" if mem == MemMode::RegisterAlways => m.remote_invalidate = false,
                 "remote-inv" if mem == MemMode::RegisterAlways => m.remote_invalidate = true,
                 _ => {
-                    return Err(format!(
+                    return Err(AppError::Usage(format!(
                         "mode '{s}': unknown option '{p}' (inline, local-inv, remote-inv)"
-                    ))
+                    )))
                 }
             }
         }
@@ -63,14 +65,14 @@ impl SweepMode {
     ///
     /// # Errors
     /// As [`SweepMode::parse`]; an empty list.
-    pub fn parse_list(s: &str) -> Result<Vec<Self>, String> {
+    pub fn parse_list(s: &str) -> Result<Vec<Self>, AppError> {
         let v: Vec<SweepMode> = s
             .split(',')
             .filter(|x| !x.trim().is_empty())
             .map(|x| SweepMode::parse(x.trim()))
             .collect::<Result<_, _>>()?;
         if v.is_empty() {
-            return Err("no sweep mode given".into());
+            return Err(AppError::Usage("no sweep mode given".into()));
         }
         Ok(v)
     }

@@ -179,9 +179,10 @@ impl QueuePair {
         self.sqhd = 0;
         self.sqflow_disabled = cc.sq_flow_disabled();
         log::debug!(
-            "nvmf: {} connected qid {} to {} as controller {}",
+            "nvmf: {} connected qid {} ({} entries) to {} as controller {}",
             data.hostnqn,
             cc.qid,
+            self.sq_entries,
             subsys.nqn(),
             ctrl.cntlid()
         );
