@@ -108,6 +108,7 @@ pub mod io;
 pub mod mem;
 
 pub use channel::IoDevice;
+pub use clock::ClockHandle;
 pub use cores::{CoreId, Cores, CoresError, MAX_CORE_ID};
 pub use error::{ReactorError, SendError};
 pub use io_clock::{ClockSource, IoClock};

@@ -179,6 +179,12 @@ impl Reactor {
         self.0.clock.now()
     }
 
+    /// This reactor's clock as a `Send` handle, read where this reactor is
+    /// not current (what [`read_clock`](Self::read_clock) reads).
+    pub fn clock_handle(&self) -> crate::ClockHandle {
+        crate::ClockHandle(self.0.clock.clone())
+    }
+
     /// [`now`](Self::now) as whole nanoseconds since this reactor was
     /// created, cached per loop like `now`: for per-I/O timestamps and
     /// latencies in integer arithmetic (no `Instant` subtraction per I/O).

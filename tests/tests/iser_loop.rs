@@ -470,6 +470,41 @@ fn silent_target_fails_every_task_at_the_nop_timeout() {
     );
 }
 
+/// A session connected on a reactor and then polled off one (here the
+/// test's own thread, with no reactor current) keeps its keep-alive on
+/// that reactor's clock (the cluster's manual clock, moved by hand): with
+/// the target silent, one ping at `nop_interval`, the failure at
+/// `nop_timeout` after it, as on the reactor.
+#[test]
+fn a_session_polled_off_its_reactor_keeps_its_keep_alive() {
+    let fx = fixture();
+    let mut ini = connect_on_reactor(&fx, fx.opts());
+    fx.discover_luns(&mut ini);
+    let mut results = 0;
+    // The target's reactor is not polled: connected but silent.
+    let mut off_reactor = |ini: &mut IserInitiator<Soft>, d: Duration| {
+        fx.cl.advance(d);
+        for _ in 0..NOP_ROUNDS {
+            ini.poll(&mut |_| results += 1);
+        }
+    };
+    off_reactor(&mut ini, Duration::ZERO);
+    off_reactor(&mut ini, NOP_INTERVAL - MS);
+    assert_eq!(ini.stats().nop_pings, 0, "pinged before the interval");
+    off_reactor(&mut ini, MS);
+    assert_eq!(ini.stats().nop_pings, 1, "no ping at the interval");
+    off_reactor(&mut ini, NOP_TIMEOUT - MS);
+    assert!(ini.is_ready(), "gave up early: {:?}", ini.state());
+    off_reactor(&mut ini, MS);
+    assert_eq!(
+        *ini.state(),
+        SessionState::Failed(InitiatorError::TargetUnresponsive {
+            after: NOP_INTERVAL + NOP_TIMEOUT
+        })
+    );
+    assert_eq!(results, 0, "no task was in flight");
+}
+
 /// `nop_interval` zero turns the keep-alive off: through 30 s of target
 /// silence that fails a session with the default interval (connected
 /// beside it, as the control), the session without it sends no ping and

@@ -61,18 +61,11 @@ impl<P: Provider> IserInitiator<P> {
     /// rounds): after `nop_interval` without a PDU received, a NOP-Out
     /// ping; `nop_timeout` after it became due with still nothing heard,
     /// the session fails with [`InitiatorError::TargetUnresponsive`]. The
-    /// time is the clock of the reactor the session was connected on (read
-    /// here, not per I/O; a session connected on a reactor and polled off
-    /// one skips the check), else the monotonic clock. No allocation.
+    /// time is the clock of the reactor the session was connected on,
+    /// wherever it is polled (read here, not per I/O), else the monotonic
+    /// clock. No allocation.
     pub(super) fn keep_alive(&mut self) {
-        let now = if self.reactor_clock {
-            match Reactor::current() {
-                Some(r) => r.read_clock(),
-                None => return,
-            }
-        } else {
-            Instant::now()
-        };
+        let now = self.clock.now();
         let last = match self.last_heard {
             Some(t) if !self.heard => t,
             // Heard from (or the first check): proof of life.

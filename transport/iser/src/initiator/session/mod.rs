@@ -14,7 +14,7 @@ use std::collections::VecDeque;
 use std::time::Instant;
 
 use pollux_reactor::mem::{ArenaId, DmaBuf, SgList};
-use pollux_reactor::{PollStatus, Reactor};
+use pollux_reactor::{ClockHandle, PollStatus, Reactor};
 use pollux_verbs::{
     Access, CmAddr, CmEvent, CmId, CompletionQueue, ConnParam, Device, MemoryRegion,
     ProtectionDomain, Provider, QpAttr, QpCaps, QpInit, QpState, QueuePair, RecvWr, SendOp, SendWr,
@@ -172,9 +172,10 @@ pub struct IserInitiator<P: Provider> {
     rounds: u64,
     stats: InitiatorStats,
     // Keep-alive.
-    /// Connected on a reactor's thread: time is that reactor's clock
-    /// (manual under `TestCluster`), else the monotonic clock.
-    reactor_clock: bool,
+    /// The keep-alive's time: the clock of the reactor the session was
+    /// connected on (manual under `TestCluster`), wherever it is polled;
+    /// else the monotonic clock.
+    clock: ClockHandle,
     /// A PDU arrived since the last keep-alive check.
     heard: bool,
     /// When the target was last heard from (at check resolution).
@@ -326,7 +327,7 @@ impl<P: Provider> IserInitiator<P> {
             wcs: vec![Wc::default(); WC_BATCH],
             rounds: 0,
             stats: InitiatorStats::default(),
-            reactor_clock: Reactor::current().is_some(),
+            clock: Reactor::current().map_or_else(ClockHandle::monotonic, |r| r.clock_handle()),
             heard: false,
             last_heard: None,
             ping: None,
