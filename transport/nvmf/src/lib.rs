@@ -2,7 +2,7 @@
 //! transport-independent target core and the loopback transport
 //! ([`target`]), an in-process host driver for tests ([`loopback_host`]),
 //! the NVMe-oF host ([`host`]) and the fuzz entry points (`fuzz`,
-//! `fuzz_tcp`, feature `fuzzing`).
+//! `fuzz_tcp`, `fuzz_tcp_host`, feature `fuzzing`).
 //!
 //! # Quick start: a loopback target and a host talking to it
 //!
@@ -91,12 +91,15 @@
 pub mod fuzz;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzz_tcp;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzz_tcp_host;
 pub mod host;
 pub mod loopback_host;
 mod sg_at;
 pub mod spec;
 pub mod target;
 mod tcp_bufs;
+mod tcp_sock;
 #[cfg(test)]
 mod tcp_test_io;
 mod tcp_tx;

@@ -255,7 +255,8 @@ impl TcpQueue {
     fn write_out(&mut self, bufs: &dyn SlotBufs) -> Result<bool, HostError> {
         let slots = &mut self.slots;
         let released = &mut self.released;
-        let res = self.tx.flush(&mut self.sock, bufs, &mut |slot| {
+        let mut sock = crate::tcp_sock::NoSigpipe(&self.sock);
+        let res = self.tx.flush(&mut sock, bufs, &mut |slot| {
             if let Some(s) = slots.get_mut(usize::from(slot)) {
                 s.tx_refs = s.tx_refs.saturating_sub(1);
                 if s.tx_refs == 0 && s.held.is_some() {

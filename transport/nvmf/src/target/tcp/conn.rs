@@ -48,6 +48,7 @@ use crate::spec::tcp::{
 };
 use crate::spec::SQE_SIZE;
 use crate::tcp_bufs::{RecvBuf, MAX_PAD};
+use crate::tcp_sock::NoSigpipe;
 
 /// Reads per poll per socket at most (fairness between sockets); a read
 /// that takes less than it offered ends the poll's reading.
@@ -448,7 +449,7 @@ impl TcpConn {
         let res = self
             .ops
             .tx
-            .flush(&mut self.sock, &self.qp, &mut |t| sent.push(t));
+            .flush(&mut NoSigpipe(&self.sock), &self.qp, &mut |t| sent.push(t));
         for t in self.sent.drain(..) {
             self.qp.response_sent(t);
         }
