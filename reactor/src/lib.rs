@@ -83,6 +83,7 @@
 //! plain non-blocking sockets by `cargo bench -p pollux-reactor --bench
 //! sock_engine`).
 
+mod accept_pacer;
 mod channel;
 mod clock;
 mod cores;
@@ -107,6 +108,7 @@ mod wake;
 pub mod io;
 pub mod mem;
 
+pub use accept_pacer::AcceptPacer;
 pub use channel::IoDevice;
 pub use clock::ClockHandle;
 pub use cores::{CoreId, Cores, CoresError, MAX_CORE_ID};

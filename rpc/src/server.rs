@@ -22,11 +22,12 @@ use std::io::{ErrorKind, Read, Write};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use pollux_reactor::AcceptPacer;
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
 
 use crate::framing::{FrameBuffer, DEFAULT_MAX_REQUEST};
@@ -97,6 +98,7 @@ pub enum ServerError {
 pub struct RpcServer {
     path: PathBuf,
     stop: Arc<AtomicBool>,
+    accept_failures: Arc<AtomicU64>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -119,17 +121,27 @@ impl RpcServer {
             .map_err(io("set non-blocking"))?;
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
+        let accept_failures = Arc::new(AtomicU64::new(0));
+        let failures = Arc::clone(&accept_failures);
         let path = cfg.path.clone();
         let thread = std::thread::Builder::new()
             .name("pollux-rpc".into())
-            .spawn(move || serve(&listener, &cfg, &svc, &flag))
+            .spawn(move || serve(&listener, &cfg, &svc, &flag, &failures))
             .map_err(io("spawn the server thread"))?;
         log::info!("rpc: listening on {}", path.display());
         Ok(RpcServer {
             path,
             stop,
+            accept_failures,
             thread: Some(thread),
         })
+    }
+
+    /// `accept` calls that failed (out of descriptors, say: accepting then
+    /// pauses for [`AcceptPacer::PAUSE`] and the clients wait in the
+    /// backlog).
+    pub fn accept_failures(&self) -> u64 {
+        self.accept_failures.load(Ordering::Relaxed)
     }
 
     /// The socket's path.
@@ -281,8 +293,15 @@ impl Conn {
     }
 }
 
-fn serve(listener: &UnixListener, cfg: &ServerConfig, svc: &RpcService, stop: &AtomicBool) {
+fn serve(
+    listener: &UnixListener,
+    cfg: &ServerConfig,
+    svc: &RpcService,
+    stop: &AtomicBool,
+    failures: &AtomicU64,
+) {
     let mut conns: Vec<Conn> = Vec::new();
+    let mut pacer = AcceptPacer::new();
     let mut buf = vec![0u8; 64 << 10];
     let tick = Timespec {
         tv_sec: 0,
@@ -291,7 +310,14 @@ fn serve(listener: &UnixListener, cfg: &ServerConfig, svc: &RpcService, stop: &A
     while !stop.load(Ordering::SeqCst) {
         let ready: Vec<(bool, bool)> = {
             let mut fds = Vec::with_capacity(conns.len() + 1);
-            fds.push(PollFd::new(listener, PollFlags::IN));
+            // Not while accepting pauses (out of descriptors): the
+            // listener would stay readable, and the loop spin.
+            let listen = if pacer.ready(Instant::now()) {
+                PollFlags::IN
+            } else {
+                PollFlags::empty()
+            };
+            fds.push(PollFd::new(listener, listen));
             for c in &conns {
                 let mut f = PollFlags::empty();
                 if c.wants_read() {
@@ -358,14 +384,20 @@ fn serve(listener: &UnixListener, cfg: &ServerConfig, svc: &RpcService, stop: &A
         }
         // Accept after the others are served: a client that left frees its
         // place for one that came after it.
-        if listener_ready {
-            accept(listener, cfg, &mut keep);
+        if listener_ready && pacer.ready(now) {
+            accept(listener, cfg, &mut keep, &mut pacer, failures);
         }
         conns = keep;
     }
 }
 
-fn accept(listener: &UnixListener, cfg: &ServerConfig, conns: &mut Vec<Conn>) {
+fn accept(
+    listener: &UnixListener,
+    cfg: &ServerConfig,
+    conns: &mut Vec<Conn>,
+    pacer: &mut AcceptPacer,
+    failures: &AtomicU64,
+) {
     loop {
         match listener.accept() {
             Ok((stream, _)) => {
@@ -394,7 +426,10 @@ fn accept(listener: &UnixListener, cfg: &ServerConfig, conns: &mut Vec<Conn>) {
             Err(e) if e.kind() == ErrorKind::WouldBlock => return,
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
             Err(e) => {
-                log::warn!("rpc: accept: {e}");
+                failures.fetch_add(1, Ordering::Relaxed);
+                if let Some(n) = pacer.failed(&e, Instant::now()) {
+                    log::warn!("rpc: accept: {e} ({n} failures since the last report)");
+                }
                 return;
             }
         }

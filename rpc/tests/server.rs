@@ -252,3 +252,89 @@ fn several_clients_at_once() {
     drop((a, b));
     still_serves(&server);
 }
+
+/// Counts the log lines that contain "rpc: accept".
+struct AcceptLines(std::sync::atomic::AtomicUsize);
+
+impl log::Log for AcceptLines {
+    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+        true
+    }
+
+    fn log(&self, r: &log::Record<'_>) {
+        if format!("{}", r.args()).contains("rpc: accept") {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    fn flush(&self) {}
+}
+
+static ACCEPT_LINES: AcceptLines = AcceptLines(std::sync::atomic::AtomicUsize::new(0));
+
+/// Not a test on its own: the body of
+/// [`out_of_descriptors_the_server_pauses_accepting_and_loses_no_client`],
+/// in a child process of its own (the descriptor limit is the process's).
+#[test]
+#[ignore = "child process entry point, spawned by out_of_descriptors_the_server_pauses_accepting_and_loses_no_client"]
+fn child_out_of_descriptors() {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    log::set_logger(&ACCEPT_LINES).unwrap();
+    log::set_max_level(log::LevelFilter::Warn);
+    let (server, _reg) = start("fd-limit", |_| {});
+    let old = getrlimit(Resource::Nofile);
+    // A client connects; the process's next descriptor is past its limit,
+    // so the server's `accept` fails (EMFILE) and the client waits in the
+    // backlog.
+    let mut c = client(&server);
+    let probe = std::fs::File::open("/dev/null").unwrap();
+    let limit = u64::try_from(std::os::fd::AsRawFd::as_raw_fd(&probe)).unwrap();
+    drop(probe);
+    setrlimit(
+        Resource::Nofile,
+        Rlimit {
+            current: Some(limit),
+            maximum: old.maximum,
+        },
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let lines = ACCEPT_LINES.0.load(std::sync::atomic::Ordering::Relaxed);
+    let failures = server.accept_failures();
+    // A pause of 100 ms after each failure, one line per 10 s: not a spin
+    // of the server's thread on the failing call, nor a line per call.
+    assert!(
+        (1..=7).contains(&failures),
+        "{failures} failed accepts in 0.5 s"
+    );
+    assert_eq!(lines, 1, "log lines about accept in 0.5 s");
+    setrlimit(Resource::Nofile, old).unwrap();
+    let v = c.call("spdk_get_version", None).unwrap();
+    assert!(v["version"].is_string());
+    println!("POLLUX-RPC-FD-LIMIT-OK");
+}
+
+/// A server out of descriptors pauses `accept` after a failure instead of
+/// spinning on it (one log line, not one per call); the client waits in
+/// the backlog and is answered once descriptors are free again.
+#[test]
+fn out_of_descriptors_the_server_pauses_accepting_and_loses_no_client() {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--ignored",
+            "--exact",
+            "child_out_of_descriptors",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("POLLUX-RPC-FD-LIMIT-OK"),
+        "child: {}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -18,7 +18,7 @@ use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use pollux_reactor::{IdleMode, PollStatus, PollerId, Reactor};
+use pollux_reactor::{AcceptPacer, IdleMode, PollStatus, PollerId, Reactor};
 
 use super::super::qpair::QueuePair;
 use super::super::transport::{QpairParams, TransportError, TransportPollGroup};
@@ -57,6 +57,9 @@ struct GroupState {
     shutting_down: bool,
     /// Polls until the next round of `accept` is due.
     accept_in: u32,
+    /// Pauses `accept` after a failure for want of descriptors or memory,
+    /// and paces its log lines.
+    accept_pacer: AcceptPacer,
     /// Every connection's socket, for the quiet ones: read only once their
     /// socket has bytes.
     quiet: QuietSet,
@@ -101,6 +104,7 @@ impl TcpPollGroup {
             listen_gen: 0,
             shutting_down: false,
             accept_in: 0,
+            accept_pacer: AcceptPacer::new(),
             quiet: QuietSet::new(),
         }));
         let ctx = Ctx {
@@ -339,7 +343,7 @@ impl Ctx {
     /// rare rounds even when idle: an `accept` in an idle poll would delay
     /// the next I/O that arrives (queue depth 1 above all).
     fn accept_due(&self, st: &mut GroupState) -> bool {
-        if st.listeners.is_empty() {
+        if st.listeners.is_empty() || !st.accept_pacer.ready(self.reactor.now()) {
             return false;
         }
         let idle_core = !self.reactor.last_loop_busy();
@@ -376,8 +380,22 @@ impl Ctx {
                         self.place(st, s, trid);
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                     Err(e) => {
-                        log::warn!("nvmf tcp: accept failed: {e}");
+                        self.transport
+                            .stats
+                            .accept_errors
+                            .fetch_add(1, Ordering::Relaxed);
+                        if let Some(n) = st.accept_pacer.failed(&e, self.reactor.read_clock()) {
+                            log::warn!(
+                                "nvmf tcp: accept failed: {e} ({n} failures since the last report{})",
+                                if AcceptPacer::for_want_of_resources(&e) {
+                                    "; accepting pauses, the connections wait in the backlog"
+                                } else {
+                                    ""
+                                }
+                            );
+                        }
                         break;
                     }
                 }

@@ -40,6 +40,7 @@ pub(super) struct SharedStats {
     pub(super) refused: AtomicU64,
     pub(super) refused_at_limit: AtomicU64,
     pub(super) accept_rounds: AtomicU64,
+    pub(super) accept_errors: AtomicU64,
 }
 
 /// A snapshot of [`TcpTransport::stats`].
@@ -64,6 +65,10 @@ pub struct TcpTransportStats {
     /// on the next poll after a round that took one; every poll while it
     /// serves none).
     pub accept_rounds: u64,
+    /// `accept` calls that failed (out of descriptors, say: accepting then
+    /// pauses for [`AcceptPacer::PAUSE`](pollux_reactor::AcceptPacer::PAUSE)
+    /// and the connections wait in the backlog).
+    pub accept_errors: u64,
 }
 
 /// Accepted sockets handed to this core's poll group by another core.
@@ -182,6 +187,7 @@ impl TcpTransport {
             refused: s.refused.load(Ordering::Relaxed),
             refused_at_limit: s.refused_at_limit.load(Ordering::Relaxed),
             accept_rounds: s.accept_rounds.load(Ordering::Relaxed),
+            accept_errors: s.accept_errors.load(Ordering::Relaxed),
         }
     }
 }

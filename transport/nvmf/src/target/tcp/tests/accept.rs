@@ -124,3 +124,97 @@ fn a_storm_of_connections_is_taken_round_after_round() {
     drop(first);
     f.settle();
 }
+
+/// The lowest descriptor number free now (the next socket's).
+fn lowest_free_fd() -> u64 {
+    let probe = std::fs::File::open("/dev/null").unwrap();
+    let n = std::os::fd::AsRawFd::as_raw_fd(&probe);
+    u64::try_from(n).unwrap()
+}
+
+/// Not a test on its own: the body of
+/// [`out_of_descriptors_pauses_accepting_and_loses_no_connection`], run in
+/// a child process of its own (the descriptor limit is the process's).
+#[test]
+#[ignore = "child process entry point, spawned by out_of_descriptors_pauses_accepting_and_loses_no_connection"]
+fn child_out_of_descriptors() {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let f = fixture(TcpOptions::default());
+    let old = getrlimit(Resource::Nofile);
+    // A host connects, and the process's next descriptor is past its limit:
+    // the connection waits in the listener's backlog, and `accept` fails
+    // with EMFILE.
+    let mut host = Raw::connect(&f);
+    let limit = lowest_free_fd();
+    setrlimit(
+        Resource::Nofile,
+        Rlimit {
+            current: Some(limit),
+            maximum: old.maximum,
+        },
+    )
+    .unwrap();
+    let before = f.transport.stats();
+    for _ in 0..10_000 {
+        f.cl.poll_once_all();
+    }
+    let during = f.transport.stats();
+    // One failure, then a pause on the (manual, unmoved) reactor clock:
+    // not one failure (and log line) per poll.
+    assert_eq!(during.accept_errors - before.accept_errors, 1);
+    assert_eq!(during.accepted, before.accepted);
+    f.cl.advance(pollux_reactor::AcceptPacer::PAUSE);
+    for _ in 0..100 {
+        f.cl.poll_once_all();
+    }
+    assert_eq!(
+        f.transport.stats().accept_errors - before.accept_errors,
+        2,
+        "one more try after the pause"
+    );
+    // Descriptors again: after the pause the connection is taken and
+    // served from the start.
+    setrlimit(Resource::Nofile, old).unwrap();
+    f.cl.advance(pollux_reactor::AcceptPacer::PAUSE);
+    host.send(
+        &crate::spec::tcp::IcReq {
+            pfv: 0,
+            hpda: 0,
+            digests: Digests::default(),
+            maxr2t: 0,
+        }
+        .encode(),
+    );
+    let rsp = host.recv(&f, 128);
+    assert!(crate::spec::tcp::IcResp::parse(&rsp).is_ok(), "{rsp:?}");
+    assert_eq!(f.transport.stats().accepted, before.accepted + 1);
+    until_connections(&f, 1);
+    println!("POLLUX-FD-LIMIT-OK");
+}
+
+/// A process out of descriptors cannot accept: the poll group pauses
+/// `accept` for `AcceptPacer::PAUSE` after a failure (one failure and one
+/// log line per pause, where it spun on the failing call before), the
+/// connection waits in the backlog and is served once descriptors are
+/// free again.
+#[test]
+fn out_of_descriptors_pauses_accepting_and_loses_no_connection() {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--ignored",
+            "--exact",
+            "target::tcp::tests::accept::child_out_of_descriptors",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("POLLUX-FD-LIMIT-OK"),
+        "child: {}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
