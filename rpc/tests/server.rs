@@ -278,26 +278,14 @@ static ACCEPT_LINES: AcceptLines = AcceptLines(std::sync::atomic::AtomicUsize::n
 #[test]
 #[ignore = "child process entry point, spawned by out_of_descriptors_the_server_pauses_accepting_and_loses_no_client"]
 fn child_out_of_descriptors() {
-    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
     log::set_logger(&ACCEPT_LINES).unwrap();
     log::set_max_level(log::LevelFilter::Warn);
     let (server, _reg) = start("fd-limit", |_| {});
-    let old = getrlimit(Resource::Nofile);
     // A client connects; the process's next descriptor is past its limit,
     // so the server's `accept` fails (EMFILE) and the client waits in the
     // backlog.
     let mut c = client(&server);
-    let probe = std::fs::File::open("/dev/null").unwrap();
-    let limit = u64::try_from(std::os::fd::AsRawFd::as_raw_fd(&probe)).unwrap();
-    drop(probe);
-    setrlimit(
-        Resource::Nofile,
-        Rlimit {
-            current: Some(limit),
-            maximum: old.maximum,
-        },
-    )
-    .unwrap();
+    let cap = pollux_reactor::test_env::cap_descriptors();
     std::thread::sleep(Duration::from_millis(500));
     let lines = ACCEPT_LINES.0.load(std::sync::atomic::Ordering::Relaxed);
     let failures = server.accept_failures();
@@ -308,7 +296,7 @@ fn child_out_of_descriptors() {
         "{failures} failed accepts in 0.5 s"
     );
     assert_eq!(lines, 1, "log lines about accept in 0.5 s");
-    setrlimit(Resource::Nofile, old).unwrap();
+    drop(cap);
     let v = c.call("spdk_get_version", None).unwrap();
     assert!(v["version"].is_string());
     println!("POLLUX-RPC-FD-LIMIT-OK");
@@ -319,22 +307,5 @@ fn child_out_of_descriptors() {
 /// the backlog and is answered once descriptors are free again.
 #[test]
 fn out_of_descriptors_the_server_pauses_accepting_and_loses_no_client() {
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--ignored",
-            "--exact",
-            "child_out_of_descriptors",
-            "--nocapture",
-            "--test-threads",
-            "1",
-        ])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.contains("POLLUX-RPC-FD-LIMIT-OK"),
-        "child: {}\n{stdout}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    pollux_reactor::test_env::run_child_test("child_out_of_descriptors", "POLLUX-RPC-FD-LIMIT-OK");
 }

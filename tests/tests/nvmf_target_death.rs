@@ -64,15 +64,7 @@ impl Drop for Reaper {
 }
 
 fn spawn_target(addr: &str) -> Child {
-    Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--ignored",
-            "--exact",
-            "child_target",
-            "--nocapture",
-            "--test-threads",
-            "1",
-        ])
+    pollux_reactor::test_env::child_test("child_target")
         .env(ENV, addr)
         .stdout(Stdio::piped())
         .spawn()

@@ -863,14 +863,5 @@ pub fn start_host_child(
 /// This test binary, run again to execute only its `#[ignore]`d child
 /// entry point `entry` (on one thread, output not captured).
 fn child_test(entry: &str) -> Command {
-    let mut c = Command::new(std::env::current_exe().expect("exe"));
-    c.args([
-        "--ignored",
-        "--exact",
-        entry,
-        "--nocapture",
-        "--test-threads",
-        "1",
-    ]);
-    c
+    pollux_reactor::test_env::child_test(entry)
 }

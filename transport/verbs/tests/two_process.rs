@@ -455,14 +455,7 @@ fn listening_parent(
 /// point) with `env=value`.
 fn spawn_peer(role: &str, env: &str, value: &str) -> Child {
     Child(
-        std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--ignored",
-                "--exact",
-                role,
-                "--nocapture",
-                "--test-threads=1",
-            ])
+        pollux_reactor::test_env::child_test(role)
             .env(env, value)
             .spawn()
             .unwrap(),

@@ -13,11 +13,12 @@ use std::io::{ErrorKind, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-use pollux_reactor::mem::{DmaBuf, SgList};
+use pollux_reactor::mem::SgList;
 
 use super::super::transport::{DataDir, HostQueue, QueueParams, Queued, SlotBufs};
 use super::super::{HostError, IoError, Qpair};
 use super::{TcpHostOptions, TcpQueue};
+use crate::fuzz_tcp_host::segments;
 use crate::spec::cmd::NvmeCmd;
 use crate::spec::cpl::{NvmeCompletion, NvmeStatus};
 use crate::spec::tcp::{
@@ -59,28 +60,6 @@ impl SlotBufs for Lender {
     fn bufs_mut(&mut self, slot: u16) -> Option<&mut SgList> {
         self.0.get_mut(usize::from(slot))?.as_mut()
     }
-}
-
-/// `len` bytes in buffers of uneven sizes (none a multiple of a PDU).
-fn segments(len: usize, parts: usize, fill: u8) -> SgList {
-    let mut l = SgList::new();
-    let mut left = len;
-    for p in 0..parts {
-        let n = if p + 1 == parts {
-            left
-        } else {
-            (len / parts + 37 * p + 11).min(left)
-        };
-        if n == 0 {
-            continue;
-        }
-        let mut b = DmaBuf::alloc(n).unwrap();
-        b.as_mut_slice().fill(fill);
-        l.push(b);
-        left -= n;
-    }
-    assert_eq!(l.total_len(), len);
-    l
 }
 
 fn pattern(seed: usize, len: usize) -> Vec<u8> {

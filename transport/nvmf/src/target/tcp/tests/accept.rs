@@ -125,35 +125,18 @@ fn a_storm_of_connections_is_taken_round_after_round() {
     f.settle();
 }
 
-/// The lowest descriptor number free now (the next socket's).
-fn lowest_free_fd() -> u64 {
-    let probe = std::fs::File::open("/dev/null").unwrap();
-    let n = std::os::fd::AsRawFd::as_raw_fd(&probe);
-    u64::try_from(n).unwrap()
-}
-
 /// Not a test on its own: the body of
 /// [`out_of_descriptors_pauses_accepting_and_loses_no_connection`], run in
 /// a child process of its own (the descriptor limit is the process's).
 #[test]
 #[ignore = "child process entry point, spawned by out_of_descriptors_pauses_accepting_and_loses_no_connection"]
 fn child_out_of_descriptors() {
-    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
     let f = fixture(TcpOptions::default());
-    let old = getrlimit(Resource::Nofile);
     // A host connects, and the process's next descriptor is past its limit:
     // the connection waits in the listener's backlog, and `accept` fails
     // with EMFILE.
     let mut host = Raw::connect(&f);
-    let limit = lowest_free_fd();
-    setrlimit(
-        Resource::Nofile,
-        Rlimit {
-            current: Some(limit),
-            maximum: old.maximum,
-        },
-    )
-    .unwrap();
+    let cap = pollux_reactor::test_env::cap_descriptors();
     let before = f.transport.stats();
     for _ in 0..10_000 {
         f.cl.poll_once_all();
@@ -174,7 +157,7 @@ fn child_out_of_descriptors() {
     );
     // Descriptors again: after the pause the connection is taken and
     // served from the start.
-    setrlimit(Resource::Nofile, old).unwrap();
+    drop(cap);
     f.cl.advance(pollux_reactor::AcceptPacer::PAUSE);
     host.send(
         &crate::spec::tcp::IcReq {
@@ -199,22 +182,8 @@ fn child_out_of_descriptors() {
 /// free again.
 #[test]
 fn out_of_descriptors_pauses_accepting_and_loses_no_connection() {
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--ignored",
-            "--exact",
-            "target::tcp::tests::accept::child_out_of_descriptors",
-            "--nocapture",
-            "--test-threads",
-            "1",
-        ])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.contains("POLLUX-FD-LIMIT-OK"),
-        "child: {}\n{stdout}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
+    pollux_reactor::test_env::run_child_test(
+        "target::tcp::tests::accept::child_out_of_descriptors",
+        "POLLUX-FD-LIMIT-OK",
     );
 }
