@@ -419,6 +419,23 @@ impl TcpConn {
         Some((s.recv_buffer_size().ok()?, s.send_buffer_size().ok()?))
     }
 
+    /// The socket's TCP keep-alive as the kernel reports it: `None` when
+    /// off, else (idle, interval, probes).
+    #[cfg(test)]
+    pub(super) fn socket_keepalive(
+        &self,
+    ) -> Option<(std::time::Duration, std::time::Duration, u32)> {
+        let s = socket2::SockRef::from(&self.sock);
+        if !s.keepalive().ok()? {
+            return None;
+        }
+        Some((
+            s.tcp_keepalive_time().ok()?,
+            s.tcp_keepalive_interval().ok()?,
+            s.tcp_keepalive_retries().ok()?,
+        ))
+    }
+
     /// Close at once (the poll group is going away): fail what waits for
     /// host data, close the socket.
     pub(super) fn shut_down(&mut self) {

@@ -121,6 +121,6 @@ mod wake;
 #[cfg(test)]
 mod tests;
 
-pub use options::{DigestPolicy, TcpOptions, TcpOptionsError};
+pub use options::{DigestPolicy, TcpKeepalive, TcpOptions, TcpOptionsError};
 pub use poll_group::TcpPollGroup;
 pub use transport::{socket_addr, TcpInbox, TcpTransport, TcpTransportStats};

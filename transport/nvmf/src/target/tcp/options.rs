@@ -88,11 +88,44 @@ pub struct TcpOptions {
     /// Connect fails with Connect Controller Busy, SCT 1 SC 0x81) and
     /// closed, without a queue or any resource beyond its socket.
     pub max_qpairs: usize,
+    /// TCP keep-alive on every accepted socket (`None`: off). Pollux's own
+    /// choice, on by default: neither SPDK nor Linux's nvmet-tcp sets it.
+    pub keepalive: Option<TcpKeepalive>,
     /// Most connections one poll group (core) serves at once; with
     /// least-connections placement a full group's connections go to
     /// another group, and are refused like [`max_qpairs`](Self::max_qpairs)
     /// when every group is full.
     pub max_qpairs_per_core: usize,
+}
+
+/// TCP keep-alive of the accepted sockets: the kernel probes a connection
+/// that was idle for `idle`, every `interval`, and resets it once `probes`
+/// went unanswered (the connection then ends as if the host had reset it,
+/// and everything it held returns). So a host that vanished without a FIN
+/// or a reset (power lost, a cut network) and whose controller has no NVMe
+/// keep-alive to end it (KATO 0: discovery hosts, some initiators) holds its
+/// queue, socket and seat for about `idle + interval * probes`, not for the
+/// life of the target. A connection in use sends no probe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TcpKeepalive {
+    /// Idle time before the first probe (`TCP_KEEPIDLE`; 1 s to 32767 s).
+    pub idle: std::time::Duration,
+    /// Time between probes (`TCP_KEEPINTVL`; 1 s to 32767 s).
+    pub interval: std::time::Duration,
+    /// Unanswered probes before the reset (`TCP_KEEPCNT`; 1 to 127).
+    pub probes: u32,
+}
+
+impl Default for TcpKeepalive {
+    /// 60 s idle, then a probe every 10 s, 6 probes: a silent dead host is
+    /// found within two minutes.
+    fn default() -> Self {
+        TcpKeepalive {
+            idle: std::time::Duration::from_secs(60),
+            interval: std::time::Duration::from_secs(10),
+            probes: 6,
+        }
+    }
 }
 
 impl Default for TcpOptions {
@@ -111,6 +144,7 @@ impl Default for TcpOptions {
             placement: pollux_verbs::placement::PlacementPolicy::LeastConnections,
             max_qpairs: 1024,
             max_qpairs_per_core: 1024,
+            keepalive: Some(TcpKeepalive::default()),
         }
     }
 }
@@ -159,6 +193,18 @@ impl TcpOptions {
         }
         if self.max_qpairs == 0 || self.max_qpairs_per_core == 0 {
             return bad("max_qpairs and max_qpairs_per_core must be positive".into());
+        }
+        if let Some(k) = &self.keepalive {
+            let secs = 1..=32767;
+            if !secs.contains(&k.idle.as_secs()) || !secs.contains(&k.interval.as_secs()) {
+                return bad(format!(
+                    "keepalive idle {:?} and interval {:?} must lie in 1..=32767 s",
+                    k.idle, k.interval
+                ));
+            }
+            if !(1..=127).contains(&k.probes) {
+                return bad(format!("keepalive probes {} must lie in 1..=127", k.probes));
+            }
         }
         if self.in_capsule_data_size > t.in_capsule_data_size {
             return bad(format!(
@@ -232,6 +278,26 @@ mod tests {
                     ..TcpOptions::default()
                 },
                 "sock_priority",
+            ),
+            (
+                TcpOptions {
+                    keepalive: Some(TcpKeepalive {
+                        idle: std::time::Duration::from_millis(500),
+                        ..TcpKeepalive::default()
+                    }),
+                    ..TcpOptions::default()
+                },
+                "keepalive idle",
+            ),
+            (
+                TcpOptions {
+                    keepalive: Some(TcpKeepalive {
+                        probes: 0,
+                        ..TcpKeepalive::default()
+                    }),
+                    ..TcpOptions::default()
+                },
+                "keepalive probes",
             ),
             (
                 TcpOptions {

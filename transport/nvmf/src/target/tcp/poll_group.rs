@@ -153,6 +153,19 @@ impl TcpPollGroup {
             .collect()
     }
 
+    /// Each connection's TCP keep-alive as the kernel reports it (tests).
+    #[cfg(test)]
+    pub(super) fn socket_keepalives(
+        &self,
+    ) -> Vec<Option<(std::time::Duration, std::time::Duration, u32)>> {
+        self.state
+            .borrow()
+            .conns
+            .iter()
+            .map(|c| c.socket_keepalive())
+            .collect()
+    }
+
     /// Quiet connections: those whose socket was empty for a while, read
     /// only once the group's epoll set reports bytes on it.
     pub fn quiet_connections(&self) -> usize {
@@ -495,6 +508,14 @@ impl Ctx {
         if t.opts.send_buf_size > 0 {
             sock.set_send_buffer_size(t.opts.send_buf_size as usize)
                 .map_err(|e| format!("SO_SNDBUF: {e}"))?;
+        }
+        if let Some(k) = &t.opts.keepalive {
+            let ka = socket2::TcpKeepalive::new()
+                .with_time(k.idle)
+                .with_interval(k.interval)
+                .with_retries(k.probes);
+            sock.set_tcp_keepalive(&ka)
+                .map_err(|e| format!("TCP keep-alive: {e}"))?;
         }
         let params = QpairParams {
             depth: t.opts.max_queue_depth,

@@ -77,19 +77,17 @@ fn skip_reason() -> Option<String> {
     None
 }
 
-#[test]
-fn tcp_across_two_network_namespaces_over_a_veth_pair() {
-    if let Some(why) = skip_reason() {
-        pollux_reactor::test_env::skip(
-            &why,
-            "run as root (CAP_SYS_ADMIN, CAP_NET_ADMIN) with iproute2's `ip` installed",
-        );
-        return;
-    }
+/// Two namespaces joined by a veth pair (names tagged with `tag`): the
+/// namespaces (removed on drop), their names, the two ends' names and
+/// addresses (target's first).
+fn veth_pair(tag: &str) -> (Namespaces, [String; 2], [String; 2], [String; 2]) {
     let pid = std::process::id();
-    let net = 1 + pid % 250;
-    let (ta, tb) = (format!("pollux-tgt-{pid}"), format!("pollux-host-{pid}"));
-    let (va, vb) = (format!("pxt{pid}"), format!("pxh{pid}"));
+    let net = 1 + (pid + u32::from(!tag.is_empty())) % 250;
+    let (ta, tb) = (
+        format!("pollux-tgt-{tag}{pid}"),
+        format!("pollux-host-{tag}{pid}"),
+    );
+    let (va, vb) = (format!("pxt{tag}{pid}"), format!("pxh{tag}{pid}"));
     let mut ns = Namespaces { names: Vec::new() };
     for n in [&ta, &tb] {
         ip(&["netns", "add", n]).unwrap();
@@ -105,6 +103,19 @@ fn tcp_across_two_network_namespaces_over_a_veth_pair() {
         ip(&["-n", n, "link", "set", v, "up"]).unwrap();
         ip(&["-n", n, "link", "set", "lo", "up"]).unwrap();
     }
+    (ns, [ta, tb], [va, vb], [a_ip, b_ip])
+}
+
+#[test]
+fn tcp_across_two_network_namespaces_over_a_veth_pair() {
+    if let Some(why) = skip_reason() {
+        pollux_reactor::test_env::skip(
+            &why,
+            "run as root (CAP_SYS_ADMIN, CAP_NET_ADMIN) with iproute2's `ip` installed",
+        );
+        return;
+    }
+    let (ns, [ta, tb], [_va, _vb], [a_ip, _b_ip]) = veth_pair("");
     let home = Home(File::open("/proc/thread-self/ns/net").unwrap());
     enter(&format!("/run/netns/{ta}"));
     let f = fixture_at(&a_ip, TcpOptions::default());
@@ -157,5 +168,65 @@ fn tcp_across_two_network_namespaces_over_a_veth_pair() {
     drop(home);
     f.settle();
     f.assert_pool_full();
+    drop(ns);
+}
+
+/// A host that vanishes without a FIN or a reset (its end of the veth pair
+/// goes down) after connecting a controller with no NVMe keep-alive (KATO
+/// 0): the target's TCP keep-alive (here 1 s idle, 1 s between probes, 2
+/// probes) ends the connection, and everything it held returns. The bound
+/// on the wait is generous; without keep-alive nothing would ever end it.
+#[test]
+fn a_host_that_vanishes_silently_is_ended_by_tcp_keepalive() {
+    use crate::target::tcp::TcpKeepalive;
+    if let Some(why) = skip_reason() {
+        pollux_reactor::test_env::skip(
+            &why,
+            "run as root (CAP_SYS_ADMIN, CAP_NET_ADMIN) with iproute2's `ip` installed",
+        );
+        return;
+    }
+    let (ns, [ta, tb], [_va, vb], [a_ip, _b_ip]) = veth_pair("k");
+    let home = Home(File::open("/proc/thread-self/ns/net").unwrap());
+    enter(&format!("/run/netns/{ta}"));
+    let opts = TcpOptions {
+        keepalive: Some(TcpKeepalive {
+            idle: Duration::from_secs(1),
+            interval: Duration::from_secs(1),
+            probes: 2,
+        }),
+        ..TcpOptions::default()
+    };
+    let f = fixture_at(&a_ip, opts);
+    enter(&format!("/run/netns/{tb}"));
+    let held = f.cl.on(0, |_| {
+        let t = f.host(false, false);
+        let o = CtrlOptions {
+            kato: Duration::ZERO,
+            ..CtrlOptions::default()
+        };
+        let c = Controller::connect(&t, who(), o).unwrap();
+        let qp = c.connect_io(&t, 1, 16, None).unwrap();
+        (t, c, qp)
+    });
+    drop(home);
+    until_connections(&f, 2);
+    // The host's end goes away: nothing it sends or answers gets through.
+    ip(&["-n", &tb, "link", "set", &vb, "down"]).unwrap();
+    let start = std::time::Instant::now();
+    while f.transport.queues_per_group().iter().sum::<usize>() > 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the target still holds {:?} connections of a vanished host",
+            f.transport.queues_per_group()
+        );
+        f.cl.poll_once_all();
+    }
+    assert!(
+        start.elapsed() >= Duration::from_secs(1),
+        "ended before any keep-alive probe could have failed"
+    );
+    f.assert_pool_full();
+    drop(held);
     drop(ns);
 }

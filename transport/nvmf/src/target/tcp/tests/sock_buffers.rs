@@ -1,5 +1,5 @@
 //! `recv_buf_size` / `send_buf_size` reach every accepted socket; 0 leaves
-//! the kernel's.
+//! the kernel's. So does the TCP keep-alive (on by default).
 
 use super::*;
 use crate::host::{Controller, CtrlOptions};
@@ -38,5 +38,52 @@ fn socket_buffer_sizes_reach_every_connection() {
             .iter()
             .all(|&(r, s)| (r, s) != (2 * SIZE as usize, 2 * SIZE as usize)),
         "{kernel:?}"
+    );
+}
+
+/// Each connection's keep-alive under `opts` (admin and I/O queue).
+fn keepalives_of_a_connection(opts: TcpOptions) -> Vec<Option<(Duration, Duration, u32)>> {
+    let f = fixture(opts);
+    let seen = f.cl.on(0, |_| {
+        let t = f.host(false, false);
+        let c = Controller::connect(&t, who(), CtrlOptions::default()).unwrap();
+        let qp = c.connect_io(&t, 1, 8, None).unwrap();
+        let seen: Vec<_> = f.pgs.iter().flat_map(|g| g.socket_keepalives()).collect();
+        drop(qp);
+        drop(c);
+        seen
+    });
+    f.settle();
+    seen
+}
+
+#[test]
+fn tcp_keepalive_reaches_every_connection_and_can_be_turned_off() {
+    use crate::target::tcp::TcpKeepalive;
+    let d = TcpKeepalive::default();
+    assert_eq!(
+        keepalives_of_a_connection(TcpOptions::default()),
+        vec![Some((d.idle, d.interval, d.probes)); 2],
+        "the default"
+    );
+    let k = TcpKeepalive {
+        idle: Duration::from_secs(7),
+        interval: Duration::from_secs(3),
+        probes: 2,
+    };
+    assert_eq!(
+        keepalives_of_a_connection(TcpOptions {
+            keepalive: Some(k),
+            ..TcpOptions::default()
+        }),
+        vec![Some((k.idle, k.interval, k.probes)); 2]
+    );
+    assert_eq!(
+        keepalives_of_a_connection(TcpOptions {
+            keepalive: None,
+            ..TcpOptions::default()
+        }),
+        vec![None; 2],
+        "off"
     );
 }
