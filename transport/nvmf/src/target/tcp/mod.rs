@@ -110,6 +110,7 @@
 //! `trsvcid` the port ([`socket_addr`]).
 
 mod conn;
+mod group_counter;
 mod options;
 mod poll_group;
 mod quiet;

@@ -23,6 +23,7 @@ use pollux_reactor::{AcceptPacer, IdleMode, PollStatus, PollerId, Reactor};
 use super::super::qpair::QueuePair;
 use super::super::transport::{QpairParams, TransportError, TransportPollGroup};
 use super::conn::TcpConn;
+use super::group_counter::GroupCounter;
 use super::quiet::QuietSet;
 use super::refusal::{Refusal, MAX_REFUSALS};
 use super::transport::{TcpInbox, TcpTransport};
@@ -60,6 +61,8 @@ struct GroupState {
     /// Pauses `accept` after a failure for want of descriptors or memory,
     /// and paces its log lines.
     accept_pacer: AcceptPacer,
+    /// This group's `accept` rounds (in the transport's stats).
+    accept_rounds: Arc<GroupCounter>,
     /// Every connection's socket, for the quiet ones: read only once their
     /// socket has bytes.
     quiet: QuietSet,
@@ -105,6 +108,7 @@ impl TcpPollGroup {
             shutting_down: false,
             accept_in: 0,
             accept_pacer: AcceptPacer::new(),
+            accept_rounds: t.stats.accept_rounds.add(),
             quiet: QuietSet::new(),
         }));
         let ctx = Ctx {
@@ -376,10 +380,7 @@ impl Ctx {
     /// One round of `accept` on every listener this group owns; `true`
     /// when a connection came.
     fn accept(&self, st: &mut GroupState) -> bool {
-        self.transport
-            .stats
-            .accept_rounds
-            .fetch_add(1, Ordering::Relaxed);
+        st.accept_rounds.bump();
         let mut busy = false;
         for li in 0..st.listeners.len() {
             for _ in 0..ACCEPTS_PER_POLL {

@@ -39,7 +39,9 @@ pub(super) struct SharedStats {
     pub(super) terminated: AtomicU64,
     pub(super) refused: AtomicU64,
     pub(super) refused_at_limit: AtomicU64,
-    pub(super) accept_rounds: AtomicU64,
+    /// Each poll group's `accept` rounds, on a line of its own (counted on
+    /// idle polls: one shared counter would bounce between idle cores).
+    pub(super) accept_rounds: super::group_counter::GroupCounters,
     pub(super) accept_errors: AtomicU64,
 }
 
@@ -186,7 +188,7 @@ impl TcpTransport {
             terminated: s.terminated.load(Ordering::Relaxed),
             refused: s.refused.load(Ordering::Relaxed),
             refused_at_limit: s.refused_at_limit.load(Ordering::Relaxed),
-            accept_rounds: s.accept_rounds.load(Ordering::Relaxed),
+            accept_rounds: s.accept_rounds.sum(),
             accept_errors: s.accept_errors.load(Ordering::Relaxed),
         }
     }
