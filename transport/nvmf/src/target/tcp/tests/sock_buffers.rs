@@ -4,19 +4,25 @@
 use super::*;
 use crate::host::{Controller, CtrlOptions};
 
-fn buffers_of_a_connection(opts: TcpOptions) -> Vec<(usize, usize)> {
+/// `seen(group)` over every poll group while a host holds an admin and an
+/// I/O queue on a target with `opts`.
+fn of_a_connection<T>(opts: TcpOptions, seen: impl Fn(&TcpPollGroup) -> Vec<T>) -> Vec<T> {
     let f = fixture(opts);
-    let seen = f.cl.on(0, |_| {
+    let out = f.cl.on(0, |_| {
         let t = f.host(false, false);
         let c = Controller::connect(&t, who(), CtrlOptions::default()).unwrap();
         let qp = c.connect_io(&t, 1, 8, None).unwrap();
-        let seen: Vec<(usize, usize)> = f.pgs.iter().flat_map(|g| g.socket_buffers()).collect();
+        let out: Vec<T> = f.pgs.iter().flat_map(|g| seen(g)).collect();
         drop(qp);
         drop(c);
-        seen
+        out
     });
     f.settle();
-    seen
+    out
+}
+
+fn buffers_of_a_connection(opts: TcpOptions) -> Vec<(usize, usize)> {
+    of_a_connection(opts, TcpPollGroup::socket_buffers)
 }
 
 #[test]
@@ -43,18 +49,7 @@ fn socket_buffer_sizes_reach_every_connection() {
 
 /// Each connection's keep-alive under `opts` (admin and I/O queue).
 fn keepalives_of_a_connection(opts: TcpOptions) -> Vec<Option<(Duration, Duration, u32)>> {
-    let f = fixture(opts);
-    let seen = f.cl.on(0, |_| {
-        let t = f.host(false, false);
-        let c = Controller::connect(&t, who(), CtrlOptions::default()).unwrap();
-        let qp = c.connect_io(&t, 1, 8, None).unwrap();
-        let seen: Vec<_> = f.pgs.iter().flat_map(|g| g.socket_keepalives()).collect();
-        drop(qp);
-        drop(c);
-        seen
-    });
-    f.settle();
-    seen
+    of_a_connection(opts, TcpPollGroup::socket_keepalives)
 }
 
 #[test]
