@@ -1,6 +1,5 @@
 //! [`AcceptPacer`]: what a listener does when `accept(2)` fails.
 
-use std::io::ErrorKind;
 use std::time::{Duration, Instant};
 
 /// Paces a listener whose `accept` fails. A failure for want of resources
@@ -17,7 +16,6 @@ use std::time::{Duration, Instant};
 #[derive(Debug, Clone, Default)]
 pub struct AcceptPacer {
     resume_at: Option<Instant>,
-    failures: u64,
     unlogged: u64,
     logged_at: Option<Instant>,
 }
@@ -44,7 +42,6 @@ impl AcceptPacer {
     /// now (this one and those not logged since the last line), or `None`
     /// when the last line is under [`LOG_EVERY`](Self::LOG_EVERY) old.
     pub fn failed(&mut self, e: &std::io::Error, now: Instant) -> Option<u64> {
-        self.failures += 1;
         self.unlogged += 1;
         if Self::for_want_of_resources(e) {
             self.resume_at = Some(now + Self::PAUSE);
@@ -58,27 +55,16 @@ impl AcceptPacer {
         }
     }
 
-    /// Every failure since this pacer was made.
-    pub fn failures(&self) -> u64 {
-        self.failures
-    }
-
     /// Whether `e` says the system or the process is out of something an
     /// accepted connection needs (descriptors, memory): retrying at once
     /// fails the same way.
     pub fn for_want_of_resources(e: &std::io::Error) -> bool {
-        e.kind() == ErrorKind::OutOfMemory
-            || matches!(
-                e.raw_os_error(),
-                Some(code) if [
-                    rustix::io::Errno::MFILE,
-                    rustix::io::Errno::NFILE,
-                    rustix::io::Errno::NOBUFS,
-                    rustix::io::Errno::NOMEM,
-                ]
+        use rustix::io::Errno;
+        e.raw_os_error().is_some_and(|code| {
+            [Errno::MFILE, Errno::NFILE, Errno::NOBUFS, Errno::NOMEM]
                 .iter()
                 .any(|x| x.raw_os_error() == code)
-            )
+        })
     }
 }
 
@@ -111,7 +97,6 @@ mod tests {
         }
         let later = t0 + AcceptPacer::LOG_EVERY;
         assert_eq!(p.failed(&os(rustix::io::Errno::NFILE), later), Some(6));
-        assert_eq!(p.failures(), 7);
         assert!(!p.ready(later));
     }
 

@@ -114,11 +114,7 @@ pub fn cap_descriptors() -> DescriptorCap {
 
 impl Drop for DescriptorCap {
     fn drop(&mut self) {
-        let old = rustix::process::Rlimit {
-            current: self.old.current,
-            maximum: self.old.maximum,
-        };
-        if let Err(e) = rustix::process::setrlimit(rustix::process::Resource::Nofile, old) {
+        if let Err(e) = rustix::process::setrlimit(rustix::process::Resource::Nofile, self.old) {
             eprintln!("could not restore RLIMIT_NOFILE: {e}");
         }
     }

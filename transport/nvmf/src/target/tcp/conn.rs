@@ -827,13 +827,12 @@ impl TcpConn {
     /// the queue holds (fatal: the C2HTermReq carries this capsule's
     /// header).
     fn handle_capsule(&mut self, f: &Frame) -> Result<(), TcpPduError> {
-        // A host past its SQSIZE overran its queue, even while the target's
-        // queue has room: a fatal PDU sequence error, as below.
+        // A host past its SQSIZE (never more than the queue's depth)
+        // overran its queue, even while the target's queue has room: a
+        // fatal PDU sequence error, told with a C2HTermReq rather than a
+        // silent close.
         if self.qp.host_sq_full() {
-            return Err(TcpPduError::Sequence {
-                pdu_type: PduType::CapsuleCmd.code(),
-                why: "more commands than the host's SQSIZE allows",
-            });
+            return Err(overrun());
         }
         let start = self.rx.head;
         let data = start + f.data_offset..start + f.data_offset + f.data_len;
@@ -885,15 +884,9 @@ impl TcpConn {
         };
         match res {
             Ok(()) => {}
-            // The host overran the queue (no request took the capsule, so
-            // there is nothing to answer): a fatal PDU sequence error, told
-            // with a C2HTermReq rather than a silent close.
-            Err(CapsuleError::QueueFull) => {
-                return Err(TcpPduError::Sequence {
-                    pdu_type: PduType::CapsuleCmd.code(),
-                    why: "more commands than the queue holds",
-                });
-            }
+            // Caught above already (no request took the capsule, so there
+            // is nothing to answer).
+            Err(CapsuleError::QueueFull) => return Err(overrun()),
             Err(e) => {
                 log::debug!("nvmf tcp: capsule refused, closing the queue: {e}");
                 self.ops.closing = true;
@@ -1001,5 +994,13 @@ impl TcpConn {
         self.ops.tx.push_raw(&out[..n]);
         self.rx.head = self.rx.tail;
         self.ops.closing = true;
+    }
+}
+
+/// A host that sent a command past its SQSIZE (or the queue's depth).
+fn overrun() -> TcpPduError {
+    TcpPduError::Sequence {
+        pdu_type: PduType::CapsuleCmd.code(),
+        why: "more commands than the host's SQSIZE allows",
     }
 }
