@@ -107,24 +107,18 @@ fn drain(t: &mut TcpStream) {
     }
 }
 
-/// See the module docs.
+/// An NVMe/TCP host queue (QID 1, 16 entries, in-capsule writes up to
+/// `inline_limit`) connected to a scripted target on 127.0.0.1 whose
+/// ICResp grants `digests` and `maxh2cdata`; the target's end of the
+/// socket, non-blocking. Also the NVMe/TCP host tests' set-up.
 ///
 /// # Panics
-/// On a finding; also when loopback sockets cannot be had (the
-/// environment, not the host).
-pub fn fuzz_tcp_host(data: &[u8]) {
-    let _ = run(data);
-}
-
-/// [`fuzz_tcp_host`]; for each command, whether it succeeded (a read with
-/// the good seeds' data).
-fn run(data: &[u8]) -> [bool; 4] {
-    let Some((&mode, stream)) = data.split_first() else {
-        return [false; 4];
-    };
-    let digests = Digests::from_bits(mode & 3);
-    let maxh2cdata = if mode & 4 != 0 { 64 << 10 } else { 4096 };
-    let close = mode & 8 != 0;
+/// When loopback sockets cannot be had or the handshake fails.
+pub(crate) fn scripted_target(
+    digests: Digests,
+    maxh2cdata: u32,
+    inline_limit: u32,
+) -> (TcpQueue, TcpStream) {
     let l = TcpListener::bind("127.0.0.1:0").expect("a loopback listener");
     let addr = l.local_addr().expect("its address");
     let target = std::thread::spawn(move || {
@@ -149,11 +143,34 @@ fn run(data: &[u8]) -> [bool; 4] {
         qid: 1,
         entries: 16,
         cntlid: 1,
-        inline_limit: INLINE_LIMIT,
+        inline_limit,
     };
     let q = TcpQueue::connect(addr, &opts, &p).expect("connect to the scripted target");
-    let mut t = target.join().expect("the scripted target");
+    let t = target.join().expect("the scripted target");
     t.set_nonblocking(true).expect("non-blocking");
+    assert_eq!(q.digests(), digests, "the digests the ICResp granted");
+    (q, t)
+}
+
+/// See the module docs.
+///
+/// # Panics
+/// On a finding; also when loopback sockets cannot be had (the
+/// environment, not the host).
+pub fn fuzz_tcp_host(data: &[u8]) {
+    let _ = run(data);
+}
+
+/// [`fuzz_tcp_host`]; for each command, whether it succeeded (a read with
+/// the good seeds' data).
+fn run(data: &[u8]) -> [bool; 4] {
+    let Some((&mode, stream)) = data.split_first() else {
+        return [false; 4];
+    };
+    let digests = Digests::from_bits(mode & 3);
+    let maxh2cdata = if mode & 4 != 0 { 64 << 10 } else { 4096 };
+    let close = mode & 8 != 0;
+    let (q, mut t) = scripted_target(digests, maxh2cdata, INLINE_LIMIT);
     let mut qp = Qpair::new(q, 1, 16, Duration::from_secs(30));
     for (ctx, &(dir, len, parts)) in CMDS.iter().enumerate() {
         let opc = match dir {

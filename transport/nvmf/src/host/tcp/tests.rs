@@ -10,21 +10,21 @@
 #![allow(clippy::unwrap_used)]
 
 use std::io::{ErrorKind, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use pollux_reactor::mem::SgList;
 
-use super::super::transport::{DataDir, HostQueue, QueueParams, Queued, SlotBufs};
+use super::super::transport::{DataDir, HostQueue, Queued, SlotBufs};
 use super::super::{HostError, IoError, Qpair};
-use super::{TcpHostOptions, TcpQueue};
-use crate::fuzz_tcp_host::segments;
+use super::TcpQueue;
+use crate::fuzz_tcp_host::{scripted_target, segments};
 use crate::spec::cmd::NvmeCmd;
 use crate::spec::cpl::{NvmeCompletion, NvmeStatus};
 use crate::spec::tcp::{
-    crc32c, C2hData, CapsuleResp, CommonHeader, Digests, Fes, H2cData, IcResp, PduType, R2t,
-    SendLayout, TermReq, CH_LEN, CMD_HLEN, DIGEST_LEN, FLAG_LAST_PDU, FLAG_SUCCESS, IC_PDU_LEN,
-    SHORT_HLEN, TERM_REQ_MAX_DATA,
+    crc32c, C2hData, CapsuleResp, CommonHeader, Digests, Fes, H2cData, PduType, R2t, SendLayout,
+    TermReq, CH_LEN, CMD_HLEN, DIGEST_LEN, FLAG_LAST_PDU, FLAG_SUCCESS, SHORT_HLEN,
+    TERM_REQ_MAX_DATA,
 };
 use crate::spec::{le16, le32};
 use crate::tcp_bufs::SendBuf;
@@ -204,36 +204,7 @@ struct Rig {
 
 impl Rig {
     fn new(digests: Digests, maxh2cdata: u32, inline_limit: u32) -> Rig {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap();
-        let th = std::thread::spawn(move || {
-            let (mut s, _) = l.accept().unwrap();
-            let mut ic = [0u8; IC_PDU_LEN];
-            s.read_exact(&mut ic).unwrap();
-            let rsp = IcResp {
-                pfv: 0,
-                cpda: 0,
-                digests,
-                maxh2cdata,
-            };
-            s.write_all(&rsp.encode()).unwrap();
-            s
-        });
-        let opts = TcpHostOptions {
-            header_digest: digests.header,
-            data_digest: digests.data,
-            connect_timeout: Duration::from_secs(5),
-        };
-        let p = QueueParams {
-            qid: 1,
-            entries: 16,
-            cntlid: 1,
-            inline_limit,
-        };
-        let q = TcpQueue::connect(addr, &opts, &p).unwrap();
-        let t = th.join().unwrap();
-        t.set_nonblocking(true).unwrap();
-        assert_eq!(q.digests(), digests);
+        let (q, t) = scripted_target(digests, maxh2cdata, inline_limit);
         Rig {
             q,
             tgt: Tgt { t, digests },

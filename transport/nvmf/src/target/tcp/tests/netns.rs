@@ -77,10 +77,29 @@ fn skip_reason() -> Option<String> {
     None
 }
 
-/// Two namespaces joined by a veth pair (names tagged with `tag`): the
-/// namespaces (removed on drop), their names, the two ends' names and
-/// addresses (target's first).
-fn veth_pair(tag: &str) -> (Namespaces, [String; 2], [String; 2], [String; 2]) {
+/// A target with `opts` in one of two new namespaces joined by a veth pair
+/// (10.250.N.1 and .2, names tagged with `tag`), this thread in the other
+/// (the host's): what the tests
+/// hold until their end. `None` when the test is skipped (not root, no
+/// `ip`).
+struct Across {
+    f: Fx,
+    /// This thread's own namespace, entered again when dropped.
+    home: Home,
+    ns: Namespaces,
+    /// The host's namespace and its end of the pair.
+    host_ns: String,
+    host_veth: String,
+}
+
+fn across_a_veth_pair(tag: &str, opts: TcpOptions) -> Option<Across> {
+    if let Some(why) = skip_reason() {
+        pollux_reactor::test_env::skip(
+            &why,
+            "run as root (CAP_SYS_ADMIN, CAP_NET_ADMIN) with iproute2's `ip` installed",
+        );
+        return None;
+    }
     let pid = std::process::id();
     let net = 1 + (pid + u32::from(!tag.is_empty())) % 250;
     let (ta, tb) = (
@@ -103,23 +122,24 @@ fn veth_pair(tag: &str) -> (Namespaces, [String; 2], [String; 2], [String; 2]) {
         ip(&["-n", n, "link", "set", v, "up"]).unwrap();
         ip(&["-n", n, "link", "set", "lo", "up"]).unwrap();
     }
-    (ns, [ta, tb], [va, vb], [a_ip, b_ip])
+    let home = Home(File::open("/proc/thread-self/ns/net").unwrap());
+    enter(&format!("/run/netns/{ta}"));
+    let f = fixture_at(&a_ip, opts);
+    enter(&format!("/run/netns/{tb}"));
+    Some(Across {
+        f,
+        home,
+        ns,
+        host_ns: tb,
+        host_veth: vb,
+    })
 }
 
 #[test]
 fn tcp_across_two_network_namespaces_over_a_veth_pair() {
-    if let Some(why) = skip_reason() {
-        pollux_reactor::test_env::skip(
-            &why,
-            "run as root (CAP_SYS_ADMIN, CAP_NET_ADMIN) with iproute2's `ip` installed",
-        );
+    let Some(Across { f, home, ns, .. }) = across_a_veth_pair("", TcpOptions::default()) else {
         return;
-    }
-    let (ns, [ta, tb], [_va, _vb], [a_ip, _b_ip]) = veth_pair("");
-    let home = Home(File::open("/proc/thread-self/ns/net").unwrap());
-    enter(&format!("/run/netns/{ta}"));
-    let f = fixture_at(&a_ip, TcpOptions::default());
-    enter(&format!("/run/netns/{tb}"));
+    };
     f.cl.on(0, |r| {
         let t = f.host(true, true);
         let c = Controller::connect(&t, who(), CtrlOptions::default()).unwrap();
@@ -179,16 +199,6 @@ fn tcp_across_two_network_namespaces_over_a_veth_pair() {
 #[test]
 fn a_host_that_vanishes_silently_is_ended_by_tcp_keepalive() {
     use crate::target::tcp::TcpKeepalive;
-    if let Some(why) = skip_reason() {
-        pollux_reactor::test_env::skip(
-            &why,
-            "run as root (CAP_SYS_ADMIN, CAP_NET_ADMIN) with iproute2's `ip` installed",
-        );
-        return;
-    }
-    let (ns, [ta, tb], [_va, vb], [a_ip, _b_ip]) = veth_pair("k");
-    let home = Home(File::open("/proc/thread-self/ns/net").unwrap());
-    enter(&format!("/run/netns/{ta}"));
     let opts = TcpOptions {
         keepalive: Some(TcpKeepalive {
             idle: Duration::from_secs(1),
@@ -197,8 +207,16 @@ fn a_host_that_vanishes_silently_is_ended_by_tcp_keepalive() {
         }),
         ..TcpOptions::default()
     };
-    let f = fixture_at(&a_ip, opts);
-    enter(&format!("/run/netns/{tb}"));
+    let Some(Across {
+        f,
+        home,
+        ns,
+        host_ns,
+        host_veth,
+    }) = across_a_veth_pair("k", opts)
+    else {
+        return;
+    };
     let held = f.cl.on(0, |_| {
         let t = f.host(false, false);
         let o = CtrlOptions {
@@ -212,7 +230,7 @@ fn a_host_that_vanishes_silently_is_ended_by_tcp_keepalive() {
     drop(home);
     until_connections(&f, 2);
     // The host's end goes away: nothing it sends or answers gets through.
-    ip(&["-n", &tb, "link", "set", &vb, "down"]).unwrap();
+    ip(&["-n", &host_ns, "link", "set", &host_veth, "down"]).unwrap();
     let start = std::time::Instant::now();
     while f.transport.queues_per_group().iter().sum::<usize>() > 0 {
         assert!(
