@@ -192,7 +192,7 @@ impl TargetProc {
     /// returns once it listens.
     pub fn start(entry: &str, fabric: Fabric, tag: &str, max_qpairs: usize) -> TargetProc {
         let addr = fabric.fresh_addr(tag);
-        let mut child = child_test(entry)
+        let mut child = pollux_reactor::test_env::child_test(entry)
             .env(TARGET_ENV, &addr)
             .env(FABRIC_ENV, fabric.name())
             .env(MAX_QPAIRS_ENV, max_qpairs.to_string())
@@ -821,7 +821,7 @@ pub fn start_host_child(
     threads: usize,
     io: bool,
 ) -> (Reaper, usize) {
-    let mut child = child_test(entry)
+    let mut child = pollux_reactor::test_env::child_test(entry)
         .env(
             HOST_ENV,
             format!(
@@ -858,10 +858,4 @@ pub fn start_host_child(
         "the host child ended before its I/O ran"
     );
     (Reaper(child), ok)
-}
-
-/// This test binary, run again to execute only its `#[ignore]`d child
-/// entry point `entry` (on one thread, output not captured).
-fn child_test(entry: &str) -> Command {
-    pollux_reactor::test_env::child_test(entry)
 }
