@@ -51,6 +51,18 @@ else
 fi
 
 cargo build --release -q -p pollux-apps --bin pollux-bdevperf --bin pollux-perf --bin pollux-tgt
+
+# Hugepages for Pollux's DMA arenas before the first cell (the peer's
+# run.sh reserves the same 1024 for SPDK; without this the first round's
+# Pollux cells ran on 4 KiB pages). As root only; otherwise say so.
+hp=/proc/sys/vm/nr_hugepages
+if [ "$(cat "$hp" 2>/dev/null || echo 0)" -lt 1024 ]; then
+    if [ -w "$hp" ]; then
+        echo 1024 >"$hp"
+    else
+        log "fewer than 1024 hugepages and $hp is not writable: Pollux's arenas may use 4 KiB pages"
+    fi
+fi
 B=target/release/pollux-bdevperf
 want() { [ -z "$ONLY" ] || [[ " $ONLY " == *" $1 "* ]]; }
 

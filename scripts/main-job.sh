@@ -14,6 +14,7 @@
 #   CALLGRIND=perf BS=512 MEM=pool bash scripts/main-job.sh --single
 #   TRANSPORT=tcp BS=512 bash scripts/main-job.sh --single   # over NVMe/TCP
 #   TRANSPORT=tcp CALLGRIND=tgt BS=512 bash scripts/main-job.sh --single
+#   TGT_IDLE=hybrid TRANSPORT=tcp QD=1 bash scripts/main-job.sh --single  # pollux-tgt --idle
 #
 # CALLGRIND=tgt|perf runs that side under `valgrind --tool=callgrind` (the
 # other side native), zeroes the counters once the run is warm
@@ -75,7 +76,8 @@ if [ -n "$CG" ]; then
     CG_SECS=${CG_SECS:-4}
     mkdir -p "$CG_OUT"
     rm -f "$CG_OUT/callgrind.$CG".*
-    VG=(valgrind --tool=callgrind --separate-threads=yes --dump-instr=no
+    # CG_INSTR=1 keeps per-instruction counts (for an annotated disassembly).
+    VG=(valgrind --tool=callgrind --separate-threads=yes --dump-instr="$([ -n "${CG_INSTR:-}" ] && echo yes || echo no)"
         --callgrind-out-file="$CG_OUT/callgrind.$CG.%p")
     case "$CG" in
     tgt) TGT_CMD=("${VG[@]}" "${TGT_CMD[@]}") ;;
@@ -165,7 +167,8 @@ if [ -f apps/src/bin/pollux-tgt.rs ] && [ -f apps/config/tgt-null.toml ] && [ -z
         printf '\n[[listener]]\ntrtype = "tcp"\ntraddr = "127.0.0.1"\ntrsvcid = "%s"\n' \
             "$TCP_PORT" >>"$WORK/tgt.toml"
     fi
-    "${TGT_CMD[@]}" -c "$WORK/tgt.toml" --stats-file "$WORK/stats.json" >"$WORK/tgt.log" 2>&1 &
+    "${TGT_CMD[@]}" -c "$WORK/tgt.toml" --stats-file "$WORK/stats.json" --idle "${TGT_IDLE:-busy}" \
+        >"$WORK/tgt.log" 2>&1 &
     TGT_PID=$!
     for _ in $(seq 1200); do
         grep -q 'pollux-tgt: ready' "$WORK/tgt.log" 2>/dev/null && break

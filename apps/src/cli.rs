@@ -17,9 +17,12 @@ pub struct ReactorArgs {
     /// Cores as a hexadecimal mask, as SPDK's `-m` (e.g. `0x3`).
     #[arg(short = 'm', long = "mask", value_name = "MASK")]
     pub mask: Option<String>,
-    /// Idle policy: `busy` (poll forever, the default) or `adaptive[:US]`
+    /// Idle policy: `busy` (poll forever, the default), `adaptive[:US]`
     /// (sleep after US microseconds idle, default 1000, and wake on a
-    /// message, a timer or a registered file descriptor).
+    /// message, a timer or a registered file descriptor) or `hybrid[:US]`
+    /// (after each piece of work, sleep through half the usual time until
+    /// the next, then poll; after US microseconds idle, default 10000,
+    /// sleep as `adaptive` does).
     #[arg(long, default_value = "busy", value_name = "POLICY")]
     pub idle: String,
 }
@@ -48,24 +51,30 @@ impl ReactorArgs {
     }
 }
 
-/// Parses `busy` or `adaptive[:US]`.
+/// Parses `busy`, `adaptive[:US]` or `hybrid[:US]` (US: microseconds idle
+/// before the reactor sleeps until an event; defaults 1000 and 10000).
 ///
 /// # Errors
 ///
 /// [`AppError::Usage`] for anything else.
 pub fn parse_idle(s: &str) -> Result<IdleMode, AppError> {
-    let bad = || AppError::Usage(format!("idle policy '{s}': expected busy or adaptive[:US]"));
-    match s.split_once(':') {
-        None if s == "busy" => Ok(IdleMode::BusyPoll),
-        None if s == "adaptive" => Ok(IdleMode::Adaptive {
-            sleep_after: Duration::from_micros(1000),
+    let bad = || {
+        AppError::Usage(format!(
+            "idle policy '{s}': expected busy, adaptive[:US] or hybrid[:US]"
+        ))
+    };
+    let (name, us) = match s.split_once(':') {
+        None => (s, None),
+        Some((name, us)) => (name, Some(us.parse::<u64>().map_err(|_| bad())?)),
+    };
+    match (name, us) {
+        ("busy", None) => Ok(IdleMode::BusyPoll),
+        ("adaptive", us) => Ok(IdleMode::Adaptive {
+            sleep_after: Duration::from_micros(us.unwrap_or(1000)),
         }),
-        Some(("adaptive", us)) => {
-            let us: u64 = us.parse().map_err(|_| bad())?;
-            Ok(IdleMode::Adaptive {
-                sleep_after: Duration::from_micros(us),
-            })
-        }
+        ("hybrid", us) => Ok(IdleMode::Hybrid {
+            sleep_after: Duration::from_micros(us.unwrap_or(10_000)),
+        }),
         _ => Err(bad()),
     }
 }
@@ -100,7 +109,21 @@ mod tests {
             parse_idle("adaptive").unwrap(),
             IdleMode::Adaptive { .. }
         ));
+        assert_eq!(
+            parse_idle("hybrid").unwrap(),
+            IdleMode::Hybrid {
+                sleep_after: Duration::from_millis(10)
+            }
+        );
+        assert_eq!(
+            parse_idle("hybrid:2000").unwrap(),
+            IdleMode::Hybrid {
+                sleep_after: Duration::from_millis(2)
+            }
+        );
         assert!(parse_idle("lazy").is_err());
+        assert!(parse_idle("busy:5").is_err());
+        assert!(parse_idle("hybrid:").is_err());
         assert!(parse_idle("adaptive:x").is_err());
     }
 

@@ -15,7 +15,7 @@
 use std::cell::{Cell, RefCell};
 use std::rc::{Rc, Weak};
 
-use pollux_reactor::{PollStatus, PollerId, Reactor};
+use pollux_reactor::{AwakeHold, PollStatus, PollerId, Reactor};
 
 use crate::backend::{
     BackendChannel, Completions, IoSlot, ReadyQueue, SlotReq, SlotState, Submitted,
@@ -168,6 +168,10 @@ pub struct ChannelCore {
     /// A reference to itself while I/Os are in flight, so that dropping every
     /// handle early still delivers their completions (then the channel goes).
     keepalive: Cell<Option<Rc<ChannelCore>>>,
+    /// Keeps the reactor polling while I/Os are in flight (a sleeping
+    /// reactor would not see a backend finish them: Linux AIO, for one,
+    /// wakes nothing). Taken and dropped with `keepalive`.
+    awake: Cell<Option<AwakeHold>>,
     pinned: Cell<bool>,
     name: String,
     num_blocks: u64,
@@ -198,6 +202,7 @@ impl ChannelCore {
             reactor: reactor.clone(),
             poller: Cell::new(None),
             keepalive: Cell::new(None),
+            awake: Cell::new(None),
             pinned: Cell::new(false),
             name: format!("bdev:{}", info.name()),
             num_blocks: info.num_blocks(),
@@ -477,10 +482,18 @@ impl ChannelCore {
         // In flight: the channel outlives its handles until it completes
         // (here, not in the handle, so the result is returned in place).
         if !self.pinned.get() {
-            self.pinned.set(true);
-            self.keepalive.set(Some(Rc::clone(self)));
+            self.pin();
         }
         Ok(())
+    }
+
+    /// The first I/O in flight: keep the channel alive past its handles and
+    /// the reactor awake until the last one completes.
+    #[cold]
+    fn pin(self: &Rc<Self>) {
+        self.pinned.set(true);
+        self.keepalive.set(Some(Rc::clone(self)));
+        self.awake.set(Some(self.reactor.hold_awake()));
     }
 
     /// Drive the backend, then deliver the completions that were ready when
@@ -514,6 +527,7 @@ impl ChannelCore {
         }
         if self.pinned.get() && self.in_flight() == 0 {
             self.pinned.set(false);
+            drop(self.awake.take());
             // The poller holds a strong reference while it runs us, so this
             // never drops `self` under our feet.
             drop(self.keepalive.take());

@@ -70,11 +70,17 @@
 //! microseconds to keep busy-poll latency under load and sleep only when
 //! truly idle.
 //!
+//! [`IdleMode::Hybrid`] sleeps through the predictable part of each idle
+//! stretch, as Linux's hybrid block polling does: after its work the
+//! reactor sleeps for half the moving average of the time from one busy
+//! loop to the next, then polls, so work that comes at a steady pace finds
+//! it polling; early work wakes it as in the adaptive mode (`hybrid`).
+//!
 //! # Modules
 //!
 //! One concept per file: [`Reactor`] (`reactor`), pollers (`poller`), the
 //! timer heap (`timer`), messages (`msg`), io_device/channels (`channel`),
-//! the idle policy (`wake`), statistics (`stats`), core sets (`cores`),
+//! the idle policy (`wake`) and the hybrid mode's estimate (`hybrid`), statistics (`stats`), core sets (`cores`),
 //! the per-I/O clock ([`IoClock`], `io_clock`), control-path locks,
 //! counted ([`sync`]), launching (`launch`), the test cluster
 //! (`test_cluster`), skipping tests the machine cannot run ([`test_env`]),
@@ -84,11 +90,13 @@
 //! sock_engine`).
 
 mod accept_pacer;
+mod awake;
 mod channel;
 mod clock;
 mod cores;
 mod current;
 mod error;
+mod hybrid;
 mod io_clock;
 mod launch;
 mod msg;
@@ -109,6 +117,7 @@ pub mod io;
 pub mod mem;
 
 pub use accept_pacer::AcceptPacer;
+pub use awake::AwakeHold;
 pub use channel::IoDevice;
 pub use clock::ClockHandle;
 pub use cores::{CoreId, Cores, CoresError, MAX_CORE_ID};

@@ -9,6 +9,7 @@
 use std::any::Any;
 use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
+use std::num::NonZeroU64;
 use std::os::fd::AsFd;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -17,16 +18,18 @@ use std::time::{Duration, Instant};
 
 use slab::Slab;
 
+use crate::awake::AwakeHold;
 use crate::channel::{ChannelCache, IoDevice};
 use crate::clock::Clock;
 use crate::cores::CoreId;
 use crate::current::{self, CurrentGuard};
 use crate::error::{ReactorError, SendError};
+use crate::hybrid::HybridEstimate;
 use crate::msg::{Inbox, Messenger};
 use crate::poller::{PollFn, PollStatus, PollerId, PollerTable};
 use crate::stats::{nanos, Counters, PollerStats, ReactorStats};
 use crate::timer::TimerHeap;
-use crate::wake::{IdleMode, Sleeper, WakeFdId};
+use crate::wake::{IdleMode, Sleeper, Slept, WakeFdId};
 
 /// The most messages one loop handles before it runs the pollers (SPDK uses
 /// 8; messages are control path, pollers are the data path).
@@ -53,8 +56,12 @@ pub(crate) struct Inner {
     loop_start: Cell<Instant>,
     /// Whether the previous loop was busy.
     last_busy: Cell<bool>,
-    /// The start of the last busy loop (adaptive mode).
+    /// The start of the last busy loop (adaptive and hybrid modes).
     last_busy_at: Cell<Instant>,
+    /// The hybrid mode's estimate of the idle stretches.
+    hybrid: Cell<HybridEstimate>,
+    /// Live [`AwakeHold`]s: the reactor does not sleep while any is.
+    awake_holds: Cell<u64>,
     in_poll: Cell<bool>,
     stopping: Cell<bool>,
     torn_down: Cell<bool>,
@@ -106,8 +113,15 @@ impl Reactor {
     ) -> Result<Self, ReactorError> {
         let sleeper = match idle {
             IdleMode::BusyPoll => None,
-            IdleMode::Adaptive { .. } => Some(Sleeper::new(&inbox.wake)?),
+            IdleMode::Adaptive { .. } | IdleMode::Hybrid { .. } => Some(Sleeper::new(&inbox.wake)?),
         };
+        if let IdleMode::Hybrid { .. } = idle {
+            // The default slack (50 us) would end the short sleeps late:
+            // after the work they are meant to be polling for.
+            if let Err(e) = rustix::thread::set_current_timer_slack(NonZeroU64::new(1)) {
+                log::debug!("reactor {core}: timer slack stays as it is: {e}");
+            }
+        }
         let now = clock.now();
         Ok(Self(Rc::new(Inner {
             core,
@@ -119,6 +133,8 @@ impl Reactor {
             loop_start: Cell::new(now),
             last_busy: Cell::new(false),
             last_busy_at: Cell::new(now),
+            hybrid: Cell::new(HybridEstimate::default()),
+            awake_holds: Cell::new(0),
             in_poll: Cell::new(false),
             stopping: Cell::new(false),
             torn_down: Cell::new(false),
@@ -368,6 +384,16 @@ impl Reactor {
         c.messages += msgs;
         if busy {
             c.busy_loops += 1;
+            if let IdleMode::Hybrid { sleep_after } = inner.idle {
+                let mut h = inner.hybrid.get();
+                if inner.last_busy.get() {
+                    h.busy_again();
+                } else {
+                    let stretch = now.saturating_duration_since(inner.last_busy_at.get());
+                    h.stretch_ended(nanos(stretch.min(sleep_after)));
+                }
+                inner.hybrid.set(h);
+            }
             inner.last_busy_at.set(now);
         }
         inner.counters.set(c);
@@ -422,48 +448,109 @@ impl Reactor {
     }
 
     /// Runs [`poll_once`](Self::poll_once) until the reactor stops, sleeping
-    /// when idle in [`IdleMode::Adaptive`], then tears the reactor down on
-    /// this thread (pollers, pending replies, channel cache, queued
-    /// messages are dropped here).
+    /// when idle in [`IdleMode::Adaptive`] and [`IdleMode::Hybrid`], then
+    /// tears the reactor down on this thread (pollers, pending replies,
+    /// channel cache, queued messages are dropped here).
     pub fn run(&self) {
         let _current = CurrentGuard::enter(self);
         while !self.0.stopping.get() {
             let status = self.poll_once();
-            if let IdleMode::Adaptive { sleep_after } = self.0.idle {
-                if !status.is_busy() && !self.0.stopping.get() {
-                    self.maybe_sleep(sleep_after);
-                }
+            if status.is_busy() || self.0.stopping.get() || self.0.awake_holds.get() > 0 {
+                continue;
+            }
+            match self.0.idle {
+                IdleMode::BusyPoll => {}
+                IdleMode::Adaptive { sleep_after } => self.maybe_sleep(sleep_after),
+                IdleMode::Hybrid { sleep_after } => self.maybe_sleep_hybrid(sleep_after),
             }
         }
         self.teardown();
     }
 
-    fn maybe_sleep(&self, sleep_after: Duration) {
+    /// Keep this reactor from sleeping until the hold is dropped: for a
+    /// poller that waits on something that cannot wake it (see
+    /// [`AwakeHold`]). Holds nest; in busy mode they change nothing.
+    pub fn hold_awake(&self) -> AwakeHold {
+        AwakeHold::new(self)
+    }
+
+    /// Whether an [`AwakeHold`] keeps this reactor from sleeping.
+    pub fn is_held_awake(&self) -> bool {
+        self.0.awake_holds.get() > 0
+    }
+
+    pub(crate) fn add_awake_hold(&self, delta: i64) {
+        let c = &self.0.awake_holds;
+        c.set(c.get().saturating_add_signed(delta));
+    }
+
+    /// How long the reactor has been idle (since its last busy loop started).
+    fn idle_for(&self) -> Duration {
         let inner = &*self.0;
-        let idle_for = inner
+        inner
             .now
             .get()
-            .saturating_duration_since(inner.last_busy_at.get());
-        if idle_for < sleep_after {
+            .saturating_duration_since(inner.last_busy_at.get())
+    }
+
+    /// The adaptive mode: after `sleep_after` idle, sleep until an event.
+    fn maybe_sleep(&self, sleep_after: Duration) {
+        if self.idle_for() >= sleep_after {
+            self.sleep(None);
+        }
+    }
+
+    /// The hybrid mode: sleep once per idle stretch through the part of it
+    /// that the estimate predicts (see `hybrid.rs`); after `sleep_after`
+    /// idle, sleep until an event.
+    fn maybe_sleep_hybrid(&self, sleep_after: Duration) {
+        let idle_for = self.idle_for();
+        if idle_for >= sleep_after {
+            self.sleep(None);
             return;
         }
+        let mut h = self.0.hybrid.get();
+        let nap = h.sleep_now(nanos(idle_for));
+        self.0.hybrid.set(h);
+        if let Some(ns) = nap {
+            let slept = self.sleep(Some(Duration::from_nanos(ns)));
+            // Read back: the sleep ran no reactor code, but keep the cell
+            // the one place the estimate lives.
+            let mut h = self.0.hybrid.get();
+            h.nap_ended(slept == Slept::Woken);
+            self.0.hybrid.set(h);
+        }
+    }
+
+    /// Sleep until a message, a registered fd, the next timed poller's
+    /// deadline or `limit`, whichever comes first; how it ended.
+    fn sleep(&self, limit: Option<Duration>) -> Slept {
+        let inner = &*self.0;
         let deadline = inner.timers.borrow().next_deadline();
-        let timeout = deadline.map(|d| d.saturating_duration_since(inner.clock.now()));
+        let until_timer = deadline.map(|d| d.saturating_duration_since(inner.clock.now()));
+        let timeout = match (until_timer, limit) {
+            (Some(t), Some(l)) => Some(t.min(l)),
+            (t, l) => t.or(l),
+        };
         if timeout == Some(Duration::ZERO) {
-            return;
+            return Slept::Not;
         }
         let mut sleeper = inner.sleeper.borrow_mut();
         let Some(sleeper) = sleeper.as_mut() else {
-            return;
+            return Slept::Not;
         };
         match sleeper.sleep(&inner.inbox.wake, timeout, || inner.inbox.rx.is_empty()) {
-            Ok(true) => {
+            Ok(Slept::Not) => Slept::Not,
+            Ok(slept) => {
                 let mut c = inner.counters.get();
                 c.sleeps += 1;
                 inner.counters.set(c);
+                slept
             }
-            Ok(false) => {}
-            Err(e) => log::warn!("reactor {}: epoll_wait failed: {e}", inner.core),
+            Err(e) => {
+                log::warn!("reactor {}: epoll_wait failed: {e}", inner.core);
+                Slept::Not
+            }
         }
     }
 
@@ -677,6 +764,7 @@ impl Reactor {
             idle_ns: c.idle_ns,
             messages: c.messages,
             sleeps: c.sleeps,
+            idle_stretch_ns: self.0.hybrid.get().average_ns(),
             pollers,
         }
     }

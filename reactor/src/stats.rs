@@ -41,8 +41,11 @@ pub struct ReactorStats {
     pub idle_ns: u64,
     /// Messages handled.
     pub messages: u64,
-    /// Times the reactor slept (adaptive idle mode).
+    /// Times the reactor slept (adaptive and hybrid idle modes).
     pub sleeps: u64,
+    /// The hybrid idle mode's moving average of the time from one busy
+    /// loop to the next, in nanoseconds (0 in the other modes).
+    pub idle_stretch_ns: u64,
     /// Every live poller, in slot order.
     pub pollers: Vec<PollerStats>,
 }

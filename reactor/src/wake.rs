@@ -29,11 +29,39 @@ pub enum IdleMode {
     ///
     /// While it sleeps, active pollers do not run: a poller that waits for
     /// an event must register its fd with
-    /// [`Reactor::register_wake_fd`](crate::Reactor::register_wake_fd).
+    /// [`Reactor::register_wake_fd`](crate::Reactor::register_wake_fd), or
+    /// hold the reactor awake ([`Reactor::hold_awake`](crate::Reactor::hold_awake))
+    /// while it waits on something no fd signals. Pollux's bdev channels
+    /// hold it while I/Os are in flight, its RDMA poll groups while they
+    /// listen or have connections (the soft provider's rings and a CQ
+    /// without an event channel wake nothing), the NVMe/TCP target
+    /// registers its sockets.
     Adaptive {
         /// How long the reactor stays idle before it sleeps.
         sleep_after: Duration,
     },
+    /// Sleep through the predictable part of each idle stretch, as Linux's
+    /// hybrid block polling does: right after its work the reactor sleeps
+    /// for half the moving average of its recent stretches (from one busy
+    /// loop to the next), then polls until work comes, so that work arriving
+    /// at a steady pace finds it polling. Work that comes early wakes it as
+    /// in `Adaptive` (a message, a timed poller's deadline, a registered
+    /// file descriptor); after `sleep_after` without work it sleeps until
+    /// such an event, as `Adaptive` does. The reactor's thread gets a timer
+    /// slack of 1 ns, so that its sleeps end when they should.
+    Hybrid {
+        /// How long the reactor stays idle before it sleeps until an event.
+        sleep_after: Duration,
+    },
+}
+
+impl IdleMode {
+    /// Whether a reactor in this mode sleeps (then a poller that waits for
+    /// an event registers its fd with
+    /// [`Reactor::register_wake_fd`](crate::Reactor::register_wake_fd)).
+    pub fn sleeps(self) -> bool {
+        !matches!(self, IdleMode::BusyPoll)
+    }
 }
 
 /// Names a file descriptor registered with
@@ -55,7 +83,7 @@ impl WakeSignal {
     pub(crate) fn new(mode: IdleMode) -> Result<Self, ReactorError> {
         let eventfd = match mode {
             IdleMode::BusyPoll => None,
-            IdleMode::Adaptive { .. } => Some(
+            IdleMode::Adaptive { .. } | IdleMode::Hybrid { .. } => Some(
                 eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)
                     .map_err(|e| ReactorError::os("eventfd", e))?,
             ),
@@ -149,18 +177,18 @@ impl Sleeper {
 
     /// Sleeps until a message, a registered fd or `timeout` (`None`: no
     /// deadline). `inbox_empty` is re-checked after the flag is raised.
-    /// Returns whether it actually slept.
+    /// Returns how the sleep ended.
     pub(crate) fn sleep(
         &mut self,
         signal: &WakeSignal,
         timeout: Option<Duration>,
         inbox_empty: impl Fn() -> bool,
-    ) -> io::Result<bool> {
+    ) -> io::Result<Slept> {
         signal.sleeping.store(true, Ordering::SeqCst);
         fence(Ordering::SeqCst);
         if !inbox_empty() {
             signal.sleeping.store(false, Ordering::SeqCst);
-            return Ok(false);
+            return Ok(Slept::Not);
         }
         // Without epoll_pwait2 the kernel takes at most i32::MAX ms; an hour
         // is plenty, the loop simply sleeps again.
@@ -176,11 +204,22 @@ impl Sleeper {
         signal.sleeping.store(false, Ordering::SeqCst);
         signal.drain();
         match res {
-            Ok(_) => Ok(true),
-            Err(rustix::io::Errno::INTR) => Ok(true),
+            Ok(([], _)) => Ok(Slept::TimedOut),
+            Ok(_) | Err(rustix::io::Errno::INTR) => Ok(Slept::Woken),
             Err(e) => Err(e.into()),
         }
     }
+}
+
+/// How a [`Sleeper::sleep`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Slept {
+    /// A message was already waiting: no sleep.
+    Not,
+    /// Woken by an event (a message, a registered fd) or a signal.
+    Woken,
+    /// The timeout passed.
+    TimedOut,
 }
 
 #[cfg(test)]
@@ -204,8 +243,15 @@ mod tests {
     fn sleep_times_out_and_skips_when_inbox_is_not_empty() {
         let s = WakeSignal::new(adaptive()).unwrap();
         let mut sl = Sleeper::new(&s).unwrap();
-        assert!(!sl.sleep(&s, None, || false).unwrap(), "inbox not empty");
-        assert!(sl.sleep(&s, Some(Duration::ZERO), || true).unwrap());
+        assert_eq!(
+            sl.sleep(&s, None, || false).unwrap(),
+            Slept::Not,
+            "inbox not empty"
+        );
+        assert_eq!(
+            sl.sleep(&s, Some(Duration::ZERO), || true).unwrap(),
+            Slept::TimedOut
+        );
         assert!(!s.sleeping.load(Ordering::SeqCst));
     }
 
@@ -226,7 +272,7 @@ mod tests {
             s2.notify();
         });
         // No timeout: only the eventfd can end this sleep.
-        assert!(sl.sleep(&s, None, || true).unwrap());
+        assert_eq!(sl.sleep(&s, None, || true).unwrap(), Slept::Woken);
         t.join().unwrap();
     }
 
@@ -237,7 +283,10 @@ mod tests {
         let efd = eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK).unwrap();
         let id = sl.register(&efd).unwrap();
         rustix::io::write(&efd, &1u64.to_ne_bytes()).unwrap();
-        assert!(sl.sleep(&s, None, || true).unwrap());
+        assert_eq!(
+            sl.sleep(&s, Some(Duration::from_secs(5)), || true).unwrap(),
+            Slept::Woken
+        );
         assert!(sl.unregister(id));
         assert!(!sl.unregister(id));
     }

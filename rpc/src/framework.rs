@@ -137,7 +137,7 @@ fn reactors(svc: &RpcService) -> Result<Value, RpcError> {
     let answers = svc.cores().on_each_core(|r| CoreReport {
         stats: r.stats(),
         tid: rustix::thread::gettid().as_raw_nonzero().get(),
-        in_interrupt: matches!(r.idle_mode(), pollux_reactor::IdleMode::Adaptive { .. }),
+        in_interrupt: r.idle_mode().sleeps(),
     })?;
     let proc_stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
     let list: Vec<Value> = answers

@@ -437,8 +437,11 @@ fn start_core<P: Provider>(
     let rr = r.clone();
     let pid = Rc::new(Cell::new(None));
     let pid2 = Rc::clone(&pid);
+    // The session's completions cannot wake a sleeping reactor: poll until
+    // the job ends.
+    let awake = r.hold_awake();
     let id = r.add_poller("perf-iser-job", move || {
-        let _keep = &pool;
+        let _keep = (&pool, &awake);
         let st = job.poll(&rr);
         if !job.is_drained() || !logout.step(job.queues_mut().session()) {
             return st;

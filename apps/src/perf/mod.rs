@@ -519,7 +519,9 @@ fn start_core<T: HostTransport + 'static>(
     let rr = r.clone();
     let pid = Rc::new(std::cell::Cell::new(None));
     let pid2 = Rc::clone(&pid);
-    let keep = (t, pool, wire_pool);
+    // The queues' completions (shared-memory rings, sockets) cannot wake a
+    // sleeping reactor (`--idle adaptive|hybrid`): poll until the job ends.
+    let keep = (t, pool, wire_pool, r.hold_awake());
     let mut recovery = Recovery {
         link,
         seen: Vec::new(),

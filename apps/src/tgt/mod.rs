@@ -28,6 +28,7 @@
 //! ```json
 //! { "uptime_s": 12.0, "cores": [0], "busy_pct": [97.1], "busy_pct_total": [88.0],
 //!   "busy_ns": [..], "idle_ns": [..], "loops": [..], "busy_loops": [..],
+//!   "sleeps": [..], "idle_stretch_ns": [..],
 //!   "connections": 2, "connections_per_core": [2],
 //!   "accepted": 2, "rejected": 0, "destroyed": 0, "recv_memory_bytes": 16908288,
 //!   "controllers": 1, "controllers_created": 1, "keep_alives": 4,
@@ -40,7 +41,10 @@
 //! start; `busy_ns`/`idle_ns` are the reactors' cumulative counters, so a
 //! reader can take two samples and compute busy % over its own window;
 //! `loops`/`busy_loops` count each reactor's loops and those that did work
-//! (over a window, loops per I/O: how many I/Os one loop carries).
+//! (over a window, loops per I/O: how many I/Os one loop carries);
+//! `sleeps` counts the times each reactor slept (`--idle adaptive` or
+//! `hybrid`) and `idle_stretch_ns` is the hybrid mode's moving average of
+//! the time from one busy loop to the next (0 otherwise).
 //! `controllers` is the live NVMe controllers (discovery included);
 //! `controllers_created`, `keep_alives` (Keep Alive commands answered),
 //! `keep_alive_timeouts` (controllers torn down because no Keep Alive came
@@ -713,6 +717,8 @@ fn write_stats<P: Provider>(
         "idle_ns": cur.iter().map(|s| s.idle_ns).collect::<Vec<_>>(),
         "loops": cur.iter().map(|s| s.loops).collect::<Vec<_>>(),
         "busy_loops": cur.iter().map(|s| s.busy_loops).collect::<Vec<_>>(),
+        "sleeps": cur.iter().map(|s| s.sleeps).collect::<Vec<_>>(),
+        "idle_stretch_ns": cur.iter().map(|s| s.idle_stretch_ns).collect::<Vec<_>>(),
         "connections": conns,
         "connections_per_core": per_core,
         "accepted": t.accepted,

@@ -275,3 +275,106 @@ fn adaptive_reactor_wakes_on_a_registered_fd() {
     set.stop_all();
     set.join().unwrap();
 }
+
+#[test]
+fn hybrid_reactor_naps_between_steady_work_and_wakes_for_early_work() {
+    use std::time::Instant;
+    // A tick every 400 ms is the steady work: after two, the reactor
+    // sleeps about 200 ms after each. An eventfd written 40 ms into such
+    // a sleep must be read long before the sleep would end.
+    let efd: Arc<OwnedFd> =
+        Arc::new(eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK).unwrap());
+    let (tick_tx, tick_rx) = unbounded();
+    let (read_tx, read_rx) = bounded(1);
+    let fd = efd.clone();
+    let idle = IdleMode::Hybrid {
+        sleep_after: Duration::from_secs(10),
+    };
+    let set = launch(cfg(Cores::default(), idle), move |r| {
+        r.register_wake_fd(&*fd).unwrap();
+        let rr = r.clone();
+        let tick_tx = tick_tx.clone();
+        r.add_timed_poller("tick", Duration::from_millis(400), move || {
+            let s = rr.stats();
+            let _ = tick_tx.send((s.sleeps, s.idle_stretch_ns));
+            PollStatus::Busy
+        });
+        let (fd, read_tx) = (fd.clone(), read_tx.clone());
+        r.add_poller("efd", move || {
+            let mut buf = [0u8; 8];
+            match rustix::io::read(&*fd, &mut buf) {
+                Ok(8) => {
+                    let _ = read_tx.try_send(Instant::now());
+                    PollStatus::Busy
+                }
+                _ => PollStatus::Idle,
+            }
+        });
+    })
+    .unwrap();
+    let mut last = (0, 0);
+    for _ in 0..3 {
+        last = tick_rx.recv_timeout(WAIT).unwrap();
+    }
+    // Two stretches of ~400 ms seen: the average is about that (a loaded
+    // machine delays ticks, never hastens them).
+    assert!(last.1 >= 300_000_000, "average stretch {} ns", last.1);
+    std::thread::sleep(Duration::from_millis(40));
+    let written = Instant::now();
+    rustix::io::write(&*efd, &1u64.to_ne_bytes()).unwrap();
+    let read = read_rx.recv_timeout(WAIT).unwrap();
+    let waited = read.saturating_duration_since(written);
+    assert!(
+        waited < Duration::from_millis(120),
+        "an early event waited {waited:?}: the sleep did not end for it"
+    );
+    let (sleeps, _) = tick_rx.recv_timeout(WAIT).unwrap();
+    assert!(sleeps >= 2, "the reactor slept {sleeps} times");
+    set.stop_all();
+    set.join().unwrap();
+}
+
+#[test]
+fn an_awake_hold_keeps_an_adaptive_reactor_polling() {
+    // A poller that sees work only through shared memory (an atomic the
+    // test thread sets): while it holds the reactor awake, the reactor
+    // never sleeps and sees the work; once it lets go, the reactor sleeps.
+    let flag = Arc::new(AtomicU64::new(0));
+    let (tx, rx) = bounded(4);
+    let f = flag.clone();
+    let set = launch(cfg(Cores::default(), adaptive()), move |r| {
+        let mut hold = Some(r.hold_awake());
+        let (f, tx, rr) = (f.clone(), tx.clone(), r.clone());
+        r.add_poller("shm", move || match f.swap(0, Ordering::SeqCst) {
+            0 => PollStatus::Idle,
+            v => {
+                let _ = tx.try_send((v, rr.stats().sleeps));
+                if v == 2 {
+                    drop(hold.take());
+                }
+                PollStatus::Busy
+            }
+        });
+    })
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    flag.store(1, Ordering::SeqCst);
+    // Nothing but polling can see the flag: a sleeping reactor hangs here.
+    let (v, sleeps) = rx.recv_timeout(WAIT).unwrap();
+    assert_eq!((v, sleeps), (1, 0), "held awake: no sleep");
+    flag.store(2, Ordering::SeqCst);
+    let (v, _) = rx.recv_timeout(WAIT).unwrap();
+    assert_eq!(v, 2);
+    // Let go: it falls asleep, and a message (which wakes it) reads the count.
+    std::thread::sleep(Duration::from_millis(50));
+    let (stx, srx) = bounded(1);
+    set.messenger()
+        .send_blocking(0, move |r| {
+            let _ = stx.try_send((r.stats().sleeps, r.is_held_awake()));
+        })
+        .unwrap();
+    let (sleeps, held) = srx.recv_timeout(WAIT).unwrap();
+    assert!(sleeps >= 1 && !held, "sleeps {sleeps}, held {held}");
+    set.stop_all();
+    set.join().unwrap();
+}

@@ -17,6 +17,12 @@
 //! ([`transport`] documents the contract). [`rdma::RdmaHost`] is generic
 //! over a `pollux_verbs::Provider` (soft, ibverbs) and implements the
 //! memory registration modes ([`rdma::MemMode`]).
+//!
+//! Queues are polled by their owner, and nothing they wait for (a
+//! shared-memory ring, a CQ, a socket) wakes a sleeping reactor: an
+//! application whose reactors run an adaptive or hybrid idle mode holds
+//! them awake ([`pollux_reactor::Reactor::hold_awake`]) while it has
+//! commands outstanding, as `pollux-perf` does for the length of a job.
 
 mod ctrlr;
 mod error;

@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use std::rc::Rc;
 use std::sync::Arc;
 
-use pollux_reactor::{RareCheck, Reactor};
+use pollux_reactor::{AwakeHold, RareCheck, Reactor};
 
 use super::conn_table::ConnTable;
 use super::link::GroupConn;
@@ -157,6 +157,10 @@ pub struct RdmaGroup<P: Provider, C: GroupConn<P>, K: Clone + PartialEq + Send +
     /// Rounds until the next CM round (a countdown: no division per round).
     until_cm: u64,
     listen: RareCheck,
+    /// Held while the group has listeners or connections: their events
+    /// (shared-memory rings, CQs without an event channel) cannot wake a
+    /// sleeping reactor, so one in an adaptive or hybrid idle mode polls.
+    awake: Option<AwakeHold>,
     shutting_down: bool,
     label: &'static str,
     backlog: u32,
@@ -225,6 +229,7 @@ impl<P: Provider, C: GroupConn<P>, K: Clone + PartialEq + Send + 'static> RdmaGr
             cm_period: spec.cm_period.max(1),
             until_cm: 1,
             listen: RareCheck::new(spec.listen_period),
+            awake: None,
             shutting_down: false,
             label: spec.label,
             backlog: spec.backlog,
@@ -287,6 +292,7 @@ impl<P: Provider, C: GroupConn<P>, K: Clone + PartialEq + Send + 'static> RdmaGr
         self.until_cm -= 1;
         let cm = self.until_cm == 0;
         if cm {
+            self.update_awake();
             self.until_cm = self.cm_period;
             let hold = REJECT_HOLD_ROUNDS * self.cm_period;
             while self
@@ -298,6 +304,16 @@ impl<P: Provider, C: GroupConn<P>, K: Clone + PartialEq + Send + 'static> RdmaGr
             }
         }
         cm
+    }
+
+    /// Hold the reactor awake while the group has listeners, connections or
+    /// rejected ids to forget; let go when it has none (on a CM round).
+    fn update_awake(&mut self) {
+        let want =
+            !self.listeners.is_empty() || !self.rejected.is_empty() || self.conns.count() > 0;
+        if want != self.awake.is_some() {
+            self.awake = want.then(|| self.reactor.hold_awake());
+        }
     }
 
     /// Open and close CM listeners after the transport's list changed.
@@ -331,6 +347,7 @@ impl<P: Provider, C: GroupConn<P>, K: Clone + PartialEq + Send + 'static> RdmaGr
                 }
             }
         }
+        self.update_awake();
         first_err
     }
 
@@ -380,6 +397,9 @@ impl<P: Provider, C: GroupConn<P>, K: Clone + PartialEq + Send + 'static> RdmaGr
             };
             busy = true;
             self.connect_placed(a, id, key);
+        }
+        if busy {
+            self.update_awake();
         }
         busy
     }

@@ -18,7 +18,7 @@ use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use pollux_reactor::{AcceptPacer, IdleMode, PollStatus, PollerId, Reactor};
+use pollux_reactor::{AcceptPacer, PollStatus, PollerId, Reactor};
 
 use super::super::qpair::QueuePair;
 use super::super::transport::{QpairParams, TransportError, TransportPollGroup};
@@ -364,7 +364,7 @@ impl Ctx {
             return false;
         }
         let idle_core = !self.reactor.last_loop_busy();
-        let adaptive = matches!(self.reactor.idle_mode(), IdleMode::Adaptive { .. });
+        let adaptive = self.reactor.idle_mode().sleeps();
         let now = st.accept_in == 0 || (idle_core && (st.conns.is_empty() || adaptive));
         if !now {
             st.accept_in -= 1;
