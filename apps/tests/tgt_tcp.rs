@@ -42,6 +42,9 @@ max_queue_depth = 64
 max_io_qpairs_per_ctrlr = 4
 c2h_success = true
 sock_priority = 1
+keepalive_idle_s = 30
+keepalive_interval_s = 5
+keepalive_probes = 3
 digest = "allow"
 max_qpairs = 64
 max_qpairs_per_core = 64
@@ -136,6 +139,10 @@ fn serves_tcp_beside_rdma_and_shuts_both_down() {
     );
     assert!(
         banner.contains("c2h_success true sock_priority 1"),
+        "{banner}"
+    );
+    assert!(
+        banner.contains("tcp keepalive: idle 30 s, a probe every 5 s, 3 probes"),
         "{banner}"
     );
     assert!(
@@ -257,9 +264,27 @@ fn an_adaptive_idle_target_wakes_for_its_tcp_sockets() {
     let soft = format!("@pollux-tgt-tcp-adaptive-{}", std::process::id());
     let port = free_port();
     let cfg = tmp("tgt-tcp-adaptive.toml");
-    std::fs::write(&cfg, config(&soft, port)).unwrap();
-    let mut tgt = Tgt::start(&cfg, &["--idle", "adaptive:100"]);
+    // NVMe/TCP only: an RDMA listener holds its reactor awake (the soft
+    // provider's rings cannot wake it), and this test is about sleeping.
+    let text = config(&soft, port)
+        .replace(&format!("[[listener]]\ntraddr = \"{soft}\"\n"), "")
+        .replace("keepalive_idle_s = 30", "keepalive = false");
+    assert!(!text.contains(&soft));
+    std::fs::write(&cfg, text).unwrap();
+    let stats = tmp("tgt-tcp-adaptive-stats.json");
+    let _ = std::fs::remove_file(&stats);
+    let mut tgt = Tgt::start(
+        &cfg,
+        &[
+            "--idle",
+            "adaptive:100",
+            "--stats-file",
+            stats.to_str().unwrap(),
+        ],
+    );
     tgt.wait_line("pollux-tgt: ready");
+    let banner = tgt.seen.join("\n");
+    assert!(banner.contains("tcp keepalive: off"), "{banner}");
     let (c, mut qp) = common::tcp_host::connect(port, NQN, *b"pollux-tgt-tcp-2");
     let started = Instant::now();
     for i in 0..20u64 {
@@ -284,6 +309,16 @@ fn an_adaptive_idle_target_wakes_for_its_tcp_sockets() {
         took < std::time::Duration::from_secs(8),
         "20 reads took {took:?}: the sockets do not wake the sleeping reactor"
     );
+    // And it did sleep between them (the stats file is rewritten each second).
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let s = read_stats(&stats);
+        if s["sleeps"][0].as_u64().unwrap_or(0) > 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the reactor never slept: {s}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
     drop(qp);
     drop(c);
     tgt.signal(Signal::TERM);
@@ -311,6 +346,21 @@ fn tcp_listener_errors_name_line_and_field() {
             "digest = \"allow\"",
             "digest = \"maybe\"",
             "transport.tcp.digest",
+        ),
+        (
+            "keepalive_idle_s = 30",
+            "keepalive_idle_s = 0",
+            "transport.tcp.keepalive_idle_s",
+        ),
+        (
+            "keepalive_interval_s = 5",
+            "keepalive_interval_s = 40000",
+            "transport.tcp.keepalive_interval_s",
+        ),
+        (
+            "keepalive_probes = 3",
+            "keepalive_probes = 0",
+            "transport.tcp.keepalive_probes",
         ),
         (
             "max_qpairs = 64",

@@ -37,7 +37,8 @@
 # configured; the same with receive packet steering off on both veth ends,
 # which the lab turns on; at nice 19, below the kernel's softirq threads;
 # without SEND_WITH_INVALIDATE; --idle adaptive: the RDMA poll group
-# registers no wake fd).
+# registers no wake fd, so it holds its reactor awake while it listens or
+# has connections, and the target polls as in busy mode).
 set -u
 [ "${LAB_IN_GUEST:-}" = 1 ] || { echo "run inside tests/vm/lab" >&2; exit 2; }
 TGT=${1:?usage: nvmf-guest.sh PATH/TO/pollux-tgt}

@@ -32,6 +32,10 @@
 //! max_io_qpairs_per_ctrlr = 127  # I/O queues per controller over TCP [127]
 //! c2h_success = true           # reads end with C2HData SUCCESS, no response [true]
 //! sock_priority = 0            # SO_PRIORITY 0..=6 of accepted sockets [0]
+//! keepalive = true             # TCP keep-alive on accepted sockets (a silent host is let go) [true]
+//! keepalive_idle_s = 60        # idle seconds before the first probe, 1..=32767 [60]
+//! keepalive_interval_s = 10    # seconds between probes, 1..=32767 [10]
+//! keepalive_probes = 6         # unanswered probes before the connection is dropped, 1..=127 [6]
 //! digest = "allow"             # allow | disable | require header+data digests [allow]
 //! max_qpairs = 1024            # TCP connections (queues) at once, all cores [1024]
 //! max_qpairs_per_core = 1024   # TCP connections one core serves at once [1024]
@@ -81,12 +85,13 @@ use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::ops::Range;
 use std::path::Path;
+use std::time::Duration;
 
 use pollux_bdev::BdevSpec;
 use pollux_nvmf::spec::connect::is_valid_nqn;
 use pollux_nvmf::spec::transport_id::{AdrFam, TrType, TransportId};
 use pollux_nvmf::target::rdma::{QueuePlacement, RdmaOptions};
-use pollux_nvmf::target::tcp::{DigestPolicy, TcpOptions};
+use pollux_nvmf::target::tcp::{DigestPolicy, TcpKeepalive, TcpOptions};
 use pollux_nvmf::target::{
     SubsystemConfig, Target, TargetOptions, DEFAULT_MAX_NAMESPACES, DISCOVERY_NQN,
 };
@@ -256,6 +261,14 @@ pub struct TcpSection {
     pub c2h_success: Option<Spanned<bool>>,
     /// `SO_PRIORITY` of accepted sockets.
     pub sock_priority: Option<Spanned<u8>>,
+    /// TCP keep-alive on accepted sockets (not an SPDK option).
+    pub keepalive: Option<Spanned<bool>>,
+    /// Idle seconds before the first keep-alive probe.
+    pub keepalive_idle_s: Option<Spanned<u64>>,
+    /// Seconds between keep-alive probes.
+    pub keepalive_interval_s: Option<Spanned<u64>>,
+    /// Unanswered probes before the connection is dropped.
+    pub keepalive_probes: Option<Spanned<u32>>,
     /// Digest policy: `allow`, `disable` or `require`.
     pub digest: Option<Spanned<String>>,
     /// Connections (queues) served at once (all cores); more are refused
@@ -263,6 +276,34 @@ pub struct TcpSection {
     pub max_qpairs: Option<Spanned<usize>>,
     /// Connections one core serves at once.
     pub max_qpairs_per_core: Option<Spanned<usize>>,
+}
+
+/// Fills the keep-alive of `o` from `[transport.tcp]`; `seen(name, key,
+/// span)` for each key given, `name` as [`TcpOptions::validate`]'s errors
+/// name it.
+fn tcp_keepalive(
+    o: &mut TcpOptions,
+    sec: &TcpSection,
+    mut seen: impl FnMut(&'static str, &'static str, Range<usize>),
+) {
+    if let Some(v) = &sec.keepalive {
+        o.keepalive = v.get_ref().then(TcpKeepalive::default);
+    }
+    let Some(k) = o.keepalive.as_mut() else {
+        return;
+    };
+    if let Some(v) = &sec.keepalive_idle_s {
+        k.idle = Duration::from_secs(*v.get_ref());
+        seen("keepalive idle", "keepalive_idle_s", v.span());
+    }
+    if let Some(v) = &sec.keepalive_interval_s {
+        k.interval = Duration::from_secs(*v.get_ref());
+        seen("keepalive interval", "keepalive_interval_s", v.span());
+    }
+    if let Some(v) = &sec.keepalive_probes {
+        k.probes = *v.get_ref();
+        seen("keepalive probes", "keepalive_probes", v.span());
+    }
 }
 
 /// One `[[subsystem]]`.
@@ -669,6 +710,9 @@ fn plan(text: &str, file: TgtFile) -> Result<TgtPlan, AppError> {
                 o.digest = DigestPolicy::parse(v.get_ref())
                     .map_err(|e| err(v.span(), &key("digest"), e.to_string()))?;
             }
+            tcp_keepalive(o, sec, |name, k, span| {
+                tcp_origins.push((name, Origin::new(text, span, key(k))))
+            });
             for (k, v, field) in [
                 ("max_qpairs", &sec.max_qpairs, &mut o.max_qpairs),
                 (

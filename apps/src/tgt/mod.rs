@@ -573,6 +573,16 @@ fn banner<P: Provider>(
             "  tcp limits: max_qpairs {} max_qpairs_per_core {} (more are refused: Connect Controller Busy)",
             o.max_qpairs, o.max_qpairs_per_core
         )?;
+        match &o.keepalive {
+            Some(k) => writeln!(
+                out,
+                "  tcp keepalive: idle {} s, a probe every {} s, {} probes",
+                k.idle.as_secs(),
+                k.interval.as_secs(),
+                k.probes
+            )?,
+            None => writeln!(out, "  tcp keepalive: off")?,
+        }
     }
     writeln!(
         out,

@@ -196,10 +196,16 @@ impl TcpOptions {
         }
         if let Some(k) = &self.keepalive {
             let secs = 1..=32767;
-            if !secs.contains(&k.idle.as_secs()) || !secs.contains(&k.interval.as_secs()) {
+            if !secs.contains(&k.idle.as_secs()) {
                 return bad(format!(
-                    "keepalive idle {:?} and interval {:?} must lie in 1..=32767 s",
-                    k.idle, k.interval
+                    "keepalive idle {:?} must lie in 1..=32767 s",
+                    k.idle
+                ));
+            }
+            if !secs.contains(&k.interval.as_secs()) {
+                return bad(format!(
+                    "keepalive interval {:?} must lie in 1..=32767 s",
+                    k.interval
                 ));
             }
             if !(1..=127).contains(&k.probes) {
