@@ -327,6 +327,59 @@ fn tgt_serves_iser_to_our_initiator_and_perf_then_stops_on_sigterm() {
     let _ = std::fs::remove_file(cfg);
 }
 
+/// `pollux-tgt` and `pollux-perf` on reactors that sleep when idle
+/// (`--idle adaptive:0`): the target's iSER poll group and the perf job
+/// hold their reactors awake, since nothing the soft provider does wakes a
+/// sleeping one (before they did, I/O moved only when a timer fired).
+#[test]
+fn iser_on_sleeping_reactors() {
+    let addr = format!("@pollux-iser-tgt-adaptive-{}", std::process::id());
+    let cfg = tmp("iser-tgt-adaptive.toml");
+    std::fs::write(&cfg, config(&addr)).unwrap();
+    let mut tgt = Tgt::start(&cfg, &["--idle", "adaptive:0"]);
+    tgt.wait_line("pollux-tgt: ready");
+    let two = std::thread::available_parallelism().map_or(1, |n| n.get()) > 1;
+    let out = Command::new(env!("CARGO_BIN_EXE_pollux-perf"))
+        .args([
+            "-r",
+            &format!("trtype:iser traddr:{addr} target:{IQN} lun:1"),
+            "--idle",
+            "adaptive:0",
+            "-q",
+            "8",
+            "-o",
+            "4096",
+            "-w",
+            "randrw",
+            "--verify",
+            "-t",
+            "0.5",
+            "--cores",
+            if two { "1" } else { "0" },
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "pollux-perf: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(
+        (v["errors"].as_u64(), v["miscompares"].as_u64()),
+        (Some(0), Some(0)),
+        "{v}"
+    );
+    // Tens of thousands when the reactors poll; a handful when timers
+    // drive the I/O.
+    assert!(v["ios"].as_u64().unwrap() >= 2000, "{v}");
+    tgt.signal(Signal::TERM);
+    assert!(tgt.wait_exit().success());
+    let _ = std::fs::remove_file(cfg);
+}
+
 #[test]
 fn perf_iser_usage_errors() {
     let run = |extra: &[&str]| {
