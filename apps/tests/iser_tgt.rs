@@ -272,34 +272,23 @@ fn tgt_serves_iser_to_our_initiator_and_perf_then_stops_on_sigterm() {
     // generates the tuples before each write and verifies them after each
     // read).
     for pi in ["both", "dix"] {
-        let out = Command::new(env!("CARGO_BIN_EXE_pollux-perf"))
-            .args([
-                "-r",
-                &format!("trtype:iser traddr:{addr} target:{IQN} lun:0"),
-                "--pi",
-                pi,
-                "-q",
-                "8",
-                "-o",
-                "4096",
-                "-w",
-                "write",
-                "--verify",
-                "-t",
-                "0.5",
-                "--cores",
-                perf_core,
-                "--json",
-            ])
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "pollux-perf --pi {pi}: {stdout}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+        let v = perf_json(&[
+            "-r",
+            &format!("trtype:iser traddr:{addr} target:{IQN} lun:0"),
+            "--pi",
+            pi,
+            "-q",
+            "8",
+            "-o",
+            "4096",
+            "-w",
+            "write",
+            "--verify",
+            "-t",
+            "0.5",
+            "--cores",
+            perf_core,
+        ]);
         assert!(v["ios"].as_u64().unwrap() > 0, "{v}");
         assert_eq!(
             (v["errors"].as_u64(), v["miscompares"].as_u64()),
@@ -327,6 +316,22 @@ fn tgt_serves_iser_to_our_initiator_and_perf_then_stops_on_sigterm() {
     let _ = std::fs::remove_file(cfg);
 }
 
+/// `pollux-perf ARGS --json`, which must succeed: its JSON report.
+fn perf_json(args: &[&str]) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_pollux-perf"))
+        .args(args)
+        .arg("--json")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "pollux-perf {args:?}: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(stdout.trim()).unwrap()
+}
+
 /// `pollux-tgt` and `pollux-perf` on reactors that sleep when idle
 /// (`--idle adaptive:0`): the target's iSER poll group and the perf job
 /// hold their reactors awake, since nothing the soft provider does wakes a
@@ -339,34 +344,23 @@ fn iser_on_sleeping_reactors() {
     let mut tgt = Tgt::start(&cfg, &["--idle", "adaptive:0"]);
     tgt.wait_line("pollux-tgt: ready");
     let two = std::thread::available_parallelism().map_or(1, |n| n.get()) > 1;
-    let out = Command::new(env!("CARGO_BIN_EXE_pollux-perf"))
-        .args([
-            "-r",
-            &format!("trtype:iser traddr:{addr} target:{IQN} lun:1"),
-            "--idle",
-            "adaptive:0",
-            "-q",
-            "8",
-            "-o",
-            "4096",
-            "-w",
-            "randrw",
-            "--verify",
-            "-t",
-            "0.5",
-            "--cores",
-            if two { "1" } else { "0" },
-            "--json",
-        ])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "pollux-perf: {stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    let v = perf_json(&[
+        "-r",
+        &format!("trtype:iser traddr:{addr} target:{IQN} lun:1"),
+        "--idle",
+        "adaptive:0",
+        "-q",
+        "8",
+        "-o",
+        "4096",
+        "-w",
+        "randrw",
+        "--verify",
+        "-t",
+        "0.5",
+        "--cores",
+        if two { "1" } else { "0" },
+    ]);
     assert_eq!(
         (v["errors"].as_u64(), v["miscompares"].as_u64()),
         (Some(0), Some(0)),
