@@ -37,6 +37,8 @@ pub struct ConnTable<C> {
     /// The slot of the last QP-number lookup: completions come in runs
     /// from one connection, so most lookups skip the hash map.
     hot: usize,
+    /// Live connections.
+    live: usize,
 }
 
 impl<C> Default for ConnTable<C> {
@@ -54,6 +56,7 @@ impl<C> ConnTable<C> {
             free: Vec::new(),
             by_qpn: HashMap::new(),
             hot: 0,
+            live: 0,
         }
     }
 
@@ -65,8 +68,9 @@ impl<C> ConnTable<C> {
     }
 
     /// Live connections.
+    #[inline]
     pub fn count(&self) -> usize {
-        self.conns.iter().flatten().count()
+        self.live
     }
 
     /// The connection in slot `i`.
@@ -127,7 +131,9 @@ impl<C> ConnTable<C> {
     /// Put `c`, whose QP is `qp_num`, in its reserved `slot`.
     pub fn insert(&mut self, slot: u16, qp_num: u32, c: C) {
         let i = usize::from(slot);
-        self.conns[i] = Some(c);
+        if self.conns[i].replace(c).is_none() {
+            self.live += 1;
+        }
         let k = &mut self.keys[i];
         k.gen = k.next_gen;
         k.qpn = qp_num;
@@ -138,6 +144,7 @@ impl<C> ConnTable<C> {
     /// (tokens of this connection no longer match) and the slot is free.
     pub fn remove(&mut self, i: usize) -> Option<C> {
         let c = self.conns.get_mut(i)?.take()?;
+        self.live -= 1;
         let k = &mut self.keys[i];
         self.by_qpn.remove(&k.qpn);
         k.gen = NO_GEN;
@@ -213,9 +220,14 @@ mod tests {
             assert_eq!(t.get(i), Some(&q));
         }
         assert_eq!(t.by_qpn(5), None);
+        assert_eq!(t.count(), 4);
         t.remove(0);
+        assert_eq!(t.remove(0), None, "removed once");
+        assert_eq!(t.count(), 3);
         assert_eq!(t.by_qpn(NO_QPN), None, "an empty slot has no QP number");
         assert_eq!(t.by_token(0, NO_GEN), None, "nor a generation");
+        assert_eq!(t.drain().len(), 3);
+        assert_eq!(t.count(), 0);
     }
 
     #[test]
