@@ -165,13 +165,12 @@ struct ChannelState {
 pub struct ChannelCore {
     reactor: Reactor,
     poller: Cell<Option<PollerId>>,
-    /// A reference to itself while I/Os are in flight, so that dropping every
-    /// handle early still delivers their completions (then the channel goes).
-    keepalive: Cell<Option<Rc<ChannelCore>>>,
-    /// Keeps the reactor polling while I/Os are in flight (a sleeping
+    /// While I/Os are in flight: a reference to itself, so that dropping
+    /// every handle early still delivers their completions (then the
+    /// channel goes), and a hold that keeps the reactor polling (a sleeping
     /// reactor would not see a backend finish them: Linux AIO, for one,
-    /// wakes nothing). Taken and dropped with `keepalive`.
-    awake: Cell<Option<AwakeHold>>,
+    /// wakes nothing).
+    keepalive: Cell<Option<(Rc<ChannelCore>, AwakeHold)>>,
     pinned: Cell<bool>,
     name: String,
     num_blocks: u64,
@@ -202,7 +201,6 @@ impl ChannelCore {
             reactor: reactor.clone(),
             poller: Cell::new(None),
             keepalive: Cell::new(None),
-            awake: Cell::new(None),
             pinned: Cell::new(false),
             name: format!("bdev:{}", info.name()),
             num_blocks: info.num_blocks(),
@@ -492,8 +490,8 @@ impl ChannelCore {
     #[cold]
     fn pin(self: &Rc<Self>) {
         self.pinned.set(true);
-        self.keepalive.set(Some(Rc::clone(self)));
-        self.awake.set(Some(self.reactor.hold_awake()));
+        self.keepalive
+            .set(Some((Rc::clone(self), self.reactor.hold_awake())));
     }
 
     /// Drive the backend, then deliver the completions that were ready when
@@ -527,7 +525,6 @@ impl ChannelCore {
         }
         if self.pinned.get() && self.in_flight() == 0 {
             self.pinned.set(false);
-            drop(self.awake.take());
             // The poller holds a strong reference while it runs us, so this
             // never drops `self` under our feet.
             drop(self.keepalive.take());

@@ -111,9 +111,10 @@ impl Reactor {
         idle: IdleMode,
         clock: Clock,
     ) -> Result<Self, ReactorError> {
-        let sleeper = match idle {
-            IdleMode::BusyPoll => None,
-            IdleMode::Adaptive { .. } | IdleMode::Hybrid { .. } => Some(Sleeper::new(&inbox.wake)?),
+        let sleeper = if idle.sleeps() {
+            Some(Sleeper::new(&inbox.wake)?)
+        } else {
+            None
         };
         if let IdleMode::Hybrid { .. } = idle {
             // The default slack (50 us) would end the short sleeps late:
@@ -509,17 +510,13 @@ impl Reactor {
             self.sleep(None);
             return;
         }
+        // The sleep runs no reactor code: the estimate stays in hand.
         let mut h = self.0.hybrid.get();
-        let nap = h.sleep_now(nanos(idle_for));
-        self.0.hybrid.set(h);
-        if let Some(ns) = nap {
+        if let Some(ns) = h.sleep_now(nanos(idle_for)) {
             let slept = self.sleep(Some(Duration::from_nanos(ns)));
-            // Read back: the sleep ran no reactor code, but keep the cell
-            // the one place the estimate lives.
-            let mut h = self.0.hybrid.get();
             h.nap_ended(slept == Slept::Woken);
-            self.0.hybrid.set(h);
         }
+        self.0.hybrid.set(h);
     }
 
     /// Sleep until a message, a registered fd, the next timed poller's

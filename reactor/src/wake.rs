@@ -58,7 +58,8 @@ pub enum IdleMode {
 impl IdleMode {
     /// Whether a reactor in this mode sleeps (then a poller that waits for
     /// an event registers its fd with
-    /// [`Reactor::register_wake_fd`](crate::Reactor::register_wake_fd)).
+    /// [`Reactor::register_wake_fd`](crate::Reactor::register_wake_fd) or
+    /// holds the reactor awake while it waits).
     pub fn sleeps(self) -> bool {
         !matches!(self, IdleMode::BusyPoll)
     }
@@ -81,12 +82,13 @@ pub(crate) struct WakeSignal {
 
 impl WakeSignal {
     pub(crate) fn new(mode: IdleMode) -> Result<Self, ReactorError> {
-        let eventfd = match mode {
-            IdleMode::BusyPoll => None,
-            IdleMode::Adaptive { .. } | IdleMode::Hybrid { .. } => Some(
+        let eventfd = if mode.sleeps() {
+            Some(
                 eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)
                     .map_err(|e| ReactorError::os("eventfd", e))?,
-            ),
+            )
+        } else {
+            None
         };
         Ok(Self {
             sleeping: AtomicBool::new(false),

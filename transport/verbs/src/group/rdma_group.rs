@@ -292,7 +292,6 @@ impl<P: Provider, C: GroupConn<P>, K: Clone + PartialEq + Send + 'static> RdmaGr
         self.until_cm -= 1;
         let cm = self.until_cm == 0;
         if cm {
-            self.update_awake();
             self.until_cm = self.cm_period;
             let hold = REJECT_HOLD_ROUNDS * self.cm_period;
             while self
@@ -307,7 +306,9 @@ impl<P: Provider, C: GroupConn<P>, K: Clone + PartialEq + Send + 'static> RdmaGr
     }
 
     /// Hold the reactor awake while the group has listeners, connections or
-    /// rejected ids to forget; let go when it has none (on a CM round).
+    /// rejected ids to forget; let go when it has none. Checked by
+    /// [`serve_requests`](Self::serve_requests), on CM rounds and after it
+    /// took a connection.
     fn update_awake(&mut self) {
         let want =
             !self.listeners.is_empty() || !self.rejected.is_empty() || self.conns.count() > 0;
@@ -347,7 +348,6 @@ impl<P: Provider, C: GroupConn<P>, K: Clone + PartialEq + Send + 'static> RdmaGr
                 }
             }
         }
-        self.update_awake();
         first_err
     }
 
@@ -398,7 +398,7 @@ impl<P: Provider, C: GroupConn<P>, K: Clone + PartialEq + Send + 'static> RdmaGr
             busy = true;
             self.connect_placed(a, id, key);
         }
-        if busy {
+        if cm_round || busy {
             self.update_awake();
         }
         busy
