@@ -9,14 +9,15 @@
 
 mod common;
 
-use common::iser::{connect, logout, one, read_capacity, ISCSI_OPTIONS};
+use common::iser::{connect, drive, logout, one, read_capacity, ISCSI_OPTIONS};
 use common::{tmp, Tgt, WAIT};
 
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use pollux_apps::tgt::TgtPlan;
-use pollux_iser::initiator::{IserInitiator, PiPolicy};
+use pollux_iser::initiator::scsi::read_capacity16_cdb;
+use pollux_iser::initiator::{DataDir, InitiatorOptions, IserInitiator, PiPolicy};
 use pollux_reactor::mem::{DmaBuf, SgList};
 use pollux_verbs::soft::Soft;
 use rustix::process::Signal;
@@ -369,6 +370,26 @@ fn iser_on_sleeping_reactors() {
     // Tens of thousands when the reactors poll; a handful when timers
     // drive the I/O.
     assert!(v["ios"].as_u64().unwrap() >= 2000, "{v}");
+
+    // Our initiator on a reactor holds it awake while it waits for the
+    // target (connect and login, a task), and only then.
+    let cluster = pollux_reactor::TestCluster::new(1);
+    cluster.on(0, |r| {
+        let mut o = InitiatorOptions::new(&addr, INI, IQN);
+        o.nop_interval = Duration::ZERO;
+        let mut ini = IserInitiator::<Soft>::connect(o).unwrap();
+        assert!(r.is_held_awake(), "connecting");
+        drive(&mut ini, |i, _| i.is_ready());
+        assert!(!r.is_held_awake(), "logged in, idle");
+        let b = SgList::from_buf(DmaBuf::alloc(32).unwrap());
+        ini.submit(1, &read_capacity16_cdb(), DataDir::Read, Some(b), 32, 9)
+            .unwrap();
+        assert!(r.is_held_awake(), "a task outstanding");
+        assert!(one(&mut ini).is_good());
+        assert!(!r.is_held_awake(), "the task delivered");
+        logout(ini);
+        assert!(!r.is_held_awake(), "logged out");
+    });
     tgt.signal(Signal::TERM);
     assert!(tgt.wait_exit().success());
     let _ = std::fs::remove_file(cfg);

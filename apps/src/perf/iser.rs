@@ -437,8 +437,9 @@ fn start_core<P: Provider>(
     let rr = r.clone();
     let pid = Rc::new(Cell::new(None));
     let pid2 = Rc::clone(&pid);
-    // The session's completions cannot wake a sleeping reactor: poll until
-    // the job ends.
+    // The session holds the reactor awake while it waits for the target;
+    // the job's own schedule (its end, keep-alives, logout) is polled, not
+    // timed: keep polling until the job ends.
     let awake = r.hold_awake();
     let id = r.add_poller("perf-iser-job", move || {
         let _keep = (&pool, &awake);

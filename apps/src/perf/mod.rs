@@ -519,8 +519,9 @@ fn start_core<T: HostTransport + 'static>(
     let rr = r.clone();
     let pid = Rc::new(std::cell::Cell::new(None));
     let pid2 = Rc::clone(&pid);
-    // The queues' completions (shared-memory rings, sockets) cannot wake a
-    // sleeping reactor (`--idle adaptive|hybrid`): poll until the job ends.
+    // The queues hold the reactor awake while commands are outstanding;
+    // the job's own schedule (its end, reconnects, keep-alives) is polled,
+    // not timed: keep polling until the job ends (`--idle adaptive|hybrid`).
     let keep = (t, pool, wire_pool, r.hold_awake());
     let mut recovery = Recovery {
         link,

@@ -1,9 +1,10 @@
 //! The iSER initiator, generic over the verbs
 //! [`Provider`](pollux_verbs::Provider): one [`IserInitiator`] per
-//! connection (= session, MaxConnections 1), polled by its owner (who,
-//! on a reactor in an adaptive or hybrid idle mode, holds it awake with
-//! `Reactor::hold_awake` while tasks are outstanding: their completions
-//! cannot wake it).
+//! connection (= session, MaxConnections 1), polled by its owner. While
+//! it waits for its target (connect, login, tasks outstanding, a ping,
+//! logout) it holds the reactor it runs on awake (`Reactor::hold_awake`):
+//! its completions cannot wake a reactor that sleeps in an adaptive or
+//! hybrid idle mode.
 //!
 //! - Connect: RDMA CM with the 4-byte iSER CM header (ZBVA_NOT_SUP; plus
 //!   SEND_W_INV_NOT_SUP unless [`InitiatorOptions::remote_invalidate`]);

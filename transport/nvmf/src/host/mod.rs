@@ -19,10 +19,13 @@
 //! memory registration modes ([`rdma::MemMode`]).
 //!
 //! Queues are polled by their owner, and nothing they wait for (a
-//! shared-memory ring, a CQ, a socket) wakes a sleeping reactor: an
-//! application whose reactors run an adaptive or hybrid idle mode holds
-//! them awake ([`pollux_reactor::Reactor::hold_awake`]) while it has
-//! commands outstanding, as `pollux-perf` does for the length of a job.
+//! shared-memory ring, a CQ, a socket) wakes a sleeping reactor: a queue
+//! holds the reactor it is used on awake
+//! ([`pollux_reactor::Reactor::hold_awake`]) while it has commands
+//! outstanding, so an application whose reactors run an adaptive or
+//! hybrid idle mode needs to do nothing for its I/O. What it polls on a
+//! schedule of its own (keep-alive, reconnects) needs a timed poller or a
+//! hold of its own, as `pollux-perf` keeps one for the length of a job.
 
 mod ctrlr;
 mod error;

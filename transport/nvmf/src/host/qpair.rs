@@ -13,6 +13,13 @@
 //! failure. When the queue dies (the target disconnected, a
 //! transport error, a timeout) every outstanding command completes with
 //! [`IoError::Aborted`] (or [`IoError::TimedOut`]) at the next poll.
+//!
+//! A queue created or used on a reactor holds it awake
+//! ([`Reactor::hold_awake`]) while it has commands outstanding: nothing the
+//! transports wait for (a shared-memory ring, a CQ, a socket) wakes a
+//! reactor that sleeps in an adaptive or hybrid idle mode. The hold is
+//! taken when the first command goes out and dropped by the poll that
+//! delivers the last completion.
 
 // A refused submission hands the caller's buffers back by value: boxing
 // them would allocate on every back-pressure event.
@@ -21,7 +28,7 @@
 use std::time::{Duration, Instant};
 
 use pollux_reactor::mem::SgList;
-use pollux_reactor::Reactor;
+use pollux_reactor::{AwakeHold, Reactor};
 
 use super::transport::{DataDir, HostQueue, Queued, SlotBufs};
 use super::{HostError, IoError};
@@ -118,6 +125,9 @@ pub struct Qpair<Q: HostQueue> {
     /// DW0 of the last completion with an error status (Connect Invalid
     /// Parameters carries IPO/IATTR there).
     last_error_dw0: u32,
+    /// Held while commands are outstanding, on the reactor the queue is
+    /// used on (none off a reactor).
+    awake: Option<AwakeHold>,
 }
 
 impl<Q: HostQueue> std::fmt::Debug for Qpair<Q> {
@@ -164,6 +174,7 @@ impl<Q: HostQueue> Qpair<Q> {
             polls: 0,
             staged: false,
             last_error_dw0: 0,
+            awake: None,
         }
     }
 
@@ -343,7 +354,25 @@ impl<Q: HostQueue> Qpair<Q> {
         s.started = self.now;
         self.submitted += 1;
         self.staged = true;
+        if self.awake.is_none() {
+            self.hold_awake();
+        }
         Ok(())
+    }
+
+    /// The first command outstanding: keep the current reactor polling
+    /// until the last one completes (see the module documentation).
+    #[cold]
+    fn hold_awake(&mut self) {
+        self.awake = Reactor::current().map(|r| r.hold_awake());
+    }
+
+    /// Let the reactor sleep again once nothing is outstanding.
+    #[inline]
+    fn release_awake(&mut self) {
+        if self.awake.is_some() && self.outstanding() == 0 {
+            self.awake = None;
+        }
     }
 
     /// Read `nlb` blocks at `slba` of namespace `nsid` into `data`.
@@ -554,7 +583,9 @@ impl<Q: HostQueue> Qpair<Q> {
             self.check_timeouts();
         }
         if self.dead.is_some() {
-            return self.fail_all(f);
+            let n = self.fail_all(f);
+            self.release_awake();
+            return n;
         }
         self.ready.clear();
         if let Err(e) = self.q.poll(&mut self.ready, &mut Lent(&mut self.slots)) {
@@ -622,6 +653,7 @@ impl<Q: HostQueue> Qpair<Q> {
         if self.dead.is_some() {
             n += self.fail_all(f);
         }
+        self.release_awake();
         n
     }
 

@@ -138,6 +138,38 @@ fn connect_identify_and_io_round_trip() {
     });
 }
 
+/// A queue holds its reactor awake (a sleeping reactor would not see its
+/// completions) while commands are outstanding, and only then; a queue
+/// that dies lets go once its commands are failed.
+#[test]
+fn a_queue_holds_its_reactor_awake_while_commands_are_outstanding() {
+    let f = fx();
+    f.cluster.on(0, |r| {
+        let t = host(&f, r);
+        let c = Controller::connect(&t, who(SUB), opts()).unwrap();
+        let mut qp = c.connect_io(&t, 1, 16, None).unwrap();
+        assert!(!r.is_held_awake(), "connected, idle");
+        qp.read(1, 0, 1, buf(512, 0), 1).unwrap();
+        qp.write(1, 8, 1, buf(512, 7), 2).unwrap();
+        assert!(r.is_held_awake(), "two commands outstanding");
+        let done = reap(r, &mut qp, 1);
+        assert!(done[0].result.is_ok(), "{done:?}");
+        if qp.outstanding() > 0 {
+            assert!(r.is_held_awake(), "one command outstanding");
+            assert!(reap(r, &mut qp, 1)[0].result.is_ok());
+        }
+        assert!(!r.is_held_awake(), "every command delivered");
+        qp.read(1, 0, 1, buf(512, 0), 3).unwrap();
+        assert!(r.is_held_awake());
+        qp.disconnect();
+        let done = reap(r, &mut qp, 1);
+        assert!(done[0].result.is_err(), "{done:?}");
+        assert!(!r.is_held_awake(), "the dead queue's commands failed");
+        drop(qp);
+        c.shutdown().unwrap();
+    });
+}
+
 #[test]
 fn submission_back_pressure_never_overflows_the_queue() {
     let f = fx();

@@ -14,7 +14,7 @@ use std::collections::VecDeque;
 use std::time::Instant;
 
 use pollux_reactor::mem::{ArenaId, DmaBuf, SgList};
-use pollux_reactor::{ClockHandle, PollStatus, Reactor};
+use pollux_reactor::{AwakeHold, ClockHandle, PollStatus, Reactor};
 use pollux_verbs::{
     Access, CmAddr, CmEvent, CmId, CompletionQueue, ConnParam, Device, MemoryRegion,
     ProtectionDomain, Provider, QpAttr, QpCaps, QpInit, QpState, QueuePair, RecvWr, SendOp, SendWr,
@@ -182,6 +182,9 @@ pub struct IserInitiator<P: Provider> {
     last_heard: Option<Instant>,
     ping: Option<Ping>,
     ping_seq: u32,
+    /// Held while the session waits for its target (connect, login, tasks,
+    /// a ping, logout): completions cannot wake a sleeping reactor.
+    awake: Option<AwakeHold>,
     // Verbs objects; the device last.
     cm: Option<P::CmId>,
     qp: P::Qp,
@@ -332,6 +335,7 @@ impl<P: Provider> IserInitiator<P> {
             last_heard: None,
             ping: None,
             ping_seq: 0,
+            awake: Reactor::current().map(|r| r.hold_awake()),
             cm: None,
             state: SessionState::Connecting,
             opts,
@@ -578,7 +582,38 @@ impl<P: Provider> IserInitiator<P> {
                 bufs: t.bufs.take(),
             });
         }
+        self.update_awake();
         PollStatus::from_work(busy)
+    }
+
+    /// Whether the session waits for its target: connect, login or logout
+    /// in progress, tasks outstanding, a ping unanswered.
+    fn waits(&self) -> bool {
+        self.free.len() != self.tasks.len()
+            || self.ping.is_some()
+            || matches!(
+                self.state,
+                SessionState::Connecting | SessionState::Login | SessionState::LoggingOut
+            )
+    }
+
+    /// Hold the current reactor awake while the session waits, let it
+    /// sleep once it does not (see the module documentation).
+    #[inline]
+    fn update_awake(&mut self) {
+        if self.waits() != self.awake.is_some() {
+            self.awake = match self.awake {
+                Some(_) => None,
+                None => Reactor::current().map(|r| r.hold_awake()),
+            };
+        }
+    }
+
+    /// The first task outstanding: hold the reactor awake now (the next
+    /// poll may be after a sleep).
+    #[cold]
+    pub(super) fn hold_awake(&mut self) {
+        self.awake = Reactor::current().map(|r| r.hold_awake());
     }
 
     fn poll_cm(&mut self) -> bool {

@@ -246,6 +246,9 @@ impl<P: Provider> IserInitiator<P> {
         self.sends_in_flight += 1;
         self.cmd_sn = self.cmd_sn.wrapping_add(1);
         self.stats.submitted += 1;
+        if self.awake.is_none() {
+            self.hold_awake();
+        }
         Ok(())
     }
 
