@@ -367,9 +367,10 @@ fn iser_on_sleeping_reactors() {
         (Some(0), Some(0)),
         "{v}"
     );
-    // Tens of thousands when the reactors poll; a handful when timers
-    // drive the I/O.
-    assert!(v["ios"].as_u64().unwrap() >= 2000, "{v}");
+    // Tens of thousands when the reactors poll (about 2,000 with the
+    // test's other processes busy on both cores); about ten when timers
+    // drive the I/O (the 50 ms admin tick).
+    assert!(v["ios"].as_u64().unwrap() >= 500, "{v}");
 
     // Our initiator on a reactor holds it awake while it waits for the
     // target (connect and login, a task), and only then.

@@ -181,8 +181,8 @@ fn every_mode_verifies_data() {
 
 /// Target and host reactors that sleep when idle (`--idle adaptive`,
 /// `hybrid`): the soft provider's rings cannot wake a reactor, so the
-/// target's poll group (listening, connected) and the perf job hold theirs
-/// awake. Before they did, each I/O waited for a timer: the host's 50 ms
+/// target's poll group (connected) and the perf job hold theirs awake; a
+/// target that only listens sleeps, and its listener wakes it. Before they did, each I/O waited for a timer: the host's 50 ms
 /// admin tick or the target's keep-alive, a few I/Os in the run.
 #[test]
 fn sleeping_reactors_serve_and_drive_io() {
@@ -197,6 +197,17 @@ fn sleeping_reactors_serve_and_drive_io() {
     ];
     for idle in modes {
         let t = target_idle("malloc:size=8M,block=512,name=pidle", idle);
+        // Listening only, the target's reactor sleeps (its listener's
+        // descriptor wakes it for the host's connect request).
+        let slept = || t.set.as_ref().unwrap().stats().unwrap()[0].sleeps;
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while slept() == 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{idle:?}: never slept"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let p = params(&t, Workload::RandRw, true, 0.3);
         let r = run(
             factory(&t, MemMode::Pool, false),

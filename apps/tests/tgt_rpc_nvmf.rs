@@ -37,10 +37,14 @@ const OTHER: &str = "nqn.2016-06.io.spdk:cnode2";
 const MAX_GAP: Duration = Duration::from_secs(2);
 
 fn start(name: &str, extra: &[&str]) -> Tgt {
+    start_on(name, "0", extra)
+}
+
+fn start_on(name: &str, cores: &str, extra: &[&str]) -> Tgt {
     let cfg = tmp(&format!("{name}.toml"));
     std::fs::write(
         &cfg,
-        "cores = \"0\"\n[transport]\nmax_queue_depth = 32\nnum_shared_buffers = 64\nbuf_cache_size = 4\nmax_srq_depth = 64\nnum_cqe = 1024\nhugepages = \"never\"\n",
+        format!("cores = \"{cores}\"\n[transport]\nmax_queue_depth = 32\nnum_shared_buffers = 64\nbuf_cache_size = 4\nmax_srq_depth = 64\nnum_cqe = 1024\nhugepages = \"never\"\n"),
     )
     .unwrap();
     let mut t = Tgt::start(&cfg, extra);
@@ -312,6 +316,37 @@ fn removing_a_listener_disconnects_its_queues_and_no_others() {
     }
     let subs = call(&mut c, "nvmf_get_subsystems", json!({}));
     assert_eq!(subs[1]["listen_addresses"][0]["trsvcid"], p2.to_string());
+    drop(c);
+    stop(tgt);
+}
+
+/// Listeners added by calls while every reactor sleeps (`--idle
+/// adaptive:0`, two cores, so that one of the listeners belongs to the
+/// second core's poll group, which no call wakes) take connections.
+#[test]
+fn listeners_added_while_the_reactors_sleep_take_connections() {
+    let sock = tmp("rpc-nvmf-s.sock");
+    let tgt = start_on(
+        "rpc-nvmf-s",
+        "0,1",
+        &["-r", sock.to_str().unwrap(), "--idle", "adaptive:0"],
+    );
+    let mut c = RpcClient::connect(&sock, WAIT).unwrap();
+    let ports = [free_port(), free_port(), free_port()];
+    build_up(&mut c, ports[0]);
+    for p in &ports[1..] {
+        call(
+            &mut c,
+            "nvmf_subsystem_add_listener",
+            json!({"nqn": NQN, "listen_address": address(*p)}),
+        );
+    }
+    // Long enough for both reactors to fall asleep.
+    std::thread::sleep(Duration::from_millis(300));
+    for (i, p) in ports.iter().enumerate() {
+        let (_c, mut q) = queue(*p, 10 + i as u8);
+        read_once(&mut q).unwrap();
+    }
     drop(c);
     stop(tgt);
 }

@@ -112,6 +112,7 @@ pub mod test_env;
 mod test_port;
 mod timer;
 mod wake;
+mod wake_watch;
 
 pub mod io;
 pub mod mem;
@@ -136,3 +137,4 @@ pub use test_cluster::{NotSettled, TestCluster, DEFAULT_MAX_ROUNDS};
 #[cfg(any(test, feature = "test-util"))]
 pub use test_port::free_tcp_port;
 pub use wake::{IdleMode, WakeFdId};
+pub use wake_watch::WakeWatch;

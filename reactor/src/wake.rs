@@ -33,9 +33,9 @@ pub enum IdleMode {
     /// hold the reactor awake ([`Reactor::hold_awake`](crate::Reactor::hold_awake))
     /// while it waits on something no fd signals. Pollux's bdev channels
     /// hold it while I/Os are in flight, its RDMA poll groups while they
-    /// listen or have connections (the soft provider's rings and a CQ
-    /// without an event channel wake nothing), the NVMe/TCP target
-    /// registers its sockets.
+    /// have connections (the soft provider's rings and a CQ without an
+    /// event channel wake nothing) and register their listeners, the
+    /// NVMe/TCP target registers its sockets.
     Adaptive {
         /// How long the reactor stays idle before it sleeps.
         sleep_after: Duration,

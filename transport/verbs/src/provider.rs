@@ -275,6 +275,16 @@ pub trait CmListener<P: Provider> {
     /// # Errors
     /// [`VerbsError::Sys`] on a broken listener.
     fn get_request(&self) -> Result<Option<P::CmId>, VerbsError>;
+    /// A descriptor that is readable while a connect request may be
+    /// waiting, for a reactor that sleeps (`Reactor::register_wake_fd`).
+    fn wake_fd(&self) -> BorrowedFd<'_>;
+    /// Whether a request has begun to arrive without
+    /// [`wake_fd`](Self::wake_fd) saying so any more (the soft provider's
+    /// accepted sockets whose request message is not in yet): call
+    /// [`get_request`](Self::get_request) again without waiting for it.
+    fn has_partial(&self) -> bool {
+        false
+    }
 }
 
 /// One connection.

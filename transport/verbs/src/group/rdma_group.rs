@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use std::rc::Rc;
 use std::sync::Arc;
 
-use pollux_reactor::{AwakeHold, RareCheck, Reactor};
+use pollux_reactor::{AwakeHold, RareCheck, Reactor, WakeWatch};
 
 use super::conn_table::ConnTable;
 use super::link::GroupConn;
@@ -23,6 +23,18 @@ const ACCEPT_BURST: usize = 16;
 /// CM rounds a rejected CM id is kept, so the peer reads the reject before
 /// the id is destroyed.
 const REJECT_HOLD_ROUNDS: u64 = 4;
+
+/// One open listener of a group: its address, the transport's key, the CM
+/// endpoint, and its descriptor watched by the reactor (a sleeping reactor
+/// wakes for a connect request).
+struct Listening<P: Provider, K> {
+    addr: CmAddr,
+    key: K,
+    l: P::CmListener,
+    /// `None` when the reactor could not watch it (logged): the group then
+    /// holds the reactor awake while it listens.
+    wake: Option<WakeWatch>,
+}
 
 /// How to open a poll group.
 #[derive(Debug, Clone)]
@@ -146,7 +158,7 @@ pub struct RdmaGroup<P: Provider, C: GroupConn<P>, K: Clone + PartialEq + Send +
     index: usize,
     placer: Arc<Placer<P, K>>,
     listens: Arc<ListenTable<K>>,
-    listeners: Vec<(CmAddr, K, P::CmListener)>,
+    listeners: Vec<Listening<P, K>>,
     inbox: Rc<Inbox<P, K>>,
     rejected: VecDeque<(u64, P::CmId)>,
     listen_gen: u64,
@@ -157,9 +169,11 @@ pub struct RdmaGroup<P: Provider, C: GroupConn<P>, K: Clone + PartialEq + Send +
     /// Rounds until the next CM round (a countdown: no division per round).
     until_cm: u64,
     listen: RareCheck,
-    /// Held while the group has listeners or connections: their events
-    /// (shared-memory rings, CQs without an event channel) cannot wake a
-    /// sleeping reactor, so one in an adaptive or hybrid idle mode polls.
+    /// Held while the group has connections (their events, shared-memory
+    /// rings and CQs without an event channel, cannot wake a sleeping
+    /// reactor, so one in an adaptive or hybrid idle mode polls), rejected
+    /// ids to forget, or a connect request half-way in. Listeners alone
+    /// let it sleep: their descriptors wake it.
     awake: Option<AwakeHold>,
     shutting_down: bool,
     label: &'static str,
@@ -305,13 +319,18 @@ impl<P: Provider, C: GroupConn<P>, K: Clone + PartialEq + Send + 'static> RdmaGr
         cm
     }
 
-    /// Hold the reactor awake while the group has listeners, connections or
-    /// rejected ids to forget; let go when it has none. Checked by
+    /// Hold the reactor awake while the group has connections, rejected ids
+    /// to forget, a connect request half-way in or a listener the reactor
+    /// does not watch; let go when it has none. Checked by
     /// [`serve_requests`](Self::serve_requests), on CM rounds and after it
     /// took a connection.
     fn update_awake(&mut self) {
-        let want =
-            !self.listeners.is_empty() || !self.rejected.is_empty() || self.conns.count() > 0;
+        let want = self.conns.count() > 0
+            || !self.rejected.is_empty()
+            || self
+                .listeners
+                .iter()
+                .any(|x| x.wake.is_none() || x.l.has_partial());
         if want != self.awake.is_some() {
             self.awake = want.then(|| self.reactor.hold_awake());
         }
@@ -329,16 +348,23 @@ impl<P: Provider, C: GroupConn<P>, K: Clone + PartialEq + Send + 'static> RdmaGr
         self.listen_gen = gen;
         let want = self.listens.claim(self.index);
         self.listeners
-            .retain(|(a, k, _)| want.iter().any(|(x, y)| x == a && y == k));
+            .retain(|o| want.iter().any(|(x, y)| *x == o.addr && *y == o.key));
         let mut first_err = Ok(());
         for (addr, key) in want {
-            if self.listeners.iter().any(|(x, _, _)| *x == addr) {
+            if self.listeners.iter().any(|o| o.addr == addr) {
                 continue;
             }
             match self.dev.listen(&addr, self.backlog) {
                 Ok(l) => {
                     log::info!("{}: listening on {addr}", self.label);
-                    self.listeners.push((addr, key, l));
+                    let wake = match WakeWatch::new(&self.reactor, l.wake_fd()) {
+                        Ok(w) => Some(w),
+                        Err(e) => {
+                            log::warn!("{}: cannot watch {addr} for wake-ups: {e}", self.label);
+                            None
+                        }
+                    };
+                    self.listeners.push(Listening { addr, key, l, wake });
                 }
                 Err(source) => {
                     log::error!("{}: cannot listen on {addr}: {source}", self.label);
@@ -360,7 +386,7 @@ impl<P: Provider, C: GroupConn<P>, K: Clone + PartialEq + Send + 'static> RdmaGr
         if !self.listen.due(&self.reactor) {
             return out;
         }
-        for (addr, key, l) in &self.listeners {
+        for Listening { addr, key, l, .. } in &self.listeners {
             for _ in 0..ACCEPT_BURST {
                 match l.get_request() {
                     Ok(Some(id)) => out.push((id, key.clone())),
@@ -859,5 +885,73 @@ mod tests {
         assert!(matches!(ev, CmEvent::Rejected { .. }), "{ev:?}");
         let ev = spin(|| good_id.get_event().expect("event")).expect("an answer");
         assert!(matches!(ev, CmEvent::Established { .. }), "{ev:?}");
+    }
+
+    /// Whether `fd` is readable now.
+    fn readable(fd: &std::os::fd::OwnedFd) -> bool {
+        use rustix::event::{poll, PollFd, PollFlags};
+        let mut fds = [PollFd::new(fd, PollFlags::IN)];
+        poll(&mut fds, Some(&rustix::time::Timespec::default())).expect("poll") > 0
+    }
+
+    /// A group that only listens lets its reactor sleep (the listener's
+    /// descriptor, which the reactor watches, says when a request comes);
+    /// a connection, or a request half-way in, holds the reactor awake
+    /// until it is gone.
+    #[test]
+    fn listening_alone_lets_the_reactor_sleep_a_connection_holds_it_awake() {
+        let cl = TestCluster::new(1);
+        let addr = FX.listen_addr();
+        let (mut g, _placer) = group(&cl, &addr, 1);
+        let r = g.reactor().clone();
+        let mut a = TestAcceptor::default();
+        let cm_round = |g: &mut Group, a: &mut TestAcceptor| {
+            while !g.begin_round() {}
+            g.serve_requests(true, a)
+        };
+        cm_round(&mut g, &mut a);
+        assert!(!r.is_held_awake(), "listening only");
+        let fd = g.listeners[0]
+            .l
+            .wake_fd()
+            .try_clone_to_owned()
+            .expect("dup");
+        assert!(!readable(&fd), "no request yet");
+
+        // A request half-way in: the socket connected, no request sent.
+        let half = rustix::net::socket(
+            rustix::net::AddressFamily::UNIX,
+            rustix::net::SocketType::SEQPACKET,
+            None,
+        )
+        .expect("socket");
+        let name = addr.0.strip_prefix('@').expect("an abstract name");
+        let sa = rustix::net::SocketAddrUnix::new_abstract_name(name.as_bytes()).expect("name");
+        rustix::net::connect(&half, &sa).expect("connect");
+        assert!(readable(&fd), "the listener's descriptor says so");
+        cm_round(&mut g, &mut a);
+        assert!(g.listeners[0].l.has_partial());
+        assert!(r.is_held_awake(), "a request half-way in");
+        drop(half);
+        cm_round(&mut g, &mut a);
+        assert!(!r.is_held_awake(), "the half request went away");
+
+        let (_peer, peer_id) = peer(&addr, b"good");
+        spin(|| readable(&fd).then_some(())).expect("readable on a request");
+        spin(|| {
+            cm_round(&mut g, &mut a);
+            (a.connected == 1).then_some(())
+        })
+        .expect("connected");
+        assert!(r.is_held_awake(), "a connection");
+        let ev = spin(|| peer_id.get_event().expect("event")).expect("an answer");
+        assert!(matches!(ev, CmEvent::Established { .. }), "{ev:?}");
+        let i = (0..g.conns.slots())
+            .find(|&i| g.conns.get(i).is_some())
+            .expect("the connection");
+        g.begin_close(i);
+        assert!(g.remove_with(i, drop));
+        cm_round(&mut g, &mut a);
+        assert!(!r.is_held_awake(), "the connection is gone");
     }
 }

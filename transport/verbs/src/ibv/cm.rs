@@ -326,6 +326,10 @@ impl CmListener<Ibverbs> for IbvListener {
         &self.addr
     }
 
+    fn wake_fd(&self) -> BorrowedFd<'_> {
+        self.fd()
+    }
+
     fn get_request(&self) -> Result<Option<IbvCmId>, VerbsError> {
         while let Some(ev) = next_event(&self.raw.ch)? {
             if ev.kind != rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST {

@@ -171,6 +171,14 @@ impl CmListener<Soft> for SoftListener {
         &self.addr
     }
 
+    fn wake_fd(&self) -> BorrowedFd<'_> {
+        self.sock.as_fd()
+    }
+
+    fn has_partial(&self) -> bool {
+        !self.pending.borrow().is_empty()
+    }
+
     fn get_request(&self) -> Result<Option<SoftCmId>, VerbsError> {
         loop {
             match rustix::net::accept_with(&self.sock, SocketFlags::NONBLOCK | SocketFlags::CLOEXEC)

@@ -38,7 +38,7 @@ use super::super::transport::{QpairOps, RemoteBuf, ReqTag, Response, Transfer, T
 use super::quiet::{QuietSet, CORE_EVERY_QUIET, QUIET_AFTER};
 use super::transport::TcpTransport;
 use super::tx_queue::{TxQueue, BY_REF_MIN};
-use super::wake::WakeReg;
+use super::wake;
 use crate::sg_at;
 use crate::spec::cpl::{NvmeCompletion, NvmeStatus};
 use crate::spec::tcp::{
@@ -245,7 +245,7 @@ pub(super) struct TcpConn {
     /// Requests whose responses one flush finished (capacity: all).
     sent: Vec<ReqTag>,
     /// The socket as a wake source of the reactor (adaptive idle mode).
-    wake: Option<WakeReg>,
+    wake: Option<pollux_reactor::WakeWatch>,
     /// Polls in a row whose read found the socket empty (and nothing
     /// buffered).
     empty_reads: u32,
@@ -303,7 +303,7 @@ impl TcpConn {
 
     /// Wake `reactor` from an adaptive sleep when this socket has bytes.
     pub(super) fn watch(&mut self, reactor: &Reactor) {
-        self.wake = WakeReg::new(reactor, &self.sock);
+        self.wake = wake::watch(reactor, &self.sock);
     }
 
     /// The core's queue (tests, stats).

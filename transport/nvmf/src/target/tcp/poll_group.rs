@@ -27,7 +27,7 @@ use super::group_counter::GroupCounter;
 use super::quiet::QuietSet;
 use super::refusal::{Refusal, MAX_REFUSALS};
 use super::transport::{TcpInbox, TcpTransport};
-use super::wake::WakeReg;
+use super::wake;
 use crate::spec::transport_id::TransportId;
 
 /// Sockets accepted per listener per poll at most.
@@ -52,7 +52,7 @@ struct GroupState {
     refusing: Vec<Refusal>,
     listeners: Vec<(TransportId, Arc<TcpListener>)>,
     /// The listeners as wake sources of the reactor (adaptive idle mode).
-    listener_wakes: Vec<WakeReg>,
+    listener_wakes: Vec<pollux_reactor::WakeWatch>,
     listen_gen: u64,
     /// Accepting no more (its connections are closing).
     shutting_down: bool,
@@ -284,7 +284,7 @@ impl GroupState {
             self.listener_wakes = self
                 .listeners
                 .iter()
-                .filter_map(|(_, l)| WakeReg::new(reactor, l.as_ref()))
+                .filter_map(|(_, l)| wake::watch(reactor, l.as_ref()))
                 .collect();
         }
     }

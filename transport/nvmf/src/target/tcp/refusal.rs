@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use pollux_reactor::Reactor;
 
 use super::options::DigestPolicy;
-use super::wake::WakeReg;
+use super::wake;
 use crate::spec::connect::sqe_off;
 use crate::spec::cpl::{NvmeCompletion, NvmeStatus};
 use crate::spec::tcp::{
@@ -61,7 +61,7 @@ pub(super) struct Refusal {
     capsule_limit: u32,
     deadline: Instant,
     /// The socket as a wake source of the reactor (adaptive idle mode).
-    wake: Option<WakeReg>,
+    wake: Option<pollux_reactor::WakeWatch>,
 }
 
 impl Refusal {
@@ -89,7 +89,7 @@ impl Refusal {
 
     /// Wake `reactor` from an adaptive sleep when this socket has bytes.
     pub(super) fn watch(&mut self, reactor: &Reactor) {
-        self.wake = WakeReg::new(reactor, &self.sock);
+        self.wake = wake::watch(reactor, &self.sock);
     }
 
     /// One step; `true` when the socket is closed and the refusal may be
