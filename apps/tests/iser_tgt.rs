@@ -342,7 +342,17 @@ fn iser_on_sleeping_reactors() {
     let addr = format!("@pollux-iser-tgt-adaptive-{}", std::process::id());
     let cfg = tmp("iser-tgt-adaptive.toml");
     std::fs::write(&cfg, config(&addr)).unwrap();
-    let mut tgt = Tgt::start(&cfg, &["--idle", "adaptive:0"]);
+    let stats = tmp("iser-tgt-adaptive-stats.json");
+    let _ = std::fs::remove_file(&stats);
+    let mut tgt = Tgt::start(
+        &cfg,
+        &[
+            "--idle",
+            "adaptive:0",
+            "--stats-file",
+            stats.to_str().unwrap(),
+        ],
+    );
     tgt.wait_line("pollux-tgt: ready");
     let two = std::thread::available_parallelism().map_or(1, |n| n.get()) > 1;
     let v = perf_json(&[
@@ -388,12 +398,50 @@ fn iser_on_sleeping_reactors() {
         assert!(r.is_held_awake(), "a task outstanding");
         assert!(one(&mut ini).is_good());
         assert!(!r.is_held_awake(), "the task delivered");
+
+        // Connected and idle, the target's reactor sleeps (its poll group
+        // armed the CQ), woken by its 100 ms tick: its sleep count (the
+        // stats file is rewritten each second) keeps growing.
+        let sleeps = || {
+            let v: serde_json::Value = std::fs::read_to_string(&stats)
+                .ok()
+                .and_then(|t| serde_json::from_str(&t).ok())
+                .unwrap_or_default();
+            v["sleeps"][0].as_u64().unwrap_or(0)
+        };
+        std::thread::sleep(Duration::from_millis(1200));
+        let s1 = sleeps();
+        std::thread::sleep(Duration::from_millis(1200));
+        let s2 = sleeps();
+        assert!(
+            s2 >= s1 + 4,
+            "sleeps {s1} -> {s2}: the connection keeps it polling"
+        );
+        // A task after an idle gap wakes it through the CQ, in well under a tick.
+        let mut lat: Vec<Duration> = (0..5)
+            .map(|i| {
+                std::thread::sleep(Duration::from_millis(30));
+                let start = Instant::now();
+                let b = SgList::from_buf(DmaBuf::alloc(32).unwrap());
+                ini.submit(1, &read_capacity16_cdb(), DataDir::Read, Some(b), 32, i)
+                    .unwrap();
+                assert!(one(&mut ini).is_good());
+                start.elapsed()
+            })
+            .collect();
+        lat.sort();
+        assert!(
+            lat[2] < Duration::from_millis(20),
+            "median task after an idle gap {:?} ({lat:?}): woken by the tick, not the CQ",
+            lat[2]
+        );
         logout(ini);
         assert!(!r.is_held_awake(), "logged out");
     });
     tgt.signal(Signal::TERM);
     assert!(tgt.wait_exit().success());
     let _ = std::fs::remove_file(cfg);
+    let _ = std::fs::remove_file(stats);
 }
 
 #[test]

@@ -445,3 +445,78 @@ fn target_gone_for_good_fails_after_ctrl_loss_tmo() {
     let msg = e.to_string();
     assert!(msg.contains("ctrl_loss_tmo"), "{msg}");
 }
+
+/// A host that stays connected but sends nothing (an AER waiting on the
+/// admin queue) lets a sleeping target's reactor sleep (the poll group arms
+/// its CQ once its queues are settled),
+/// and the host's next command wakes it through the CQ's descriptor, in
+/// well under the group's 100 ms sleep tick.
+#[test]
+fn an_idle_connection_lets_the_target_sleep_and_a_command_wakes_it() {
+    use pollux_nvmf::host::{Controller, CtrlOptions, DataDir, HostIdentity, DEFAULT_HOSTNQN};
+    use pollux_nvmf::spec::{AdminOpcode, NvmeCmd};
+    use pollux_reactor::mem::{DmaBuf, SgList};
+    use std::time::Instant;
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let idle = IdleMode::Adaptive {
+        sleep_after: Duration::ZERO,
+    };
+    let t = target_idle("malloc:size=8M,block=512,name=psettle", idle);
+    let host = RdmaHost::<Soft>::open(
+        None,
+        CmAddr::new(t.addr.clone()),
+        RdmaHostOptions::default(),
+    )
+    .unwrap();
+    let who = HostIdentity {
+        hostnqn: DEFAULT_HOSTNQN.into(),
+        hostid: *b"pollux-settle-01",
+        subnqn: NQN.into(),
+    };
+    let mut c = Controller::connect(&host, who, CtrlOptions::default()).unwrap();
+    let mut qp = c.connect_io(&host, 1, 16, None).unwrap();
+    // An Asynchronous Event Request left with the target, as hosts do: it
+    // waits for an event, and must not keep the target polling.
+    let aer = NvmeCmd::new(AdminOpcode::AsyncEventRequest.code(), 0);
+    c.admin()
+        .submit(aer, DataDir::None, SgList::new(), 77)
+        .unwrap();
+    c.admin().flush();
+    // One 4 KiB read, polled on this thread; how long it took.
+    let mut read = |lba: u64| {
+        let start = Instant::now();
+        let b = SgList::from_buf(DmaBuf::alloc(4096).unwrap());
+        qp.read(1, lba, 8, b, lba).unwrap();
+        let mut done = None;
+        while done.is_none() {
+            assert!(start.elapsed() < Duration::from_secs(5), "no completion");
+            qp.poll(&mut |c| done = Some(c.result.is_ok()));
+        }
+        assert_eq!(done, Some(true));
+        start.elapsed()
+    };
+    read(0);
+    let sleeps = || t.set.as_ref().unwrap().stats().unwrap()[0].sleeps;
+    let before = sleeps();
+    std::thread::sleep(Duration::from_millis(350));
+    let idle_sleeps = sleeps() - before;
+    // The tick wakes it every 100 ms, and it sleeps again.
+    assert!(
+        idle_sleeps >= 2,
+        "{idle_sleeps} sleeps in 350 ms while idle"
+    );
+    let mut lat: Vec<Duration> = (1..=9)
+        .map(|i| {
+            std::thread::sleep(Duration::from_millis(15));
+            read(i * 8)
+        })
+        .collect();
+    lat.sort();
+    assert!(
+        lat[4] < Duration::from_millis(20),
+        "median read after an idle gap {:?} (all {lat:?}): woken by the tick, not the CQ",
+        lat[4]
+    );
+    drop(qp);
+    drop(c);
+}

@@ -60,24 +60,35 @@ impl TestCluster {
     ///
     /// As [`TestCluster::new`].
     pub fn with_cores(cores: &Cores) -> Self {
+        Self::build(cores, IdleMode::BusyPoll)
+    }
+
+    /// `n` reactors in idle mode `idle`: driven by the test as ever (they
+    /// never sleep), but what the mode changes for pollers holds (wake fds
+    /// are registered, `Reactor::idle_mode` says so).
+    ///
+    /// # Panics
+    ///
+    /// If a reactor's epoll set or eventfd cannot be created.
+    pub fn with_idle(n: usize, idle: IdleMode) -> Self {
+        Self::build(&Cores::first(n), idle)
+    }
+
+    fn build(cores: &Cores, idle: IdleMode) -> Self {
         let clock = Clock::manual();
-        let (boxes, inboxes) = Mailboxes::build(
-            cores.iter().map(|c| (c, Arc::new(WakeSignal::busy_poll()))),
-            TEST_INBOX_DEPTH,
-        );
+        let signal = || match WakeSignal::new(idle) {
+            Ok(s) => Arc::new(s),
+            Err(e) => panic!("wake signal for {idle:?}: {e}"),
+        };
+        let (boxes, inboxes) =
+            Mailboxes::build(cores.iter().map(|c| (c, signal())), TEST_INBOX_DEPTH);
         let messenger = Messenger::new(boxes);
         let reactors = inboxes
             .into_iter()
             .map(|(core, inbox)| {
-                match Reactor::new(
-                    core,
-                    inbox,
-                    messenger.clone(),
-                    IdleMode::BusyPoll,
-                    clock.clone(),
-                ) {
+                match Reactor::new(core, inbox, messenger.clone(), idle, clock.clone()) {
                     Ok(r) => r,
-                    Err(e) => panic!("busy-poll reactor {core} failed to start: {e}"),
+                    Err(e) => panic!("{idle:?} reactor {core} failed to start: {e}"),
                 }
             })
             .collect();

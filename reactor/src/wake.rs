@@ -32,10 +32,10 @@ pub enum IdleMode {
     /// [`Reactor::register_wake_fd`](crate::Reactor::register_wake_fd), or
     /// hold the reactor awake ([`Reactor::hold_awake`](crate::Reactor::hold_awake))
     /// while it waits on something no fd signals. Pollux's bdev channels
-    /// hold it while I/Os are in flight, its RDMA poll groups while they
-    /// have connections (the soft provider's rings and a CQ without an
-    /// event channel wake nothing) and register their listeners, the
-    /// NVMe/TCP target registers its sockets.
+    /// hold it while I/Os are in flight, its RDMA poll groups while their
+    /// connections have work in flight (then they register their CQ's
+    /// event descriptor and their listeners), the NVMe/TCP target
+    /// registers its sockets.
     Adaptive {
         /// How long the reactor stays idle before it sleeps.
         sleep_after: Duration,
@@ -94,15 +94,6 @@ impl WakeSignal {
             sleeping: AtomicBool::new(false),
             eventfd,
         })
-    }
-
-    /// The signal of a busy-poll reactor (no eventfd, cannot fail).
-    #[cfg_attr(not(any(test, feature = "test-util")), allow(dead_code))]
-    pub(crate) fn busy_poll() -> Self {
-        Self {
-            sleeping: AtomicBool::new(false),
-            eventfd: None,
-        }
     }
 
     /// Called by a sender after it queued a message.

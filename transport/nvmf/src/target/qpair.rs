@@ -332,6 +332,13 @@ impl QueuePair {
         self.reqs.len() - self.free.len()
     }
 
+    /// Requests in use other than the Asynchronous Event Requests the
+    /// queue holds (they wait for an event, which a poll of the queue
+    /// delivers, not for any I/O): 0 when the queue is quiet.
+    pub fn working(&self) -> usize {
+        self.outstanding().saturating_sub(self.aers.len())
+    }
+
     /// Transfers and responses the transport has `Pending`: drop the queue
     /// only when this is 0.
     pub fn transfers_in_flight(&self) -> usize {

@@ -94,4 +94,12 @@ pub trait GroupConn<P: Provider> {
     /// Closing begins (called once, before the disconnect): post nothing
     /// more; what is posted completes flushed.
     fn closing(&mut self);
+    /// Whether nothing of the connection moves unless the peer sends or a
+    /// timer fires: no request in flight, no work request posted and not
+    /// completed, nothing waiting to be posted. A group whose connections
+    /// are all settled arms its CQ and lets a sleeping reactor sleep
+    /// (`RdmaGroup::end_round`). The default, `false`, keeps it polling.
+    fn settled(&self) -> bool {
+        false
+    }
 }

@@ -5,8 +5,9 @@
 use std::collections::VecDeque;
 use std::rc::Rc;
 use std::sync::Arc;
+use std::time::Duration;
 
-use pollux_reactor::{AwakeHold, RareCheck, Reactor, WakeWatch};
+use pollux_reactor::{AwakeHold, PollStatus, PollerId, RareCheck, Reactor, WakeWatch};
 
 use super::conn_table::ConnTable;
 use super::link::GroupConn;
@@ -23,6 +24,25 @@ const ACCEPT_BURST: usize = 16;
 /// CM rounds a rejected CM id is kept, so the peer reads the reject before
 /// the id is destroyed.
 const REJECT_HOLD_ROUNDS: u64 = 4;
+/// Rounds without work before a group whose connections are all settled
+/// arms its CQ and lets a sleeping reactor sleep.
+const QUIET_ROUNDS: u32 = 64;
+/// The longest a group with connections lets its reactor sleep without a
+/// round: disconnects (CM events) and whatever else no descriptor signals
+/// are seen at the next tick.
+pub const SLEEP_TICK: Duration = Duration::from_millis(100);
+
+/// A timed poller that only bounds the reactor's sleeps; removed on drop.
+struct Tick {
+    reactor: Reactor,
+    id: PollerId,
+}
+
+impl Drop for Tick {
+    fn drop(&mut self) {
+        self.reactor.remove_poller(self.id);
+    }
+}
 
 /// One open listener of a group: its address, the transport's key, the CM
 /// endpoint, and its descriptor watched by the reactor (a sleeping reactor
@@ -169,12 +189,22 @@ pub struct RdmaGroup<P: Provider, C: GroupConn<P>, K: Clone + PartialEq + Send +
     /// Rounds until the next CM round (a countdown: no division per round).
     until_cm: u64,
     listen: RareCheck,
-    /// Held while the group has connections (their events, shared-memory
-    /// rings and CQs without an event channel, cannot wake a sleeping
-    /// reactor, so one in an adaptive or hybrid idle mode polls), rejected
-    /// ids to forget, or a connect request half-way in. Listeners alone
-    /// let it sleep: their descriptors wake it.
+    /// Held while the group has connections and its CQ is not armed,
+    /// rejected ids to forget, or a connect request half-way in. Listeners
+    /// alone let the reactor sleep (their descriptors wake it), and so do
+    /// connections that are all settled ([`GroupConn::settled`]) once the
+    /// CQ is armed: its event descriptor wakes it.
     awake: Option<AwakeHold>,
+    /// The CQ's event descriptor, watched by a reactor that sleeps (`None`
+    /// in busy mode, or when it could not be watched: then connections
+    /// hold the reactor awake).
+    cq_wake: Option<WakeWatch>,
+    /// Bounds the reactor's sleeps while the group has connections.
+    _tick: Option<Tick>,
+    /// The CQ is armed: a completion writes its event descriptor.
+    armed: bool,
+    /// Rounds without work in a row (up to [`QUIET_ROUNDS`]).
+    quiet_rounds: u32,
     shutting_down: bool,
     label: &'static str,
     backlog: u32,
@@ -224,6 +254,31 @@ impl<P: Provider, C: GroupConn<P>, K: Clone + PartialEq + Send + 'static> RdmaGr
         let cq = dev
             .create_cq(spec.num_cqe.min(dev.caps().max_cqe))
             .map_err(verbs("creating the CQ"))?;
+        let (cq_wake, tick) = if reactor.idle_mode().sleeps() {
+            match WakeWatch::new(reactor, cq.event_fd()) {
+                Ok(w) => {
+                    let id = reactor.add_timed_poller(
+                        format!("{} sleep tick", spec.label),
+                        SLEEP_TICK,
+                        || PollStatus::Idle,
+                    );
+                    let tick = Tick {
+                        reactor: reactor.clone(),
+                        id,
+                    };
+                    (Some(w), Some(tick))
+                }
+                Err(e) => {
+                    log::warn!(
+                        "{}: cannot watch the CQ for wake-ups ({e}): connections keep the reactor polling",
+                        spec.label
+                    );
+                    (None, None)
+                }
+            }
+        } else {
+            (None, None)
+        };
         Ok(RdmaGroup {
             pd,
             cq,
@@ -244,6 +299,10 @@ impl<P: Provider, C: GroupConn<P>, K: Clone + PartialEq + Send + 'static> RdmaGr
             until_cm: 1,
             listen: RareCheck::new(spec.listen_period),
             awake: None,
+            cq_wake,
+            _tick: tick,
+            armed: false,
+            quiet_rounds: 0,
             shutting_down: false,
             label: spec.label,
             backlog: spec.backlog,
@@ -299,13 +358,22 @@ impl<P: Provider, C: GroupConn<P>, K: Clone + PartialEq + Send + 'static> RdmaGr
     }
 
     /// Count a poll round; `true` when it is a CM round (then also forget
-    /// rejected ids the peer had time to read).
+    /// rejected ids the peer had time to read). Every round of a group
+    /// whose CQ is armed is a CM round once the reactor was idle (it runs
+    /// only when something woke it). After [`QUIET_ROUNDS`] rounds without
+    /// work, a group whose connections are all settled arms its CQ here,
+    /// before the round reaps it (so a completion that came meanwhile is
+    /// reaped now, and one that comes later signals).
     #[inline]
     pub fn begin_round(&mut self) -> bool {
         self.rounds += 1;
         self.until_cm -= 1;
-        let cm = self.until_cm == 0;
-        if cm {
+        if self.quiet_rounds >= QUIET_ROUNDS && !self.armed {
+            self.try_arm();
+        }
+        let periodic = self.until_cm == 0;
+        let cm = periodic || (self.armed && !self.reactor.last_loop_busy());
+        if periodic {
             self.until_cm = self.cm_period;
             let hold = REJECT_HOLD_ROUNDS * self.cm_period;
             while self
@@ -319,13 +387,77 @@ impl<P: Provider, C: GroupConn<P>, K: Clone + PartialEq + Send + 'static> RdmaGr
         cm
     }
 
-    /// Hold the reactor awake while the group has connections, rejected ids
-    /// to forget, a connect request half-way in or a listener the reactor
-    /// does not watch; let go when it has none. Checked by
-    /// [`serve_requests`](Self::serve_requests), on CM rounds and after it
-    /// took a connection.
+    /// End a poll round (after the transport's work; `busy`: there was
+    /// some). Work disarms the CQ and holds the reactor again; a round
+    /// without work counts towards [`QUIET_ROUNDS`], or, armed, drains an
+    /// event that brought nothing (and re-arms).
+    #[inline]
+    pub fn end_round(&mut self, busy: bool) {
+        if busy {
+            self.quiet_rounds = 0;
+            if self.armed {
+                self.disarm();
+            }
+        } else if self.armed {
+            self.drain_event();
+        } else if self.quiet_rounds < QUIET_ROUNDS {
+            self.quiet_rounds += 1;
+        }
+    }
+
+    /// Arm the CQ and let the reactor sleep, if the group has connections,
+    /// they are all settled and the reactor watches the CQ.
+    #[cold]
+    fn try_arm(&mut self) {
+        self.quiet_rounds = 0;
+        if self.cq_wake.is_none() || self.conns.count() == 0 {
+            return;
+        }
+        if !self.conns.iter().all(|c| c.settled()) {
+            return;
+        }
+        match self.cq.req_notify(false) {
+            Ok(()) => {
+                self.armed = true;
+                self.update_awake();
+            }
+            Err(e) => log::warn!("{}: arming the CQ: {e}", self.label),
+        }
+    }
+
+    /// Work came: the CQ is no longer armed (its event, if one came, is
+    /// drained), and connections hold the reactor again.
+    #[cold]
+    fn disarm(&mut self) {
+        self.armed = false;
+        self.cq.ack_events();
+        self.update_awake();
+    }
+
+    /// An armed round without work: drain the CQ's event, if there is one,
+    /// and arm again (the event was one-shot).
+    #[cold]
+    fn drain_event(&mut self) {
+        if self.cq.ack_events() {
+            if let Err(e) = self.cq.req_notify(false) {
+                log::warn!("{}: arming the CQ: {e}", self.label);
+                self.disarm();
+            }
+        }
+    }
+
+    /// Whether the CQ is armed (the group lets its reactor sleep).
+    pub fn is_armed(&self) -> bool {
+        self.armed
+    }
+
+    /// Hold the reactor awake while the group has connections (its CQ not
+    /// armed), rejected ids to forget, a connect request half-way in or a
+    /// listener the reactor does not watch; let go when it has none.
+    /// Checked by [`serve_requests`](Self::serve_requests), on CM rounds and
+    /// after it took a connection, and when the CQ is armed or disarmed.
     fn update_awake(&mut self) {
-        let want = self.conns.count() > 0
+        let want = (self.conns.count() > 0 && !self.armed)
             || !self.rejected.is_empty()
             || self
                 .listeners
@@ -650,6 +782,7 @@ mod tests {
     struct TestConn {
         link: Link<Soft>,
         closings: u32,
+        settled: bool,
     }
 
     impl GroupConn<Soft> for TestConn {
@@ -661,6 +794,9 @@ mod tests {
         }
         fn closing(&mut self) {
             self.closings += 1;
+        }
+        fn settled(&self) -> bool {
+            self.settled
         }
     }
 
@@ -758,6 +894,7 @@ mod tests {
             TestConn {
                 link: Link::new(qp, id, 32),
                 closings: 0,
+                settled: false,
             },
         );
         assert!(!g.cq_fits(33, 0), "32 reserved");
@@ -852,7 +989,14 @@ mod tests {
                 return false;
             }
             let link = Link::new(qp, id, 8);
-            g.add(slot, TestConn { link, closings: 0 });
+            g.add(
+                slot,
+                TestConn {
+                    link,
+                    closings: 0,
+                    settled: false,
+                },
+            );
             self.connected += 1;
             true
         }
@@ -953,5 +1097,86 @@ mod tests {
         assert!(g.remove_with(i, drop));
         cm_round(&mut g, &mut a);
         assert!(!r.is_held_awake(), "the connection is gone");
+    }
+
+    /// With its connections settled, a group arms its CQ after
+    /// [`QUIET_ROUNDS`] idle rounds and lets a sleeping reactor sleep; a
+    /// completion writes the CQ's descriptor (which the reactor watches),
+    /// and the round that reaps it disarms the CQ and holds the reactor
+    /// again. A connection that is not settled keeps the reactor polling.
+    #[test]
+    fn settled_connections_let_the_reactor_sleep_until_a_completion() {
+        use crate::wr::{RecvWr, SendOp, SendWr};
+        use crate::WrId;
+        let idle = pollux_reactor::IdleMode::Adaptive {
+            sleep_after: Duration::ZERO,
+        };
+        let cl = TestCluster::with_idle(1, idle);
+        let addr = FX.listen_addr();
+        let (mut g, _placer) = group(&cl, &addr, 1);
+        let r = g.reactor().clone();
+        let mut a = TestAcceptor::default();
+        let round = |g: &mut Group, a: &mut TestAcceptor| {
+            let cm = g.begin_round();
+            let mut busy = g.serve_requests(cm, a);
+            busy |= g.reap(WC_BATCH, |_, _| {}) > 0;
+            g.end_round(busy);
+            busy
+        };
+        let (peer, peer_id) = peer(&addr, b"good");
+        spin(|| {
+            round(&mut g, &mut a);
+            (a.connected == 1).then_some(())
+        })
+        .expect("connected");
+        let ev = spin(|| peer_id.get_event().expect("event")).expect("an answer");
+        assert!(matches!(ev, CmEvent::Established { .. }), "{ev:?}");
+        let i = (0..g.conns.slots())
+            .find(|&i| g.conns.get(i).is_some())
+            .expect("the connection");
+
+        for _ in 0..3 * QUIET_ROUNDS {
+            round(&mut g, &mut a);
+        }
+        assert!(!g.is_armed(), "not settled: never armed");
+        assert!(r.is_held_awake());
+
+        g.conns.get_mut(i).expect("conn").settled = true;
+        for _ in 0..=QUIET_ROUNDS + 1 {
+            round(&mut g, &mut a);
+        }
+        assert!(g.is_armed(), "settled and idle: armed");
+        assert!(!r.is_held_awake(), "the reactor may sleep");
+        let efd = g.cq.event_fd().try_clone_to_owned().expect("dup");
+        assert!(!readable(&efd), "no completion yet");
+        // Idle rounds (the tick) leave it armed.
+        round(&mut g, &mut a);
+        assert!(g.is_armed() && !r.is_held_awake());
+
+        // A signaled SEND from our side completes once the peer consumed
+        // it: the peer's poll writes our CQ's descriptor.
+        let ps = [peer.sge(0, 64)];
+        peer.qp
+            .post_recv(&[RecvWr {
+                wr_id: WrId(1),
+                sg_list: &ps,
+            }])
+            .expect("peer receive");
+        g.conns
+            .get(i)
+            .expect("conn")
+            .link
+            .qp
+            .post_send(&[SendWr::new(WrId(9), SendOp::Send, &[]).signaled()])
+            .expect("send");
+        spin(|| {
+            peer.poll();
+            readable(&efd).then_some(())
+        })
+        .expect("the CQ's descriptor is written");
+        assert!(round(&mut g, &mut a), "the completion is reaped");
+        assert!(!g.is_armed(), "work disarms");
+        assert!(r.is_held_awake(), "and holds the reactor");
+        assert!(!readable(&efd), "the event was drained");
     }
 }

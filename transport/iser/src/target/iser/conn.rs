@@ -360,4 +360,14 @@ impl<P: Provider> GroupConn<P> for Conn<P> {
     fn closing(&mut self) {
         self.io.closing = true;
     }
+
+    /// Live, no task in flight, nothing queued to post, no signaled work
+    /// request and no RDMA READ outstanding.
+    fn settled(&self) -> bool {
+        self.link.is_live()
+            && self.io.pend.is_empty()
+            && self.io.signaled_inflight == 0
+            && self.io.rd_avail == self.io.rd_depth
+            && self.core.tasks_in_flight() == 0
+    }
 }

@@ -251,6 +251,7 @@ impl<P: Provider> Shared<P> {
                 log::error!("iser: SRQ post failed: {e}");
             }
         }
+        g.end_round(busy);
         PollStatus::from_work(busy)
     }
 }

@@ -648,6 +648,20 @@ impl<P: Provider> GroupConn<P> for Conn<P> {
         }
         self.io.closing = true;
     }
+
+    /// Live, no request in use but the AERs the host left with the target
+    /// (a poll of the queue, at the group's sleep tick at the latest,
+    /// answers one when an event comes), no capsule waiting for a request,
+    /// nothing queued to post and no RDMA READ outstanding (unsignaled
+    /// SENDs may still be counted against the send queue: they are posted,
+    /// and nothing waits for their completion).
+    fn settled(&self) -> bool {
+        self.link.is_live()
+            && self.core.working() == 0
+            && self.backlog.is_empty()
+            && self.io.pend.is_empty()
+            && self.io.rd_avail == self.io.rd_depth
+    }
 }
 
 #[cfg(test)]

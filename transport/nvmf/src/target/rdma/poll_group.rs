@@ -341,6 +341,7 @@ impl<P: Provider> Shared<P> {
                 log::error!("nvmf rdma: SRQ post failed: {e}");
             }
         }
+        g.end_round(busy);
         PollStatus::from_work(busy)
     }
 }

@@ -317,15 +317,15 @@ impl TcpConn {
     /// reported its socket ([`mark_readable`](Self::mark_readable)); one
     /// whose reads found nothing [`QUIET_AFTER`] polls in a row turns quiet.
     ///
-    /// A quiet connection with no command in flight and nothing to send
-    /// can only be woken by its socket (watched), a controller event or a
-    /// deadline: its queue pair is polled on every [`CORE_EVERY_QUIET`]th
-    /// poll only.
+    /// A quiet connection with no command in flight (an AER waiting for an
+    /// event does not count) and nothing to send can only be woken by its
+    /// socket (watched), a controller event or a deadline: its queue pair
+    /// is polled on every [`CORE_EVERY_QUIET`]th poll only.
     pub(super) fn poll(&mut self, done: &mut bool, quiet: &mut QuietSet) -> bool {
         if self.quiet
             && !self.readable
             && !self.ops.closing
-            && self.qp.outstanding() == 0
+            && self.qp.working() == 0
             && self.ops.tx.is_empty()
         {
             self.skipped_polls += 1;
