@@ -14,7 +14,9 @@
 #            connected host as an AEN (the new namespace shows up without a
 #            reconnect); the host silent > KATO (netem loss 100%): the target
 #            tears the controller down (keep_alive_timeouts), the host
-#            reconnects once its traffic flows again and a fio verify passes
+#            reconnects once its traffic flows again and a fio verify passes;
+#            the target runs --idle adaptive:0 (LAB_USER_NVMF_IDLE overrides)
+#            and must sleep while the host is connected and idle
 #   The base run also checks conformance as nvme-cli and the block layer see
 #   it: id-ctrl VER 1.4 and the fields 1.4 needs (CNTRLTYPE, CTRATT, OAES,
 #   LPA, VWC), id-ns NSFEAT bit 4 with NPWG/NPWA/NPDG/NPDA/NOWS, the
@@ -36,9 +38,9 @@
 # adaptive", default "nvmet busy norps": the kernel target; pollux-tgt as
 # configured; the same with receive packet steering off on both veth ends,
 # which the lab turns on; at nice 19, below the kernel's softirq threads;
-# without SEND_WITH_INVALIDATE; --idle adaptive: the RDMA poll group
-# registers no wake fd, so it holds its reactor awake while it listens or
-# has connections, and the target polls as in busy mode).
+# without SEND_WITH_INVALIDATE; --idle adaptive: the RDMA poll group holds
+# its reactor awake while its queues have work in flight, so under fio the
+# target polls as in busy mode).
 set -u
 [ "${LAB_IN_GUEST:-}" = 1 ] || { echo "run inside tests/vm/lab" >&2; exit 2; }
 TGT=${1:?usage: nvmf-guest.sh PATH/TO/pollux-tgt}
@@ -312,10 +314,18 @@ no_nvme_errors() {
 # (sed, not python: an interpreter start costs seconds under TCG)
 tstat() { local v; v=$(sed -nE 's/.*"'"$1"'":([0-9]+).*/\1/p' "$W/$RUN.stats.json"); echo "${v:--1}"; }
 # keep_alives: Keep Alive commands reach the target every KATO/2 or faster
+# (and, on a target in a sleeping idle mode, its reactor sleeps between
+# them: the host idle but connected, with AERs outstanding, lets the RDMA
+# poll group arm its CQ; the 100 ms tick wakes it about ten times a second)
+tsleeps() { local v; v=$(sed -nE 's/.*"sleeps":\[([0-9]+).*/\1/p' "$W/$RUN.stats.json"); echo "${v:--1}"; }
 keep_alives() {
-  local a b; a=$(tstat keep_alives); sleep 11; b=$(tstat keep_alives)
-  echo "keep_alives: $a -> $b in 11 s (kato 5 s)"
-  [ "$a" -ge 0 ] && [ $((b - a)) -ge 2 ]
+  local a b s0 s1; a=$(tstat keep_alives); s0=$(tsleeps); sleep 11; b=$(tstat keep_alives); s1=$(tsleeps)
+  echo "keep_alives: $a -> $b in 11 s (kato 5 s); reactor sleeps $s0 -> $s1 (--idle ${RUN_IDLE:-$IDLE})"
+  [ "$a" -ge 0 ] && [ $((b - a)) -ge 2 ] || return 1
+  case ${RUN_IDLE:-$IDLE} in
+    busy) ;;
+    *) [ "$s0" -ge 0 ] && [ $((s1 - s0)) -ge 20 ] || { echo "the idle target did not sleep"; return 1; } ;;
+  esac
 }
 # ns_event: add namespace 2 to the config, SIGHUP; the host sees it through
 # an asynchronous event (no reconnect: same controller, same cntlid)
@@ -712,8 +722,13 @@ spec = "malloc:name=Md8,size=16M,block=512,md=8,md_interleave=true"' \
 fi
 
 # 4. keep-alive and asynchronous events (reconnects on purpose: no
-#    no-nvme-errors check here)
-if want kaaer && start_tgt kaaer 4096 false; then
+#    no-nvme-errors check here), on a target that sleeps when idle
+#    (--idle adaptive:0 unless LAB_USER_NVMF_IDLE names a mode): the
+#    listener wakes it for the connect, the armed CQ for each command, its
+#    100 ms tick for the AEN and the keep-alive deadline
+KA_IDLE=${LAB_USER_NVMF_IDLE:-adaptive:0}
+if want kaaer && RUN_IDLE=$KA_IDLE start_tgt kaaer 4096 false; then
+  RUN_IDLE=$KA_IDLE
   if check connect 60 connect --keep-alive-tmo=5 --reconnect-delay=2 --ctrl-loss-tmo=60; then
     check keep-alives 30 keep_alives
     check ns-added-aen 40 ns_event
@@ -722,6 +737,7 @@ if want kaaer && start_tgt kaaer 4096 false; then
     check disconnect 60 disconnect
   fi
   stop_tgt
+  RUN_IDLE=""
 fi
 # 5. stalls per 1,000 I/Os, kernel target and pollux-tgt (measurement; the
 #    host's recoveries are expected here, no no-nvme-errors check)
