@@ -5,9 +5,9 @@
 use std::collections::VecDeque;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use pollux_reactor::{AwakeHold, PollStatus, PollerId, RareCheck, Reactor, WakeWatch};
+use pollux_reactor::{AwakeHold, IdleMode, PollStatus, PollerId, RareCheck, Reactor, WakeWatch};
 
 use super::conn_table::ConnTable;
 use super::link::GroupConn;
@@ -25,7 +25,10 @@ const ACCEPT_BURST: usize = 16;
 /// the id is destroyed.
 const REJECT_HOLD_ROUNDS: u64 = 4;
 /// Rounds without work before a group whose connections are all settled
-/// arms its CQ and lets a sleeping reactor sleep.
+/// arms its CQ and lets a sleeping reactor sleep (and at least the
+/// reactor's `sleep_after` since the last work: arming earlier would only
+/// make each command cost the host a descriptor write while the reactor
+/// polls anyway).
 const QUIET_ROUNDS: u32 = 64;
 /// The longest a group with connections lets its reactor sleep without a
 /// round: disconnects (CM events) and whatever else no descriptor signals
@@ -205,6 +208,11 @@ pub struct RdmaGroup<P: Provider, C: GroupConn<P>, K: Clone + PartialEq + Send +
     armed: bool,
     /// Rounds without work in a row (up to [`QUIET_ROUNDS`]).
     quiet_rounds: u32,
+    /// When the last round with work ran (the reactor's loop clock).
+    last_work: Instant,
+    /// How long the group waits idle before it arms: the reactor's
+    /// `sleep_after`.
+    arm_after: Duration,
     shutting_down: bool,
     label: &'static str,
     backlog: u32,
@@ -303,6 +311,13 @@ impl<P: Provider, C: GroupConn<P>, K: Clone + PartialEq + Send + 'static> RdmaGr
             _tick: tick,
             armed: false,
             quiet_rounds: 0,
+            last_work: reactor.now(),
+            arm_after: match reactor.idle_mode() {
+                IdleMode::Adaptive { sleep_after } | IdleMode::Hybrid { sleep_after } => {
+                    sleep_after
+                }
+                IdleMode::BusyPoll => Duration::ZERO,
+            },
             shutting_down: false,
             label: spec.label,
             backlog: spec.backlog,
@@ -361,6 +376,7 @@ impl<P: Provider, C: GroupConn<P>, K: Clone + PartialEq + Send + 'static> RdmaGr
     /// rejected ids the peer had time to read). Every round of a group
     /// whose CQ is armed is a CM round once the reactor was idle (it runs
     /// only when something woke it). After [`QUIET_ROUNDS`] rounds without
+    /// work, and the reactor's `sleep_after` since the last round with
     /// work, a group whose connections are all settled arms its CQ here,
     /// before the round reaps it (so a completion that came meanwhile is
     /// reaped now, and one that comes later signals).
@@ -395,6 +411,7 @@ impl<P: Provider, C: GroupConn<P>, K: Clone + PartialEq + Send + 'static> RdmaGr
     pub fn end_round(&mut self, busy: bool) {
         if busy {
             self.quiet_rounds = 0;
+            self.last_work = self.reactor.now();
             if self.armed {
                 self.disarm();
             }
@@ -406,11 +423,15 @@ impl<P: Provider, C: GroupConn<P>, K: Clone + PartialEq + Send + 'static> RdmaGr
     }
 
     /// Arm the CQ and let the reactor sleep, if the group has connections,
-    /// they are all settled and the reactor watches the CQ.
+    /// they are all settled, the reactor watches the CQ and it may sleep
+    /// by now.
     #[cold]
     fn try_arm(&mut self) {
         self.quiet_rounds = 0;
         if self.cq_wake.is_none() || self.conns.count() == 0 {
+            return;
+        }
+        if self.reactor.now().saturating_duration_since(self.last_work) < self.arm_after {
             return;
         }
         if !self.conns.iter().all(|c| c.settled()) {
@@ -1099,6 +1120,45 @@ mod tests {
         assert!(!r.is_held_awake(), "the connection is gone");
     }
 
+    /// One poll round of a group as a transport runs it (no connection
+    /// work of its own); whether it did work.
+    fn round(g: &mut Group, a: &mut TestAcceptor) -> bool {
+        let cm = g.begin_round();
+        let mut busy = g.serve_requests(cm, a);
+        busy |= g.reap(WC_BATCH, |_, _| {}) > 0;
+        g.end_round(busy);
+        busy
+    }
+
+    /// A group on a TestCluster reactor in `idle`, with one connection
+    /// from a peer: the group, its acceptor, the peer and the
+    /// connection's index.
+    fn connected(
+        cl: &TestCluster,
+    ) -> (
+        Group,
+        Arc<Placer<Soft, u16>>,
+        TestAcceptor,
+        Endpoint<SoftFixture>,
+        usize,
+    ) {
+        let addr = FX.listen_addr();
+        let (mut g, placer) = group(cl, &addr, 1);
+        let mut a = TestAcceptor::default();
+        let (peer, peer_id) = peer(&addr, b"good");
+        spin(|| {
+            round(&mut g, &mut a);
+            (a.connected == 1).then_some(())
+        })
+        .expect("connected");
+        let ev = spin(|| peer_id.get_event().expect("event")).expect("an answer");
+        assert!(matches!(ev, CmEvent::Established { .. }), "{ev:?}");
+        let i = (0..g.conns.slots())
+            .find(|&i| g.conns.get(i).is_some())
+            .expect("the connection");
+        (g, placer, a, peer, i)
+    }
+
     /// With its connections settled, a group arms its CQ after
     /// [`QUIET_ROUNDS`] idle rounds and lets a sleeping reactor sleep; a
     /// completion writes the CQ's descriptor (which the reactor watches),
@@ -1112,28 +1172,8 @@ mod tests {
             sleep_after: Duration::ZERO,
         };
         let cl = TestCluster::with_idle(1, idle);
-        let addr = FX.listen_addr();
-        let (mut g, _placer) = group(&cl, &addr, 1);
+        let (mut g, _placer, mut a, peer, i) = connected(&cl);
         let r = g.reactor().clone();
-        let mut a = TestAcceptor::default();
-        let round = |g: &mut Group, a: &mut TestAcceptor| {
-            let cm = g.begin_round();
-            let mut busy = g.serve_requests(cm, a);
-            busy |= g.reap(WC_BATCH, |_, _| {}) > 0;
-            g.end_round(busy);
-            busy
-        };
-        let (peer, peer_id) = peer(&addr, b"good");
-        spin(|| {
-            round(&mut g, &mut a);
-            (a.connected == 1).then_some(())
-        })
-        .expect("connected");
-        let ev = spin(|| peer_id.get_event().expect("event")).expect("an answer");
-        assert!(matches!(ev, CmEvent::Established { .. }), "{ev:?}");
-        let i = (0..g.conns.slots())
-            .find(|&i| g.conns.get(i).is_some())
-            .expect("the connection");
 
         for _ in 0..3 * QUIET_ROUNDS {
             round(&mut g, &mut a);
@@ -1178,5 +1218,30 @@ mod tests {
         assert!(!g.is_armed(), "work disarms");
         assert!(r.is_held_awake(), "and holds the reactor");
         assert!(!readable(&efd), "the event was drained");
+    }
+
+    /// A group arms its CQ only once the reactor's `sleep_after` has passed
+    /// since its last work: before that the reactor polls anyway, and an
+    /// armed CQ would only cost each command a descriptor write.
+    #[test]
+    fn a_group_arms_only_after_the_reactors_sleep_after() {
+        let idle = pollux_reactor::IdleMode::Adaptive {
+            sleep_after: Duration::from_millis(10),
+        };
+        let cl = TestCluster::with_idle(1, idle);
+        let (mut g, _placer, mut a, _peer, i) = connected(&cl);
+        let r = g.reactor().clone();
+        g.conns.get_mut(i).expect("conn").settled = true;
+        for _ in 0..3 * QUIET_ROUNDS {
+            round(&mut g, &mut a);
+        }
+        assert!(!g.is_armed(), "idle rounds, but no time passed");
+        cl.advance(Duration::from_millis(11));
+        r.poll_once();
+        for _ in 0..=QUIET_ROUNDS + 1 {
+            round(&mut g, &mut a);
+        }
+        assert!(g.is_armed(), "idle for sleep_after: armed");
+        assert!(!r.is_held_awake());
     }
 }
