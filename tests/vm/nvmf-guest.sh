@@ -318,9 +318,13 @@ tstat() { local v; v=$(sed -nE 's/.*"'"$1"'":([0-9]+).*/\1/p' "$W/$RUN.stats.jso
 # them: the host idle but connected, with AERs outstanding, lets the RDMA
 # poll group arm its CQ; the 100 ms tick wakes it about ten times a second)
 tsleeps() { local v; v=$(sed -nE 's/.*"sleeps":\[([0-9]+).*/\1/p' "$W/$RUN.stats.json"); echo "${v:--1}"; }
+tcpu() { awk '{print $14 + $15}' "/proc/$TPID/stat" 2>/dev/null || echo 0; }  # user+sys ticks
 keep_alives() {
-  local a b s0 s1; a=$(tstat keep_alives); s0=$(tsleeps); sleep 11; b=$(tstat keep_alives); s1=$(tsleeps)
-  echo "keep_alives: $a -> $b in 11 s (kato 5 s); reactor sleeps $s0 -> $s1 (--idle ${RUN_IDLE:-$IDLE})"
+  local a b s0 s1 c0 c1; a=$(tstat keep_alives); s0=$(tsleeps); c0=$(tcpu)
+  sleep 11
+  b=$(tstat keep_alives); s1=$(tsleeps); c1=$(tcpu)
+  echo "keep_alives: $a -> $b in 11 s (kato 5 s); reactor sleeps $s0 -> $s1 (--idle ${RUN_IDLE:-$IDLE});" \
+    "pollux-tgt CPU $(( (c1 - c0) * 100 / ($(getconf CLK_TCK) * 11) )) % of a vCPU"
   [ "$a" -ge 0 ] && [ $((b - a)) -ge 2 ] || return 1
   case ${RUN_IDLE:-$IDLE} in
     busy) ;;

@@ -405,8 +405,9 @@ impl<P: Provider, C: GroupConn<P>, K: Clone + PartialEq + Send + 'static> RdmaGr
 
     /// End a poll round (after the transport's work; `busy`: there was
     /// some). Work disarms the CQ and holds the reactor again; a round
-    /// without work counts towards [`QUIET_ROUNDS`], or, armed, drains an
-    /// event that brought nothing (and re-arms).
+    /// without work counts towards [`QUIET_ROUNDS`], or, armed and after an
+    /// idle loop of the reactor, drains an event that brought nothing (and
+    /// re-arms).
     #[inline]
     pub fn end_round(&mut self, busy: bool) {
         if busy {
@@ -416,7 +417,11 @@ impl<P: Provider, C: GroupConn<P>, K: Clone + PartialEq + Send + 'static> RdmaGr
                 self.disarm();
             }
         } else if self.armed {
-            self.drain_event();
+            // Only after an idle loop: on a reactor kept busy by others the
+            // descriptor wakes nobody, and a read per loop would cost.
+            if !self.reactor.last_loop_busy() {
+                self.drain_event();
+            }
         } else if self.quiet_rounds < QUIET_ROUNDS {
             self.quiet_rounds += 1;
         }
