@@ -29,7 +29,8 @@
 # tests/vm/README.md): tolerated as a WARN with the evidence when every fio
 # verify passed and no other iSCSI/iSER error line appeared.
 # One PASS/FAIL/SKIP/WARN line per check and a summary; exit 1 on a failure.
-# Knobs: LAB_USER_ISER_SCALE (fio size multiplier, default 1).
+# Knobs: LAB_USER_ISER_SCALE (fio size multiplier, default 1),
+# LAB_USER_ISER_IDLE (pollux-tgt --idle, default busy).
 set -u
 [ "${LAB_IN_GUEST:-}" = 1 ] || { echo "run inside tests/vm/lab" >&2; exit 2; }
 TGT=${1:?usage: iser-guest.sh PATH/TO/pollux-tgt PATH/TO/pollux-perf}
@@ -39,6 +40,7 @@ T=$LAB_TARGET_ADDR PORT=3260
 IQN=iqn.2016-06.io.pollux:interop0
 LIQN=iqn.2003-01.org.linux-iscsi.lab:lio0
 SCALE=${LAB_USER_ISER_SCALE:-1}
+IDLE=${LAB_USER_ISER_IDLE:-busy}
 W=$(mktemp -d /tmp/pollux-iser.XXXXXX)
 OUTDIR=${LAB_OUT:-$W}
 T_ALL=$SECONDS
@@ -108,7 +110,7 @@ hugepages = "never"
 EOT
   local t0=$SECONDS try
   for try in 1 2; do
-    "$TGT" -c "$W/tgt.toml" --cores 0 >"$W/tgt.log" 2>&1 </dev/null &
+    "$TGT" -c "$W/tgt.toml" --cores 0 --idle "$IDLE" >"$W/tgt.log" 2>&1 </dev/null &
     TPID=$!
     for _ in $(seq 300); do
       grep -q 'pollux-tgt: ready' "$W/tgt.log" && { pass tgt-ready $((SECONDS - t0)); return 0; }
