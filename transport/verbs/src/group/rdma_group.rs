@@ -375,7 +375,7 @@ impl<P: Provider, C: GroupConn<P>, K: Clone + PartialEq + Send + 'static> RdmaGr
     /// Count a poll round; `true` when it is a CM round (then also forget
     /// rejected ids the peer had time to read). Every round of a group
     /// whose CQ is armed is a CM round once the reactor was idle (it runs
-    /// only when something woke it). After [`QUIET_ROUNDS`] rounds without
+    /// only when something woke it). After 64 (`QUIET_ROUNDS`) rounds without
     /// work, and the reactor's `sleep_after` since the last round with
     /// work, a group whose connections are all settled arms its CQ here,
     /// before the round reaps it (so a completion that came meanwhile is
@@ -405,7 +405,7 @@ impl<P: Provider, C: GroupConn<P>, K: Clone + PartialEq + Send + 'static> RdmaGr
 
     /// End a poll round (after the transport's work; `busy`: there was
     /// some). Work disarms the CQ and holds the reactor again; a round
-    /// without work counts towards [`QUIET_ROUNDS`], or, armed and after an
+    /// without work counts towards 64 (`QUIET_ROUNDS`), or, armed and after an
     /// idle loop of the reactor, drains an event that brought nothing (and
     /// re-arms).
     #[inline]
