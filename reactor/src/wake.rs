@@ -33,9 +33,9 @@ pub enum IdleMode {
     /// hold the reactor awake ([`Reactor::hold_awake`](crate::Reactor::hold_awake))
     /// while it waits on something no fd signals. Pollux's bdev channels
     /// hold it while I/Os are in flight, its RDMA poll groups while their
-    /// connections have work in flight (then they register their CQ's
-    /// event descriptor and their listeners), the NVMe/TCP target
-    /// registers its sockets.
+    /// connections have work in flight (they register their listeners and
+    /// their CQ's event descriptor), the NVMe/TCP target registers its
+    /// sockets.
     Adaptive {
         /// How long the reactor stays idle before it sleeps.
         sleep_after: Duration,
