@@ -350,3 +350,61 @@ fn listeners_added_while_the_reactors_sleep_take_connections() {
     drop(c);
     stop(tgt);
 }
+
+/// A namespace added by a call while the target's reactor sleeps (`--idle
+/// adaptive:0`) reaches a connected host as an asynchronous event at once
+/// (the AER it left with the target completes), not at the next timer.
+#[test]
+fn an_event_reaches_the_host_of_a_sleeping_target() {
+    use pollux_nvmf::host::DataDir;
+    use pollux_nvmf::spec::{AdminOpcode, NvmeCmd};
+    let sock = tmp("rpc-nvmf-e.sock");
+    let tgt = start(
+        "rpc-nvmf-e",
+        &["-r", sock.to_str().unwrap(), "--idle", "adaptive:0"],
+    );
+    let mut c = RpcClient::connect(&sock, WAIT).unwrap();
+    let port = free_port();
+    build_up(&mut c, port);
+    let (mut ctrl, _q) = queue(port, 20);
+    // Namespace attribute notices on (Set Features, Asynchronous Event
+    // Configuration), as hosts do; then an AER left with the target.
+    let mut aec = NvmeCmd::new(AdminOpcode::SetFeatures.code(), 0);
+    aec.cdw10 = 0x0B;
+    aec.cdw11 = 1 << 8;
+    ctrl.admin()
+        .exec("set features", aec, DataDir::None, SgList::new(), WAIT)
+        .unwrap();
+    let aer = NvmeCmd::new(AdminOpcode::AsyncEventRequest.code(), 0);
+    ctrl.admin()
+        .submit(aer, DataDir::None, SgList::new(), 5)
+        .unwrap();
+    ctrl.admin().flush();
+    // Long enough for the reactor to fall asleep.
+    std::thread::sleep(Duration::from_millis(300));
+    call(
+        &mut c,
+        "bdev_malloc_create",
+        json!({"name": "Malloc1", "num_blocks": 256, "block_size": 512}),
+    );
+    let added = Instant::now();
+    call(
+        &mut c,
+        "nvmf_subsystem_add_ns",
+        json!({"nqn": NQN, "namespace": {"bdev_name": "Malloc1"}}),
+    );
+    let mut got = None;
+    while got.is_none() {
+        assert!(added.elapsed() < WAIT, "no asynchronous event");
+        ctrl.admin()
+            .poll(&mut |cpl| got = Some((cpl.ctx, cpl.result.is_ok())));
+    }
+    let took = added.elapsed();
+    assert_eq!(got, Some((5, true)));
+    assert!(
+        took < Duration::from_millis(500),
+        "the event took {took:?}: it waited for a timer"
+    );
+    drop(c);
+    stop(tgt);
+}
