@@ -61,7 +61,18 @@ impl IdleMode {
     /// [`Reactor::register_wake_fd`](crate::Reactor::register_wake_fd) or
     /// holds the reactor awake while it waits).
     pub fn sleeps(self) -> bool {
-        !matches!(self, IdleMode::BusyPoll)
+        self.sleep_after().is_some()
+    }
+
+    /// How long a reactor in this mode stays idle before it sleeps until an
+    /// event; `None` in busy mode (it never does).
+    pub fn sleep_after(self) -> Option<Duration> {
+        match self {
+            IdleMode::BusyPoll => None,
+            IdleMode::Adaptive { sleep_after } | IdleMode::Hybrid { sleep_after } => {
+                Some(sleep_after)
+            }
+        }
     }
 }
 

@@ -7,7 +7,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pollux_reactor::{AwakeHold, IdleMode, PollStatus, PollerId, RareCheck, Reactor, WakeWatch};
+use pollux_reactor::{AwakeHold, PollStatus, PollerId, RareCheck, Reactor, WakeWatch};
 
 use super::conn_table::ConnTable;
 use super::link::GroupConn;
@@ -210,9 +210,6 @@ pub struct RdmaGroup<P: Provider, C: GroupConn<P>, K: Clone + PartialEq + Send +
     quiet_rounds: u32,
     /// When the last round with work ran (the reactor's loop clock).
     last_work: Instant,
-    /// How long the group waits idle before it arms: the reactor's
-    /// `sleep_after`.
-    arm_after: Duration,
     shutting_down: bool,
     label: &'static str,
     backlog: u32,
@@ -312,12 +309,6 @@ impl<P: Provider, C: GroupConn<P>, K: Clone + PartialEq + Send + 'static> RdmaGr
             armed: false,
             quiet_rounds: 0,
             last_work: reactor.now(),
-            arm_after: match reactor.idle_mode() {
-                IdleMode::Adaptive { sleep_after } | IdleMode::Hybrid { sleep_after } => {
-                    sleep_after
-                }
-                IdleMode::BusyPoll => Duration::ZERO,
-            },
             shutting_down: false,
             label: spec.label,
             backlog: spec.backlog,
@@ -436,7 +427,8 @@ impl<P: Provider, C: GroupConn<P>, K: Clone + PartialEq + Send + 'static> RdmaGr
         if self.cq_wake.is_none() || self.conns.count() == 0 {
             return;
         }
-        if self.reactor.now().saturating_duration_since(self.last_work) < self.arm_after {
+        let arm_after = self.reactor.idle_mode().sleep_after().unwrap_or_default();
+        if self.reactor.now().saturating_duration_since(self.last_work) < arm_after {
             return;
         }
         if !self.conns.iter().all(|c| c.settled()) {

@@ -602,15 +602,16 @@ impl<P: Provider> IserInitiator<P> {
     #[inline]
     fn update_awake(&mut self) {
         if self.waits() != self.awake.is_some() {
-            self.awake = match self.awake {
-                Some(_) => None,
-                None => Reactor::current().map(|r| r.hold_awake()),
-            };
+            if self.awake.is_some() {
+                self.awake = None;
+            } else {
+                self.hold_awake();
+            }
         }
     }
 
-    /// The first task outstanding: hold the reactor awake now (the next
-    /// poll may be after a sleep).
+    /// Hold the reactor the session runs on awake (the first task
+    /// outstanding: now, as the next poll may come after a sleep).
     #[cold]
     pub(super) fn hold_awake(&mut self) {
         self.awake = Reactor::current().map(|r| r.hold_awake());
