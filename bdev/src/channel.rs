@@ -12,10 +12,10 @@
 // `SgList`): boxing it would allocate on the back-pressure path.
 #![allow(clippy::result_large_err)]
 
-use std::cell::{Cell, RefCell};
+use std::cell::{Cell, OnceCell, RefCell};
 use std::rc::{Rc, Weak};
 
-use pollux_reactor::{AwakeHold, PollStatus, PollerId, Reactor};
+use pollux_reactor::{AwakeHold, PollStatus, PollerGuard, Reactor};
 
 use crate::backend::{
     BackendChannel, Completions, IoSlot, ReadyQueue, SlotReq, SlotState, Submitted,
@@ -164,7 +164,8 @@ struct ChannelState {
 /// Used through [`IoChannel`] handles; `!Send`.
 pub struct ChannelCore {
     reactor: Reactor,
-    poller: Cell<Option<PollerId>>,
+    /// The poller that drives the channel, from the first handle on.
+    poller: OnceCell<PollerGuard>,
     /// While I/Os are in flight: a reference to itself, so that dropping
     /// every handle early still delivers their completions (then the
     /// channel goes), and a hold that keeps the reactor polling (a sleeping
@@ -199,7 +200,7 @@ impl ChannelCore {
         let backend = bdev.backend().create_channel(reactor)?;
         Ok(Self {
             reactor: reactor.clone(),
-            poller: Cell::new(None),
+            poller: OnceCell::new(),
             keepalive: Cell::new(None),
             pinned: Cell::new(false),
             name: format!("bdev:{}", info.name()),
@@ -226,17 +227,15 @@ impl ChannelCore {
 
     /// Register this channel's poller (once, on the first handle).
     fn start_poller(self: &Rc<Self>) {
-        if self.poller.get().is_some() {
-            return;
-        }
-        let weak: Weak<ChannelCore> = Rc::downgrade(self);
-        let id = self
-            .reactor
-            .add_poller(self.name.clone(), move || match weak.upgrade() {
-                Some(c) => c.poll(),
-                None => PollStatus::Idle,
-            });
-        self.poller.set(Some(id));
+        self.poller.get_or_init(|| {
+            let weak: Weak<ChannelCore> = Rc::downgrade(self);
+            PollerGuard::active(&self.reactor, self.name.clone(), move || {
+                match weak.upgrade() {
+                    Some(c) => c.poll(),
+                    None => PollStatus::Idle,
+                }
+            })
+        });
     }
 
     /// Everything [`check_io`](Self::check_io) checks, for an I/O in a slot.
@@ -608,9 +607,7 @@ impl ChannelCore {
 
 impl Drop for ChannelCore {
     fn drop(&mut self) {
-        if let Some(id) = self.poller.take() {
-            self.reactor.remove_poller(id);
-        }
+        // The poller goes with its guard.
         let in_flight = self.slots.len() - self.free.len();
         if in_flight > 0 {
             log::warn!(

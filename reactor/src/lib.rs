@@ -101,6 +101,7 @@ mod io_clock;
 mod launch;
 mod msg;
 mod poller;
+mod poller_guard;
 mod rare_check;
 mod reactor;
 mod stats;
@@ -129,6 +130,7 @@ pub use launch::{
 };
 pub use msg::Messenger;
 pub use poller::{PollStatus, PollerId};
+pub use poller_guard::PollerGuard;
 pub use rare_check::RareCheck;
 pub use reactor::{Reactor, MSG_BATCH};
 pub use stats::{PollerStats, ReactorStats};

@@ -6,7 +6,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use pollux_reactor::{PollStatus, Reactor};
+use pollux_reactor::{PollStatus, PollerGuard, Reactor};
 
 use super::conformance::{self, NVME_VERSION};
 use super::ctrlr::Controller;
@@ -193,9 +193,8 @@ impl QueuePair {
     /// timed poller on this reactor that tears the controller down when no
     /// Keep Alive arrived for `kato_ms`. 0 stops it.
     pub(crate) fn arm_keep_alive(&mut self, kato_ms: u32) {
-        if let Some((id, _)) = self.keep_alive.take() {
-            self.reactor.remove_poller(id);
-        }
+        // The old timer (if any) goes with its guard.
+        self.keep_alive = None;
         let Some(ctrl) = self.ctrlr.clone() else {
             return;
         };
@@ -206,28 +205,26 @@ impl QueuePair {
         let period = (kato / 2).max(KEEP_ALIVE_MIN_PERIOD);
         let last = Rc::new(Cell::new(self.reactor.now()));
         let seen = Rc::clone(&last);
-        let id = self
-            .reactor
-            .add_timed_poller("nvmf-keep-alive", period, move || {
-                if ctrl.is_dead() {
-                    return PollStatus::Idle;
-                }
-                let Some(now) = Reactor::current().map(|r| r.now()) else {
-                    return PollStatus::Idle;
-                };
-                if now.saturating_duration_since(seen.get()) >= kato {
-                    log::warn!(
-                        "nvmf: controller {} of {}: keep-alive timeout ({} ms), tearing it down",
-                        ctrl.cntlid(),
-                        ctrl.subsystem().nqn(),
-                        kato.as_millis()
-                    );
-                    ctrl.keep_alive_expired();
-                    return PollStatus::Busy;
-                }
-                PollStatus::Idle
-            });
-        self.keep_alive = Some((id, last));
+        let timer = PollerGuard::timed(&self.reactor, "nvmf-keep-alive", period, move || {
+            if ctrl.is_dead() {
+                return PollStatus::Idle;
+            }
+            let Some(now) = Reactor::current().map(|r| r.now()) else {
+                return PollStatus::Idle;
+            };
+            if now.saturating_duration_since(seen.get()) >= kato {
+                log::warn!(
+                    "nvmf: controller {} of {}: keep-alive timeout ({} ms), tearing it down",
+                    ctrl.cntlid(),
+                    ctrl.subsystem().nqn(),
+                    kato.as_millis()
+                );
+                ctrl.keep_alive_expired();
+                return PollStatus::Busy;
+            }
+            PollStatus::Idle
+        });
+        self.keep_alive = Some((timer, last));
     }
 
     /// A Keep Alive (or Connect) arrived: restart the countdown.

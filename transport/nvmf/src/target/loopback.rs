@@ -20,7 +20,7 @@ use std::sync::Arc;
 use pollux_reactor::sync::{Mutex, MutexGuard};
 
 use pollux_reactor::mem::SgList;
-use pollux_reactor::{IoDevice, PollStatus, PollerId, Reactor};
+use pollux_reactor::{IoDevice, PollStatus, PollerGuard, Reactor};
 
 use super::qpair::QueuePair;
 use super::target::Target;
@@ -258,9 +258,8 @@ impl LoopConn {
 /// The loopback transport's per-core poll group: its connections and the
 /// poller that drives them.
 pub struct LoopbackPollGroup {
+    _poller: PollerGuard,
     conns: Rc<RefCell<Vec<LoopConn>>>,
-    reactor: Reactor,
-    poller: PollerId,
 }
 
 impl std::fmt::Debug for LoopbackPollGroup {
@@ -275,7 +274,7 @@ impl LoopbackPollGroup {
     fn new(r: &Reactor) -> Self {
         let conns: Rc<RefCell<Vec<LoopConn>>> = Rc::new(RefCell::new(Vec::new()));
         let weak = Rc::downgrade(&conns);
-        let poller = r.add_poller("nvmf-loopback", move || {
+        let poller = PollerGuard::active(r, "nvmf-loopback", move || {
             let Some(conns) = weak.upgrade() else {
                 return PollStatus::Idle;
             };
@@ -289,21 +288,14 @@ impl LoopbackPollGroup {
             PollStatus::from_work(busy)
         });
         LoopbackPollGroup {
+            _poller: poller,
             conns,
-            reactor: r.clone(),
-            poller,
         }
     }
 
     /// Live connections on this core.
     pub fn connections(&self) -> usize {
         self.conns.borrow().len()
-    }
-}
-
-impl Drop for LoopbackPollGroup {
-    fn drop(&mut self) {
-        self.reactor.remove_poller(self.poller);
     }
 }
 

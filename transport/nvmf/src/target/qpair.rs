@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use pollux_bdev::{CompletedIo, InPlaceIo, IoChannel, IoCompletion, IoStatus, SgList};
 use pollux_reactor::mem::{BufPool, DmaBuf};
-use pollux_reactor::{PollStatus, PollerId, Reactor};
+use pollux_reactor::{PollStatus, PollerGuard, Reactor};
 
 use super::core_ctx::CoreCtx;
 use super::ctrlr::Controller;
@@ -157,7 +157,8 @@ pub struct QueuePair {
     pub(crate) ns_gen: u64,
     /// Outstanding AERs (request slots), admin queue only.
     pub(crate) aers: Vec<u16>,
-    pub(crate) keep_alive: Option<(PollerId, Rc<Cell<Instant>>)>,
+    /// The keep-alive timer (admin queue) and when the last Keep Alive came.
+    pub(crate) keep_alive: Option<(PollerGuard, Rc<Cell<Instant>>)>,
     disconnect_sent: bool,
     in_flight: usize,
     pub(crate) stats: QpairStats,
@@ -1066,9 +1067,8 @@ impl QueuePair {
 
 impl Drop for QueuePair {
     fn drop(&mut self) {
-        if let Some((id, _)) = self.keep_alive.take() {
-            self.reactor.remove_poller(id);
-        }
+        // The keep-alive timer first: it holds the controller.
+        self.keep_alive = None;
         if let (Some(c), Some(qid)) = (&self.ctrlr, self.qid) {
             if qid == 0 {
                 c.destroy();

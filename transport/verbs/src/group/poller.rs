@@ -4,22 +4,22 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use pollux_reactor::{PollStatus, PollerId, Reactor};
+use pollux_reactor::{PollStatus, PollerGuard, Reactor};
 
 /// Group state `S`, polled by one reactor poller until the handle is
 /// dropped. The poller holds the state weakly; the handle's accessors
 /// answer `None` while the poller is inside it (a call from a callback of
 /// the group's own poll).
 pub struct GroupPoller<S> {
+    // Declared first, so dropped first: the poller goes before the state.
+    poller: PollerGuard,
     state: Rc<RefCell<S>>,
-    reactor: Reactor,
-    poller: PollerId,
 }
 
 impl<S> std::fmt::Debug for GroupPoller<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GroupPoller")
-            .field("poller", &self.poller)
+            .field("poller", &self.poller.id())
             .finish()
     }
 }
@@ -34,7 +34,7 @@ impl<S: 'static> GroupPoller<S> {
     ) -> Self {
         let state = Rc::new(RefCell::new(state));
         let weak = Rc::downgrade(&state);
-        let poller = reactor.add_poller(name, move || {
+        let poller = PollerGuard::active(reactor, name, move || {
             let Some(s) = weak.upgrade() else {
                 return PollStatus::Idle;
             };
@@ -43,11 +43,7 @@ impl<S: 'static> GroupPoller<S> {
             };
             poll(&mut s)
         });
-        GroupPoller {
-            state,
-            reactor: reactor.clone(),
-            poller,
-        }
+        GroupPoller { poller, state }
     }
 
     /// `f` of the state, unless the poller is inside it.
@@ -58,11 +54,5 @@ impl<S: 'static> GroupPoller<S> {
     /// `f` of the state, mutably, unless the poller is inside it.
     pub fn with_mut<R>(&self, f: impl FnOnce(&mut S) -> R) -> Option<R> {
         self.state.try_borrow_mut().ok().map(|mut s| f(&mut s))
-    }
-}
-
-impl<S> Drop for GroupPoller<S> {
-    fn drop(&mut self) {
-        self.reactor.remove_poller(self.poller);
     }
 }

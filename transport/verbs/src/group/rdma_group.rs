@@ -7,7 +7,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pollux_reactor::{AwakeHold, PollStatus, PollerId, RareCheck, Reactor, WakeWatch};
+use pollux_reactor::{AwakeHold, PollStatus, PollerGuard, RareCheck, Reactor, WakeWatch};
 
 use super::conn_table::ConnTable;
 use super::link::GroupConn;
@@ -34,18 +34,6 @@ const QUIET_ROUNDS: u32 = 64;
 /// round: disconnects (CM events) and whatever else no descriptor signals
 /// are seen at the next tick.
 pub const SLEEP_TICK: Duration = Duration::from_millis(100);
-
-/// A timed poller that only bounds the reactor's sleeps; removed on drop.
-struct Tick {
-    reactor: Reactor,
-    id: PollerId,
-}
-
-impl Drop for Tick {
-    fn drop(&mut self) {
-        self.reactor.remove_poller(self.id);
-    }
-}
 
 /// One open listener of a group: its address, the transport's key, the CM
 /// endpoint, and its descriptor watched by the reactor (a sleeping reactor
@@ -203,7 +191,7 @@ pub struct RdmaGroup<P: Provider, C: GroupConn<P>, K: Clone + PartialEq + Send +
     /// hold the reactor awake).
     cq_wake: Option<WakeWatch>,
     /// Bounds the reactor's sleeps while the group has connections.
-    _tick: Option<Tick>,
+    _tick: Option<PollerGuard>,
     /// The CQ is armed: a completion writes its event descriptor.
     armed: bool,
     /// Rounds without work in a row (up to [`QUIET_ROUNDS`]).
@@ -262,15 +250,13 @@ impl<P: Provider, C: GroupConn<P>, K: Clone + PartialEq + Send + 'static> RdmaGr
         let (cq_wake, tick) = if reactor.idle_mode().sleeps() {
             match WakeWatch::new(reactor, cq.event_fd()) {
                 Ok(w) => {
-                    let id = reactor.add_timed_poller(
+                    // A timed poller that only bounds the reactor's sleeps.
+                    let tick = PollerGuard::timed(
+                        reactor,
                         format!("{} sleep tick", spec.label),
                         SLEEP_TICK,
                         || PollStatus::Idle,
                     );
-                    let tick = Tick {
-                        reactor: reactor.clone(),
-                        id,
-                    };
                     (Some(w), Some(tick))
                 }
                 Err(e) => {

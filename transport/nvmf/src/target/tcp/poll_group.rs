@@ -18,7 +18,7 @@ use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use pollux_reactor::{AcceptPacer, PollStatus, PollerId, Reactor};
+use pollux_reactor::{AcceptPacer, PollStatus, PollerGuard, Reactor};
 
 use super::super::qpair::QueuePair;
 use super::super::transport::{QpairParams, TransportError, TransportPollGroup};
@@ -70,10 +70,11 @@ struct GroupState {
 
 /// One core's NVMe/TCP poll group (`!Send`).
 pub struct TcpPollGroup {
+    // Removed when the group goes, after `drop` has shut its connections.
+    _poller: PollerGuard,
     state: Rc<RefCell<GroupState>>,
     transport: Arc<TcpTransport>,
     reactor: Reactor,
-    poller: PollerId,
     index: usize,
     _inbox: Rc<TcpInbox>,
 }
@@ -118,7 +119,7 @@ impl TcpPollGroup {
             inbox: Rc::clone(&inbox),
         };
         let weak = Rc::downgrade(&state);
-        let poller = reactor.add_poller("nvmf-tcp", move || {
+        let poller = PollerGuard::active(reactor, "nvmf-tcp", move || {
             let Some(state) = weak.upgrade() else {
                 return PollStatus::Idle;
             };
@@ -126,10 +127,10 @@ impl TcpPollGroup {
             PollStatus::from_work(ctx.poll(&mut st))
         });
         Rc::new(TcpPollGroup {
+            _poller: poller,
             state,
             transport: Arc::clone(t),
             reactor: reactor.clone(),
-            poller,
             index,
             _inbox: inbox,
         })
@@ -245,7 +246,6 @@ impl TransportPollGroup for TcpPollGroup {
 
 impl Drop for TcpPollGroup {
     fn drop(&mut self) {
-        self.reactor.remove_poller(self.poller);
         self.transport.seats.leave(self.index);
         let mut st = self.state.borrow_mut();
         let conns = std::mem::take(&mut st.conns);
