@@ -240,8 +240,13 @@ impl<T: HostTransport> JobQueues for NvmfQueues<T> {
         }
         let n = self.qps.len();
         let mut fatal = None;
-        for k in 0..n {
-            let qi = (self.next_qp + k) % n;
+        // Round robin from `next_qp` (always below `n`), wrapped without a
+        // division: two per I/O otherwise.
+        let mut qi = self.next_qp;
+        for _ in 0..n {
+            if qi >= n {
+                qi = 0;
+            }
             let qp = &mut self.qps[qi];
             let res = match &self.pi {
                 Some(pi) if pi.offload => {
@@ -264,13 +269,16 @@ impl<T: HostTransport> JobQueues for NvmfQueues<T> {
             };
             match res {
                 Ok(()) => {
-                    self.next_qp = (qi + 1) % n;
+                    self.next_qp = if qi + 1 >= n { 0 } else { qi + 1 };
                     return Ok(());
                 }
                 Err(e) => {
                     data = e.data;
                     fatal = match e.kind {
-                        SubmitErrorKind::Busy => continue,
+                        SubmitErrorKind::Busy => {
+                            qi += 1;
+                            continue;
+                        }
                         SubmitErrorKind::Dead => Some(
                             qp.dead_reason()
                                 .map_or_else(|| "queue dead".to_string(), |d| d.to_string()),

@@ -522,3 +522,23 @@ fn smart_log_counts_io_per_queue_summed_on_the_admin_queue() {
     assert_eq!(s.data_units_written, 2, "24 + 1024 units");
     assert_eq!(s.power_on_hours, 0);
 }
+
+#[test]
+fn completions_carry_the_sq_head_and_it_wraps_at_the_queue_size() {
+    let fx = Fx::new();
+    let mut admin = fx.admin();
+    // 32 entries (`io_on`): 70 commands one after another wrap it twice.
+    let mut io = fx.io_on(&mut admin, 0);
+    let mut prev = fx.read(&mut io, 1, 0, 1).cpl.sqhd;
+    assert!(prev < 32);
+    let mut wraps = 0;
+    for i in 0..70u64 {
+        let c = fx.read(&mut io, 1, i, 1);
+        assert_eq!(c.cpl.status, NvmeStatus::SUCCESS);
+        let want = if prev == 31 { 0 } else { prev + 1 };
+        assert_eq!(c.cpl.sqhd, want, "command {i}: SQ head after {prev}");
+        wraps += usize::from(c.cpl.sqhd == 0);
+        prev = c.cpl.sqhd;
+    }
+    assert_eq!(wraps, 2);
+}

@@ -42,6 +42,8 @@ fn in_range(slba: u64, nlb: u64, nsze: u64) -> bool {
 /// # Errors
 /// Invalid Protection Information: a Type 1 reference tag check whose
 /// initial reference tag is not the low 32 bits of SLBA.
+#[cold]
+#[inline(never)]
 fn pi_plan(
     rw: &RwCmd,
     write: bool,
@@ -170,9 +172,19 @@ impl QueuePair {
                     return Err(NvmeStatus::INVALID_FIELD);
                 }
                 let write = op == IoOpcode::Write;
-                let (pi, spread) = pi_plan(&rw, write, pi_type, md)?;
-                req.pi = pi;
-                req.pi_spread = spread.then_some((bs as u32, md));
+                // A bdev without PI (the common case) needs none of
+                // `pi_plan`: its result, moved through the stack, cost a
+                // failed store forward per command.
+                let spread = if pi_type == 0 {
+                    req.pi = None;
+                    req.pi_spread = None;
+                    false
+                } else {
+                    let (pi, spread) = pi_plan(&rw, write, pi_type, md)?;
+                    req.pi = pi;
+                    req.pi_spread = spread.then_some((bs as u32, md));
+                    spread
+                };
                 // The bdev's blocks carry their metadata; the wire's do too
                 // unless PRACT strips a PI-only metadata.
                 let buf_len = nlb * (bs + u64::from(md));

@@ -722,15 +722,20 @@ impl QueuePair {
             // buffer back before the host can see the response.
             self.reqs[si].release_bufs();
         }
-        if self.reqs[si].cpl.is_none() {
-            let cpl = self.build_cpl(slot);
-            self.reqs[si].cpl = Some(cpl);
-        }
+        // The completion from the value just built, not read back from
+        // the request: its byte-sized fields were stored one by one, and a
+        // wider load of them right after waits for the stores to drain
+        // (store forwarding fails), once per command.
+        let cpl = match self.reqs[si].cpl {
+            Some(cpl) => cpl,
+            None => {
+                let cpl = self.build_cpl(slot);
+                self.reqs[si].cpl = Some(cpl);
+                cpl
+            }
+        };
         let tag = self.tag(slot);
         let req = &self.reqs[si];
-        let Some(cpl) = req.cpl else {
-            return;
-        };
         let data = match (req.plan.dir, req.remote) {
             (Dir::ToHost, Some(remote)) if cpl.status.is_success() && req.out_len > 0 => {
                 Some(ResponseData {
@@ -765,8 +770,9 @@ impl QueuePair {
 
     fn build_cpl(&mut self, slot: u16) -> NvmeCompletion {
         let si = usize::from(slot);
-        let entries = self.sq_entries.max(1);
-        self.sqhd = (self.sqhd + 1) % entries;
+        // The next head, wrapped without a division (one per command).
+        let next = self.sqhd.wrapping_add(1);
+        self.sqhd = if next >= self.sq_entries { 0 } else { next };
         let sqhd = if self.sqflow_disabled {
             SQHD_DISABLED
         } else {
