@@ -555,3 +555,35 @@ fn temperature_threshold_and_unsafe_shutdowns() {
     let mut q = fx.admin();
     assert_eq!(smart(&mut q).unsafe_shutdowns, 1);
 }
+
+#[test]
+fn the_keep_alive_timer_is_one_poller_replaced_on_rearm_and_gone_with_its_queue() {
+    let fx = Fx::new();
+    let d = fx.drive();
+    let r = fx.cluster.reactor(0);
+    // A queue without KATO: the loopback poll group's poller, no timer.
+    let plain = fx.admin();
+    d();
+    let base = r.poller_count();
+    let mut admin = fx.admin_to(SUB1, 10_000);
+    d();
+    assert_eq!(r.poller_count(), base + 1, "one keep-alive timer");
+    // Set Features KATO re-arms it: the old timer goes, a new one comes.
+    let kato = |ms| FeatureCmd::set(fid::KEEP_ALIVE_TIMER, ms, 0);
+    for ms in [5_000, 20_000] {
+        let c = fx.exec(&mut admin, kato(ms), HostData::None);
+        assert_eq!(c.cpl.status, NvmeStatus::SUCCESS);
+        assert_eq!(r.poller_count(), base + 1, "re-armed to {ms} ms");
+    }
+    // KATO 0 stops it, a new value starts it again.
+    fx.exec(&mut admin, kato(0), HostData::None);
+    assert_eq!(r.poller_count(), base);
+    fx.exec(&mut admin, kato(1_000), HostData::None);
+    assert_eq!(r.poller_count(), base + 1);
+    // The timer goes with its queue.
+    drop(admin);
+    d();
+    assert_eq!(r.poller_count(), base);
+    drop(plain);
+    d();
+}

@@ -312,3 +312,32 @@ fn sgl_types_rdma_cannot_serve_are_answered_descriptor_type_invalid() {
     fx.assert_data_buffers_back(pool_start);
     write_read_back(&fx, &mut io, 66, 0, 11);
 }
+
+/// Dropping a poll group takes its poller off the reactor, and with it
+/// what its connections held there (a connected admin queue's keep-alive
+/// timer).
+#[test]
+fn a_dropped_poll_group_leaves_no_poller_behind() {
+    let fx = fixture(RdmaOptions::for_tests());
+    let r = fx.cl.reactor(0);
+    let with_group = r.poller_count();
+    // The test host's admin Connect asks for a 30 s KATO: one timer more.
+    let (_admin, _) = fx.admin();
+    assert_eq!(r.poller_count(), with_group + 1, "the keep-alive timer");
+    let Fx {
+        cl,
+        target: _target,
+        transport: _transport,
+        pg,
+        pgs,
+        ..
+    } = fx;
+    drop(pg);
+    drop(pgs);
+    cl.poll_once_all();
+    assert_eq!(
+        r.poller_count(),
+        with_group - 1,
+        "the group's poller and the timer"
+    );
+}

@@ -159,3 +159,24 @@ fn a_queue_with_no_connect_is_dropped_after_the_connect_timeout() {
     assert_eq!(f.transport.queues_per_group(), vec![1]);
     assert_eq!(f.target.connect_timeouts(), 2);
 }
+
+/// Dropping a poll group takes its poller off the reactor, and with it
+/// what its connections held there (a connected admin queue's keep-alive
+/// timer), and closes their sockets.
+#[test]
+fn a_dropped_poll_group_leaves_no_poller_behind() {
+    let mut f = fixture(TcpOptions::default());
+    let r = f.cl.reactor(0);
+    let with_group = r.poller_count();
+    // The raw admin Connect asks for a 30 s KATO: one timer more.
+    let mut admin = queue(&f, 0, crate::spec::connect::CNTLID_DYNAMIC);
+    assert_eq!(r.poller_count(), with_group + 1, "the keep-alive timer");
+    drop(std::mem::take(&mut f.pgs));
+    f.cl.poll_once_all();
+    assert_eq!(
+        r.poller_count(),
+        with_group - 1,
+        "the group's poller and the timer"
+    );
+    assert!(admin.closed_within(&f, Duration::from_secs(2)));
+}
