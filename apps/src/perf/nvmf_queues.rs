@@ -240,8 +240,8 @@ impl<T: HostTransport> JobQueues for NvmfQueues<T> {
         }
         let n = self.qps.len();
         let mut fatal = None;
-        // Round robin from `next_qp` (always below `n`), wrapped without a
-        // division: two per I/O otherwise.
+        // Round robin from `next_qp` (the queue after the last one used),
+        // wrapped here only and without a division: two per I/O otherwise.
         let mut qi = self.next_qp;
         for _ in 0..n {
             if qi >= n {
@@ -269,7 +269,7 @@ impl<T: HostTransport> JobQueues for NvmfQueues<T> {
             };
             match res {
                 Ok(()) => {
-                    self.next_qp = if qi + 1 >= n { 0 } else { qi + 1 };
+                    self.next_qp = qi + 1;
                     return Ok(());
                 }
                 Err(e) => {
