@@ -665,8 +665,15 @@ impl Connection {
             time2wait: 0,
             time2retain: 0,
         };
-        ops.send_pdu(&Bhs::LogoutRsp(r).encode(0, 0), &[], None);
-        self.close(ops);
+        if !ops.send_pdu(&Bhs::LogoutRsp(r).encode(0, 0), &[], None) {
+            // No response went out: nothing to wait for.
+            self.close(ops);
+            return;
+        }
+        if !matches!(self.phase, Phase::Closed) {
+            self.phase = Phase::Closed;
+            ops.close_after_logout();
+        }
     }
 
     fn on_command(

@@ -16,6 +16,8 @@
 //!   [`Connection::data_done`](super::Connection::data_done); `Done`: the
 //!   bytes are already out and the response may follow at once.
 //! - [`ConnOps::close`]: tear the connection down once queued sends are out.
+//! - [`ConnOps::close_after_logout`]: the Logout Response is queued; the
+//!   initiator closes the connection (the transport waits for it, bounded).
 //! - [`ConnOps::abort`]: tear it down now (its initiator stopped answering:
 //!   queued sends may never complete).
 //!
@@ -59,6 +61,19 @@ pub trait ConnOps {
 
     /// Close the connection after the queued sends.
     fn close(&mut self);
+
+    /// The connection ends in an orderly logout: the Logout Response is
+    /// queued (the core is closed and takes no more PDUs). After a Logout
+    /// Response it is the initiator that completely closes the logging-out
+    /// connection (RFC 7143 §11.14; on TCP the target only half-closes), so
+    /// a transport without a half-close (an RDMA CM disconnect ends both
+    /// directions) should wait for the initiator's close and close the
+    /// connection itself only when the initiator has not done so within a
+    /// bounded grace. The default closes after the queued sends as
+    /// [`close`](Self::close) does.
+    fn close_after_logout(&mut self) {
+        self.close();
+    }
 
     /// Close the connection now, without waiting for the queued sends: the
     /// initiator is alive but silent (an RC SEND to a peer that posts no

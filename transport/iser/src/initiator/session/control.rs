@@ -18,9 +18,18 @@ impl<P: Provider> IserInitiator<P> {
     /// fault tests hand the target malformed input with it. `false` when
     /// no control slot is free, `raw` does not fit one, or the post failed
     /// (the session then fails).
-    #[cfg(feature = "test-util")]
+    #[cfg(any(test, feature = "test-util"))]
     pub fn send_raw(&mut self, raw: &[u8]) -> bool {
         self.post_ctrl(raw.len(), |b| b.copy_from_slice(raw))
+    }
+
+    /// Misbehave after logout: read the Logout Response (the session
+    /// becomes `Closed`) but leave the connection up, as an initiator that
+    /// never disconnects would; dropping the session disconnects it. For
+    /// the target's tests.
+    #[cfg(any(test, feature = "test-util"))]
+    pub fn linger_after_logout(&mut self) {
+        self.linger_after_logout = true;
     }
 
     /// Post one control SEND of `len` bytes that `fill` writes into a free

@@ -185,6 +185,9 @@ pub struct IserInitiator<P: Provider> {
     /// Held while the session waits for its target (connect, login, tasks,
     /// a ping, logout): completions cannot wake a sleeping reactor.
     awake: Option<AwakeHold>,
+    /// Read the Logout Response but do not disconnect (a misbehaving
+    /// initiator for the target's tests; never set otherwise).
+    linger_after_logout: bool,
     // Verbs objects; the device last.
     cm: Option<P::CmId>,
     qp: P::Qp,
@@ -335,6 +338,7 @@ impl<P: Provider> IserInitiator<P> {
             last_heard: None,
             ping: None,
             ping_seq: 0,
+            linger_after_logout: false,
             awake: Reactor::current().map(|r| r.hold_awake()),
             cm: None,
             state: SessionState::Connecting,

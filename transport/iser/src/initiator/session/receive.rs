@@ -113,7 +113,9 @@ impl<P: Provider> IserInitiator<P> {
             Bhs::LogoutRsp(l) => {
                 self.update_sn(l.stat_sn, l.exp_cmd_sn, l.max_cmd_sn, true);
                 self.state = SessionState::Closed;
-                if let Some(id) = &self.cm {
+                // The initiator closes the connection after the Logout
+                // Response (RFC 7143 §11.14); the target waits for it.
+                if let Some(id) = self.cm.as_ref().filter(|_| !self.linger_after_logout) {
                     let _ = id.disconnect();
                 }
             }

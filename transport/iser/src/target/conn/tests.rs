@@ -24,6 +24,10 @@ struct Fake {
     closed: bool,
     /// Closed by `abort` (without waiting for queued sends).
     aborted: bool,
+    /// Closed by `close_after_logout` (the initiator closes).
+    logged_out: bool,
+    /// Refuse every send (no send slot free).
+    refuse_sends: bool,
     reads: usize,
     /// Answer Data-In WRITEs with `Pending` (like the iSER transport) and
     /// record the task; the test completes them with `data_done`.
@@ -33,6 +37,9 @@ struct Fake {
 
 impl ConnOps for Fake {
     fn send_pdu(&mut self, bhs: &[u8; BHS_LEN], data: &[u8], inv: Option<u32>) -> bool {
+        if self.refuse_sends {
+            return false;
+        }
         let mut v = bhs.to_vec();
         v.extend_from_slice(data);
         self.sent.push((v, inv));
@@ -61,6 +68,10 @@ impl ConnOps for Fake {
     }
     fn close(&mut self) {
         self.closed = true;
+    }
+    fn close_after_logout(&mut self) {
+        self.closed = true;
+        self.logged_out = true;
     }
     fn abort(&mut self) {
         self.closed = true;
@@ -637,8 +648,43 @@ fn window_nop_text_tmf_logout() {
         fx.last().bhs,
         Bhs::LogoutRsp(LogoutResponse { response: 0, .. })
     ));
-    assert!(fx.ops.closed);
+    // An orderly logout: the transport leaves the disconnect to the
+    // initiator (not `close`, not `abort`).
+    assert!(fx.ops.closed && fx.ops.logged_out && !fx.ops.aborted);
+    assert!(fx.conn.is_closed());
     let _ = &fx.target;
+}
+
+/// A Logout whose response cannot be sent closes as an error does (there
+/// is no response for the initiator to act on); a protocol error never
+/// takes the logout path.
+#[test]
+fn logout_without_a_response_and_errors_close_at_once() {
+    let mut fx = fixture(false);
+    fx.login(INI, "Normal");
+    fx.ops.refuse_sends = true;
+    let lo = LogoutRequest {
+        immediate: true,
+        reason: crate::pdu::LogoutReason::CloseSession,
+        itt: 11,
+        cid: 0,
+        cmd_sn: fx.cmd_sn,
+        exp_stat_sn: 0,
+    };
+    assert!(!fx.pdu(IserHeader::PLAIN, &Bhs::LogoutReq(lo).encode(0, 0)));
+    assert!(fx.ops.closed && !fx.ops.logged_out);
+    // A non-login PDU during login: closed, not as a logout.
+    let mut fx = fixture(false);
+    let nop = NopOut {
+        immediate: true,
+        lun: Lun::default(),
+        itt: 1,
+        ttt: RESERVED_TAG,
+        cmd_sn: 1,
+        exp_stat_sn: 0,
+    };
+    assert!(!fx.pdu(IserHeader::PLAIN, &Bhs::NopOut(nop).encode(0, 0)));
+    assert!(fx.ops.closed && !fx.ops.logged_out);
 }
 
 #[test]

@@ -60,6 +60,15 @@ pub(crate) struct ConnIo<P: Provider> {
     pub(crate) disconnect_requested: bool,
     /// Tear down without waiting for the queued SENDs ([`ConnOps::abort`]).
     pub(crate) abort_requested: bool,
+    /// An orderly logout ([`ConnOps::close_after_logout`]): once the
+    /// Logout Response is out, wait for the initiator to disconnect.
+    pub(crate) logged_out: bool,
+    /// When the wait for the initiator's disconnect after the Logout
+    /// Response ends (reactor nanoseconds, [`Reactor::now_ns`]); set when
+    /// the response's SEND has completed.
+    ///
+    /// [`Reactor::now_ns`]: pollux_reactor::Reactor::now_ns
+    pub(crate) logout_deadline: Option<u64>,
     own_mrs: MrTable<P>,
     pub(crate) doorbells: u64,
     pub(crate) busy: u64,
@@ -102,6 +111,8 @@ impl<P: Provider> ConnIo<P> {
             closing: false,
             disconnect_requested: false,
             abort_requested: false,
+            logged_out: false,
+            logout_deadline: None,
             own_mrs: MrTable::new(),
             doorbells: 0,
             busy: 0,
@@ -121,6 +132,19 @@ impl<P: Provider> ConnIo<P> {
     /// Send slots not yet free again.
     pub(crate) fn slots_in_use(&self) -> usize {
         self.small + LARGE_SLOTS - self.free_small.len() - self.free_large.len()
+    }
+
+    /// After an orderly logout whose Logout Response is out: whether the
+    /// grace for the initiator's disconnect is over at `now_ns` (the first
+    /// call starts it). Only a connection in this wait reads the time.
+    pub(crate) fn logout_grace_over(&mut self, now_ns: u64, grace_ns: u64) -> bool {
+        match self.logout_deadline {
+            Some(deadline) => now_ns >= deadline,
+            None => {
+                self.logout_deadline = Some(now_ns.saturating_add(grace_ns));
+                grace_ns == 0
+            }
+        }
     }
 
     /// The signaled SEND from `slot` completed (or flushed).
@@ -328,6 +352,11 @@ impl<P: Provider> ConnOps for IserOps<'_, P> {
 
     fn close(&mut self) {
         self.io.disconnect_requested = true;
+    }
+
+    fn close_after_logout(&mut self) {
+        self.io.disconnect_requested = true;
+        self.io.logged_out = true;
     }
 
     fn abort(&mut self) {

@@ -34,9 +34,13 @@
 //!   completion retires every WR before it), READs by credits; running
 //!   out answers `Busy` / `false` and the core retries.
 //! - Teardown: a CM disconnect, a failed WR, a bad PDU or the core's
-//!   `close` (after Logout) move the connection to `Closing`: the QP goes
-//!   to ERR, its WRs flush; once no signaled WR is outstanding the QP, the
-//!   core (its task buffers) and the send slots are dropped on this core.
+//!   `close` move the connection to `Closing`: the QP goes to ERR, its WRs
+//!   flush; once no signaled WR is outstanding the QP, the core (its task
+//!   buffers) and the send slots are dropped on this core. After a logout
+//!   (the core's `close_after_logout`) the initiator closes: once the
+//!   Logout Response's SEND has completed the connection waits, taking no
+//!   more PDUs, for the initiator's CM disconnect, and disconnects itself
+//!   only after [`IserOptions::logout_grace`] ([`LOGOUT_GRACE`]).
 //!   Receive buffers never leave the SRQ's pool: each is reposted as soon
 //!   as the core has consumed its PDU.
 
@@ -46,7 +50,10 @@ mod poll_group;
 mod transport;
 mod wrid;
 
-pub use options::{IserOptions, RECV_BUF_LEN, RECV_DATA_LEN};
+#[cfg(test)]
+mod tests;
+
+pub use options::{IserOptions, LOGOUT_GRACE, RECV_BUF_LEN, RECV_DATA_LEN};
 pub use poll_group::{IserPollGroup, IserPollGroupStats};
 pub use pollux_verbs::placement::PlacementPolicy;
 pub use transport::{IserTransport, IserTransportError, IserTransportStats};

@@ -20,6 +20,26 @@ pub(crate) const LARGE_SLOT: usize = ISER_HEADERS_LEN + RECV_DATA_LEN + 52;
 /// Large send slots per connection (login and text are lock-step).
 pub(crate) const LARGE_SLOTS: usize = 4;
 
+/// How long the target waits, after its Logout Response has been sent,
+/// for the initiator to disconnect before it disconnects the connection
+/// itself ([`IserOptions::logout_grace`]).
+///
+/// After a Logout Response the initiator is the one that completely closes
+/// the logging-out connection (RFC 7143 §11.14; over TCP the target only
+/// half-closes). An RDMA CM disconnect has no half-close: a target that
+/// disconnects first ends the connection under the initiator, and Linux's
+/// `ib_iser` reports a DISCONNECTED event that arrives before `iscsid` has
+/// stopped the connection as a connection error (`detected conn error
+/// (1011)`). So the target waits for the initiator's disconnect. Linux's
+/// initiator disconnects as soon as `iscsid` has read the response (a
+/// round trip through user space: milliseconds); 2 s is far above that on
+/// a loaded machine, and short enough that an initiator that never
+/// disconnects holds its connection's seat, session and send slots only
+/// briefly. The RFC sets no number (the response's Time2Wait and
+/// Time2Retain are 0). LIO's isert does not wait: it disconnects once the
+/// response's SEND has completed, as this target did before.
+pub const LOGOUT_GRACE: Duration = Duration::from_secs(2);
+
 /// iSER transport options.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IserOptions {
@@ -55,6 +75,11 @@ pub struct IserOptions {
     /// drops the connection and counts a NOP timeout (SPDK
     /// `nop_timeout`, default 60 s).
     pub nop_timeout: Duration,
+    /// After a Logout Response has been sent, how long the target waits
+    /// for the initiator to disconnect before it disconnects itself
+    /// (default [`LOGOUT_GRACE`], 2 s). A protocol error or an unanswered
+    /// ping still closes at once.
+    pub logout_grace: Duration,
 }
 
 impl Default for IserOptions {
@@ -72,6 +97,7 @@ impl Default for IserOptions {
             max_connections_per_core: 1024,
             nop_in_interval: NopPing::default().interval,
             nop_timeout: NopPing::default().timeout,
+            logout_grace: LOGOUT_GRACE,
         }
     }
 }

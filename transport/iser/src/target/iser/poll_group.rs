@@ -92,6 +92,10 @@ struct Iser<P: Provider> {
     /// posted, or waits here).
     recv_repost: RecvRepost,
     stats: IserPollGroupStats,
+    /// This group's reactor: its loop time bounds the wait after a logout.
+    reactor: pollux_reactor::Reactor,
+    /// [`IserOptions::logout_grace`] in nanoseconds.
+    logout_grace_ns: u64,
 }
 
 /// The per-reactor half of the iSER transport (see the module docs).
@@ -179,6 +183,8 @@ impl<P: Provider> IserPollGroup<P> {
                     recv_buffers: nrecv,
                     ..IserPollGroupStats::default()
                 },
+                reactor: reactor.clone(),
+                logout_grace_ns: u64::try_from(opts.logout_grace.as_nanos()).unwrap_or(u64::MAX),
             },
         };
         sh.x.post_srq()
@@ -426,11 +432,24 @@ impl<P: Provider> Iser<P> {
                 close = true;
             }
         }
-        // Logout answered (or a protocol error): close once the last
-        // SEND is out; an initiator that stopped answering at once (the
-        // QP's ERR state flushes what it would never take).
+        // A protocol error: close once the last SEND is out; an initiator
+        // that stopped answering at once (the QP's ERR state flushes what
+        // it would never take). Logout answered: once the response is out
+        // the initiator closes (its CM disconnect, seen below); the target
+        // disconnects only when it has not within the grace.
         if c.io.disconnect_requested && (c.io.slots_in_use() == 0 || c.io.abort_requested) {
-            close = true;
+            if !c.io.logged_out || c.io.abort_requested {
+                close = true;
+            } else if c.link.is_live()
+                && c.io
+                    .logout_grace_over(self.reactor.now_ns(), self.logout_grace_ns)
+            {
+                log::debug!(
+                    "iser: the initiator did not disconnect within {} ms of the Logout Response; disconnecting",
+                    self.logout_grace_ns / 1_000_000
+                );
+                close = true;
+            }
         }
         if cm_round && c.link.is_live() && c.link.peer_left() {
             close = true;
