@@ -148,15 +148,25 @@ fn iscsi_config_errors_name_the_line_and_field() {
     );
     assert_eq!(i.iser.nop_in_interval, Duration::from_secs(30));
     assert_eq!(i.iser.nop_timeout, Duration::from_secs(60));
+    assert_eq!(i.iser.logout_grace, Duration::from_secs(2));
+    bad(
+        "queue_depth = 16",
+        "logout_grace_ms = 60001",
+        &["line 21", "iscsi.options.logout_grace_ms", "0..=60000"],
+    );
     let p = TgtPlan::parse(&config("@x").replace(
         "queue_depth = 16",
-        "queue_depth = 16\nnop_in_interval = 5\nnop_timeout = 7",
+        "queue_depth = 16\nnop_in_interval = 5\nnop_timeout = 7\nlogout_grace_ms = 250",
     ))
     .unwrap();
     let o = &p.iscsi.as_ref().unwrap().iser;
     assert_eq!(
-        (o.nop_in_interval, o.nop_timeout),
-        (Duration::from_secs(5), Duration::from_secs(7))
+        (o.nop_in_interval, o.nop_timeout, o.logout_grace),
+        (
+            Duration::from_secs(5),
+            Duration::from_secs(7),
+            Duration::from_millis(250)
+        )
     );
     bad(
         "allowed_initiators = []",

@@ -34,6 +34,7 @@
 //! max_connections_per_core = 1024  # connections one core serves at once [1024]
 //! nop_in_interval = 30             # s of silence before a NOP-In ping, 0..=60; 0: never ping [30]
 //! nop_timeout = 60                 # s to wait for any PDU after a ping before dropping, 1..=3600 [60]
+//! logout_grace_ms = 2000           # ms to wait for the initiator to disconnect after a Logout Response, 0..=60000 [2000]
 //! ```
 //!
 //! Errors read `line L, column C: iscsi.target[0].luns[1].bdev: ...` like
@@ -164,6 +165,9 @@ pub struct OptionsSection {
     pub nop_in_interval: Option<Spanned<u64>>,
     /// Seconds to wait for an answer to a ping (SPDK `nop_timeout`).
     pub nop_timeout: Option<Spanned<u64>>,
+    /// Milliseconds to wait for the initiator's disconnect after a Logout
+    /// Response before disconnecting (`IserOptions::logout_grace`).
+    pub logout_grace_ms: Option<Spanned<u64>>,
 }
 
 /// A checked portal group.
@@ -424,6 +428,15 @@ pub fn plan(
                 return Err(at(text, v, &f("nop_timeout")).err(format!("{n} is not in 1..=3600")));
             }
             iser.nop_timeout = Duration::from_secs(n);
+        }
+        if let Some(v) = &o.logout_grace_ms {
+            let n = *v.get_ref();
+            if n > 60_000 {
+                return Err(
+                    at(text, v, &f("logout_grace_ms")).err(format!("{n} is not in 0..=60000"))
+                );
+            }
+            iser.logout_grace = Duration::from_millis(n);
         }
         if let Some(v) = &o.pin_connections_to_listener_core {
             iser.placement = if *v.get_ref() {
@@ -879,11 +892,12 @@ pub fn banner<P: Provider>(
     )?;
     writeln!(
         out,
-        "             max_connections {} max_connections_per_core {} (more are rejected) nop_in_interval {} s nop_timeout {} s",
+        "             max_connections {} max_connections_per_core {} (more are rejected) nop_in_interval {} s nop_timeout {} s logout_grace {} ms",
         i.max_connections,
         i.max_connections_per_core,
         i.nop_in_interval.as_secs(),
-        i.nop_timeout.as_secs()
+        i.nop_timeout.as_secs(),
+        i.logout_grace.as_millis()
     )?;
     for g in &plan.portal_groups {
         writeln!(

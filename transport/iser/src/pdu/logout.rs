@@ -68,6 +68,19 @@ impl LogoutRequest {
     }
 }
 
+/// Logout Response codes (RFC 7143 §11.15.1).
+pub mod logout_response {
+    /// The connection or session was closed successfully.
+    pub const SUCCESS: u8 = 0;
+    /// CID not found (a close-connection request naming another connection).
+    pub const CID_NOT_FOUND: u8 = 1;
+    /// Connection recovery is not supported (remove-for-recovery at
+    /// ErrorRecoveryLevel below 2).
+    pub const RECOVERY_NOT_SUPPORTED: u8 = 2;
+    /// Cleanup failed for various reasons.
+    pub const CLEANUP_FAILED: u8 = 3;
+}
+
 /// A Logout Response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct LogoutResponse {

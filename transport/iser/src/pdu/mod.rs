@@ -23,7 +23,7 @@ pub use bhs::{pad4, Common, Lun, Opcode, BHS_LEN, RESERVED_TAG};
 pub use data::{DataIn, DataOut, R2t};
 pub use iser_hdr::{IserCmHdr, IserHeader, Stag, ISER_HDR_LEN, ISER_HEADERS_LEN};
 pub use login::{LoginFlags, LoginRequest, LoginResponse, Stage};
-pub use logout::{LogoutReason, LogoutRequest, LogoutResponse};
+pub use logout::{logout_response, LogoutReason, LogoutRequest, LogoutResponse};
 pub use nop::{NopIn, NopOut};
 pub use reject::{reject_reason, AsyncMessage, Reject};
 pub use scsi::{ScsiCommand, ScsiResponse, TaskAttr};

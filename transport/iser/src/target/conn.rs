@@ -37,9 +37,9 @@ use super::ops::{ConnOps, Transfer};
 use super::sessions::Nexus;
 use crate::pdu::text::{parse_text, push_pair};
 use crate::pdu::{
-    reject_reason, tmf_response, Bhs, IserHeader, LogoutRequest, LogoutResponse, Lun, NopIn,
-    NopOut, Pdu, Reject, ScsiCommand, ScsiResponse, Stag, TextPdu, TmfFunction, TmfRequest,
-    TmfResponse, BHS_LEN, RESERVED_TAG,
+    logout_response, reject_reason, tmf_response, Bhs, IserHeader, LogoutReason, LogoutRequest,
+    LogoutResponse, Lun, NopIn, NopOut, Pdu, Reject, ScsiCommand, ScsiResponse, Stag, TextPdu,
+    TmfFunction, TmfRequest, TmfResponse, BHS_LEN, RESERVED_TAG,
 };
 use crate::scsi::commands::report_luns::report_luns;
 use crate::scsi::disk::{Action, BlockIo, BlockOp, Disk, DiskInfo, PiMode};
@@ -656,8 +656,9 @@ impl Connection {
         if !l.immediate && self.window.check(l.cmd_sn, false, false) == CmdSnCheck::Drop {
             return;
         }
+        let response = self.logout_response(l);
         let r = LogoutResponse {
-            response: 0,
+            response,
             itt: l.itt,
             stat_sn: self.next_stat_sn(),
             exp_cmd_sn: self.window.exp_cmd_sn(),
@@ -670,9 +671,28 @@ impl Connection {
             self.close(ops);
             return;
         }
+        if response != logout_response::SUCCESS {
+            // Refused: the connection stays in full feature phase.
+            return;
+        }
         if !matches!(self.phase, Phase::Closed) {
             self.phase = Phase::Closed;
             ops.close_after_logout();
+        }
+    }
+
+    /// What a Logout Request gets on this session, which has one connection
+    /// (MaxConnections=1) at ErrorRecoveryLevel 0 (RFC 7143 §11.14-11.15):
+    /// closing the session, or this connection by its own CID, succeeds;
+    /// closing a connection by any other CID finds no such connection;
+    /// removing a connection for recovery needs ErrorRecoveryLevel 2.
+    fn logout_response(&self, l: &LogoutRequest) -> u8 {
+        let own_cid = self.outcome.as_ref().map(|o| o.cid);
+        match l.reason {
+            LogoutReason::CloseSession => logout_response::SUCCESS,
+            LogoutReason::CloseConnection if own_cid == Some(l.cid) => logout_response::SUCCESS,
+            LogoutReason::CloseConnection => logout_response::CID_NOT_FOUND,
+            LogoutReason::RemoveForRecovery => logout_response::RECOVERY_NOT_SUPPORTED,
         }
     }
 

@@ -687,6 +687,50 @@ fn logout_without_a_response_and_errors_close_at_once() {
     assert!(fx.ops.closed && !fx.ops.logged_out);
 }
 
+/// Logout reasons on a session of one connection at ErrorRecoveryLevel 0:
+/// closing another connection's CID finds none and removing a connection
+/// for recovery is not supported (each answered, the connection carries
+/// on); closing this connection by its own CID (the login's, 0) succeeds.
+#[test]
+fn logout_reasons_and_cids() {
+    let mut fx = fixture(false);
+    fx.login(INI, "Normal");
+    let mut itt = 20;
+    let mut logout = |fx: &mut Fx, reason, cid| {
+        itt += 1;
+        let lo = LogoutRequest {
+            immediate: true,
+            reason,
+            itt,
+            cid,
+            cmd_sn: fx.cmd_sn,
+            exp_stat_sn: 0,
+        };
+        let alive = fx.pdu(IserHeader::PLAIN, &Bhs::LogoutReq(lo).encode(0, 0));
+        let Bhs::LogoutRsp(r) = fx.last().bhs else {
+            panic!("no logout response")
+        };
+        assert_eq!(r.itt, itt);
+        (alive, r.response)
+    };
+    assert_eq!(
+        logout(&mut fx, LogoutReason::CloseConnection, 7),
+        (true, logout_response::CID_NOT_FOUND)
+    );
+    assert_eq!(
+        logout(&mut fx, LogoutReason::RemoveForRecovery, 0),
+        (true, logout_response::RECOVERY_NOT_SUPPORTED)
+    );
+    assert!(!fx.ops.closed && !fx.conn.is_closed());
+    // Still in full feature phase: a command is served.
+    assert_eq!(fx.cmd(&[0u8; 6], 0, None, 0).0.response, 0);
+    assert_eq!(
+        logout(&mut fx, LogoutReason::CloseConnection, 0),
+        (false, logout_response::SUCCESS)
+    );
+    assert!(fx.ops.logged_out && fx.conn.is_closed());
+}
+
 #[test]
 fn acl_discovery_and_login_failures() {
     let mut fx = fixture(false);
