@@ -4,6 +4,7 @@
 //! the target core runs on the bdev `IoChannel`.
 
 use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use pollux_bdev::{BdevInfo, PiType};
@@ -226,6 +227,11 @@ pub struct Disk {
     shared: Arc<LunShared>,
     /// This session's I_T nexus.
     nexus: ItNexus,
+    /// This session, among the sessions of its nexus over time (for its
+    /// RESERVE(6) reservation: [`Reservations::nexus_lost`]).
+    ///
+    /// [`Reservations::nexus_lost`]: crate::scsi::reservation::Reservations::nexus_lost
+    session: u64,
     /// This nexus's access and the reservation epoch it was computed at.
     access: Cell<(u64, Access)>,
 }
@@ -289,10 +295,13 @@ impl Disk {
     /// A disk advertising `info` to I_T nexus `nexus`, on the LU whose
     /// sessions share `shared`.
     pub fn shared(info: DiskInfo, shared: Arc<LunShared>, nexus: ItNexus) -> Disk {
+        /// Session numbers, one per `Disk` (control path: at login).
+        static NEXT_SESSION: AtomicU64 = AtomicU64::new(0);
         Disk {
             info,
             shared,
             nexus,
+            session: NEXT_SESSION.fetch_add(1, Ordering::Relaxed),
             access: Cell::new((u64::MAX, Access::All)),
         }
     }
@@ -302,9 +311,12 @@ impl Disk {
         &self.shared
     }
 
-    /// This session ends: its RESERVE(6) reservation goes (control path).
+    /// This session ends: the RESERVE(6) reservation it took goes, not one
+    /// a later session of the same nexus took (control path; again is a
+    /// no-op).
     pub fn end_nexus(&self) {
-        self.shared.change(|r| r.nexus_lost(&self.nexus));
+        self.shared
+            .change(|r| r.nexus_lost(&self.nexus, self.session));
     }
 
     /// This nexus's access: one atomic load while no reservation changed;
@@ -633,7 +645,8 @@ impl Disk {
                 Ok(Action::NeedData(param_len))
             }
             Cdb::Reserve6 => {
-                self.shared.change(|r| r.reserve6(&self.nexus))?;
+                self.shared
+                    .change(|r| r.reserve6(&self.nexus, self.session))?;
                 Ok(Action::Good)
             }
             Cdb::Release6 => {

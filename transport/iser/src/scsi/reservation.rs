@@ -141,8 +141,9 @@ pub struct Reservations {
     registrations: Vec<(ItNexus, u64)>,
     /// The persistent reservation.
     holder: Option<Holder>,
-    /// The RESERVE(6) reservation.
-    reserved6: Option<ItNexus>,
+    /// The RESERVE(6) reservation: its nexus and the session of that
+    /// nexus that last reserved (see [`nexus_lost`](Self::nexus_lost)).
+    reserved6: Option<(ItNexus, u64)>,
     /// PRGENERATION.
     generation: u32,
 }
@@ -208,7 +209,7 @@ impl Reservations {
 
     /// What `n` may do now.
     pub fn access(&self, n: &ItNexus) -> Access {
-        if let Some(r) = &self.reserved6 {
+        if let Some((r, _)) = &self.reserved6 {
             return if r == n {
                 Access::All
             } else {
@@ -392,19 +393,20 @@ impl Reservations {
         Ok(w.n)
     }
 
-    /// RESERVE(6) from `n`.
+    /// RESERVE(6) from `n`, in its session `session` (any number that
+    /// tells this session of the nexus from an earlier or later one).
     ///
     /// # Errors
     /// [`Sense::RESERVATION_CONFLICT`] when another nexus holds it or a
     /// persistent reservation exists (CRH=0).
-    pub fn reserve6(&mut self, n: &ItNexus) -> Result<(), Sense> {
+    pub fn reserve6(&mut self, n: &ItNexus, session: u64) -> Result<(), Sense> {
         if self.persistent() {
             return Err(Sense::RESERVATION_CONFLICT);
         }
         match &self.reserved6 {
-            Some(r) if r != n => Err(Sense::RESERVATION_CONFLICT),
+            Some((r, _)) if r != n => Err(Sense::RESERVATION_CONFLICT),
             _ => {
-                self.reserved6 = Some(n.clone());
+                self.reserved6 = Some((n.clone(), session));
                 Ok(())
             }
         }
@@ -419,16 +421,23 @@ impl Reservations {
         if self.persistent() {
             return Err(Sense::RESERVATION_CONFLICT);
         }
-        if self.reserved6.as_ref() == Some(n) {
+        if self.reserved6.as_ref().is_some_and(|(r, _)| r == n) {
             self.reserved6 = None;
         }
         Ok(())
     }
 
-    /// The I_T nexus `n` is gone: its RESERVE(6) reservation ends
-    /// (persistent registrations stay).
-    pub fn nexus_lost(&mut self, n: &ItNexus) {
-        if self.reserved6.as_ref() == Some(n) {
+    /// Session `session` of the I_T nexus `n` is gone: the RESERVE(6)
+    /// reservation it took ends (persistent registrations stay). One that a
+    /// later session of the same nexus took (after a reinstatement, or
+    /// while the old connection waited for its initiator to disconnect
+    /// after a logout) stays.
+    pub fn nexus_lost(&mut self, n: &ItNexus, session: u64) {
+        if self
+            .reserved6
+            .as_ref()
+            .is_some_and(|(r, s)| r == n && *s == session)
+        {
             self.reserved6 = None;
         }
     }

@@ -675,6 +675,12 @@ impl Connection {
             // Refused: the connection stays in full feature phase.
             return;
         }
+        // The session is over now, not when the connection goes (that
+        // waits for the initiator's disconnect): its RESERVE(6)
+        // reservations end here (again on drop: a no-op).
+        for l in &self.luns {
+            l.disk.end_nexus();
+        }
         if !matches!(self.phase, Phase::Closed) {
             self.phase = Phase::Closed;
             ops.close_after_logout();

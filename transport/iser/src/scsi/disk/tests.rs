@@ -522,3 +522,28 @@ fn reservations_conflict_on_media_commands() {
     a.end_nexus();
     assert_eq!(run(&b, &[0, 0, 0, 0, 0, 0]).0, Ok(Action::Good));
 }
+
+/// A session of a nexus that ends after a later session of the same nexus
+/// took RESERVE(6) (a reinstatement, or a logged-out connection still
+/// waiting for its initiator to disconnect) leaves that reservation alone.
+#[test]
+fn an_earlier_session_of_the_nexus_ending_keeps_a_later_ones_reserve6() {
+    let info = disk(PiType::None, true, true).info;
+    let lu = Arc::new(LunShared::default());
+    let nx = |i: u8| ItNexus {
+        initiator: "iqn.2024-01.io.pollux:host".into(),
+        isid: [0x80, 0, 0, 0, 0, i],
+        tpgt: 1,
+    };
+    let old = Disk::shared(info.clone(), lu.clone(), nx(1));
+    let new = Disk::shared(info.clone(), lu.clone(), nx(1));
+    let other = Disk::shared(info, lu, nx(2));
+    let (tur, reserve) = ([0u8, 0, 0, 0, 0, 0], [0x16u8, 0, 0, 0, 0, 0]);
+    assert_eq!(run(&old, &reserve).0, Ok(Action::Good));
+    assert_eq!(run(&new, &reserve).0, Ok(Action::Good));
+    old.end_nexus();
+    assert_eq!(run(&other, &tur).0, Err(Sense::RESERVATION_CONFLICT));
+    assert_eq!(run(&new, &tur).0, Ok(Action::Good));
+    new.end_nexus();
+    assert_eq!(run(&other, &tur).0, Ok(Action::Good));
+}

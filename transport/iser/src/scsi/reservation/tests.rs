@@ -183,20 +183,32 @@ fn report_capabilities_and_unknown_actions() {
 fn reserve6_release6() {
     let (a, b) = (nexus(1), nexus(2));
     let mut r = Reservations::default();
-    r.reserve6(&a).unwrap();
-    r.reserve6(&a).unwrap();
-    assert_eq!(r.reserve6(&b), CONFLICT);
+    r.reserve6(&a, 1).unwrap();
+    r.reserve6(&a, 1).unwrap();
+    assert_eq!(r.reserve6(&b, 2), CONFLICT);
     assert_eq!(r.access(&b), Access::Reserved6);
     assert!(conflicts(Access::Reserved6, Class::Status));
     assert!(!conflicts(Access::Reserved6, Class::Exempt));
     // Another nexus's RELEASE(6) has no effect.
     r.release6(&b).unwrap();
     assert_eq!(r.access(&b), Access::Reserved6);
-    r.nexus_lost(&a);
+    // Another session of the nexus (one that ended before this one
+    // reserved) does not end it; its own does.
+    r.nexus_lost(&a, 0);
+    assert_eq!(r.access(&b), Access::Reserved6);
+    r.nexus_lost(&a, 1);
+    assert_eq!(r.access(&b), Access::All);
+    // A later session of the same nexus that reserves again holds it past
+    // the end of the earlier one.
+    r.reserve6(&a, 1).unwrap();
+    r.reserve6(&a, 3).unwrap();
+    r.nexus_lost(&a, 1);
+    assert_eq!(r.access(&b), Access::Reserved6);
+    r.nexus_lost(&a, 3);
     assert_eq!(r.access(&b), Access::All);
     // With a persistent registration RESERVE(6)/RELEASE(6) conflict.
     r.out(&a, out_sa::REGISTER, 0, &param(0, 1)).unwrap();
-    assert_eq!(r.reserve6(&b), CONFLICT);
+    assert_eq!(r.reserve6(&b, 2), CONFLICT);
     assert_eq!(r.release6(&b), CONFLICT);
 }
 
@@ -204,7 +216,7 @@ fn reserve6_release6() {
 fn shared_state_epoch_and_caw_gate() {
     let s = LunShared::default();
     let e0 = s.epoch();
-    s.change(|r| r.reserve6(&nexus(1))).unwrap();
+    s.change(|r| r.reserve6(&nexus(1), 1)).unwrap();
     assert_ne!(s.epoch(), e0);
     assert_eq!(s.lock().access(&nexus(2)), Access::Reserved6);
     assert!(s.try_caw());

@@ -722,13 +722,29 @@ fn logout_reasons_and_cids() {
         (true, logout_response::RECOVERY_NOT_SUPPORTED)
     );
     assert!(!fx.ops.closed && !fx.conn.is_closed());
-    // Still in full feature phase: a command is served.
-    assert_eq!(fx.cmd(&[0u8; 6], 0, None, 0).0.response, 0);
+    // Still in full feature phase: a command is served (RESERVE(6)).
+    on_lun(0);
+    assert_eq!(fx.cmd(&[0x16, 0, 0, 0, 0, 0], 0, None, 0).0.response, 0);
+    let lu = fx.target.lun_shared(TGT, 0);
+    let other = crate::scsi::reservation::ItNexus {
+        initiator: "iqn.2024-01.io.pollux:other".into(),
+        ..Default::default()
+    };
+    assert_eq!(
+        lu.lock().access(&other),
+        crate::scsi::reservation::Access::Reserved6
+    );
     assert_eq!(
         logout(&mut fx, LogoutReason::CloseConnection, 0),
         (false, logout_response::SUCCESS)
     );
     assert!(fx.ops.logged_out && fx.conn.is_closed());
+    // The session ended with its logout: its reservation with it, while
+    // the connection still waits for the initiator to disconnect.
+    assert_eq!(
+        lu.lock().access(&other),
+        crate::scsi::reservation::Access::All
+    );
 }
 
 #[test]
