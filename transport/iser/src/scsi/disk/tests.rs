@@ -452,15 +452,19 @@ fn get_lba_status_reports_the_rest_mapped() {
     assert_eq!(code(run(&d, &c).0), (5, 0x21, 0));
 }
 
+/// Initiator port `i` of one initiator, through portal group 1.
+fn nx(i: u8) -> ItNexus {
+    ItNexus {
+        initiator: "iqn.2024-01.io.pollux:host".into(),
+        isid: [0x80, 0, 0, 0, 0, i],
+        tpgt: 1,
+    }
+}
+
 #[test]
 fn reservations_conflict_on_media_commands() {
     let info = disk(PiType::None, true, true).info;
     let lu = Arc::new(LunShared::default());
-    let nx = |i: u8| ItNexus {
-        initiator: "iqn.2024-01.io.pollux:host".into(),
-        isid: [0x80, 0, 0, 0, 0, i],
-        tpgt: 1,
-    };
     let a = Disk::shared(info.clone(), lu.clone(), nx(1));
     let b = Disk::shared(info, lu, nx(2));
     let read = [0x28, 0, 0, 0, 0, 0, 0, 0, 1, 0];
@@ -530,11 +534,6 @@ fn reservations_conflict_on_media_commands() {
 fn an_earlier_session_of_the_nexus_ending_keeps_a_later_ones_reserve6() {
     let info = disk(PiType::None, true, true).info;
     let lu = Arc::new(LunShared::default());
-    let nx = |i: u8| ItNexus {
-        initiator: "iqn.2024-01.io.pollux:host".into(),
-        isid: [0x80, 0, 0, 0, 0, i],
-        tpgt: 1,
-    };
     let old = Disk::shared(info.clone(), lu.clone(), nx(1));
     let new = Disk::shared(info.clone(), lu.clone(), nx(1));
     let other = Disk::shared(info, lu, nx(2));

@@ -243,6 +243,20 @@ impl Fx {
     }
 
     /// Run a command to its response: (response, sense, data written to stag 1).
+    /// Send an immediate Logout Request (`reason`, `cid`, ITT `itt`):
+    /// whether the connection is still open.
+    fn logout(&mut self, reason: LogoutReason, cid: u16, itt: u32) -> bool {
+        let lo = LogoutRequest {
+            immediate: true,
+            reason,
+            itt,
+            cid,
+            cmd_sn: self.cmd_sn,
+            exp_stat_sn: 0,
+        };
+        self.pdu(IserHeader::PLAIN, &Bhs::LogoutReq(lo).encode(0, 0))
+    }
+
     fn cmd(
         &mut self,
         cdb: &[u8],
@@ -635,15 +649,7 @@ fn window_nop_text_tmf_logout() {
     ));
     assert_eq!(p.data, &bad[..]);
     // Logout closes.
-    let lo = LogoutRequest {
-        immediate: true,
-        reason: crate::pdu::LogoutReason::CloseSession,
-        itt: 11,
-        cid: 0,
-        cmd_sn: fx.cmd_sn,
-        exp_stat_sn: 0,
-    };
-    assert!(!fx.pdu(IserHeader::PLAIN, &Bhs::LogoutReq(lo).encode(0, 0)));
+    assert!(!fx.logout(LogoutReason::CloseSession, 0, 11));
     assert!(matches!(
         fx.last().bhs,
         Bhs::LogoutRsp(LogoutResponse { response: 0, .. })
@@ -663,15 +669,7 @@ fn logout_without_a_response_and_errors_close_at_once() {
     let mut fx = fixture(false);
     fx.login(INI, "Normal");
     fx.ops.refuse_sends = true;
-    let lo = LogoutRequest {
-        immediate: true,
-        reason: crate::pdu::LogoutReason::CloseSession,
-        itt: 11,
-        cid: 0,
-        cmd_sn: fx.cmd_sn,
-        exp_stat_sn: 0,
-    };
-    assert!(!fx.pdu(IserHeader::PLAIN, &Bhs::LogoutReq(lo).encode(0, 0)));
+    assert!(!fx.logout(LogoutReason::CloseSession, 0, 11));
     assert!(fx.ops.closed && !fx.ops.logged_out);
     // A non-login PDU during login: closed, not as a logout.
     let mut fx = fixture(false);
@@ -698,15 +696,7 @@ fn logout_reasons_and_cids() {
     let mut itt = 20;
     let mut logout = |fx: &mut Fx, reason, cid| {
         itt += 1;
-        let lo = LogoutRequest {
-            immediate: true,
-            reason,
-            itt,
-            cid,
-            cmd_sn: fx.cmd_sn,
-            exp_stat_sn: 0,
-        };
-        let alive = fx.pdu(IserHeader::PLAIN, &Bhs::LogoutReq(lo).encode(0, 0));
+        let alive = fx.logout(reason, cid, itt);
         let Bhs::LogoutRsp(r) = fx.last().bhs else {
             panic!("no logout response")
         };
