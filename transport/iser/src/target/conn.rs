@@ -677,10 +677,13 @@ impl Connection {
         }
         // The session is over now, not when the connection goes (that
         // waits for the initiator's disconnect): its RESERVE(6)
-        // reservations end here (again on drop: a no-op).
+        // reservations end here (again on drop: a no-op), and it leaves
+        // the target's session table (a new login of the nexus meanwhile
+        // is a new session, not a reinstatement of this one).
         for l in &self.luns {
             l.disk.end_nexus();
         }
+        self.end_session();
         if !matches!(self.phase, Phase::Closed) {
             self.phase = Phase::Closed;
             ops.close_after_logout();
@@ -699,6 +702,16 @@ impl Connection {
             LogoutReason::CloseConnection if own_cid == Some(l.cid) => logout_response::SUCCESS,
             LogoutReason::CloseConnection => logout_response::CID_NOT_FOUND,
             LogoutReason::RemoveForRecovery => logout_response::RECOVERY_NOT_SUPPORTED,
+        }
+    }
+
+    /// Take the session out of the target's session table (once: at a
+    /// successful logout or when the connection goes).
+    fn end_session(&mut self) {
+        if let Some(tsih) = self.tsih.take() {
+            self.target.end_session(tsih);
+            // A retirement that raced with the session's own end.
+            self.core.take_doomed(tsih);
         }
     }
 
@@ -1348,11 +1361,7 @@ impl Drop for Connection {
         for l in &self.luns {
             l.disk.end_nexus();
         }
-        if let Some(tsih) = self.tsih.take() {
-            self.target.end_session(tsih);
-            // A retirement that raced with this connection's own end.
-            self.core.take_doomed(tsih);
-        }
+        self.end_session();
     }
 }
 

@@ -724,17 +724,21 @@ fn logout_reasons_and_cids() {
         lu.lock().access(&other),
         crate::scsi::reservation::Access::Reserved6
     );
+    assert_eq!(fx.target.live_sessions(), 1);
     assert_eq!(
         logout(&mut fx, LogoutReason::CloseConnection, 0),
         (false, logout_response::SUCCESS)
     );
     assert!(fx.ops.logged_out && fx.conn.is_closed());
-    // The session ended with its logout: its reservation with it, while
-    // the connection still waits for the initiator to disconnect.
+    // The session ended with its logout: its reservation and its place in
+    // the session table with it, while the connection still waits for the
+    // initiator to disconnect.
     assert_eq!(
         lu.lock().access(&other),
         crate::scsi::reservation::Access::All
     );
+    assert_eq!(fx.target.live_sessions(), 0);
+    assert_eq!(fx.conn.tsih(), None);
 }
 
 #[test]
