@@ -676,13 +676,8 @@ impl Connection {
             return;
         }
         // The session is over now, not when the connection goes (that
-        // waits for the initiator's disconnect): its RESERVE(6)
-        // reservations end here (again on drop: a no-op), and it leaves
-        // the target's session table (a new login of the nexus meanwhile
-        // is a new session, not a reinstatement of this one).
-        for l in &self.luns {
-            l.disk.end_nexus();
-        }
+        // waits for the initiator's disconnect): a new login of the nexus
+        // meanwhile is a new session, not a reinstatement of this one.
         self.end_session();
         if !matches!(self.phase, Phase::Closed) {
             self.phase = Phase::Closed;
@@ -705,10 +700,15 @@ impl Connection {
         }
     }
 
-    /// Take the session out of the target's session table (once: at a
-    /// successful logout or when the connection goes).
+    /// End the session (once: at a successful logout or when the
+    /// connection goes): its RESERVE(6) reservations end and it leaves the
+    /// target's session table. A connection has LUNs only once its session
+    /// is in the table.
     fn end_session(&mut self) {
         if let Some(tsih) = self.tsih.take() {
+            for l in &self.luns {
+                l.disk.end_nexus();
+            }
             self.target.end_session(tsih);
             // A retirement that raced with the session's own end.
             self.core.take_doomed(tsih);
@@ -1357,9 +1357,6 @@ impl Drop for Connection {
                     lun.disk.lun().end_caw();
                 }
             }
-        }
-        for l in &self.luns {
-            l.disk.end_nexus();
         }
         self.end_session();
     }
