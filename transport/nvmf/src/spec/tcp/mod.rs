@@ -261,12 +261,15 @@ impl TcpPduError {
     }
 
     /// The fatal error information: the offending field's byte offset for
-    /// header-field and unsupported-parameter errors, else 0.
+    /// header-field and unsupported-parameter errors, the PDU Header
+    /// Digest (PHD: the digest the PDU carried) for a header digest error,
+    /// else 0 (reserved).
     pub const fn fei(&self) -> u32 {
         match self {
             TcpPduError::InvalidField { offset, .. } | TcpPduError::Unsupported { offset, .. } => {
                 *offset
             }
+            TcpPduError::HeaderDigest { got, .. } => *got,
             _ => 0,
         }
     }

@@ -137,6 +137,11 @@ fn bad_header_digest_is_fatal_status_3() {
     pdu[10] ^= 1;
     let e = f.verify_hdgst(&pdu).expect_err("corrupt");
     assert_eq!(e.fes(), Fes::HeaderDigest);
+    // FEI of a header digest error is the PDU Header Digest (PHD): the
+    // digest the PDU carried.
+    let carried = u32::from_le_bytes(pdu[24..28].try_into().expect("4"));
+    assert_eq!(e.fei(), carried);
+    assert_ne!(carried, 0);
 }
 
 #[test]

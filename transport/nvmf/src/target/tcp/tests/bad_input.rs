@@ -65,7 +65,9 @@ fn a_bad_header_digest_is_fatal() {
     let mut p = r.admin_connect();
     p[72] ^= 0xFF; // the header digest
     r.send(&p);
-    r.expect_term(&f, Fes::HeaderDigest, None);
+    // FEI: the PDU Header Digest (PHD), the digest the capsule carried.
+    let carried = crate::spec::le32(&p, 72);
+    r.expect_term(&f, Fes::HeaderDigest, Some(carried));
     after(&f, 1);
 }
 
