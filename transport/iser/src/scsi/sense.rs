@@ -132,13 +132,18 @@ impl Sense {
         self
     }
 
-    /// The 18 bytes of fixed-format (0x70) sense data.
+    /// The 18 bytes of fixed-format (0x70) sense data. An INFORMATION
+    /// value above 32 bits (an LBA of a large disk) does not fit the
+    /// 4-byte field: VALID stays 0 then, as Linux's
+    /// `scsi_set_sense_information` does, so that no truncated LBA is
+    /// reported as the failing one.
     pub fn fixed(&self) -> [u8; FIXED_SENSE_LEN] {
         let mut b = [0u8; FIXED_SENSE_LEN];
-        b[0] = 0x70 | if self.info.is_some() { 0x80 } else { 0 };
+        b[0] = 0x70;
         b[2] = self.key & 0x0F;
-        if let Some(i) = self.info {
-            b[3..7].copy_from_slice(&(i as u32).to_be_bytes());
+        if let Some(i) = self.info.and_then(|i| u32::try_from(i).ok()) {
+            b[0] |= 0x80;
+            b[3..7].copy_from_slice(&i.to_be_bytes());
         }
         b[7] = 10;
         b[12] = self.asc;
@@ -208,5 +213,20 @@ mod tests {
         );
         assert_eq!(Sense::parse(&[0x70, 0]), None);
         assert_eq!(Sense::parse(&[]), None);
+    }
+
+    /// An LBA above 32 bits cannot be carried by fixed-format sense: VALID
+    /// is 0 rather than the low 32 bits passed off as the failing LBA.
+    #[test]
+    fn information_above_32_bits_is_not_valid_in_fixed_format() {
+        let s = Sense::LBA_OUT_OF_RANGE.with_info((1 << 32) | 5).fixed();
+        assert_eq!(s[0], 0x70, "VALID clear");
+        assert_eq!(&s[3..7], &[0, 0, 0, 0]);
+        assert_eq!((s[2], s[12], s[13]), (5, 0x21, 0));
+        assert_eq!(Sense::parse(&s).map(|p| p.info), Some(None));
+        let s = Sense::LBA_OUT_OF_RANGE
+            .with_info(u64::from(u32::MAX))
+            .fixed();
+        assert_eq!((s[0], &s[3..7]), (0xF0, &[0xFF; 4][..]), "32 bits fit");
     }
 }
