@@ -5,7 +5,9 @@ use crate::scsi::sense::Sense;
 
 /// Parse the parameter list: header (data length, descriptor length) and
 /// at most [`UNMAP_MAX_DESCRIPTORS`] descriptors of at most `max_blocks`
-/// blocks. `None` when it has no descriptor.
+/// blocks. `None` when it has no descriptor. A descriptor length that is
+/// not a multiple of 16 ends in an incomplete descriptor, which is ignored
+/// (SBC-3 UNMAP parameter list).
 ///
 /// # Errors
 /// ILLEGAL REQUEST 26/00 (inconsistent lengths, too many descriptors or
@@ -16,10 +18,10 @@ pub fn parse(d: &[u8], max_blocks: u32) -> Result<Option<(u64, u64)>, Sense> {
     }
     let data_len = usize::from(u16::from_be_bytes([d[0], d[1]]));
     let desc_len = usize::from(u16::from_be_bytes([d[2], d[3]]));
-    if desc_len % 16 != 0 || data_len != desc_len + 6 || 8 + desc_len > d.len() {
+    let n = desc_len / 16;
+    if data_len != desc_len + 6 || 8 + 16 * n > d.len() {
         return Err(Sense::INVALID_FIELD_IN_PARAM);
     }
-    let n = desc_len / 16;
     if n == 0 {
         return Ok(None);
     }
@@ -38,4 +40,43 @@ pub fn parse(d: &[u8], max_blocks: u32) -> Result<Option<(u64, u64)>, Sense> {
         return Ok(None);
     }
     Ok(Some((lba, u64::from(blocks))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn list(desc_len: u16, lba: u64, blocks: u32) -> Vec<u8> {
+        let mut d = vec![0u8; 8 + usize::from(desc_len)];
+        d[..2].copy_from_slice(&(desc_len + 6).to_be_bytes());
+        d[2..4].copy_from_slice(&desc_len.to_be_bytes());
+        if desc_len >= 16 {
+            d[8..16].copy_from_slice(&lba.to_be_bytes());
+            d[16..20].copy_from_slice(&blocks.to_be_bytes());
+        }
+        d
+    }
+
+    /// SBC-3: a block descriptor data length that is not a multiple of 16
+    /// leaves the last descriptor incomplete, and it is ignored: not an
+    /// error.
+    #[test]
+    fn an_incomplete_last_descriptor_is_ignored() {
+        assert_eq!(parse(&list(16, 5, 8), 1 << 20), Ok(Some((5, 8))));
+        assert_eq!(parse(&list(20, 5, 8), 1 << 20), Ok(Some((5, 8))));
+        assert_eq!(parse(&list(8, 0, 0), 1 << 20), Ok(None));
+        // Its header still has to agree with itself and with the list.
+        let mut d = list(20, 5, 8);
+        d[1] = 30;
+        assert_eq!(parse(&d, 1 << 20), Err(Sense::INVALID_FIELD_IN_PARAM));
+        assert_eq!(
+            parse(&list(16, 5, 8)[..20], 1 << 20),
+            Err(Sense::INVALID_FIELD_IN_PARAM)
+        );
+        assert_eq!(
+            parse(&list(32, 5, 8), 1 << 20),
+            Err(Sense::INVALID_FIELD_IN_PARAM),
+            "two descriptors"
+        );
+    }
 }
