@@ -381,9 +381,16 @@ impl Cdb {
         let bad = |byte: u16| Sense::INVALID_FIELD_IN_CDB.at_cdb(byte, None);
         Ok(match opcode {
             op::TEST_UNIT_READY => Cdb::TestUnitReady,
-            op::REQUEST_SENSE => Cdb::RequestSense {
-                alloc: u32::from(b[4]),
-            },
+            op::REQUEST_SENSE => {
+                if b[1] & 0x01 != 0 {
+                    // DESC: descriptor format sense data is not supported
+                    // (SPC-4 REQUEST SENSE; LIO answers the same).
+                    return Err(Sense::INVALID_FIELD_IN_CDB.at_cdb(1, Some(0)));
+                }
+                Cdb::RequestSense {
+                    alloc: u32::from(b[4]),
+                }
+            }
             op::INQUIRY => {
                 let evpd = b[1] & 1 != 0;
                 if b[1] & 0xFE != 0 {
@@ -709,6 +716,15 @@ mod tests {
         );
         assert_eq!(c(&[0x12, 2, 0, 0, 36, 0]), Err((5, 0x24, 0)), "CmdDt");
         assert_eq!(c(&[0x00, 0, 0, 0, 0, 4]), Err((5, 0x24, 0)), "NACA");
+        assert_eq!(
+            Cdb::parse(&[0x03, 0x01, 0, 0, 18, 0]),
+            Err(Sense::INVALID_FIELD_IN_CDB.at_cdb(1, Some(0))),
+            "REQUEST SENSE DESC: only fixed format is returned"
+        );
+        assert_eq!(
+            c(&[0x03, 0, 0, 0, 18, 0]),
+            Ok(Cdb::RequestSense { alloc: 18 })
+        );
         let mut sai = [0u8; 16];
         sai[0] = 0x9E;
         sai[1] = 0x11;
