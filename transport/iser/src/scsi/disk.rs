@@ -243,6 +243,22 @@ fn check_range(info: &DiskInfo, lba: u64, blocks: u64) -> Result<(), Sense> {
     }
 }
 
+/// The CDB byte where the TRANSFER LENGTH (VERIFICATION LENGTH, NUMBER OF
+/// LOGICAL BLOCKS) field of a medium command starts: the field pointer of
+/// the INVALID FIELD IN CDB that a too long transfer gets.
+fn transfer_len_byte(opcode: u8) -> u16 {
+    match opcode {
+        super::cdb::op::VARIABLE_LENGTH => 28,
+        super::cdb::op::COMPARE_AND_WRITE => 13,
+        o => match o >> 5 {
+            0 => 4,
+            4 => 10,
+            5 => 6,
+            _ => 7,
+        },
+    }
+}
+
 /// How a command meets a reservation (SPC-4 §5.13.1, table of commands
 /// allowed in the presence of reservations).
 fn class_of(cmd: &Cdb) -> Class {
@@ -356,16 +372,17 @@ impl Disk {
         u32::try_from(cap / per).unwrap_or(u32::MAX).max(1)
     }
 
-    fn compare_io(&self, rw: &Rw, op: BlockOp, write: bool) -> Result<Action, Sense> {
+    fn compare_io(
+        &self,
+        rw: &Rw,
+        op: BlockOp,
+        write: bool,
+        len_byte: u16,
+    ) -> Result<Action, Sense> {
         if write && !self.info.writable {
             return Err(Sense::WRITE_PROTECTED);
         }
         let pi = self.plain_pi(rw.protect)?;
-        let len_byte = if matches!(op, BlockOp::CompareAndWrite) {
-            13
-        } else {
-            7
-        };
         if rw.blocks > self.max_compare_blocks() {
             return Err(Sense::INVALID_FIELD_IN_CDB.at_cdb(len_byte, None));
         }
@@ -417,7 +434,7 @@ impl Disk {
         })
     }
 
-    fn rw(&self, rw: &Rw, write: bool) -> Result<Action, Sense> {
+    fn rw(&self, rw: &Rw, write: bool, len_byte: u16) -> Result<Action, Sense> {
         if write && !self.info.writable {
             return Err(Sense::WRITE_PROTECTED);
         }
@@ -430,7 +447,7 @@ impl Disk {
         }
         let pi = self.pi_mode(rw.protect)?;
         if rw.blocks > self.info.max_transfer_blocks {
-            return Err(Sense::INVALID_FIELD_IN_CDB.at_cdb(7, None));
+            return Err(Sense::INVALID_FIELD_IN_CDB.at_cdb(len_byte, None));
         }
         check_range(&self.info, rw.lba, u64::from(rw.blocks))?;
         if rw.blocks == 0 {
@@ -457,6 +474,7 @@ impl Disk {
             return Err(Sense::RESERVATION_CONFLICT);
         }
         let info = &self.info;
+        let len_byte = transfer_len_byte(cdb.first().copied().unwrap_or(0));
         let fit = |n: usize, alloc: u32| n.min(alloc as usize).min(out.len());
         match cmd {
             Cdb::TestUnitReady | Cdb::StartStopUnit => Ok(Action::Good),
@@ -510,8 +528,8 @@ impl Disk {
                 out[..n].copy_from_slice(&b[..n]);
                 Ok(Action::DataIn(n))
             }
-            Cdb::Read(rw) => self.rw(&rw, false),
-            Cdb::Write(rw) => self.rw(&rw, true),
+            Cdb::Read(rw) => self.rw(&rw, false, len_byte),
+            Cdb::Write(rw) => self.rw(&rw, true, len_byte),
             Cdb::SyncCache { lba, blocks } => {
                 let n = if blocks == 0 {
                     info.num_blocks.saturating_sub(lba)
@@ -573,11 +591,13 @@ impl Disk {
                     Ok(Action::NeedData(info.block_size))
                 }
             }
-            Cdb::Verify { rw, bytchk: true } => self.compare_io(&rw, BlockOp::Compare, false),
+            Cdb::Verify { rw, bytchk: true } => {
+                self.compare_io(&rw, BlockOp::Compare, false, len_byte)
+            }
             Cdb::Verify { rw, bytchk: false } => {
                 let pi = self.plain_pi(rw.protect)?;
                 if rw.blocks > info.max_transfer_blocks {
-                    return Err(Sense::INVALID_FIELD_IN_CDB.at_cdb(7, None));
+                    return Err(Sense::INVALID_FIELD_IN_CDB.at_cdb(len_byte, None));
                 }
                 check_range(info, rw.lba, u64::from(rw.blocks))?;
                 if rw.blocks == 0 {
@@ -592,16 +612,18 @@ impl Disk {
                 }))
             }
             Cdb::WriteVerify { rw, bytchk: true } => {
-                self.compare_io(&rw, BlockOp::WriteCompare, true)
+                self.compare_io(&rw, BlockOp::WriteCompare, true, len_byte)
             }
             // The write completes on the medium (FUA) before GOOD: the
             // medium verification BYTCHK 0 asks for.
-            Cdb::WriteVerify { rw, bytchk: false } => self.rw(&Rw { fua: true, ..rw }, true),
+            Cdb::WriteVerify { rw, bytchk: false } => {
+                self.rw(&Rw { fua: true, ..rw }, true, len_byte)
+            }
             Cdb::CompareAndWrite { rw } => {
                 if rw.blocks > COMPARE_AND_WRITE_MAX_BLOCKS {
-                    return Err(Sense::INVALID_FIELD_IN_CDB.at_cdb(13, None));
+                    return Err(Sense::INVALID_FIELD_IN_CDB.at_cdb(len_byte, None));
                 }
-                self.compare_io(&rw, BlockOp::CompareAndWrite, true)
+                self.compare_io(&rw, BlockOp::CompareAndWrite, true, len_byte)
             }
             Cdb::GetLbaStatus { lba, alloc } => {
                 if lba >= info.num_blocks {

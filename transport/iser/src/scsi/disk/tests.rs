@@ -546,3 +546,55 @@ fn an_earlier_session_of_the_nexus_ending_keeps_a_later_ones_reserve6() {
     new.end_nexus();
     assert_eq!(run(&other, &tur).0, Ok(Action::Good));
 }
+
+/// A transfer longer than MAXIMUM TRANSFER LENGTH gets INVALID FIELD IN
+/// CDB whose field pointer names the CDB's own length field: byte 4 of a
+/// 6-byte CDB, 7 of a 10-byte, 6 of a 12-byte, 10 of a 16-byte and 28 of
+/// READ(32), not byte 7 whatever the form.
+#[test]
+fn too_long_transfers_point_at_their_length_field() {
+    let d = disk(PiType::None, true, true);
+    let field = |r: Result<Action, Sense>| {
+        let s = r.expect_err("sense");
+        assert_eq!(s.code(), (5, 0x24, 0));
+        s.field
+    };
+    let at = |byte: u16| Some((true, byte, None));
+    assert_eq!(field(run(&d, &[0x28, 0, 0, 0, 0, 0, 0, 2, 1, 0]).0), at(7));
+    let mut r12 = [0u8; 12];
+    r12[0] = 0xA8;
+    r12[6..10].copy_from_slice(&257u32.to_be_bytes());
+    assert_eq!(field(run(&d, &r12).0), at(6));
+    let mut r16 = [0u8; 16];
+    r16[0] = 0x88;
+    r16[10..14].copy_from_slice(&257u32.to_be_bytes());
+    assert_eq!(field(run(&d, &r16).0), at(10));
+    // VERIFY(16) BYTCHK 1 and 0, WRITE AND VERIFY(16) BYTCHK 0.
+    let mut v16 = r16;
+    v16[0] = 0x8F;
+    v16[1] = 0x02;
+    v16[10..14].copy_from_slice(&100_000u32.to_be_bytes());
+    assert_eq!(field(run(&d, &v16).0), at(10));
+    v16[1] = 0;
+    assert_eq!(field(run(&d, &v16).0), at(10));
+    v16[0] = 0x8E;
+    assert_eq!(field(run(&d, &v16).0), at(10));
+    // READ(6) of 0 (256 blocks) on 4 KiB blocks: 32 blocks at most.
+    let info = BdevInfo::new("d4k", "Malloc disk", 4096, 1 << 18).unwrap();
+    let d4 = Disk::new(DiskInfo::from_bdev(&info, true, true, 128 * 1024));
+    assert_eq!(field(run(&d4, &[0x08, 0, 0, 0, 0, 0]).0), at(4));
+    // READ(32) on a Type 2 LU.
+    let d2 = disk(PiType::Type2, false, true);
+    let tags = crate::scsi::PiTags {
+        ref_tag: 0,
+        app_tag: 0,
+        app_mask: 0,
+    };
+    let r32 = crate::scsi::cdb::rw32_cdb(false, 0, 257, 1, tags);
+    assert_eq!(field(run(&d2, &r32).0), at(28));
+    // COMPARE AND WRITE: NUMBER OF LOGICAL BLOCKS at byte 13.
+    let mut caw = [0u8; 16];
+    caw[0] = 0x89;
+    caw[13] = 2;
+    assert_eq!(field(run(&d, &caw).0), at(13));
+}
