@@ -740,3 +740,14 @@ fn a_pdu_shorter_than_its_header_ends_every_command_and_the_connection() {
         assert_h2c_term(&rest, &sent, Fes::InvalidHeaderField, 4);
     }
 }
+
+/// A C2HData with SUCCESS but not LAST_PDU (SUCCESS is allowed on the last
+/// data PDU of a command only): it ends every command
+/// ([`bad_pdu_mid_io`]) with an H2CTermReq (Invalid PDU Header Field)
+/// naming FLAGS (byte 1), where the host took the data and waited for a
+/// completion that no PDU would bring.
+#[test]
+fn c2hdata_with_success_but_not_last_pdu_ends_every_command_and_the_connection() {
+    let (sent, rest) = bad_pdu_mid_io(|t, rcid, _| t.c2h(rcid, 32768, &[2; 32768], FLAG_SUCCESS));
+    assert_h2c_term(&rest, &sent, Fes::InvalidHeaderField, 1);
+}

@@ -440,6 +440,10 @@ impl Frame {
         if (ch.flags & FLAG_HDGST != 0) != hdgst && !term {
             return Err(TcpPduError::field("FLAGS", 1, ch.flags));
         }
+        // SUCCESS ends the command: only on its last C2HData PDU.
+        if t == PduType::C2hData && ch.flags & (FLAG_SUCCESS | FLAG_LAST_PDU) == FLAG_SUCCESS {
+            return Err(TcpPduError::field("FLAGS", 1, ch.flags));
+        }
         let hlen = t.hlen();
         let header_len = hlen + digests.hdgst_len(t);
         let plen = ch.plen as usize;

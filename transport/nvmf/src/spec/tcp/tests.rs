@@ -256,3 +256,29 @@ fn crc32c_matches_the_rfc3720_check_value() {
     );
     assert_eq!(crc32c(b"123456789"), 0xE306_9283);
 }
+
+#[test]
+fn c2hdata_with_success_but_not_last_pdu_names_flags() {
+    let layout = SendLayout::new(Digests::default(), 0);
+    let c2h = C2hData {
+        cccid: 1,
+        datao: 0,
+        datal: 512,
+    };
+    let none = Digests::default();
+    for (flags, ok) in [
+        (FLAG_SUCCESS, false),
+        (FLAG_LAST_PDU | FLAG_SUCCESS, true),
+        (FLAG_LAST_PDU, true),
+        (0, true),
+    ] {
+        let pdu = build(layout, PduType::C2hData, &c2h.encode(), flags, &[0; 512]);
+        let got = Frame::check(&CommonHeader::parse(&pdu), false, none, 4096);
+        if ok {
+            assert!(got.is_ok(), "flags {flags:#x}: {got:?}");
+        } else {
+            let e = got.expect_err("SUCCESS without LAST_PDU");
+            assert_eq!((e.fes(), e.fei()), (Fes::InvalidHeaderField, 1));
+        }
+    }
+}
