@@ -96,7 +96,8 @@ struct Task {
     got: usize,
     /// Waiting for a parameter list (UNMAP / WRITE SAME) rather than blocks.
     param: bool,
-    /// Data-in bytes ready in `buf`.
+    /// Data-in bytes ready in `buf` and not yet sent (after the send:
+    /// those that EDTL had no room for).
     data_in: usize,
     /// Data-in bytes written to the initiator.
     sent: usize,
@@ -1182,7 +1183,9 @@ impl Connection {
         let status = match t.result {
             Ok(()) if t.full => sense::TASK_SET_FULL,
             Ok(()) => {
-                let ready = t.data_in.min(t.edtl as usize);
+                // What EDTL leaves room for; the rest stays in `data_in`
+                // and is reported as a residual overflow.
+                let ready = t.data_in.min((t.edtl as usize).saturating_sub(t.sent));
                 if ready > 0 {
                     let (Some(to), Some(buf)) = (t.read, t.buf.as_ref()) else {
                         t.result = Err(Sense::INVALID_FIELD_IN_CDB);
@@ -1194,14 +1197,14 @@ impl Connection {
                             return;
                         }
                         Transfer::Pending => {
-                            t.data_in = 0;
+                            t.data_in -= ready;
                             t.sent = ready;
                             t.state = TaskState::Writing;
                             return;
                         }
                         Transfer::Done => {}
                     }
-                    t.data_in = 0;
+                    t.data_in -= ready;
                     t.sent = ready;
                 }
                 let sent = t.sent;
@@ -1214,6 +1217,11 @@ impl Connection {
                 if moved < expected {
                     flags |= crate::pdu::scsi::RSP_UNDERFLOW;
                     residual = (expected - moved) as u32;
+                } else if t.data_in > 0 {
+                    // More data-in than EDTL lets through (RFC 7143
+                    // §11.4.5.1: O bit, the bytes not transferred).
+                    flags |= crate::pdu::scsi::RSP_OVERFLOW;
+                    residual = u32::try_from(t.data_in).unwrap_or(u32::MAX);
                 }
                 sense::GOOD
             }

@@ -360,6 +360,7 @@ mod buffers;
 mod first_burst;
 mod nop;
 mod reinstatement;
+mod residuals;
 mod sbc;
 mod unexpected;
 mod unsolicited;
