@@ -587,3 +587,99 @@ fn the_keep_alive_timer_is_one_poller_replaced_on_rearm_and_gone_with_its_queue(
     drop(plain);
     d();
 }
+
+#[test]
+fn set_features_refuses_save() {
+    let fx = Fx::new();
+    let mut q = fx.admin();
+    let id = pollux_nvmf::spec::identify::IdentifyController::parse(
+        &fx.identify(&mut q, cns::CONTROLLER, 0).data.unwrap(),
+    )
+    .unwrap();
+    // ONCS bit 4 clear: no feature is saveable. SV (CDW10 bit 31) set is
+    // Feature Identifier Not Saveable (SCT 1, SC 0Dh), and nothing changes.
+    assert_eq!(id.oncs & (1 << 4), 0);
+    let mut save = FeatureCmd::set(fid::KEEP_ALIVE_TIMER, 30_000, 0);
+    save.cdw10 |= 1 << 31;
+    let c = fx.exec(&mut q, save, HostData::None);
+    assert_eq!(c.cpl.status, NvmeStatus::FEATURE_NOT_SAVEABLE);
+    assert_eq!(c.cpl.status.parts(), (1, 0x0D, true));
+    let get = fx.exec(
+        &mut q,
+        FeatureCmd::get(fid::KEEP_ALIVE_TIMER, 0),
+        HostData::None,
+    );
+    assert_eq!(get.cpl.dw0, 0, "the refused Set changed nothing");
+    // The error log points at SV: CDW10 byte 3 (SQE byte 43), bit 7.
+    let e = ErrorLogEntry::parse(&log(&fx, &mut q, lid::ERROR, 64, false).data.unwrap()).unwrap();
+    assert_eq!(e.status, NvmeStatus::FEATURE_NOT_SAVEABLE.to_field());
+    assert_eq!(e.param_error_location, 43 | (7 << 8));
+}
+
+#[test]
+fn set_features_refuses_power_states_beyond_npss() {
+    let fx = Fx::new();
+    let mut q = fx.admin();
+    let id = pollux_nvmf::spec::identify::IdentifyController::parse(
+        &fx.identify(&mut q, cns::CONTROLLER, 0).data.unwrap(),
+    )
+    .unwrap();
+    // NPSS 0: power state 0 only; any other is Invalid Field.
+    assert_eq!(id.npss, 0);
+    let pm = |ps: u32| FeatureCmd::set(fid::POWER_MANAGEMENT, ps, 0);
+    assert_eq!(
+        fx.exec(&mut q, pm(0), HostData::None).cpl.status,
+        NvmeStatus::SUCCESS
+    );
+    for ps in [1, 2, 31] {
+        assert_eq!(
+            fx.exec(&mut q, pm(ps), HostData::None).cpl.status,
+            NvmeStatus::INVALID_FIELD,
+            "power state {ps}"
+        );
+    }
+}
+
+#[test]
+fn identify_namespace_past_nn_is_an_invalid_nsid() {
+    let fx = Fx::new();
+    let mut q = fx.admin();
+    let id = pollux_nvmf::spec::identify::IdentifyController::parse(
+        &fx.identify(&mut q, cns::CONTROLLER, 0).data.unwrap(),
+    )
+    .unwrap();
+    // 1..=NN are valid NSIDs: an inactive one reads as zeroes ...
+    let c = fx.identify(&mut q, cns::NAMESPACE, id.nn);
+    assert_eq!(c.cpl.status, NvmeStatus::SUCCESS);
+    assert!(c.data.unwrap().iter().all(|&b| b == 0));
+    // ... past NN (and short of the broadcast value) it is not an NSID.
+    for nsid in [id.nn + 1, 0xFFFF_FFFE] {
+        assert_eq!(
+            fx.identify(&mut q, cns::NAMESPACE, nsid).cpl.status,
+            NvmeStatus::INVALID_NAMESPACE,
+            "NSID {nsid:#x}"
+        );
+    }
+}
+
+#[test]
+fn identify_controller_reports_the_temperature_thresholds() {
+    let fx = Fx::new();
+    let mut q = fx.admin();
+    let id = pollux_nvmf::spec::identify::IdentifyController::parse(
+        &fx.identify(&mut q, cns::CONTROLLER, 0).data.unwrap(),
+    )
+    .unwrap();
+    // NVMe 1.2 and later: WCTEMP and CCTEMP non-zero; the over threshold
+    // of the composite temperature defaults to WCTEMP.
+    let over = fx
+        .exec(
+            &mut q,
+            FeatureCmd::get(fid::TEMPERATURE_THRESHOLD, 0),
+            HostData::None,
+        )
+        .cpl
+        .dw0;
+    assert_eq!(u32::from(id.wctemp), over);
+    assert!(id.cctemp > id.wctemp, "{} > {}", id.cctemp, id.wctemp);
+}

@@ -136,6 +136,8 @@ impl NvmeStatus {
         INVALID_LOG_PAGE, CommandSpecific, 0x09, true);
     status!(/// Invalid Format | DNR.
         INVALID_FORMAT, CommandSpecific, 0x0A, true);
+    status!(/// Feature Identifier Not Saveable | DNR (Set Features SV).
+        FEATURE_NOT_SAVEABLE, CommandSpecific, 0x0D, true);
     status!(/// Fabrics: Incompatible Format | DNR (Connect RECFMT).
         CONNECT_INCOMPATIBLE_FORMAT, CommandSpecific, 0x80, true);
     status!(/// Fabrics: Controller Busy.

@@ -105,6 +105,10 @@ pub mod ctrl_off {
     pub const ELPE: usize = 262;
     /// Number of power states support, 0-based.
     pub const NPSS: usize = 263;
+    /// Warning composite temperature threshold (kelvin).
+    pub const WCTEMP: usize = 266;
+    /// Critical composite temperature threshold (kelvin).
+    pub const CCTEMP: usize = 268;
     /// Keep-alive support (100 ms units).
     pub const KAS: usize = 320;
     /// Submission queue entry size.
@@ -226,6 +230,14 @@ pub struct IdentifyController {
     pub lpa: u8,
     /// Error log page entries, 0-based.
     pub elpe: u8,
+    /// Number of power states supported, 0-based.
+    pub npss: u8,
+    /// Warning composite temperature threshold in kelvin (non-zero from
+    /// NVMe 1.2; the default over threshold of the composite sensor).
+    pub wctemp: u16,
+    /// Critical composite temperature threshold in kelvin (non-zero from
+    /// NVMe 1.2).
+    pub cctemp: u16,
     /// Keep-alive support, 100 ms units.
     pub kas: u16,
     /// SQ entry sizes (0x66).
@@ -293,6 +305,9 @@ impl IdentifyController {
         b[o::FRMW] = self.frmw;
         b[o::LPA] = self.lpa;
         b[o::ELPE] = self.elpe;
+        b[o::NPSS] = self.npss;
+        put16(b, o::WCTEMP, self.wctemp);
+        put16(b, o::CCTEMP, self.cctemp);
         put16(b, o::KAS, self.kas);
         b[o::SQES] = self.sqes;
         b[o::CQES] = self.cqes;
@@ -345,6 +360,9 @@ impl IdentifyController {
             frmw: b[o::FRMW],
             lpa: b[o::LPA],
             elpe: b[o::ELPE],
+            npss: b[o::NPSS],
+            wctemp: le16(b, o::WCTEMP),
+            cctemp: le16(b, o::CCTEMP),
             kas: le16(b, o::KAS),
             sqes: b[o::SQES],
             cqes: b[o::CQES],
@@ -724,6 +742,9 @@ mod tests {
             iorcsz: 1,
             msdbd: 1,
             psd0_max_power: 0x9C4,
+            npss: 2,
+            wctemp: 343,
+            cctemp: 373,
             ..IdentifyController::default()
         }
     }
@@ -744,6 +765,8 @@ mod tests {
         assert_eq!(&b[768..772], b"nqn.");
         assert_eq!(&b[1792..1796], &260u32.to_le_bytes());
         assert_eq!(b[1803], 1);
+        assert_eq!(b[263], 2);
+        assert_eq!(&b[266..270], &[0x57, 0x01, 0x75, 0x01]);
         assert_eq!(IdentifyController::parse(&b).unwrap(), c);
     }
 

@@ -5,7 +5,9 @@
 
 use super::conformance::NVME_VERSION;
 use super::ctrlr::ERROR_LOG_ENTRIES;
-use super::health::{composite_temperature_k, data_units, temperature_warning};
+use super::health::{
+    composite_temperature_k, data_units, temperature_warning, CRITICAL_TEMP_K, DEFAULT_OVER_TEMP_K,
+};
 use super::qpair::{ExecOutcome, QueuePair, AER_LIMIT};
 use super::req::{Dir, Exec, ParkQ, Plan};
 use super::subsystem::Namespace;
@@ -32,8 +34,6 @@ const HOST_ID_SIZE: u32 = 16;
 /// target's data buffers and the alignment the aio backend's O_DIRECT
 /// I/O needs; smaller or unaligned writes still work.
 const PREFERRED_IO_BYTES: u32 = 4096;
-/// NSID meaning "all namespaces".
-const NSID_ALL: u32 = 0xFFFF_FFFF;
 
 /// Temperature Threshold CDW11: `(under, TMPTH)` for the composite sensor
 /// (TMPSEL 0); `None` for another sensor (this controller reports only the
@@ -106,6 +106,12 @@ impl QueuePair {
             }
             AdminOpcode::SetFeatures => {
                 let f = FeatureCmd::from_cmd(cmd);
+                // ONCS bit 4 is clear: no feature is saveable, and a Set
+                // with SV is refused before anything changes (NVMe 1.4
+                // 5.21; SPDK's nvmf_ctrlr_set_features does the same).
+                if f.save {
+                    return Err(NvmeStatus::FEATURE_NOT_SAVEABLE);
+                }
                 if f.fid == fid::HOST_IDENTIFIER {
                     return Err(NvmeStatus::COMMAND_SEQUENCE_ERROR);
                 }
@@ -155,10 +161,13 @@ impl QueuePair {
         match id.cns {
             cns::CONTROLLER => self.identify_controller().encode_into(&mut page),
             cns::NAMESPACE => {
-                if id.nsid == 0 || id.nsid == NSID_ALL {
+                // Valid NSIDs are 1..=NN; anything else (broadcast included:
+                // no namespace management) is Invalid Namespace (NVMe 1.4
+                // 6.1.2; SPDK checks `nsid > max_nsid` the same way).
+                if id.nsid == 0 || id.nsid > subsys.max_namespaces() {
                     return NvmeStatus::INVALID_NAMESPACE;
                 }
-                // An inactive NSID reads as zeroes (as the Linux target).
+                // An inactive valid NSID reads as zeroes (as the Linux target).
                 if let Some(ns) = subsys.namespace(id.nsid) {
                     let md = ns.md_size();
                     let pi = ns.pi_type();
@@ -284,6 +293,11 @@ impl QueuePair {
                 LPA_EXTENDED | LPA_CMD_EFFECTS
             },
             elpe: (ERROR_LOG_ENTRIES - 1) as u8,
+            // Non-zero from NVMe 1.2 on an I/O controller (the SMART log
+            // reports a temperature); WCTEMP is the over threshold's
+            // default. Reserved on a discovery controller.
+            wctemp: if disc { 0 } else { DEFAULT_OVER_TEMP_K },
+            cctemp: if disc { 0 } else { CRITICAL_TEMP_K },
             kas: 10,
             sqes: 0x66,
             cqes: 0x44,
@@ -450,6 +464,9 @@ impl QueuePair {
                 }
                 NvmeStatus::SUCCESS
             }
+            // Power state (CDW11 bits 4:0) 0 is the only one (NPSS 0); any
+            // other is Invalid Field (NVMe 1.4 5.21.1.2).
+            fid::POWER_MANAGEMENT if f.cdw11 & 0x1F != 0 => NvmeStatus::INVALID_FIELD,
             fid::VOLATILE_WRITE_CACHE | fid::ARBITRATION | fid::POWER_MANAGEMENT => {
                 NvmeStatus::SUCCESS
             }

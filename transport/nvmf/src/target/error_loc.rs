@@ -50,6 +50,10 @@ pub fn param_error_location(cmd: &NvmeCmd, status: NvmeStatus) -> u16 {
     if status == NvmeStatus::INVALID_LOG_PAGE {
         return at::CDW10;
     }
+    if status == NvmeStatus::FEATURE_NOT_SAVEABLE {
+        // Set Features SV: CDW10 bit 31.
+        return loc(at::CDW10 + 3, 7);
+    }
     if status != NvmeStatus::INVALID_FIELD {
         return NO_LOCATION;
     }

@@ -50,6 +50,8 @@ use pollux_reactor::sync::{Mutex, MutexGuard};
 pub const NOMINAL_TEMPERATURE_K: u16 = 293;
 /// Default over-temperature threshold: 70 °C (the usual NVMe default).
 pub const DEFAULT_OVER_TEMP_K: u16 = 343;
+/// Critical composite temperature (Identify Controller CCTEMP): 100 °C.
+pub const CRITICAL_TEMP_K: u16 = 373;
 /// Default under-temperature threshold: 0 K (never crossed).
 pub const DEFAULT_UNDER_TEMP_K: u16 = 0;
 /// SMART critical warning bit 1: temperature outside a threshold.
