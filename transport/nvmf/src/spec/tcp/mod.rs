@@ -489,7 +489,10 @@ impl Frame {
             return Err(TcpPduError::field("PDO", 3, ch.pdo));
         }
         let pdo = usize::from(ch.pdo);
-        if pdo < header_len {
+        // Data starts at a multiple of the receiver's PDA, `(PDA + 1) * 4`
+        // bytes: this crate asks for none beyond 4 (CPDA/HPDA 0), and
+        // every alignment is a multiple of 4.
+        if pdo < header_len || pdo % 4 != 0 {
             return Err(TcpPduError::field("PDO", 3, ch.pdo));
         }
         let ddgst = digests.data;

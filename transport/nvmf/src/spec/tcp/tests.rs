@@ -282,3 +282,30 @@ fn c2hdata_with_success_but_not_last_pdu_names_flags() {
         }
     }
 }
+
+#[test]
+fn data_at_a_pdo_off_the_4_byte_alignment_names_pdo() {
+    let layout = SendLayout::new(Digests::default(), 0);
+    let mut pdu = build(
+        layout,
+        PduType::CapsuleCmd,
+        &CapsuleCmdHdr::encode(&[0; 64]),
+        0,
+        &[0; 16],
+    );
+    let none = Digests::default();
+    // Two bytes of padding: data at 74, not a multiple of (CPDA 0 + 1) * 4.
+    pdu.splice(72..72, [0u8; 2]);
+    pdu[3] = 74;
+    let plen = pdu.len() as u32;
+    pdu[4..8].copy_from_slice(&plen.to_le_bytes());
+    let e = Frame::check(&CommonHeader::parse(&pdu), true, none, 8192).expect_err("pdo 74");
+    assert_eq!((e.fes(), e.fei()), (Fes::InvalidHeaderField, 3));
+    // Four bytes of padding (data at 76) is aligned.
+    pdu.splice(72..72, [0u8; 2]);
+    pdu[3] = 76;
+    let plen = pdu.len() as u32;
+    pdu[4..8].copy_from_slice(&plen.to_le_bytes());
+    let f = Frame::check(&CommonHeader::parse(&pdu), true, none, 8192).expect("pdo 76");
+    assert_eq!((f.data_offset, f.data_len), (76, 16));
+}

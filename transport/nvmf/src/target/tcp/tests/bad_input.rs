@@ -54,6 +54,22 @@ fn in_capsule_data_over_the_limit_is_a_data_limit_error() {
     after(&f, 1);
 }
 
+/// A capsule whose data starts off the controller's alignment (CPDA 0:
+/// 4 bytes; PDO 74) names PDO (byte 3), where the target took its data.
+#[test]
+fn a_pdo_off_the_controller_alignment_names_pdo() {
+    let f = fixture(TcpOptions::default());
+    let mut r = Raw::handshake(&f, Digests::default());
+    let mut p = r.admin_connect();
+    p.splice(72..72, [0u8; 2]);
+    p[3] = 74;
+    let plen = p.len() as u32;
+    p[4..8].copy_from_slice(&plen.to_le_bytes());
+    r.send(&p);
+    r.expect_term(&f, Fes::InvalidHeaderField, Some(3));
+    after(&f, 1);
+}
+
 #[test]
 fn a_bad_header_digest_is_fatal() {
     let f = fixture(TcpOptions::default());
