@@ -855,6 +855,19 @@ impl Connection {
             Ok(Action::DataIn(
                 36.min(usize::from(u16::from_be_bytes([cdb[3], cdb[4]]))),
             ))
+        } else if opcode == op::REQUEST_SENSE {
+            // Unmapped LUN: GOOD with the sense data LOGICAL UNIT NOT
+            // SUPPORTED (SAM-5 incorrect logical unit selection).
+            crate::scsi::Cdb::parse(&cdb).map(|c| {
+                let alloc = match c {
+                    crate::scsi::Cdb::RequestSense { alloc } => alloc as usize,
+                    _ => 0,
+                };
+                let f = Sense::LUN_NOT_SUPPORTED.fixed();
+                let n = f.len().min(alloc).min(cap);
+                buf.as_mut_slice()[..n].copy_from_slice(&f[..n]);
+                Action::DataIn(n)
+            })
         } else {
             Err(Sense::LUN_NOT_SUPPORTED)
         };

@@ -363,6 +363,7 @@ mod reinstatement;
 mod residuals;
 mod sbc;
 mod unexpected;
+mod unmapped_lun;
 mod unsolicited;
 
 #[test]
