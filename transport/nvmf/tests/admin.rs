@@ -683,3 +683,37 @@ fn identify_controller_reports_the_temperature_thresholds() {
     assert_eq!(u32::from(id.wctemp), over);
     assert!(id.cctemp > id.wctemp, "{} > {}", id.cctemp, id.wctemp);
 }
+
+#[test]
+fn temperature_threshold_set_for_all_sensors_sets_the_composite_one() {
+    let fx = Fx::new();
+    let mut q = fx.admin();
+    let get = |q: &mut HostQueue, cdw11: u32| {
+        let mut c = FeatureCmd::get(fid::TEMPERATURE_THRESHOLD, 0);
+        c.cdw11 = cdw11;
+        fx.exec(q, c, HostData::None).cpl
+    };
+    let set = |q: &mut HostQueue, cdw11: u32| {
+        fx.exec(
+            q,
+            FeatureCmd::set(fid::TEMPERATURE_THRESHOLD, cdw11, 0),
+            HostData::None,
+        )
+        .cpl
+        .status
+    };
+    // Set Features TMPSEL 1111b: every implemented sensor (here the
+    // composite one only), over and under.
+    assert_eq!(set(&mut q, (0xF << 16) | 350), NvmeStatus::SUCCESS);
+    assert_eq!(get(&mut q, 0).dw0, 350);
+    assert_eq!(
+        set(&mut q, (0xF << 16) | (1 << 20) | 250),
+        NvmeStatus::SUCCESS
+    );
+    assert_eq!(get(&mut q, 1 << 20).dw0, 250);
+    // Get Features has no "all sensors" (1111b is reserved there), and
+    // 1001b..1110b are reserved for both.
+    assert_eq!(get(&mut q, 0xF << 16).status, NvmeStatus::INVALID_FIELD);
+    assert_eq!(set(&mut q, (0x9 << 16) | 300), NvmeStatus::INVALID_FIELD);
+    assert_eq!(get(&mut q, 0).dw0, 350);
+}

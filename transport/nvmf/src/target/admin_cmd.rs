@@ -35,13 +35,20 @@ const HOST_ID_SIZE: u32 = 16;
 /// I/O needs; smaller or unaligned writes still work.
 const PREFERRED_IO_BYTES: u32 = 4096;
 
-/// Temperature Threshold CDW11: `(under, TMPTH)` for the composite sensor
-/// (TMPSEL 0); `None` for another sensor (this controller reports only the
-/// composite temperature) or a reserved THSEL.
-fn temp_threshold_target(cdw11: u32) -> Option<(bool, u16)> {
+/// TMPSEL 1111b: every implemented sensor (Set Features only; reserved
+/// for Get Features).
+const TMPSEL_ALL: u32 = 0xF;
+
+/// Temperature Threshold CDW11 of a Set (`set`) or Get Features:
+/// `(under, TMPTH)` for the composite sensor (TMPSEL 0, or 1111b on a Set:
+/// the composite is the only sensor implemented); `None` for another sensor
+/// (this controller reports only the composite temperature), a reserved
+/// TMPSEL or a reserved THSEL.
+fn temp_threshold_target(cdw11: u32, set: bool) -> Option<(bool, u16)> {
     let tmpsel = (cdw11 >> 16) & 0xF;
     let thsel = (cdw11 >> 20) & 0x3;
-    if tmpsel != 0 || thsel > 1 {
+    let composite = tmpsel == 0 || (set && tmpsel == TMPSEL_ALL);
+    if !composite || thsel > 1 {
         return None;
     }
     Some((thsel == 1, cdw11 as u16))
@@ -453,7 +460,7 @@ impl QueuePair {
                 NvmeStatus::SUCCESS
             }
             fid::TEMPERATURE_THRESHOLD => {
-                let Some((under, k)) = temp_threshold_target(f.cdw11) else {
+                let Some((under, k)) = temp_threshold_target(f.cdw11, true) else {
                     return NvmeStatus::INVALID_FIELD;
                 };
                 let mut st = ctrl.lock();
@@ -492,7 +499,7 @@ impl QueuePair {
             fid::VOLATILE_WRITE_CACHE => 1,
             fid::ARBITRATION | fid::POWER_MANAGEMENT => 0,
             fid::TEMPERATURE_THRESHOLD => {
-                let Some((under, _)) = temp_threshold_target(f.cdw11) else {
+                let Some((under, _)) = temp_threshold_target(f.cdw11, false) else {
                     return NvmeStatus::INVALID_FIELD;
                 };
                 let st = ctrl.lock();
