@@ -835,7 +835,9 @@ impl QueuePair {
         Some(&self.reqs[usize::from(slot)].bufs)
     }
 
-    /// The transport finished a `Pending` [`QpairOps::data_from_host`].
+    /// The transport finished a `Pending` [`QpairOps::data_from_host`]; a
+    /// failed transfer fails its command with Data Transfer Error
+    /// ([`TransportError::DataDigest`]: Transient Transport Error).
     /// Returns `false` for an unknown or stale tag (ignored).
     pub fn transfer_done(
         &mut self,
@@ -851,7 +853,12 @@ impl QueuePair {
             Ok(()) => self.reqs[usize::from(slot)].state = ReqState::ReadyToExecute,
             Err(e) => {
                 log::debug!("nvmf: data transfer from host failed: {e}");
-                self.finish(slot, NvmeStatus::DATA_TRANSFER_ERROR);
+                let status = if e == TransportError::DataDigest {
+                    NvmeStatus::TRANSIENT_TRANSPORT_ERROR
+                } else {
+                    NvmeStatus::DATA_TRANSFER_ERROR
+                };
+                self.finish(slot, status);
             }
         }
         self.process(slot, ops);

@@ -371,6 +371,10 @@ pub enum TransportError {
     /// Out of transport resources (control path: no queue could be created).
     #[error("out of transport resources: {0}")]
     NoResources(String),
+    /// Host data arrived with a data digest that did not match (NVMe/TCP):
+    /// its command fails with Transient Transport Error.
+    #[error("data digest mismatch on host data")]
+    DataDigest,
     /// Any other transport-specific error.
     #[error("{0}")]
     Other(String),

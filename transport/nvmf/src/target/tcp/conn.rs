@@ -966,7 +966,7 @@ impl TcpConn {
         let (tag, failed) = (x.tag, x.failed);
         if let Some(tag) = tag {
             let res = if failed {
-                Err(TransportError::Other("H2CData data digest mismatch".into()))
+                Err(TransportError::DataDigest)
             } else {
                 Ok(())
             };

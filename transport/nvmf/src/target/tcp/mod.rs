@@ -25,7 +25,7 @@
 //!   control and `c2h_success` is on, the CapsuleResp otherwise. Bad input
 //!   ends the connection with a C2HTermReq (fatal error status and field
 //!   offset); a data digest mismatch fails only its command (transient
-//!   transport error for in-capsule data, data transfer error after R2T).
+//!   transport error, for in-capsule data and for H2CData alike).
 //!
 //! # Socket engine
 //!

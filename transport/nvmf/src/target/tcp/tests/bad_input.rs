@@ -113,6 +113,40 @@ fn a_bad_data_digest_fails_only_its_command() {
     after(&f, 0);
 }
 
+/// A bad data digest on H2CData fails its command the way a bad digest on
+/// in-capsule data does, with Transient Transport Error (not Data Transfer
+/// Error), and the queue goes on.
+#[test]
+fn a_bad_h2cdata_data_digest_fails_its_command_with_transient_transport_error() {
+    let f = fixture(TcpOptions::default());
+    let ddgst = Digests {
+        header: false,
+        data: true,
+    };
+    let mut r = Raw::handshake(&f, ddgst);
+    let r2t = connect_by_r2t(&f, &mut r);
+    let (_, data) = connect_cmd(0, CNTLID_DYNAMIC, SglDescriptor::Transport { len: 1024 });
+    let h = H2cData {
+        cccid: r2t.cccid,
+        ttag: r2t.ttag,
+        datao: 0,
+        datal: 1024,
+    };
+    let mut p = r.h2c(&h, &data);
+    let last = p.len() - 1;
+    p[last] ^= 0xFF;
+    r.send(&p);
+    let cpl = response(&f, &mut r);
+    assert_eq!(cpl.cid, 7);
+    assert_eq!(cpl.status, NvmeStatus::TRANSIENT_TRANSPORT_ERROR, "{cpl:?}");
+    // The same Connect with a good digest succeeds on the same connection.
+    let p = r.admin_connect();
+    r.send(&p);
+    assert!(response(&f, &mut r).status.is_success());
+    drop(r);
+    after(&f, 0);
+}
+
 #[test]
 fn h2cdata_without_an_r2t_names_its_ttag() {
     let f = fixture(TcpOptions::default());

@@ -169,6 +169,9 @@ impl Raw {
             .finish_header(&mut b, PduType::H2cData, 0, data.len());
         let mut out = b[..n].to_vec();
         out.extend_from_slice(data);
+        if self.layout.ddgst_len(data.len()) > 0 {
+            out.extend_from_slice(&crc32c(data).to_le_bytes());
+        }
         out
     }
 }
