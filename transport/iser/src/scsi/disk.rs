@@ -463,7 +463,8 @@ impl Disk {
     }
 
     /// Decode and answer `cdb`: data-in commands write into `out` (which
-    /// should hold at least 512 bytes; answers are cut to the allocation
+    /// should hold at least 512 bytes, and up to 64 KiB for a PERSISTENT
+    /// RESERVE IN of many registrations; answers are cut to the allocation
     /// length and to `out`), medium commands return a plan.
     ///
     /// # Errors
@@ -642,11 +643,10 @@ impl Disk {
                 Ok(Action::DataIn(n2))
             }
             Cdb::PrIn { sa, alloc } => {
-                let mut buf = [0u8; 512];
-                let n = self.shared.lock().read(sa, &mut buf)?;
-                let n2 = fit(n.min(buf.len()), alloc);
-                out[..n2].copy_from_slice(&buf[..n2]);
-                Ok(Action::DataIn(n2))
+                // Straight into `out`: READ KEYS grows with the
+                // registrations (8 bytes each), past any fixed buffer.
+                let n = self.shared.lock().read(sa, out)?;
+                Ok(Action::DataIn(n.min(alloc as usize).min(out.len())))
             }
             Cdb::PrOut { sa, param_len, .. } => {
                 use super::reservation::out_sa;

@@ -840,10 +840,7 @@ impl Connection {
                 Action::DataIn(report_luns(self.luns.iter().map(|l| l.id), out))
             })
         } else if let Some(l) = lun {
-            let out_len = cap.min(512);
-            self.luns[l]
-                .disk
-                .exec(&cdb, &mut buf.as_mut_slice()[..out_len])
+            self.luns[l].disk.exec(&cdb, buf.as_mut_slice())
         } else if opcode == op::INQUIRY && cdb[1] & 1 == 0 {
             // Unmapped LUN: peripheral qualifier 3, type 1Fh.
             let b = buf.as_mut_slice();

@@ -598,3 +598,28 @@ fn too_long_transfers_point_at_their_length_field() {
     caw[13] = 2;
     assert_eq!(field(run(&d, &caw).0), at(13));
 }
+
+/// READ KEYS lists every registration that the allocation length has
+/// room for: more than 63 keys do not fit in 512 bytes, and are not cut
+/// there.
+#[test]
+fn read_keys_is_not_cut_at_512_bytes() {
+    let info = disk(PiType::None, true, true).info;
+    let lu = Arc::new(LunShared::default());
+    let mut p = [0u8; 24];
+    for i in 0..100u8 {
+        let d = Disk::shared(info.clone(), lu.clone(), nx(i));
+        p[8..16].copy_from_slice(&(0x100 + u64::from(i)).to_be_bytes());
+        let reg = [0x5F, 0, 0, 0, 0, 0, 0, 0, 24, 0];
+        assert_eq!(d.exec_with_data(&reg, &p), Ok(Action::Good));
+    }
+    let d = Disk::shared(info, lu, nx(200));
+    let mut out = vec![0u8; 4096];
+    let r = d.exec(&[0x5E, 0, 0, 0, 0, 0, 0, 0x04, 0, 0], &mut out);
+    assert_eq!(r, Ok(Action::DataIn(8 + 800)));
+    assert_eq!(&out[4..8], &800u32.to_be_bytes());
+    assert_eq!(&out[8 + 99 * 8..8 + 100 * 8], &0x163u64.to_be_bytes());
+    // Still cut to the allocation length.
+    let r = d.exec(&[0x5E, 0, 0, 0, 0, 0, 0, 0x02, 0, 0], &mut out);
+    assert_eq!(r, Ok(Action::DataIn(512)));
+}

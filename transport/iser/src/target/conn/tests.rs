@@ -359,6 +359,7 @@ fn rw10(opc: u8, protect: u8, lba: u32, blocks: u16) -> [u8; 10] {
 mod buffers;
 mod first_burst;
 mod nop;
+mod pr_in;
 mod reinstatement;
 mod residuals;
 mod sbc;
