@@ -376,3 +376,29 @@ fn disconnecting_the_admin_queue_frees_the_controller_and_its_cntlid_range() {
     let again = fx.admin();
     assert_ne!(again.cntlid, Some(cntlid));
 }
+
+#[test]
+fn a_reset_after_a_refused_enable_brings_the_controller_up() {
+    let fx = Fx::new();
+    let d = fx.drive();
+    let mut q = connected_admin(&fx);
+    let csts = |q: &mut HostQueue| {
+        Csts::from_u32(q.property_get(ofst::CSTS, PropertySize::Four, &d).unwrap() as u32)
+    };
+    // An unsupported configuration: CSTS.CFS, not ready.
+    let mut bad = Cc::linux_default(0);
+    bad.iosqes = 7;
+    bad.en = true;
+    q.property_set(ofst::CC, bad.to_u32(), &d).unwrap();
+    let s = csts(&mut q);
+    assert!(s.cfs && !s.rdy);
+    // Reset (CC.EN 1 → 0), then enable with a good configuration: the
+    // controller starts (as the Linux target's nvmet_start_ctrl), and
+    // never reports RDY while it refuses every command.
+    q.property_set(ofst::CC, 0, &d).unwrap();
+    q.enable(&d).unwrap();
+    let s = csts(&mut q);
+    assert!(s.rdy && !s.cfs, "{s:?}");
+    let c = fx.identify(&mut q, cns::CONTROLLER, 0);
+    assert_eq!(c.cpl.status, NvmeStatus::SUCCESS);
+}

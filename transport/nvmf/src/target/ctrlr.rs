@@ -194,12 +194,18 @@ impl Controller {
         let mut st = self.lock();
         let old = st.cc;
         st.cc = new;
-        if new.en && !old.en {
+        // A torn-down controller (keep-alive expiry: CFS) never starts again.
+        if new.en && !old.en && !self.is_dead() {
             let io_ok = self.subsys.is_discovery() || (new.iosqes == 6 && new.iocqes == 4);
             let css_ok = super::conformance::css_supported(new.css);
             if !io_ok || new.mps != 0 || new.ams != 0 || !css_ok {
                 st.csts.cfs = true;
             } else {
+                // A good start clears the CFS of an earlier refused one
+                // (the Linux target's nvmet_start_ctrl sets CSTS to RDY):
+                // RDY with CFS would be a controller that looks ready and
+                // refuses every command.
+                st.csts.cfs = false;
                 st.csts.rdy = true;
                 st.unsafe_if_lost = true;
             }
