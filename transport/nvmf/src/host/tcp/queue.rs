@@ -423,8 +423,12 @@ impl TcpQueue {
         HostError::Disconnected(why)
     }
 
-    /// A fatal PDU error: H2CTermReq, then down.
+    /// A fatal PDU error: H2CTermReq (none for a C2HTermReq whose PLEN is
+    /// invalid), then down.
     fn terminate(&mut self, e: TcpPduError, bufs: &dyn SlotBufs) -> HostError {
+        if !e.answered() {
+            return self.fail(format!("protocol error from the target: {e}"));
+        }
         let end = (self.rx.head + TERM_REQ_MAX_DATA).min(self.rx.tail);
         let mut out = [0u8; SHORT_HLEN + TERM_REQ_MAX_DATA];
         let n = TermReq {

@@ -751,3 +751,20 @@ fn c2hdata_with_success_but_not_last_pdu_ends_every_command_and_the_connection()
     let (sent, rest) = bad_pdu_mid_io(|t, rcid, _| t.c2h(rcid, 32768, &[2; 32768], FLAG_SUCCESS));
     assert_h2c_term(&rest, &sent, Fes::InvalidHeaderField, 1);
 }
+
+/// A C2HTermReq whose PLEN lies outside 24..=152 ends every command
+/// ([`bad_pdu_mid_io`]) and the connection, with no H2CTermReq in answer.
+#[test]
+fn a_c2h_term_req_with_a_bad_plen_is_closed_without_an_answer() {
+    let (_, rest) = bad_pdu_mid_io(|_, _, _| {
+        let mut out = [0u8; SHORT_HLEN + TERM_REQ_MAX_DATA];
+        let n = TermReq {
+            fes: Fes::DataOutOfRange.code(),
+            fei: 0,
+        }
+        .encode_into(true, &[0u8; 24], &mut out);
+        out[4..8].copy_from_slice(&4096u32.to_le_bytes());
+        out[..n].to_vec()
+    });
+    assert!(rest.is_empty(), "the host answered a TermReq: {rest:?}");
+}

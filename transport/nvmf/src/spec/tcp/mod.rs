@@ -235,6 +235,14 @@ pub enum TcpPduError {
         /// The limit.
         limit: u32,
     },
+    /// A termination request (H2CTermReq/C2HTermReq) whose PLEN lies
+    /// outside 24..=152: the connection ends at once, with no termination
+    /// request in answer ([`answered`](Self::answered)).
+    #[error("termination request with PLEN {plen}, outside 24..=152")]
+    TermReqLength {
+        /// The PLEN received.
+        plen: u32,
+    },
     /// A parameter this side does not support.
     #[error("unsupported parameter '{what}' at byte {offset}: {value:#x}")]
     Unsupported {
@@ -251,7 +259,9 @@ impl TcpPduError {
     /// The fatal error status of the TermReq.
     pub const fn fes(&self) -> Fes {
         match self {
-            TcpPduError::InvalidField { .. } => Fes::InvalidHeaderField,
+            TcpPduError::InvalidField { .. } | TcpPduError::TermReqLength { .. } => {
+                Fes::InvalidHeaderField
+            }
             TcpPduError::Sequence { .. } => Fes::SequenceError,
             TcpPduError::HeaderDigest { .. } => Fes::HeaderDigest,
             TcpPduError::DataOutOfRange { .. } => Fes::DataOutOfRange,
@@ -270,8 +280,16 @@ impl TcpPduError {
                 *offset
             }
             TcpPduError::HeaderDigest { got, .. } => *got,
+            TcpPduError::TermReqLength { .. } => 4,
             _ => 0,
         }
+    }
+
+    /// Whether the receiver answers this error with a termination request
+    /// of its own before it closes: not for a termination request whose
+    /// PLEN is invalid (the connection is closed at once).
+    pub const fn answered(&self) -> bool {
+        !matches!(self, TcpPduError::TermReqLength { .. })
     }
 
     fn field(what: &'static str, offset: u32, value: impl Into<u64>) -> Self {
@@ -450,7 +468,7 @@ impl Frame {
         if term {
             // A TermReq carries a copy of the offending header as data.
             if plen < hlen || plen > hlen + TERM_REQ_MAX_DATA {
-                return Err(TcpPduError::field("PLEN", 4, ch.plen));
+                return Err(TcpPduError::TermReqLength { plen: ch.plen });
             }
             return Ok(Frame {
                 pdu_type: t,

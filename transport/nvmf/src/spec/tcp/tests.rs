@@ -309,3 +309,28 @@ fn data_at_a_pdo_off_the_4_byte_alignment_names_pdo() {
     let f = Frame::check(&CommonHeader::parse(&pdu), true, none, 8192).expect("pdo 76");
     assert_eq!((f.data_offset, f.data_len), (76, 16));
 }
+
+#[test]
+fn a_termreq_with_a_bad_plen_is_not_answered() {
+    let mut out = [0u8; SHORT_HLEN + TERM_REQ_MAX_DATA];
+    TermReq {
+        fes: Fes::SequenceError.code(),
+        fei: 0,
+    }
+    .encode_into(false, &[], &mut out);
+    for plen in [24u32, 152] {
+        out[4..8].copy_from_slice(&plen.to_le_bytes());
+        assert!(Frame::check(&CommonHeader::parse(&out), true, BOTH, 0).is_ok());
+    }
+    for plen in [8u32, 23, 153, 4096] {
+        out[4..8].copy_from_slice(&plen.to_le_bytes());
+        let e = Frame::check(&CommonHeader::parse(&out), true, BOTH, 0).expect_err("plen");
+        assert_eq!((e.fes(), e.fei()), (Fes::InvalidHeaderField, 4), "{plen}");
+        assert!(!e.answered(), "{plen}");
+    }
+    // Any other error is answered with a termination request.
+    out[4..8].copy_from_slice(&24u32.to_le_bytes());
+    out[2] = 72;
+    let e = Frame::check(&CommonHeader::parse(&out), true, BOTH, 0).expect_err("hlen");
+    assert!(e.answered());
+}

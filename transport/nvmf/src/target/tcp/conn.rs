@@ -976,7 +976,8 @@ impl TcpConn {
     }
 
     /// End the connection for `e`: a C2HTermReq with its status and the
-    /// offending header, then close.
+    /// offending header (none for an H2CTermReq whose PLEN is invalid),
+    /// then close.
     fn fatal(&mut self, e: TcpPduError) {
         log::info!("nvmf tcp: fatal PDU error, terminating the connection: {e}");
         self.transport
@@ -984,6 +985,11 @@ impl TcpConn {
             .terminated
             .fetch_add(1, Ordering::Relaxed);
         self.terminated = true;
+        if !e.answered() {
+            self.rx.head = self.rx.tail;
+            self.ops.closing = true;
+            return;
+        }
         let bad_end = (self.rx.head + TERM_REQ_MAX_DATA).min(self.rx.tail);
         let mut out = [0u8; SHORT_HLEN + TERM_REQ_MAX_DATA];
         let n = TermReq {

@@ -52,7 +52,8 @@ pub struct TcpTransportStats {
     pub accepted: u64,
     /// Connections torn down and dropped.
     pub destroyed: u64,
-    /// Of those, ended by a fatal PDU error (a C2HTermReq was sent).
+    /// Of those, ended by a fatal PDU error (a C2HTermReq was sent, unless
+    /// the error was the PLEN of the host's own H2CTermReq).
     pub terminated: u64,
     /// Connections refused (no poll group, queue creation failed, a
     /// limit reached).

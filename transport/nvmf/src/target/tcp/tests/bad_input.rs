@@ -70,6 +70,24 @@ fn a_pdo_off_the_controller_alignment_names_pdo() {
     after(&f, 1);
 }
 
+/// An H2CTermReq whose PLEN lies outside 24..=152 ends the connection at
+/// once: no C2HTermReq is sent in answer to a termination request.
+#[test]
+fn an_h2c_term_req_with_a_bad_plen_is_closed_without_an_answer() {
+    let f = fixture(TcpOptions::default());
+    let mut r = Raw::handshake(&f, Digests::default());
+    let mut out = [0u8; 24 + 128];
+    let n = TermReq {
+        fes: Fes::SequenceError.code(),
+        fei: 0,
+    }
+    .encode_into(false, &[], &mut out);
+    out[4..8].copy_from_slice(&200u32.to_le_bytes());
+    r.send(&out[..n]);
+    assert!(r.try_recv(&f, 1).is_none(), "the target answered");
+    after(&f, 1);
+}
+
 #[test]
 fn a_bad_header_digest_is_fatal() {
     let f = fixture(TcpOptions::default());
