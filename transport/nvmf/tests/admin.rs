@@ -717,3 +717,32 @@ fn temperature_threshold_set_for_all_sensors_sets_the_composite_one() {
     assert_eq!(set(&mut q, (0x9 << 16) | 300), NvmeStatus::INVALID_FIELD);
     assert_eq!(get(&mut q, 0).dw0, 350);
 }
+
+#[test]
+fn a_feature_set_reads_back_or_the_set_is_refused() {
+    let fx = Fx::new();
+    let mut q = fx.admin();
+    let get = |q: &mut HostQueue, f: u8| fx.exec(q, FeatureCmd::get(f, 0), HostData::None).cpl;
+    let set =
+        |q: &mut HostQueue, f: u8, v: u32| fx.exec(q, FeatureCmd::set(f, v, 0), HostData::None).cpl;
+
+    // Arbitration: what was set is what Get Features (current) returns
+    // (reserved bits 7:3 dropped).
+    assert_eq!(get(&mut q, fid::ARBITRATION).dw0, 0);
+    let arb = 0x0403_0207 | (0x1F << 3);
+    assert_eq!(set(&mut q, fid::ARBITRATION, arb).status, NvmeStatus::SUCCESS);
+    assert_eq!(get(&mut q, fid::ARBITRATION).dw0, 0x0403_0207);
+
+    // The volatile write cache cannot be turned off: a Set that clears WCE
+    // is Feature Not Changeable (SCT 1, SC 0Eh), not a success the next
+    // Get (WCE 1) contradicts. Setting WCE (what it is) succeeds.
+    let c = set(&mut q, fid::VOLATILE_WRITE_CACHE, 0);
+    assert_eq!(c.status, NvmeStatus::FEATURE_NOT_CHANGEABLE);
+    assert_eq!(c.status.parts(), (1, 0x0E, true));
+    assert_eq!(get(&mut q, fid::VOLATILE_WRITE_CACHE).dw0, 1);
+    assert_eq!(
+        set(&mut q, fid::VOLATILE_WRITE_CACHE, 1).status,
+        NvmeStatus::SUCCESS
+    );
+    assert_eq!(get(&mut q, fid::VOLATILE_WRITE_CACHE).dw0, 1);
+}

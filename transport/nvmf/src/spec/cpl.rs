@@ -138,6 +138,8 @@ impl NvmeStatus {
         INVALID_FORMAT, CommandSpecific, 0x0A, true);
     status!(/// Feature Identifier Not Saveable | DNR (Set Features SV).
         FEATURE_NOT_SAVEABLE, CommandSpecific, 0x0D, true);
+    status!(/// Feature Not Changeable | DNR (Set Features).
+        FEATURE_NOT_CHANGEABLE, CommandSpecific, 0x0E, true);
     status!(/// Fabrics: Incompatible Format | DNR (Connect RECFMT).
         CONNECT_INCOMPATIBLE_FORMAT, CommandSpecific, 0x80, true);
     status!(/// Fabrics: Controller Busy.

@@ -35,6 +35,9 @@ const HOST_ID_SIZE: u32 = 16;
 /// I/O needs; smaller or unaligned writes still work.
 const PREFERRED_IO_BYTES: u32 = 4096;
 
+/// Arbitration CDW11 fields: AB (bits 2:0), LPW, MPW and HPW (bytes 1-3);
+/// bits 7:3 are reserved.
+const ARBITRATION_FIELDS: u32 = 0xFFFF_FF07;
 /// TMPSEL 1111b: every implemented sensor (Set Features only; reserved
 /// for Get Features).
 const TMPSEL_ALL: u32 = 0xF;
@@ -474,9 +477,15 @@ impl QueuePair {
             // Power state (CDW11 bits 4:0) 0 is the only one (NPSS 0); any
             // other is Invalid Field (NVMe 1.4 5.21.1.2).
             fid::POWER_MANAGEMENT if f.cdw11 & 0x1F != 0 => NvmeStatus::INVALID_FIELD,
-            fid::VOLATILE_WRITE_CACHE | fid::ARBITRATION | fid::POWER_MANAGEMENT => {
+            fid::POWER_MANAGEMENT => NvmeStatus::SUCCESS,
+            fid::ARBITRATION => {
+                ctrl.lock().arbitration = f.cdw11 & ARBITRATION_FIELDS;
                 NvmeStatus::SUCCESS
             }
+            // The cache stays on (Get Features reports WCE 1 and writes
+            // complete into it): clearing WCE cannot be honoured.
+            fid::VOLATILE_WRITE_CACHE if f.cdw11 & 1 == 0 => NvmeStatus::FEATURE_NOT_CHANGEABLE,
+            fid::VOLATILE_WRITE_CACHE => NvmeStatus::SUCCESS,
             _ => NvmeStatus::INVALID_FIELD,
         }
     }
@@ -497,7 +506,8 @@ impl QueuePair {
                 num_queues_value(n, n)
             }
             fid::VOLATILE_WRITE_CACHE => 1,
-            fid::ARBITRATION | fid::POWER_MANAGEMENT => 0,
+            fid::ARBITRATION => ctrl.lock().arbitration,
+            fid::POWER_MANAGEMENT => 0,
             fid::TEMPERATURE_THRESHOLD => {
                 let Some((under, _)) = temp_threshold_target(f.cdw11, false) else {
                     return NvmeStatus::INVALID_FIELD;

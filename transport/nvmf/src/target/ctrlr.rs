@@ -58,6 +58,9 @@ pub(crate) struct CtrlrState {
     /// Temperature Threshold feature, composite sensor: over and under (K).
     pub(crate) over_temp_k: u16,
     pub(crate) under_temp_k: u16,
+    /// Arbitration feature (CDW11 as set, reserved bits clear): kept for
+    /// Get Features; one queue per fabrics connection arbitrates nothing.
+    pub(crate) arbitration: u32,
 }
 
 /// A controller.
@@ -114,6 +117,7 @@ impl Controller {
                 unsafe_if_lost: false,
                 over_temp_k: DEFAULT_OVER_TEMP_K,
                 under_temp_k: DEFAULT_UNDER_TEMP_K,
+                arbitration: 0,
             }),
         })
     }
