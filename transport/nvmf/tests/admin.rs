@@ -730,7 +730,10 @@ fn a_feature_set_reads_back_or_the_set_is_refused() {
     // (reserved bits 7:3 dropped).
     assert_eq!(get(&mut q, fid::ARBITRATION).dw0, 0);
     let arb = 0x0403_0207 | (0x1F << 3);
-    assert_eq!(set(&mut q, fid::ARBITRATION, arb).status, NvmeStatus::SUCCESS);
+    assert_eq!(
+        set(&mut q, fid::ARBITRATION, arb).status,
+        NvmeStatus::SUCCESS
+    );
     assert_eq!(get(&mut q, fid::ARBITRATION).dw0, 0x0403_0207);
 
     // The volatile write cache cannot be turned off: a Set that clears WCE
