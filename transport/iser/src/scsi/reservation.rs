@@ -427,6 +427,13 @@ impl Reservations {
         Ok(())
     }
 
+    /// A logical unit reset (LOGICAL UNIT RESET or TARGET WARM RESET): the
+    /// RESERVE(6) reservation ends whoever holds it; persistent
+    /// registrations and reservations stay (they survive a reset, SPC-4).
+    pub fn lu_reset(&mut self) {
+        self.reserved6 = None;
+    }
+
     /// Session `session` of the I_T nexus `n` is gone: the RESERVE(6)
     /// reservation it took ends (persistent registrations stay). One that a
     /// later session of the same nexus took (after a reinstatement, or

@@ -636,6 +636,20 @@ impl Connection {
                 } else if busy {
                     tmf_response::REJECTED
                 } else {
+                    // A logical unit reset releases the RESERVE(6)
+                    // reservation (SPC-2 semantics, as LIO's LUN reset);
+                    // a target reset resets every LU.
+                    let slot = lun_slot(&self.luns, &t.lun);
+                    for (i, l) in self.luns.iter().enumerate() {
+                        let reset = match t.function {
+                            TmfFunction::LogicalUnitReset => slot == Some(i),
+                            TmfFunction::TargetWarmReset => true,
+                            _ => false,
+                        };
+                        if reset {
+                            l.disk.lun().change(|r| r.lu_reset());
+                        }
+                    }
                     tmf_response::COMPLETE
                 }
             }

@@ -224,3 +224,21 @@ fn shared_state_epoch_and_caw_gate() {
     s.end_caw();
     assert!(s.try_caw());
 }
+
+/// A logical unit reset ends the RESERVE(6) reservation, not persistent
+/// registrations or reservations.
+#[test]
+fn lu_reset_releases_reserve6_only() {
+    let (a, b) = (nexus(1), nexus(2));
+    let mut r = Reservations::default();
+    r.reserve6(&a, 1).unwrap();
+    assert_eq!(r.access(&b), Access::Reserved6);
+    r.lu_reset();
+    assert_eq!(r.access(&b), Access::All);
+    r.out(&a, out_sa::REGISTER, 0, &param(0, 0xA)).unwrap();
+    r.out(&a, out_sa::RESERVE, 3, &param(0xA, 0)).unwrap();
+    r.lu_reset();
+    assert_eq!(keys(&r), (1, vec![0xA]));
+    assert_eq!(reservation(&r), Some((0xA, 3)));
+    assert_eq!(r.access(&b), Access::NoMedia);
+}

@@ -363,6 +363,7 @@ mod pr_in;
 mod reinstatement;
 mod residuals;
 mod sbc;
+mod tmf;
 mod unexpected;
 mod unmapped_lun;
 mod unsolicited;
