@@ -339,11 +339,13 @@ impl TermReq {
         put16(&mut h, 8, self.fes);
         put32(&mut h, 10, self.fei);
         let plen = SHORT_HLEN + n;
+        // PDO 0: the copy of the offending header is not PDU data (as
+        // SPDK and FreeBSD send it; FreeBSD refuses any other PDO).
         CommonHeader {
             pdu_type: t.code(),
             flags: 0,
             hlen: SHORT_HLEN as u8,
-            pdo: if n > 0 { SHORT_HLEN as u8 } else { 0 },
+            pdo: 0,
             plen: plen as u32,
         }
         .encode_into(&mut h);

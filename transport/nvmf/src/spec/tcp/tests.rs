@@ -236,6 +236,8 @@ fn termreq_carries_status_offset_and_the_offending_header() {
     }
     .encode_into(true, &bad, &mut out);
     assert_eq!(n, 24 + 128);
+    // PDO 0: the copied header is not PDU data.
+    assert_eq!(CommonHeader::parse(&out).pdo, 0);
     let f = Frame::check(&CommonHeader::parse(&out), false, BOTH, 0).expect("frame");
     assert_eq!((f.pdu_type, f.data_len), (PduType::C2hTermReq, 128));
     let t = TermReq::parse(&out);
