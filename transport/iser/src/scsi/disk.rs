@@ -188,6 +188,10 @@ pub struct BlockIo {
     pub pi: PiMode,
     /// READ(32)/WRITE(32)'s reference and application tags (PI Type 2).
     pub tags: Option<crate::scsi::PiTags>,
+    /// FUA on a [`BlockOp::Write`]: the blocks reach the medium before
+    /// GOOD (a flush of the range follows the write), as the advertised
+    /// DPOFUA and write-back cache (WCE) promise.
+    pub fua: bool,
 }
 
 impl BlockIo {
@@ -396,6 +400,7 @@ impl Disk {
             blocks: u64::from(rw.blocks),
             pi,
             tags: None,
+            fua: false,
         }))
     }
 
@@ -459,6 +464,7 @@ impl Disk {
             blocks: u64::from(rw.blocks),
             pi,
             tags: rw.tags,
+            fua: write && rw.fua,
         }))
     }
 
@@ -547,6 +553,7 @@ impl Disk {
                     blocks: n,
                     pi: PiMode::None,
                     tags: None,
+                    fua: false,
                 }))
             }
             Cdb::Unmap { param_len } => {
@@ -587,6 +594,7 @@ impl Disk {
                         blocks: n,
                         pi: PiMode::None,
                         tags: None,
+                        fua: false,
                     }))
                 } else {
                     Ok(Action::NeedData(info.block_size))
@@ -610,6 +618,7 @@ impl Disk {
                     blocks: u64::from(rw.blocks),
                     pi,
                     tags: None,
+                    fua: false,
                 }))
             }
             Cdb::WriteVerify { rw, bytchk: true } => {
@@ -711,6 +720,7 @@ impl Disk {
                     blocks,
                     pi: PiMode::None,
                     tags: None,
+                    fua: false,
                 }))
             }
             Cdb::WriteSame {
@@ -743,6 +753,7 @@ impl Disk {
                     blocks: n,
                     pi,
                     tags: None,
+                    fua: false,
                 }))
             }
             Cdb::PrOut { sa, scope_type, .. } => {

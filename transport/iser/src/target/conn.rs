@@ -1170,6 +1170,23 @@ impl Connection {
             return self.advance(idx, ops);
         }
         if let (Some(io), Some(l)) = (io, t.lun) {
+            if io.op == BlockOp::Write && io.fua && t.step == 0 {
+                // FUA: the written range is flushed before GOOD.
+                t.step = 1;
+                let submitted = self.luns[l].ch.submit(
+                    pollux_bdev::IoType::Flush,
+                    io.lba,
+                    io.blocks,
+                    SgList::new(),
+                    &self.cb,
+                    u64::from(idx),
+                );
+                if submitted.is_err() {
+                    t.result = Err(Sense::INTERNAL_FAILURE);
+                    return self.respond(idx, ops);
+                }
+                return;
+            }
             if io.op == BlockOp::Read {
                 let info = &self.luns[l].disk.info;
                 if let Some(buf) = t.buf.as_mut() {

@@ -293,7 +293,8 @@ fn write_same_pattern_zero_length_and_refusals() {
             lba: 8,
             blocks: 4,
             pi: PiMode::None,
-            tags: None
+            tags: None,
+            fua: false
         }))
     );
     // A zero pattern becomes write zeroes, with UNMAP an unmap.
@@ -622,4 +623,25 @@ fn read_keys_is_not_cut_at_512_bytes() {
     // Still cut to the allocation length.
     let r = d.exec(&[0x5E, 0, 0, 0, 0, 0, 0, 0x02, 0, 0], &mut out);
     assert_eq!(r, Ok(Action::DataIn(512)));
+}
+
+/// FUA on a write (and WRITE AND VERIFY with BYTCHK 0) plans the flush
+/// that puts the blocks on the medium before GOOD; reads and plain writes
+/// do not flush.
+#[test]
+fn fua_writes_are_planned_with_fua() {
+    let d = disk(PiType::None, true, true);
+    let fua = |cdb: &[u8]| match d.exec(cdb, &mut [0u8; 512]) {
+        Ok(Action::Io(io)) => io.fua,
+        other => panic!("{other:?}"),
+    };
+    assert!(fua(&[0x2A, 0x08, 0, 0, 0, 1, 0, 0, 1, 0]), "WRITE(10) FUA");
+    assert!(!fua(&[0x2A, 0, 0, 0, 0, 1, 0, 0, 1, 0]), "WRITE(10)");
+    assert!(!fua(&[0x28, 0x08, 0, 0, 0, 1, 0, 0, 1, 0]), "READ(10) FUA");
+    assert!(fua(&[0x2E, 0, 0, 0, 0, 1, 0, 0, 1, 0]), "WRITE AND VERIFY");
+    let mut w16 = [0u8; 16];
+    w16[0] = 0x8A;
+    w16[1] = 0x08;
+    w16[13] = 1;
+    assert!(fua(&w16), "WRITE(16) FUA");
 }
