@@ -542,3 +542,151 @@ fn completions_carry_the_sq_head_and_it_wraps_at_the_queue_size() {
     }
     assert_eq!(wraps, 2);
 }
+
+/// A malloc bdev that logs the type of every I/O it is handed.
+struct Logged {
+    inner: pollux_bdev::MallocBackend,
+    log: std::sync::Arc<pollux_reactor::sync::Mutex<Vec<pollux_bdev::IoType>>>,
+}
+
+struct LoggedChannel {
+    inner: Box<dyn pollux_bdev::BackendChannel>,
+    log: std::sync::Arc<pollux_reactor::sync::Mutex<Vec<pollux_bdev::IoType>>>,
+}
+
+impl pollux_bdev::BdevBackend for Logged {
+    fn info(&self) -> &pollux_bdev::BdevInfo {
+        self.inner.info()
+    }
+    fn supports(&self, t: pollux_bdev::IoType) -> bool {
+        self.inner.supports(t)
+    }
+    fn create_channel(
+        &self,
+        reactor: &pollux_reactor::Reactor,
+    ) -> Result<Box<dyn pollux_bdev::BackendChannel>, pollux_bdev::BdevError> {
+        Ok(Box::new(LoggedChannel {
+            inner: self.inner.create_channel(reactor)?,
+            log: self.log.clone(),
+        }))
+    }
+}
+
+impl pollux_bdev::BackendChannel for LoggedChannel {
+    fn submit(
+        &mut self,
+        tag: pollux_bdev::IoTag,
+        io: &mut pollux_bdev::BdevIo,
+    ) -> pollux_bdev::Submitted {
+        self.log.lock().unwrap().push(io.io_type());
+        self.inner.submit(tag, io)
+    }
+    fn poll(&mut self, done: &mut pollux_bdev::Completions<'_>) -> pollux_reactor::PollStatus {
+        self.inner.poll(done)
+    }
+}
+
+#[test]
+fn a_fua_write_reaches_the_media_before_it_completes() {
+    use pollux_bdev::IoType;
+    use pollux_nvmf::target::NamespaceConfig;
+    let fx = Fx::new();
+    let log = std::sync::Arc::new(pollux_reactor::sync::Mutex::new(Vec::new()));
+    let info = pollux_bdev::BdevInfo::new("logged", "Malloc disk", 512, 256).unwrap();
+    let inner = pollux_bdev::MallocBackend::new(info, None).unwrap();
+    let bdev = pollux_bdev::Bdev::new(std::sync::Arc::new(Logged {
+        inner,
+        log: log.clone(),
+    }));
+    fx.sub1
+        .add_namespace(NamespaceConfig::new(bdev).with_nsid(2))
+        .unwrap();
+    let mut admin = fx.admin();
+    let mut io = fx.io_on(&mut admin, 0);
+    let take = || std::mem::take(&mut *log.lock().unwrap());
+    let fua = |mut c: NvmeCmd| {
+        c.cdw12 |= 1 << 30;
+        c
+    };
+    let data = pattern(4 * BLOCK as usize, 9);
+
+    // Without FUA: the write alone (the volatile cache may keep it).
+    assert_eq!(fx.write(&mut io, 2, 0, &data), NvmeStatus::SUCCESS);
+    assert_eq!(take(), vec![IoType::Write]);
+    // With FUA: the write, then a flush, before the completion.
+    let c = fx.exec(
+        &mut io,
+        fua(rw(IoOpcode::Write, 2, 8, 4)),
+        HostData::Write(&data),
+    );
+    assert_eq!(c.cpl.status, NvmeStatus::SUCCESS);
+    assert_eq!(take(), vec![IoType::Write, IoType::Flush]);
+    assert_eq!(fx.read(&mut io, 2, 8, 4).data.unwrap(), data);
+    take();
+    // Write Zeroes with FUA too; a FUA read needs no flush.
+    let c = fx.exec(
+        &mut io,
+        fua(rw(IoOpcode::WriteZeroes, 2, 8, 4)),
+        HostData::None,
+    );
+    assert_eq!(c.cpl.status, NvmeStatus::SUCCESS);
+    assert_eq!(take(), vec![IoType::WriteZeroes, IoType::Flush]);
+    let c = fx.exec(
+        &mut io,
+        fua(rw(IoOpcode::Read, 2, 8, 4)),
+        HostData::Read(4 * BLOCK),
+    );
+    assert_eq!(c.cpl.status, NvmeStatus::SUCCESS);
+    assert_eq!(take(), vec![IoType::Read]);
+    // A failed FUA write is not flushed and fails as before.
+    let c = fx.exec(
+        &mut io,
+        fua(rw(IoOpcode::Write, 2, 256, 1)),
+        HostData::Write(&data[..512]),
+    );
+    assert_eq!(c.cpl.status, NvmeStatus::LBA_OUT_OF_RANGE);
+    assert!(take().is_empty());
+    // The SMART log counts each FUA write once.
+    let cmd = pollux_nvmf::spec::log_page::GetLogPageCmd::to_cmd(
+        pollux_nvmf::spec::log_page::lid::SMART,
+        0xFFFF_FFFF,
+        512,
+        0,
+        false,
+        0,
+    )
+    .unwrap();
+    let s = pollux_nvmf::spec::log_page::SmartLog::parse(
+        &fx.exec(&mut admin, cmd, HostData::Read(512)).data.unwrap(),
+    )
+    .unwrap();
+    assert_eq!((s.host_writes, s.host_reads), (3, 2));
+
+    // On a PI namespace: a PRACT write with FUA (the target generates the
+    // tuples, then flushes), read back with every check.
+    let pi = fx
+        .registry
+        .create("malloc:size=64K,block=512,md=8,pi=1,md_interleave=true,name=p1")
+        .unwrap();
+    fx.sub1
+        .add_namespace(NamespaceConfig::new(pi).with_nsid(3))
+        .unwrap();
+    let prinfo = |mut c: NvmeCmd, p: u32| {
+        c.cdw12 |= p << 26;
+        c.cdw14 = 8; // ILBRT = SLBA
+        c
+    };
+    let c = fx.exec(
+        &mut io,
+        fua(prinfo(rw(IoOpcode::Write, 3, 8, 4), 0x8)),
+        HostData::Write(&data),
+    );
+    assert_eq!(c.cpl.status, NvmeStatus::SUCCESS);
+    let c = fx.exec(
+        &mut io,
+        prinfo(rw(IoOpcode::Read, 3, 8, 4), 0x8 | 0x4 | 0x1),
+        HostData::Read(4 * BLOCK),
+    );
+    assert_eq!(c.cpl.status, NvmeStatus::SUCCESS);
+    assert_eq!(c.data.unwrap(), data);
+}

@@ -162,6 +162,9 @@ impl QueuePair {
                 }
                 req.slba = rw.slba;
                 req.nlb = rw.nlb;
+                // FUA on a write: durable before the completion (a flush
+                // follows it); on a read it asks nothing of this target.
+                req.fua = rw.fua && op != IoOpcode::Read;
                 if op == IoOpcode::WriteZeroes {
                     // On a PI bdev the zeroed blocks get valid tuples (guard
                     // of zeroes, app tag 0, ref tag = LBA: the bdev layer's

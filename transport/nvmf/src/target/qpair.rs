@@ -1046,6 +1046,19 @@ impl QueuePair {
             // More ranges to issue: back to ReadyToExecute.
             req.state = ReqState::ReadyToExecute;
             self.process(slot, ops);
+        } else if req.fua && req.status.is_success() {
+            // FUA: the write is counted now and the command runs on as a
+            // flush of its namespace, completing when that does.
+            req.fua = false;
+            let bytes = match req.plan.exec {
+                super::req::Exec::Write => req.plan.len,
+                _ => 0,
+            };
+            self.io_counters.write_done(u64::from(bytes));
+            req.plan.exec = super::req::Exec::Flush;
+            req.pi = None;
+            req.state = ReqState::ReadyToExecute;
+            self.process(slot, ops);
         } else {
             req.state = ReqState::Executed;
             let ok = req.status.is_success();

@@ -204,6 +204,9 @@ pub(crate) struct Request {
     /// data only; the buffers are spread before a write reaches the bdev
     /// (then this is cleared) and stripped after a read.
     pub(crate) pi_spread: Option<(u32, u32)>,
+    /// A Write or Write Zeroes with FUA: once it succeeds, a flush of the
+    /// namespace runs before the command completes (then this is cleared).
+    pub(crate) fua: bool,
     /// Bdev sub-I/Os outstanding (DSM issues one per range).
     pub(crate) subs: u16,
     /// Next DSM range to issue.
@@ -236,6 +239,7 @@ impl Request {
             nlb: 0,
             pi: None,
             pi_spread: None,
+            fua: false,
             subs: 0,
             dsm_next: 0,
             parked_in: None,
@@ -262,6 +266,7 @@ impl Request {
         self.nlb = 0;
         self.pi = None;
         self.pi_spread = None;
+        self.fua = false;
         self.subs = 0;
         self.dsm_next = 0;
         self.parked_in = None;
