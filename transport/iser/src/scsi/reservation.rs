@@ -245,11 +245,15 @@ impl Reservations {
     /// 24-byte parameter list `param`, from `n`.
     ///
     /// # Errors
-    /// [`Sense::RESERVATION_CONFLICT`], 05/24/00 (unsupported service
-    /// action, scope or type), 05/26/00 (unsupported parameter bits, key
-    /// 0 to preempt), 05/1A/00 (parameter list length), 05/26/04 (release
-    /// of another type).
+    /// [`Sense::RESERVATION_CONFLICT`] (also whenever a RESERVE(6)
+    /// reservation is held, by `n` too: SPC-3 PERSISTENT RESERVE OUT),
+    /// 05/24/00 (unsupported service action, scope or type), 05/26/00
+    /// (unsupported parameter bits, key 0 to preempt), 05/1A/00
+    /// (parameter list length), 05/26/04 (release of another type).
     pub fn out(&mut self, n: &ItNexus, sa: u8, scope_type: u8, param: &[u8]) -> Result<(), Sense> {
+        if self.reserved6.is_some() {
+            return Err(Sense::RESERVATION_CONFLICT);
+        }
         if param.len() != PR_OUT_PARAM_LEN as usize {
             return Err(Sense::PARAM_LIST_LENGTH);
         }
@@ -355,8 +359,13 @@ impl Reservations {
     /// ADDITIONAL LENGTH still counts them, as SPC-4 asks).
     ///
     /// # Errors
-    /// 05/24/00 for an unsupported service action.
+    /// 05/24/00 for an unsupported service action;
+    /// [`Sense::RESERVATION_CONFLICT`] while a RESERVE(6) reservation is
+    /// held, whoever holds it (SPC-3 PERSISTENT RESERVE IN).
     pub fn read(&self, sa: u8, out: &mut [u8]) -> Result<usize, Sense> {
+        if self.reserved6.is_some() {
+            return Err(Sense::RESERVATION_CONFLICT);
+        }
         let mut w = Writer { out, n: 0 };
         match sa {
             in_sa::READ_KEYS => {

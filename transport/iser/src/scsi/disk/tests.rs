@@ -645,3 +645,20 @@ fn fua_writes_are_planned_with_fua() {
     w16[13] = 1;
     assert!(fua(&w16), "WRITE(16) FUA");
 }
+
+/// The holder of a RESERVE(6) reservation gets RESERVATION CONFLICT for
+/// PERSISTENT RESERVE IN and OUT too (SPC-3), not only the other nexuses.
+#[test]
+fn persistent_reserve_in_and_out_conflict_for_the_reserve6_holder() {
+    let d = disk(PiType::None, true, true);
+    assert_eq!(run(&d, &[0x16, 0, 0, 0, 0, 0]).0, Ok(Action::Good));
+    let pr_in = [0x5E, 0, 0, 0, 0, 0, 0, 0, 64, 0];
+    assert_eq!(run(&d, &pr_in).0, Err(Sense::RESERVATION_CONFLICT));
+    let reg = [0x5F, 0, 0, 0, 0, 0, 0, 0, 24, 0];
+    let mut p = [0u8; 24];
+    p[8..16].copy_from_slice(&0xAu64.to_be_bytes());
+    assert_eq!(d.exec_with_data(&reg, &p), Err(Sense::RESERVATION_CONFLICT));
+    assert_eq!(run(&d, &[0x17, 0, 0, 0, 0, 0]).0, Ok(Action::Good));
+    assert_eq!(d.exec_with_data(&reg, &p), Ok(Action::Good));
+    assert_eq!(run(&d, &pr_in).0, Ok(Action::DataIn(16)));
+}

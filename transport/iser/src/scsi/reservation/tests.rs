@@ -242,3 +242,25 @@ fn lu_reset_releases_reserve6_only() {
     assert_eq!(reservation(&r), Some((0xA, 3)));
     assert_eq!(r.access(&b), Access::NoMedia);
 }
+
+/// SPC-3: PERSISTENT RESERVE IN and OUT while a RESERVE(6) reservation
+/// is held get RESERVATION CONFLICT, from its holder too (no mixing of
+/// the two kinds).
+#[test]
+fn persistent_reserve_commands_conflict_under_reserve6_even_for_its_holder() {
+    let (a, b) = (nexus(1), nexus(2));
+    let mut r = Reservations::default();
+    r.reserve6(&a, 1).unwrap();
+    let mut buf = [0u8; 64];
+    assert_eq!(r.read(in_sa::READ_KEYS, &mut buf), CONFLICT.map(|()| 0));
+    assert_eq!(r.out(&a, out_sa::REGISTER, 0, &param(0, 0xA)), CONFLICT);
+    assert_eq!(
+        r.out(&a, out_sa::REGISTER_AND_IGNORE, 0, &param(0, 0xA)),
+        CONFLICT
+    );
+    assert_eq!(r.out(&b, out_sa::REGISTER, 0, &param(0, 0xB)), CONFLICT);
+    assert!(!r.persistent());
+    r.release6(&a).unwrap();
+    assert_eq!(r.out(&a, out_sa::REGISTER, 0, &param(0, 0xA)), Ok(()));
+    assert_eq!(keys(&r).1, vec![0xA]);
+}
