@@ -234,10 +234,11 @@ fn millicelsius_to_kelvin(s: &str) -> Option<u16> {
 }
 
 /// The SMART critical warning temperature bit for `temp_k` against the
-/// `over` and `under` thresholds (an under threshold of 0 is never
-/// crossed).
+/// `over` and `under` thresholds: at or above the over threshold, or at or
+/// below the under one (NVMe 1.4 SMART log byte 0 bit 1); an under
+/// threshold of 0 is never crossed.
 pub fn temperature_warning(temp_k: u16, over: u16, under: u16) -> u8 {
-    if temp_k >= over || temp_k < under {
+    if temp_k >= over || (under > 0 && temp_k <= under) {
         CRITICAL_WARNING_TEMPERATURE
     } else {
         0
@@ -305,5 +306,17 @@ mod tests {
         );
         let t = composite_temperature_k();
         assert!(t > 0);
+    }
+
+    #[test]
+    fn a_temperature_at_either_threshold_warns() {
+        // NVMe 1.4 SMART critical warning bit 1: greater than or equal to
+        // the over threshold, or less than or equal to the under one.
+        assert_eq!(
+            temperature_warning(273, 343, 273),
+            CRITICAL_WARNING_TEMPERATURE
+        );
+        assert_eq!(temperature_warning(274, 343, 273), 0);
+        assert_eq!(temperature_warning(1, 343, 0), 0, "under 0: never");
     }
 }
