@@ -439,6 +439,35 @@ impl QueuePair {
         self.submit_parts(sqe, Icd::Lend(icd, icd_len), ops)
     }
 
+    /// A received command capsule the transport refuses without running
+    /// it (NVMe/TCP: its in-capsule data digest did not match): it takes
+    /// its submission queue entry like any command, so its completion,
+    /// with `status`, carries the SQ head past it, and goes to
+    /// [`QpairOps::send_response`].
+    ///
+    /// # Errors
+    ///
+    /// As [`submit_capsule`](Self::submit_capsule).
+    pub fn refuse_capsule(
+        &mut self,
+        sqe: &[u8],
+        status: NvmeStatus,
+        ops: &mut dyn QpairOps,
+    ) -> Result<(), CapsuleError> {
+        if self.disconnect_sent {
+            return Err(CapsuleError::Disconnecting);
+        }
+        let Some(sqe) = sqe.first_chunk::<SQE_SIZE>() else {
+            return Err(CapsuleError::Malformed(sqe.len()));
+        };
+        let slot = self.free.pop().ok_or(CapsuleError::QueueFull)?;
+        self.stats.commands += 1;
+        self.reqs[usize::from(slot)].start(sqe);
+        self.finish(slot, status);
+        self.process(slot, ops);
+        Ok(())
+    }
+
     fn submit_parts(
         &mut self,
         sqe: &[u8],

@@ -840,19 +840,23 @@ impl TcpConn {
             let got = crate::spec::le32(&self.rx.buf, data.end);
             if got != crc32c(&self.rx.buf[data.clone()]) {
                 // Not fatal: the command fails with a transient transport
-                // error and never reaches the core.
+                // error without running (it still takes its SQ entry).
                 log::debug!("nvmf tcp: capsule data digest mismatch");
                 let sqe = &self.rx.buf[start + CH_LEN..start + CH_LEN + SQE_SIZE];
-                let cid = crate::spec::le16(sqe, 2);
-                let sqid = self.qp.qid().unwrap_or(0);
-                let cpl = NvmeCompletion::new(sqid, cid, NvmeStatus::TRANSIENT_TRANSPORT_ERROR);
-                self.ops.tx.push_pdu(
-                    PduType::CapsuleResp,
-                    &CapsuleResp::encode(&cpl.encode()),
-                    0,
-                    0,
+                let res = self.qp.refuse_capsule(
+                    sqe,
+                    NvmeStatus::TRANSIENT_TRANSPORT_ERROR,
+                    &mut self.ops,
                 );
-                return Ok(());
+                return match res {
+                    Ok(()) => Ok(()),
+                    Err(CapsuleError::QueueFull) => Err(overrun()),
+                    Err(e) => {
+                        log::debug!("nvmf tcp: capsule refused, closing the queue: {e}");
+                        self.ops.closing = true;
+                        Ok(())
+                    }
+                };
             }
         }
         let sqe_at = start + CH_LEN;

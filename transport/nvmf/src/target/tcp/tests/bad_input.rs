@@ -165,6 +165,48 @@ fn a_bad_h2cdata_data_digest_fails_its_command_with_transient_transport_error() 
     after(&f, 0);
 }
 
+/// A capsule refused for a bad data digest still took its submission queue
+/// entry: with SQ flow control on, its completion and every later one
+/// carry the SQ head past it (else the host's view of the queue loses an
+/// entry per digest error).
+#[test]
+fn a_capsule_refused_for_its_data_digest_moves_the_sq_head() {
+    use crate::spec::property::{ofst, PropertyCmd, PropertySize};
+    let f = fixture(TcpOptions::default());
+    let ddgst = Digests {
+        header: false,
+        data: true,
+    };
+    let mut r = Raw::handshake(&f, ddgst);
+    let p = r.admin_connect();
+    r.send(&p);
+    let cpl = response(&f, &mut r);
+    assert!(cpl.status.is_success(), "{cpl:?}");
+    let get = |r: &mut Raw, cid: u16| {
+        let mut g = PropertyCmd::get(ofst::CC, PropertySize::Four, cid);
+        g.set_sgl(&SglDescriptor::Transport { len: 0 });
+        let p = r.capsule(&g, &[]);
+        r.send(&p);
+        let cpl = response(&f, r);
+        assert!(cpl.status.is_success(), "{cpl:?}");
+        cpl.sqhd
+    };
+    let head = get(&mut r, 8);
+    // A capsule with 64 bytes of in-capsule data whose digest is wrong.
+    let mut g = PropertyCmd::get(ofst::CC, PropertySize::Four, 9);
+    g.set_sgl(&SglDescriptor::in_capsule(0, 64));
+    let mut p = r.capsule(&g, &[0u8; 64]);
+    let last = p.len() - 1;
+    p[last] ^= 0xFF;
+    r.send(&p);
+    let cpl = response(&f, &mut r);
+    assert_eq!(cpl.status, NvmeStatus::TRANSIENT_TRANSPORT_ERROR);
+    assert_eq!(cpl.sqhd, head + 1, "the refused capsule's SQ head");
+    assert_eq!(get(&mut r, 10), head + 2, "the next command's SQ head");
+    drop(r);
+    after(&f, 0);
+}
+
 #[test]
 fn h2cdata_without_an_r2t_names_its_ttag() {
     let f = fixture(TcpOptions::default());
