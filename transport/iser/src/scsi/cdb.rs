@@ -128,7 +128,11 @@ pub enum Cdb {
         alloc: u32,
     },
     /// START STOP UNIT (accepted, no effect).
-    StartStopUnit,
+    StartStopUnit {
+        /// START 1 with POWER CONDITION 0h: a plain start, which SBC-3
+        /// allows under every persistent reservation.
+        start: bool,
+    },
     /// READ CAPACITY(10).
     ReadCapacity10,
     /// READ CAPACITY(16).
@@ -416,7 +420,9 @@ impl Cdb {
                     alloc: if ten { be16(&b, 7) } else { u32::from(b[4]) },
                 }
             }
-            op::START_STOP_UNIT => Cdb::StartStopUnit,
+            op::START_STOP_UNIT => Cdb::StartStopUnit {
+                start: b[4] & 0x01 != 0 && b[4] >> 4 == 0,
+            },
             op::READ_CAPACITY_10 => {
                 if b[8] & 1 != 0 || be32(&b, 2) != 0 {
                     return Err(bad(8));

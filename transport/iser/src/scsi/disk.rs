@@ -278,6 +278,7 @@ fn class_of(cmd: &Cdb) -> Class {
         | Cdb::ModeSense { .. }
         | Cdb::PrIn { .. }
         | Cdb::PrOut { .. }
+        | Cdb::StartStopUnit { start: true }
         | Cdb::Reserve6 => Class::Status,
         Cdb::Read(_) | Cdb::Verify { .. } | Cdb::GetLbaStatus { .. } => Class::Read,
         Cdb::Write(_)
@@ -286,7 +287,7 @@ fn class_of(cmd: &Cdb) -> Class {
         | Cdb::WriteSame { .. }
         | Cdb::Unmap { .. }
         | Cdb::SyncCache { .. }
-        | Cdb::StartStopUnit => Class::Write,
+        | Cdb::StartStopUnit { start: false } => Class::Write,
     }
 }
 
@@ -484,7 +485,7 @@ impl Disk {
         let len_byte = transfer_len_byte(cdb.first().copied().unwrap_or(0));
         let fit = |n: usize, alloc: u32| n.min(alloc as usize).min(out.len());
         match cmd {
-            Cdb::TestUnitReady | Cdb::StartStopUnit => Ok(Action::Good),
+            Cdb::TestUnitReady | Cdb::StartStopUnit { .. } => Ok(Action::Good),
             Cdb::RequestSense { alloc } => {
                 let s = Sense {
                     key: 0,

@@ -662,3 +662,29 @@ fn persistent_reserve_in_and_out_conflict_for_the_reserve6_holder() {
     assert_eq!(d.exec_with_data(&reg, &p), Ok(Action::Good));
     assert_eq!(run(&d, &pr_in).0, Ok(Action::DataIn(16)));
 }
+
+/// SBC-3 (commands allowed in the presence of reservations): START STOP
+/// UNIT with START 1 and POWER CONDITION 0h is allowed under a persistent
+/// reservation another nexus holds; a stop or a power condition change
+/// conflicts.
+#[test]
+fn a_plain_start_is_allowed_under_another_nexus_reservation() {
+    let info = disk(PiType::None, true, true).info;
+    let lu = Arc::new(LunShared::default());
+    let a = Disk::shared(info.clone(), lu.clone(), nx(1));
+    let b = Disk::shared(info, lu, nx(2));
+    let pr_out = |sa: u8, ty: u8| [0x5F, sa, ty, 0, 0, 0, 0, 0, 24, 0];
+    let mut p = [0u8; 24];
+    p[8..16].copy_from_slice(&0xAu64.to_be_bytes());
+    assert_eq!(a.exec_with_data(&pr_out(0, 0), &p), Ok(Action::Good));
+    let mut p = [0u8; 24];
+    p[..8].copy_from_slice(&0xAu64.to_be_bytes());
+    for ty in [1u8, 3] {
+        assert_eq!(a.exec_with_data(&pr_out(1, ty), &p), Ok(Action::Good));
+        assert_eq!(run(&b, &[0x1B, 0, 0, 0, 0x01, 0]).0, Ok(Action::Good));
+        for stop in [[0x1B, 0, 0, 0, 0x00, 0], [0x1B, 0, 0, 0, 0x11, 0]] {
+            assert_eq!(run(&b, &stop).0, Err(Sense::RESERVATION_CONFLICT));
+        }
+        assert_eq!(a.exec_with_data(&pr_out(2, ty), &p), Ok(Action::Good));
+    }
+}
