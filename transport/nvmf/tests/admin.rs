@@ -749,3 +749,39 @@ fn a_feature_set_reads_back_or_the_set_is_refused() {
     );
     assert_eq!(get(&mut q, fid::VOLATILE_WRITE_CACHE).dw0, 1);
 }
+
+#[test]
+fn the_error_log_blames_the_feature_value_or_the_feature_id() {
+    let fx = Fx::new();
+    let mut q = fx.admin();
+    let last_error = |q: &mut HostQueue| {
+        ErrorLogEntry::parse(&log(&fx, q, lid::ERROR, 64, false).data.unwrap()).unwrap()
+    };
+    // A supported feature with a bad value: CDW11 (SQE byte 44).
+    let cases = [
+        FeatureCmd::set(fid::NUMBER_OF_QUEUES, 0xFFFF_0000, 0),
+        FeatureCmd::set(fid::TEMPERATURE_THRESHOLD, 3 << 20, 0),
+        FeatureCmd::set(fid::POWER_MANAGEMENT, 1, 0),
+        FeatureCmd::get(fid::HOST_IDENTIFIER, 0),
+    ];
+    for cmd in cases {
+        let data = if cmd.cdw10 as u8 == fid::HOST_IDENTIFIER {
+            HostData::Read(16)
+        } else {
+            HostData::None
+        };
+        let c = fx.exec(&mut q, cmd, data);
+        assert_eq!(c.cpl.status, NvmeStatus::INVALID_FIELD);
+        let e = last_error(&mut q);
+        assert_eq!(
+            (e.cid, e.param_error_location),
+            (c.cpl.cid, 44),
+            "FID {:#x}",
+            cmd.cdw10 as u8
+        );
+    }
+    // An unsupported feature: the FID (CDW10, byte 40).
+    let c = fx.exec(&mut q, FeatureCmd::set(0x7D, 0, 0), HostData::None);
+    assert_eq!(c.cpl.status, NvmeStatus::INVALID_FIELD);
+    assert_eq!(last_error(&mut q).param_error_location, 40);
+}

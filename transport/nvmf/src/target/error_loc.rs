@@ -7,6 +7,7 @@
 
 use crate::spec::cmd::{AdminOpcode, NvmeCmd};
 use crate::spec::cpl::NvmeStatus;
+use crate::spec::features::fid;
 use crate::spec::log_page::GetLogPageCmd;
 
 /// No single field (the spec's FFFFh).
@@ -24,6 +25,8 @@ mod at {
     pub const DPTR: u16 = 24;
     /// Command dword 10.
     pub const CDW10: u16 = 40;
+    /// Command dword 11.
+    pub const CDW11: u16 = 44;
     /// Command dword 12.
     pub const CDW12: u16 = 48;
 }
@@ -64,10 +67,21 @@ pub fn param_error_location(cmd: &NvmeCmd, status: NvmeStatus) -> u16 {
         return loc(at::FLAGS, 6);
     }
     match AdminOpcode::from_code(cmd.opcode) {
-        // CNS, or the feature identifier: CDW10's low byte.
-        Some(AdminOpcode::Identify | AdminOpcode::SetFeatures | AdminOpcode::GetFeatures) => {
-            at::CDW10
-        }
+        // The CNS: CDW10's low byte.
+        Some(AdminOpcode::Identify) => at::CDW10,
+        // A feature an I/O controller implements was given a bad value
+        // (CDW11); any other feature identifier is itself the fault (CDW10).
+        Some(AdminOpcode::SetFeatures | AdminOpcode::GetFeatures) => match cmd.cdw10 as u8 {
+            fid::ARBITRATION
+            | fid::POWER_MANAGEMENT
+            | fid::TEMPERATURE_THRESHOLD
+            | fid::VOLATILE_WRITE_CACHE
+            | fid::NUMBER_OF_QUEUES
+            | fid::ASYNC_EVENT_CONFIG
+            | fid::KEEP_ALIVE_TIMER
+            | fid::HOST_IDENTIFIER => at::CDW11,
+            _ => at::CDW10,
+        },
         Some(AdminOpcode::GetLogPage) => {
             // An offset (unaligned or past the end) is LPO's fault;
             // without one, the length (NUMDL, CDW10 bits 31:16) is.
