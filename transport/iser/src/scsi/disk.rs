@@ -188,9 +188,10 @@ pub struct BlockIo {
     pub pi: PiMode,
     /// READ(32)/WRITE(32)'s reference and application tags (PI Type 2).
     pub tags: Option<crate::scsi::PiTags>,
-    /// FUA on a [`BlockOp::Write`]: the blocks reach the medium before
-    /// GOOD (a flush of the range follows the write), as the advertised
-    /// DPOFUA and write-back cache (WCE) promise.
+    /// FUA on a [`BlockOp::Write`] or [`BlockOp::CompareAndWrite`]: the
+    /// blocks reach the medium before GOOD (a flush of the range follows
+    /// the write), as the advertised DPOFUA and write-back cache (WCE)
+    /// promise.
     pub fua: bool,
 }
 
@@ -401,7 +402,9 @@ impl Disk {
             blocks: u64::from(rw.blocks),
             pi,
             tags: None,
-            fua: false,
+            // The FUA of COMPARE AND WRITE (VERIFY and WRITE AND VERIFY
+            // have none: their `rw.fua` is false).
+            fua: write && rw.fua,
         }))
     }
 
