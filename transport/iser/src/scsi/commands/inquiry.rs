@@ -96,7 +96,9 @@ pub fn vpd(info: &DiskInfo, page: u8, b: &mut [u8]) -> Result<usize, Sense> {
         }
         0xB2 => {
             if info.unmap {
-                b[5] = 0x80 | 0x40 | 0x04; // LBPU, LBPWS, LBPRZ=001b
+                // LBPU, LBPWS, LBPWS10 (WRITE SAME(10) unmaps as (16)
+                // does), LBPRZ=001b.
+                b[5] = 0x80 | 0x40 | 0x20 | 0x04;
                 b[6] = 0x02; // thin provisioned
             }
             4

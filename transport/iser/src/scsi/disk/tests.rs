@@ -688,3 +688,24 @@ fn a_plain_start_is_allowed_under_another_nexus_reservation() {
         assert_eq!(a.exec_with_data(&pr_out(2, ty), &p), Ok(Action::Good));
     }
 }
+
+/// VPD B2 advertises unmapping by WRITE SAME(10) (LBPWS10) as it does by
+/// UNMAP and WRITE SAME(16): WRITE SAME(10) with UNMAP and a zero block
+/// unmaps.
+#[test]
+fn write_same_10_unmap_is_advertised() {
+    let d = disk(PiType::None, true, true);
+    let (_, b) = run(&d, &[0x12, 1, 0xB2, 0, 255, 0]);
+    assert_eq!(b[5] & 0xE0, 0x80 | 0x40 | 0x20, "LBPU, LBPWS, LBPWS10");
+    let ws10 = [0x41, 0x08, 0, 0, 0, 8, 0, 0, 4, 0];
+    assert_eq!(run(&d, &ws10).0, Ok(Action::NeedData(512)));
+    assert!(matches!(
+        d.exec_with_data(&ws10, &[0u8; 512]),
+        Ok(Action::Io(BlockIo {
+            op: BlockOp::Unmap,
+            lba: 8,
+            blocks: 4,
+            ..
+        }))
+    ));
+}
