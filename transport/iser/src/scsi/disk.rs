@@ -718,6 +718,9 @@ impl Disk {
                     return Ok(Action::Good);
                 };
                 check_range(&self.info, lba, blocks)?;
+                if blocks == 0 {
+                    return Ok(Action::Good);
+                }
                 Ok(Action::Io(BlockIo {
                     op: BlockOp::Unmap,
                     lba,

@@ -5,7 +5,9 @@ use crate::scsi::sense::Sense;
 
 /// Parse the parameter list: header (data length, descriptor length) and
 /// at most [`UNMAP_MAX_DESCRIPTORS`] descriptors of at most `max_blocks`
-/// blocks. `None` when it has no descriptor. A descriptor length that is
+/// blocks. `None` when it has no descriptor; a descriptor of 0 blocks
+/// comes back as it is (nothing to unmap, but its LBA is still checked
+/// against the capacity, as LIO does). A descriptor length that is
 /// not a multiple of 16 ends in an incomplete descriptor, which is ignored
 /// (SBC-3 UNMAP parameter list).
 ///
@@ -36,9 +38,6 @@ pub fn parse(d: &[u8], max_blocks: u32) -> Result<Option<(u64, u64)>, Sense> {
     if blocks > max_blocks {
         return Err(Sense::INVALID_FIELD_IN_PARAM);
     }
-    if blocks == 0 {
-        return Ok(None);
-    }
     Ok(Some((lba, u64::from(blocks))))
 }
 
@@ -65,6 +64,7 @@ mod tests {
         assert_eq!(parse(&list(16, 5, 8), 1 << 20), Ok(Some((5, 8))));
         assert_eq!(parse(&list(20, 5, 8), 1 << 20), Ok(Some((5, 8))));
         assert_eq!(parse(&list(8, 0, 0), 1 << 20), Ok(None));
+        assert_eq!(parse(&list(16, 9, 0), 1 << 20), Ok(Some((9, 0))));
         // Its header still has to agree with itself and with the list.
         let mut d = list(20, 5, 8);
         d[1] = 30;

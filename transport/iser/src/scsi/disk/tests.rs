@@ -709,3 +709,26 @@ fn write_same_10_unmap_is_advertised() {
         }))
     ));
 }
+
+/// An UNMAP descriptor of 0 blocks unmaps nothing, but an LBA past the
+/// capacity in it is still LBA OUT OF RANGE (SBC-3: LBA plus the number
+/// of blocks exceeds the capacity), as LIO answers.
+#[test]
+fn unmap_of_zero_blocks_still_checks_its_lba() {
+    let d = disk(PiType::None, true, true);
+    let unmap = [0x42, 0, 0, 0, 0, 0, 0, 0, 24, 0];
+    let mut pl = [0u8; 24];
+    pl[1] = 22;
+    pl[3] = 16;
+    pl[8..16].copy_from_slice(&(1u64 << 20).to_be_bytes());
+    assert_eq!(
+        d.exec_with_data(&unmap, &pl),
+        Ok(Action::Good),
+        "at the end"
+    );
+    pl[8..16].copy_from_slice(&((1u64 << 20) + 1).to_be_bytes());
+    let e = d.exec_with_data(&unmap, &pl).unwrap_err();
+    assert_eq!((e.code(), e.info), ((5, 0x21, 0), Some((1 << 20) + 1)));
+    pl[8..16].copy_from_slice(&5u64.to_be_bytes());
+    assert_eq!(d.exec_with_data(&unmap, &pl), Ok(Action::Good));
+}
