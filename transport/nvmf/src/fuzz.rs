@@ -293,9 +293,12 @@ pub fn fuzz_admin(data: &[u8]) {
                 );
             }
             match got {
-                Some(_) => {
+                // CIDs are per queue: an I/O command's says nothing of
+                // the admin queue's AERs.
+                Some(_) if !rec.io_queue => {
                     aers.remove(&cid);
                 }
+                Some(_) => {}
                 None if is_aer => {
                     aers.insert(cid);
                 }
@@ -463,6 +466,27 @@ mod tests {
             }
             fuzz_admin(&input);
         }
+        reset();
+    }
+
+    #[test]
+    fn an_io_command_with_an_outstanding_aers_cid_is_no_finding() {
+        // An AER waits on the admin queue; I/O commands (own CID space)
+        // reuse its CID; aborting each small admin CID then completes the
+        // AER with Command Abort Requested: an AER completion, not a
+        // finding.
+        let rw = RwCmd::to_cmd(IoOpcode::Read, 0, 1, 0, 1).unwrap_or_default();
+        let aer = NvmeCmd::new(AdminOpcode::AsyncEventRequest.code(), 0);
+        let mut input = admin_record(false, 0, &aer, &[]);
+        for _ in 0..20 {
+            input.extend(admin_record(true, 2, &rw, &[0; 512]));
+        }
+        for cid in 1..=20u32 {
+            let mut abort = NvmeCmd::new(AdminOpcode::Abort.code(), 0);
+            abort.cdw10 = cid << 16;
+            input.extend(admin_record(false, 0, &abort, &[]));
+        }
+        fuzz_admin(&input);
         reset();
     }
 }
