@@ -454,7 +454,12 @@ impl Disk {
         if rw.tags.is_some() != type2 && (rw.tags.is_some() || rw.protect != 0) {
             return Err(Sense::INVALID_OPCODE);
         }
-        let pi = self.pi_mode(rw.protect)?;
+        // PROTECT sits in byte 10 of READ(32)/WRITE(32) (the forms with
+        // tags), in byte 1 of the others.
+        let pi = self.pi_mode(rw.protect).map_err(|s| match rw.tags {
+            Some(_) => s.at_cdb(10, Some(7)),
+            None => s,
+        })?;
         if rw.blocks > self.info.max_transfer_blocks {
             return Err(Sense::INVALID_FIELD_IN_CDB.at_cdb(len_byte, None));
         }

@@ -732,3 +732,28 @@ fn unmap_of_zero_blocks_still_checks_its_lba() {
     pl[8..16].copy_from_slice(&5u64.to_be_bytes());
     assert_eq!(d.exec_with_data(&unmap, &pl), Ok(Action::Good));
 }
+
+/// An unsupported RDPROTECT/WRPROTECT is pointed at where the CDB holds
+/// it: byte 1 bit 7 of READ(10), byte 10 bit 7 of READ(32)/WRITE(32).
+#[test]
+fn a_bad_protect_field_is_pointed_at_in_its_own_byte() {
+    let d2 = disk(PiType::Type2, false, true);
+    let tags = crate::scsi::PiTags {
+        ref_tag: 0,
+        app_tag: 0,
+        app_mask: 0,
+    };
+    for write in [false, true] {
+        let c = crate::scsi::cdb::rw32_cdb(write, 0, 1, 6, tags);
+        let s = d2.exec(&c, &mut [0u8; 512]).unwrap_err();
+        assert_eq!(
+            (s.code(), s.field),
+            ((5, 0x24, 0), Some((true, 10, Some(7))))
+        );
+    }
+    let d1 = disk(PiType::Type1, false, true);
+    let s = d1
+        .exec(&[0x28, 0xC0, 0, 0, 0, 0, 0, 0, 1, 0], &mut [0u8; 512])
+        .unwrap_err();
+    assert_eq!(s.field, Some((true, 1, Some(7))));
+}
