@@ -424,8 +424,13 @@ impl Cdb {
                 start: b[4] & 0x01 != 0 && b[4] >> 4 == 0,
             },
             op::READ_CAPACITY_10 => {
-                if b[8] & 1 != 0 || be32(&b, 2) != 0 {
-                    return Err(bad(8));
+                if b[8] & 1 != 0 {
+                    // PMI: not supported.
+                    return Err(Sense::INVALID_FIELD_IN_CDB.at_cdb(8, Some(0)));
+                }
+                if be32(&b, 2) != 0 {
+                    // A LOGICAL BLOCK ADDRESS without PMI.
+                    return Err(bad(2));
                 }
                 Cdb::ReadCapacity10
             }
@@ -740,6 +745,18 @@ mod tests {
         rl[9] = 8;
         assert_eq!(c(&rl), Err((5, 0x24, 0)), "REPORT LUNS alloc < 16");
         assert_eq!(c(&[0x28, 0x01, 0, 0, 0, 0, 0, 0, 1, 0]), Err((5, 0x24, 0)));
+        // READ CAPACITY(10): the pointer names the field in error.
+        let f = |b: &[u8]| Cdb::parse(b).err().and_then(|s| s.field);
+        assert_eq!(
+            f(&[0x25, 0, 0, 0, 0, 1, 0, 0, 0, 0]),
+            Some((true, 2, None)),
+            "LBA without PMI"
+        );
+        assert_eq!(
+            f(&[0x25, 0, 0, 0, 0, 0, 0, 0, 1, 0]),
+            Some((true, 8, Some(0))),
+            "PMI"
+        );
         assert_eq!(
             c(&[0x42, 0x01, 0, 0, 0, 0, 0, 0, 24, 0]),
             Err((5, 0x24, 0)),
