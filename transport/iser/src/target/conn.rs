@@ -86,6 +86,8 @@ struct Task {
     /// The CDB: 16 bytes from the BHS, and bytes 16.. of a longer one
     /// (READ(32)/WRITE(32)) from the extended CDB AHS.
     cdb: [u8; 32],
+    /// Bytes of `cdb` the initiator sent (16 plus the extended CDB's).
+    cdb_len: usize,
     edtl: u32,
     read: Option<Stag>,
     write: Option<Stag>,
@@ -129,6 +131,7 @@ impl Task {
             itt: RESERVED_TAG,
             lun: None,
             cdb: [0; 32],
+            cdb_len: 16,
             edtl: 0,
             read: None,
             write: None,
@@ -234,17 +237,19 @@ pub struct Connection {
 }
 
 /// Bytes 16..32 of a CDB longer than the BHS holds, from an extended CDB
-/// AHS (zeroes without one; a longer one is cut to 32 bytes, which is all
-/// the SCSI core decodes). The AHS area was validated with the PDU.
-fn extended_cdb(ahs: &[u8]) -> [u8; 16] {
+/// AHS, and how many of them came (zeroes and 0 without one; a longer one
+/// is cut to 32 bytes, which is all the SCSI core decodes). The AHS area
+/// was validated with the PDU.
+fn extended_cdb(ahs: &[u8]) -> ([u8; 16], usize) {
     let mut ext = [0u8; 16];
+    let mut len = 0;
     let _ = crate::pdu::ahs::parse_ahs(ahs, |a| {
         if let crate::pdu::ahs::Ahs::ExtendedCdb(b) = a {
-            let n = b.len().min(16);
-            ext[..n].copy_from_slice(&b[..n]);
+            len = b.len().min(16);
+            ext[..len].copy_from_slice(&b[..len]);
         }
     });
-    ext
+    (ext, len)
 }
 fn lun_slot(luns: &[LunState], lun: &Lun) -> Option<usize> {
     let id = lun.index()?;
@@ -396,7 +401,7 @@ impl Connection {
         match pdu.bhs {
             Bhs::ScsiCmd(cmd) => {
                 let ext = extended_cdb(pdu.ahs);
-                self.on_command(&cmd, &ext, pdu.data, (write, read), ops)
+                self.on_command(&cmd, ext, pdu.data, (write, read), ops)
             }
             Bhs::DataOut(d) => self.on_data_out(&d, pdu.data, ops),
             Bhs::NopOut(n) => self.on_nop(&n, ops),
@@ -733,7 +738,7 @@ impl Connection {
     fn on_command(
         &mut self,
         cmd: &ScsiCommand,
-        ext_cdb: &[u8; 16],
+        (ext_cdb, ext_len): ([u8; 16], usize),
         data: &[u8],
         (write, read): (Option<Stag>, Option<Stag>),
         ops: &mut dyn ConnOps,
@@ -782,7 +787,10 @@ impl Connection {
         t.itt = cmd.itt;
         t.lun = lun;
         t.cdb[..16].copy_from_slice(&cmd.cdb);
-        t.cdb[16..].copy_from_slice(ext_cdb);
+        t.cdb[16..].copy_from_slice(&ext_cdb);
+        // A READ(32)/WRITE(32) whose extended CDB is missing or short is
+        // decoded as that, and refused, not read as zero-padded.
+        t.cdb_len = 16 + ext_len;
         t.edtl = cmd.edtl;
         t.read = if cmd.read { read } else { None };
         t.write = if cmd.write { write } else { None };
@@ -836,6 +844,7 @@ impl Connection {
         let t = &mut self.tasks[usize::from(idx)];
         let lun = t.lun;
         let (cdb, edtl, wflag, rflag, final_) = (t.cdb, t.edtl, t.wflag, t.rflag, t.final_);
+        let cdb_len = t.cdb_len;
         let Some(buf) = t.buf.as_mut() else {
             t.result = Err(Sense::INTERNAL_FAILURE);
             self.respond(idx, ops);
@@ -854,7 +863,7 @@ impl Connection {
                 Action::DataIn(report_luns(self.luns.iter().map(|l| l.id), out))
             })
         } else if let Some(l) = lun {
-            self.luns[l].disk.exec(&cdb, buf.as_mut_slice())
+            self.luns[l].disk.exec(&cdb[..cdb_len], buf.as_mut_slice())
         } else if opcode == op::INQUIRY && cdb[1] & 1 == 0 {
             // Unmapped LUN: peripheral qualifier 3, type 1Fh.
             let b = buf.as_mut_slice();
@@ -1035,7 +1044,7 @@ impl Connection {
             match self
                 .luns
                 .get(lun)
-                .map(|l| l.disk.exec_with_data(&t.cdb, data))
+                .map(|l| l.disk.exec_with_data(&t.cdb[..t.cdb_len], data))
             {
                 Some(Ok(Action::Io(io))) => t.io = Some(io),
                 Some(Ok(_)) => {}

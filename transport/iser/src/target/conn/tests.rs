@@ -357,6 +357,7 @@ fn rw10(opc: u8, protect: u8, lba: u32, blocks: u16) -> [u8; 10] {
 }
 
 mod buffers;
+mod extended_cdb;
 mod first_burst;
 mod fua;
 mod nop;
