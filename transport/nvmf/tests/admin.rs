@@ -785,3 +785,55 @@ fn the_error_log_blames_the_feature_value_or_the_feature_id() {
     assert_eq!(c.cpl.status, NvmeStatus::INVALID_FIELD);
     assert_eq!(last_error(&mut q).param_error_location, 40);
 }
+
+#[test]
+fn a_tcp_controller_claims_no_keyed_sgls() {
+    use pollux_nvmf::host::tcp::{TcpHost, TcpHostOptions};
+    use pollux_nvmf::host::{Controller, CtrlOptions, HostIdentity, DEFAULT_HOSTNQN};
+    use pollux_nvmf::spec::identify::{SGLS_KEYED, SGLS_OFFSET, SGLS_SUPPORTED};
+    use pollux_nvmf::spec::transport_id::TransportId;
+    use pollux_nvmf::target::tcp::{TcpOptions, TcpTransport};
+
+    let cl = pollux_reactor::TestCluster::new(1);
+    let target = Target::new(TargetOptions::for_tests()).unwrap();
+    let sub = target.add_subsystem(SubsystemConfig::new(SUB1)).unwrap();
+    let reg = pollux_bdev::BdevRegistry::new();
+    let bdev = reg.create("malloc:size=1M,block=512,name=t0").unwrap();
+    sub.add_namespace(NamespaceConfig::new(bdev).with_nsid(1))
+        .unwrap();
+    let transport = TcpTransport::new(&target, TcpOptions::default()).unwrap();
+    target.add_transport(transport.clone()).unwrap();
+    let _pg = cl.on(0, |r| transport.create_poll_group(r)).unwrap();
+    let port = pollux_reactor::free_tcp_port("127.0.0.1");
+    target
+        .add_listener(TransportId::tcp_ipv4("127.0.0.1", port.to_string()))
+        .unwrap();
+    cl.poll_until_idle().unwrap();
+    let sgls = cl.on(0, |_| {
+        let t = TcpHost::new(
+            std::net::SocketAddr::new([127, 0, 0, 1].into(), port),
+            TcpHostOptions {
+                connect_timeout: Duration::from_secs(5),
+                ..TcpHostOptions::default()
+            },
+        );
+        let who = HostIdentity {
+            hostnqn: DEFAULT_HOSTNQN.into(),
+            hostid: *b"admin-test-tcp-1",
+            subnqn: SUB1.into(),
+        };
+        let c = Controller::connect(&t, who, CtrlOptions::default()).unwrap();
+        let sgls = c.info().ident.sgls;
+        drop(c);
+        sgls
+    });
+    // NVMe/TCP moves data in PDUs: SGLs and in-capsule offsets, but no
+    // keyed SGL data block (the target refuses one with SGL Descriptor
+    // Type Invalid), as the Linux target reports for TCP.
+    assert_eq!(sgls & SGLS_SUPPORTED, SGLS_SUPPORTED);
+    assert_eq!(sgls & SGLS_OFFSET, SGLS_OFFSET);
+    assert_eq!(sgls & SGLS_KEYED, 0, "SGLS {sgls:#x}");
+    for _ in 0..1000 {
+        cl.poll_once_all();
+    }
+}

@@ -27,6 +27,7 @@ use crate::spec::log_page::{
     encode_changed_ns_list, lid, GetLogPageCmd, SmartLog, CHANGED_NS_LIST_SIZE,
     ERROR_LOG_ENTRY_SIZE, SMART_LOG_SIZE,
 };
+use crate::spec::transport_id::TrType;
 
 /// Host identifier size (Get Features 0x81 with EXHID).
 const HOST_ID_SIZE: u32 = 16;
@@ -270,7 +271,14 @@ impl QueuePair {
         };
         let disc = subsys.is_discovery();
         let icd = opts.in_capsule_data_size;
-        let mut sgls = SGLS_SUPPORTED | SGLS_KEYED;
+        let mut sgls = SGLS_SUPPORTED;
+        // Keyed SGL data blocks name remote memory (RDMA, and the loopback
+        // transport that stands in for it); NVMe/TCP refuses them (see
+        // `QueuePair::prepare`), so a TCP controller does not claim them
+        // (as the Linux target: NVMF_KEYED_SGLS is an RDMA flag).
+        if self.params.listener.trtype != TrType::Tcp {
+            sgls |= SGLS_KEYED;
+        }
         if icd > 0 {
             sgls |= SGLS_OFFSET;
         }
