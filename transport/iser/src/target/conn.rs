@@ -859,7 +859,7 @@ impl Connection {
                     crate::scsi::Cdb::ReportLuns { alloc } => alloc as usize,
                     _ => 0,
                 };
-                let out = &mut buf.as_mut_slice()[..alloc.min(cap).min(16 + 8 * 256)];
+                let out = &mut buf.as_mut_slice()[..alloc.min(cap)];
                 Action::DataIn(report_luns(self.luns.iter().map(|l| l.id), out))
             })
         } else if let Some(l) = lun {

@@ -363,6 +363,7 @@ mod fua;
 mod nop;
 mod pr_in;
 mod reinstatement;
+mod report_luns;
 mod residuals;
 mod sbc;
 mod tmf;

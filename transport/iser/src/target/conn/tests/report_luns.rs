@@ -1,0 +1,75 @@
+//! REPORT LUNS through the connection: the whole LUN inventory up to the
+//! allocation length (a node may have up to 16384 LUNs), not the first
+//! 256.
+
+use super::*;
+
+#[test]
+fn report_luns_lists_more_than_256_luns() {
+    let cl = TestCluster::new(1);
+    let reg = BdevRegistry::new();
+    let bdev = reg
+        .create("malloc:size=1M,block=512,name=shared")
+        .expect("bdev");
+    let target = IscsiTarget::new(TargetOptions {
+        limits: TargetLimits {
+            queue_depth: 4,
+            ..TargetLimits::default()
+        },
+        max_io_bytes: 64 * 1024,
+        task_buffers: 16,
+    })
+    .expect("target");
+    target
+        .add_portal_group(PortalGroup {
+            tag: 1,
+            addrs: vec!["@t".into()],
+        })
+        .expect("pg");
+    target
+        .add_node(TargetNode {
+            name: TGT.into(),
+            alias: None,
+            luns: (0..300u16).map(|l| (l, bdev.clone())).collect(),
+            allowed_initiators: vec![INI.into()],
+            portal_groups: vec![1],
+        })
+        .expect("node");
+    let conn = cl.on(0, |r| {
+        Connection::new(
+            &target,
+            r,
+            ConnParams {
+                portal_tag: 1,
+                send_with_inv: false,
+                nop: NopPing::default(),
+            },
+        )
+    });
+    let mut fx = Fx {
+        cl,
+        target,
+        conn,
+        ops: Fake::default(),
+        cmd_sn: 1,
+        itt: 100,
+        pi_bdev: bdev,
+    };
+    on_lun(0);
+    fx.login(INI, "Normal");
+    let mut rl = [0u8; 12];
+    rl[0] = 0xA0;
+    rl[6..10].copy_from_slice(&4096u32.to_be_bytes());
+    let (rsp, s, d) = fx.cmd(&rl, 4096, None, 0);
+    assert_eq!((rsp.status, s), (0, None));
+    assert_eq!(&d[..4], &(300u32 * 8).to_be_bytes());
+    assert_eq!(
+        (rsp.flags, rsp.residual),
+        (crate::pdu::scsi::RSP_UNDERFLOW, 4096 - 8 - 2400)
+    );
+    let luns: Vec<u16> = d[8..8 + 2400]
+        .chunks(8)
+        .filter_map(|c| Lun(c.try_into().unwrap()).index())
+        .collect();
+    assert_eq!(luns, (0..300).collect::<Vec<u16>>());
+}
