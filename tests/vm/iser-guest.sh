@@ -23,14 +23,19 @@
 #      miscompare), sg_verify (BYTCHK 0 and 1), sg_persist (register,
 #      reserve, read keys/reservation, capabilities, release, unregister),
 #      RESERVE(6)/RELEASE(6) (sg_raw), sg_opcodes (all and one),
-#      sg_get_lba_status. A check LIO fails is a WARN (reference only).
+#      sg_get_lba_status. A check LIO fails is a WARN (reference only);
+#   6. pollux-tgt again, sleeping when idle (--idle adaptive:0): open-iscsi
+#      login, fio verify, 11 s idle in which the reactor must sleep and the
+#      session survive the initiator's pings, fio verify, logout, no
+#      iSCSI/iSER error in dmesg (run before the LIO steps).
 # Kernel-initiator writes on Debian 6.1 rxe may show "iser_err_comp: memreg
 # failure" and session recoveries (a known rxe/ib_iser issue, see
 # tests/vm/README.md): tolerated as a WARN with the evidence when every fio
 # verify passed and no other iSCSI/iSER error line appeared.
 # One PASS/FAIL/SKIP/WARN line per check and a summary; exit 1 on a failure.
 # Knobs: LAB_USER_ISER_SCALE (fio size multiplier, default 1),
-# LAB_USER_ISER_IDLE (pollux-tgt --idle, default busy).
+# LAB_USER_ISER_IDLE (pollux-tgt --idle, default busy; step 6 runs
+# adaptive:0 unless it names a sleeping mode).
 set -u
 [ "${LAB_IN_GUEST:-}" = 1 ] || { echo "run inside tests/vm/lab" >&2; exit 2; }
 TGT=${1:?usage: iser-guest.sh PATH/TO/pollux-tgt PATH/TO/pollux-perf}
@@ -110,7 +115,8 @@ hugepages = "never"
 EOT
   local t0=$SECONDS try
   for try in 1 2; do
-    "$TGT" -c "$W/tgt.toml" --cores 0 --idle "$IDLE" >"$W/tgt.log" 2>&1 </dev/null &
+    "$TGT" -c "$W/tgt.toml" --cores 0 --idle "$IDLE" --stats-file "$W/tgt.stats.json" \
+      >"$W/tgt.log" 2>&1 </dev/null &
     TPID=$!
     for _ in $(seq 300); do
       grep -q 'pollux-tgt: ready' "$W/tgt.log" && { pass tgt-ready $((SECONDS - t0)); return 0; }
@@ -203,6 +209,19 @@ fio_verify() {
                 --verify_fatal=1 --verify_state_save=0 --group_reporting)
   to fio --name="w$bs" "${common[@]}" --do_verify=1 || return 1
   to fio --name="r$bs" "${common[@]}" --verify_only=1 || return 1
+}
+# idle_sleeps: with the session logged in and idle for 11 s, the target's
+# reactor sleeps (at least 20 times: the 100 ms tick bounds each sleep) and
+# the session stays up (the initiator's NOP-Out pings are answered).
+tsleeps() { local v; v=$(sed -nE 's/.*"sleeps":\[([0-9]+).*/\1/p' "$W/tgt.stats.json" 2>/dev/null); echo "${v:--1}"; }
+idle_sleeps() {
+  local s0 s1; s0=$(tsleeps)
+  sleep 11
+  s1=$(tsleeps)
+  echo "reactor sleeps $s0 -> $s1 in 11 s (--idle $IDLE)"
+  to iscsiadm -m session -P 1 | grep -E 'iSCSI Session State|iSCSI Connection State'
+  [ "$s0" -ge 0 ] && [ $((s1 - s0)) -ge 20 ] || { echo "the idle target did not sleep"; return 1; }
+  to iscsiadm -m session -P 1 | grep -q 'iSCSI Session State: LOGGED_IN' || { echo "session not logged in"; return 1; }
 }
 # Kernel PI over iSER needs signature offload (IBK_INTEGRITY_HANDOVER);
 # rxe has none. Proof: ib_iser with pi_enable=1 says so at connect, and sd
@@ -520,6 +539,31 @@ if start_tgt; then
   check pi-dix-4k-verify 60 perf_sw_pi "$IQN" 1 dix -w write --verify -q 16 -o 4k -t 3
   check pi-dix-64k-randread 60 perf_sw_pi "$IQN" 1 dix -w randread -q 8 -o 64k -t 2
   RUN=kernel
+  stop_tgt
+fi
+
+# 6. The same target sleeping whenever it is idle (--idle adaptive:0, unless
+#    LAB_USER_ISER_IDLE names a sleeping mode): the CM listener's descriptor
+#    wakes the reactor for the login, the armed CQ for each PDU (the
+#    initiator's NOP-Out pings every 5 s while the session idles). A lost
+#    wake-up shows as a login or fio that hangs, or as a ping timeout.
+RUN=kernel-idle
+[ "$IDLE" = busy ] && IDLE=adaptive:0
+D1=$(dmesg | wc -l) C1=$(counters | tr '\n' ' ')
+if start_tgt; then
+  if check login 90 login; then
+    check fio-4k 240 fio_verify "$DISK0" 4k "$(kib 1024)"
+    check sleeps-while-idle 30 idle_sleeps
+    check fio-512-after-idle 240 fio_verify "$DISK0" 512 "$(kib 128)"
+    check logout 60 logout
+  fi
+  iscsiadm -m node -T "$IQN" -p "$T:$PORT" -I $IFACE --logout >/dev/null 2>&1
+  LIM=10; iser_errors "$D1" "$C1" >"$W/kernel-idle-iser-errors.log" 2>&1; rc=$?
+  case $rc in
+    0) pass no-iser-errors 0 ;;
+    3|4) warn no-iser-errors "known rxe/ib_iser recovery (see the kernel run), every fio verify passed; $(tail -n 1 "$W/kernel-idle-iser-errors.log")" ;;
+    *) fail no-iser-errors 0 "iSCSI/iSER errors in dmesg"; sed 's/^/    | /' "$W/kernel-idle-iser-errors.log" ;;
+  esac
   stop_tgt
 fi
 
