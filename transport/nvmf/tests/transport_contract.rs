@@ -122,6 +122,7 @@ fn new_qp(s: &Setup, depth: u16) -> QueuePair {
         in_capsule_data_size: 0,
         listener: listener(),
         qid: Some(0),
+        io_queue_depth: s.target.options().max_queue_depth,
     };
     QueuePair::new(&s.target, &s.cluster.reactor(0), params).unwrap()
 }

@@ -319,7 +319,7 @@ impl QueuePair {
             kas: 10,
             sqes: 0x66,
             cqes: 0x44,
-            maxcmd: opts.max_queue_depth,
+            maxcmd: self.io_depth_limit(),
             nn: if disc { 0 } else { subsys.max_namespaces() },
             oncs: if disc {
                 0

@@ -270,6 +270,13 @@ impl QueuePair {
 
     /// This target's CAP.
     pub(crate) fn cap(&self) -> Cap {
-        conformance::cap(self.target.options().max_queue_depth)
+        conformance::cap(self.io_depth_limit())
+    }
+
+    /// The deepest I/O queue a host of this queue's controller may connect:
+    /// the transport's limit within the target's (CAP.MQES + 1, MAXCMD).
+    pub(crate) fn io_depth_limit(&self) -> u16 {
+        let max = self.target.options().max_queue_depth;
+        self.params.io_queue_depth.clamp(2.min(max), max)
     }
 }

@@ -366,6 +366,7 @@ impl LoopbackTransport {
             in_capsule_data_size: opts.in_capsule_data_size,
             listener: trid.clone(),
             qid: None,
+            io_queue_depth: target.options().max_queue_depth,
         };
         let qp = QueuePair::new(target, reactor, params)
             .map_err(|e| TransportError::NoResources(e.to_string()))?;

@@ -224,6 +224,12 @@ pub struct QpairParams {
     /// The queue id the transport already knows (RDMA: the CM REQ's QID);
     /// a Connect for another QID is refused. `None`: take the Connect's.
     pub qid: Option<u16>,
+    /// The deepest I/O queue the transport accepts (NVMe/TCP: its
+    /// `max_queue_depth`). What a controller whose admin queue this is
+    /// reports as CAP.MQES + 1 and MAXCMD, so that a host sizes its I/O
+    /// queues to what their Connect may ask. Clamped to
+    /// `2..=TargetOptions::max_queue_depth`.
+    pub io_queue_depth: u16,
 }
 
 /// A host memory region a keyed SGL names.

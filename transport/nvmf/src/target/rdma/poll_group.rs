@@ -483,6 +483,7 @@ impl<P: Provider> Nvmf<P> {
             },
             listener: trid,
             qid: Some(req.qid),
+            io_queue_depth: topts.max_queue_depth,
         };
         let core = match QueuePair::with_requests(&target, g.reactor(), params, requests) {
             Ok(c) => c,

@@ -523,6 +523,7 @@ impl Ctx {
             in_capsule_data_size: t.opts.capsule_limit(),
             listener: trid,
             qid: None,
+            io_queue_depth: t.opts.max_queue_depth,
         };
         let target = t.target.upgrade().ok_or("the target is gone")?;
         let qp = QueuePair::new(&target, &self.reactor, params).map_err(|e| e.to_string())?;

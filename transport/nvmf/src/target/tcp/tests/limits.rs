@@ -172,3 +172,27 @@ fn a_refusal_speaks_the_digests_it_granted() {
     assert_eq!(cpl.status, NvmeStatus::CONNECT_CONTROLLER_BUSY, "{cpl:?}");
     assert!(r.try_recv(&f, 1).is_none(), "the refused socket stays open");
 }
+
+/// A TCP transport shallower than the target: its controllers report the
+/// transport's depth (CAP.MQES + 1 and MAXCMD, what Linux's host sizes its
+/// I/O queues by), and an I/O queue that deep connects. The target's own
+/// depth (128) was reported, so a host asking for it was refused.
+#[test]
+fn controllers_report_the_transports_queue_depth() {
+    let f = fixture(TcpOptions {
+        max_queue_depth: 32,
+        ..TcpOptions::default()
+    });
+    assert_eq!(f.target.options().max_queue_depth, 128);
+    let t = f.host(false, false);
+    f.cl.on(0, |_| {
+        let c = Controller::connect(&t, who(), CtrlOptions::default()).unwrap();
+        let info = c.info();
+        assert_eq!((info.cap.mqes, info.ident.maxcmd), (31, 32));
+        assert_eq!(info.max_io_entries(), 32);
+        let qp = c.connect_io(&t, 1, 32, None).unwrap();
+        drop(qp);
+        drop(c);
+    });
+    f.settle();
+}
