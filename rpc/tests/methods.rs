@@ -716,3 +716,46 @@ fn providers_plug_in_and_a_panicking_method_leaves_the_service_up() {
     assert_eq!(err(&svc, "probe_panic", json!({})).code, INTERNAL_ERROR);
     assert_eq!(svc.call("probe_ok", None).unwrap(), json!("ok"));
 }
+
+#[test]
+fn a_uuid_is_one_bdevs_and_the_null_uuid_means_none() {
+    // SPDK registers a bdev's UUID as one of its names: a second bdev with
+    // the same UUID is refused (-17) and nothing is made; a null UUID is
+    // replaced by a random one.
+    let (svc, reg) = service();
+    let uuid = "11111111-2222-3333-4444-555555555555";
+    let p = |name: &str, uuid: &str| {
+        Some(json!({"name": name, "block_size": 512, "num_blocks": 8, "uuid": uuid}))
+    };
+    assert_eq!(
+        svc.call("bdev_malloc_create", p("a", uuid)).unwrap(),
+        json!("a")
+    );
+    let e = svc.call("bdev_null_create", p("b", uuid)).unwrap_err();
+    assert_eq!(e.code, -17, "{e}");
+    assert!(e.data.as_deref().unwrap_or("").contains(uuid), "{e}");
+    let e = svc
+        .call("bdev_malloc_create", p("c", &uuid.to_uppercase()))
+        .unwrap_err();
+    assert_eq!(e.code, -17, "{e}");
+    assert_eq!(names(&reg), ["a"]);
+    // Once `a` is gone its UUID is free again.
+    svc.call("bdev_malloc_delete", Some(json!({"name": "a"})))
+        .unwrap();
+    assert_eq!(
+        svc.call("bdev_null_create", p("b", uuid)).unwrap(),
+        json!("b")
+    );
+    let null = "00000000-0000-0000-0000-000000000000";
+    svc.call("bdev_malloc_create", p("z1", null)).unwrap();
+    svc.call("bdev_malloc_create", p("z2", null)).unwrap();
+    let list = bdevs(&svc);
+    let z: Vec<&Value> = list
+        .iter()
+        .filter(|b| b["name"] == "z1" || b["name"] == "z2")
+        .map(|b| &b["uuid"])
+        .collect();
+    assert_eq!(z.len(), 2);
+    assert!(z.iter().all(|u| **u != null), "{z:?}");
+    assert_ne!(z[0], z[1]);
+}

@@ -114,13 +114,37 @@ impl BdevSubsystem {
         map.insert(bdev.name().to_owned(), (Arc::downgrade(bdev), u));
     }
 
-    /// Makes the bdev of `spec` with `uuid` (all or nothing).
+    /// The bdev that has UUID `u`, if any.
+    fn holder_of(&self, u: Uuid) -> Option<String> {
+        let map = self.uuids.lock().unwrap_or_else(|p| p.into_inner());
+        map.iter()
+            .filter(|(_, (_, v))| *v == u)
+            .find(|(name, (w, _))| {
+                w.upgrade()
+                    .zip(self.registry.get(name))
+                    .is_some_and(|(a, b)| Arc::ptr_eq(&a, &b))
+            })
+            .map(|(name, _)| name.clone())
+    }
+
+    /// Makes the bdev of `spec` with `uuid` (all or nothing). A null UUID
+    /// is none (a random one is made, as SPDK does); one another bdev has
+    /// is refused with -17, as SPDK, which registers it as a bdev name.
     fn create(&self, spec: BdevSpec, uuid: Option<&str>) -> Result<Value, RpcError> {
         let uuid = uuid
             .map(|u| {
                 Uuid::parse(u).map_err(|e| RpcError::errno(Errno::Invalid, format!("uuid: {e}")))
             })
-            .transpose()?;
+            .transpose()?
+            .filter(|u| *u != Uuid::from_bytes([0; 16]));
+        if let Some(u) = uuid {
+            if let Some(other) = self.holder_of(u) {
+                return Err(RpcError::errno(
+                    Errno::Exists,
+                    format!("uuid {u}: bdev `{other}` has it already"),
+                ));
+            }
+        }
         let bdev = self.registry.create_from(&spec).map_err(spec_error)?;
         if let Some(u) = uuid {
             self.set_uuid(&bdev, u);
