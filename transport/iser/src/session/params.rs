@@ -189,7 +189,10 @@ impl SessionParams {
                 push_pair(out, key, &self.max_burst.to_string());
             }
             "FirstBurstLength" => {
-                self.first_burst = lenv().ok_or_else(bad)?.min(ours.first_burst);
+                // Never above the target's MaxBurstLength (RFC 7143
+                // §13.14): the answer must be what `finish` keeps.
+                let ours_first = ours.first_burst.min(ours.max_burst);
+                self.first_burst = lenv().ok_or_else(bad)?.min(ours_first);
                 push_pair(out, key, &self.first_burst.to_string());
             }
             "InitialR2T" => {
@@ -393,6 +396,31 @@ mod tests {
             assert_eq!(parse_text(&out).unwrap()[0].1, result, "{theirs}");
             assert_eq!(p.initial_r2t, result == "Yes");
         }
+    }
+
+    #[test]
+    fn first_burst_answer_never_exceeds_the_max_burst_answer() {
+        // RFC 7143 §13.14: FirstBurstLength MUST NOT exceed MaxBurstLength.
+        // A target whose MaxBurstLength is below its FirstBurstLength
+        // answers open-iscsi's offer with a FirstBurstLength the burst
+        // allows, not one the initiator would send and the target refuse.
+        let limits = TargetLimits {
+            max_burst: 32768,
+            first_burst: 65536,
+            ..TargetLimits::default()
+        };
+        let mut offer = Vec::new();
+        SessionParams::initiator_offer(&mut offer, 262144, 16776192, 262144);
+        let mut p = SessionParams::default();
+        let mut out = Vec::new();
+        for (k, v) in parse_text(&offer).unwrap() {
+            p.negotiate(k, v, &limits, &mut out).unwrap();
+        }
+        p.finish();
+        let ans = parse_text(&out).unwrap();
+        assert!(ans.contains(&("MaxBurstLength", "32768")));
+        assert!(ans.contains(&("FirstBurstLength", "32768")), "{ans:?}");
+        assert_eq!((p.max_burst, p.first_burst), (32768, 32768));
     }
 
     #[test]
