@@ -46,7 +46,9 @@ use crate::scsi::disk::{Action, BlockIo, BlockOp, Disk, DiskInfo, PiMode};
 use crate::scsi::reservation::ItNexus;
 use crate::scsi::sense::{self, Sense};
 use crate::scsi::{cdb::op, pi};
-use crate::session::{CmdSnCheck, CmdWindow, LoginOutcome, LoginStep, SessionType, TargetLogin};
+use crate::session::{
+    sn_le, sn_lt, CmdSnCheck, CmdWindow, LoginOutcome, LoginStep, SessionType, TargetLogin,
+};
 
 /// Per-connection facts from the transport.
 #[derive(Debug, Clone, Copy)]
@@ -404,7 +406,7 @@ impl Connection {
                 self.on_command(&cmd, ext, pdu.data, (write, read), ops)
             }
             Bhs::DataOut(d) => self.on_data_out(&d, pdu.data, ops),
-            Bhs::NopOut(n) => self.on_nop(&n, ops),
+            Bhs::NopOut(n) => self.on_nop(&n, pdu.data, ops),
             Bhs::TextReq(t) => self.on_text(&t, pdu.data, ops),
             Bhs::TmfReq(t) => self.on_tmf(&t, ops),
             Bhs::LogoutReq(l) => self.on_logout(&l, ops),
@@ -535,7 +537,10 @@ impl Connection {
         self.phase = Phase::Full;
     }
 
-    fn on_nop(&mut self, n: &NopOut, ops: &mut dyn ConnOps) {
+    /// A NOP-Out: a ping (valid ITT) is answered with its ping data
+    /// reflected (RFC 7143 §11.18.5), cut to what the initiator can
+    /// receive (InitiatorRecvDataSegmentLength, at most 8 KiB per send).
+    fn on_nop(&mut self, n: &NopOut, data: &[u8], ops: &mut dyn ConnOps) {
         if !n.immediate && self.window.check(n.cmd_sn, false, false) == CmdSnCheck::Drop {
             return;
         }
@@ -550,7 +555,13 @@ impl Connection {
             exp_cmd_sn: self.window.exp_cmd_sn(),
             max_cmd_sn: self.window.max_cmd_sn(),
         };
-        if !ops.send_pdu(&Bhs::NopIn(r).encode(0, 0), &[], None) {
+        let limit = self
+            .outcome
+            .as_ref()
+            .map_or(8192, |o| o.params.target_send_dsl as usize)
+            .min(8192);
+        let echo = &data[..data.len().min(limit)];
+        if !ops.send_pdu(&Bhs::NopIn(r).encode(0, echo.len() as u32), echo, None) {
             self.close(ops);
         }
     }
@@ -626,7 +637,19 @@ impl Connection {
                 {
                     // Running tasks finish on their own (their data is in flight).
                     tmf_response::REJECTED
+                } else if sn_le(self.window.exp_cmd_sn(), t.ref_cmd_sn)
+                    && sn_le(t.ref_cmd_sn, self.window.max_cmd_sn())
+                    && sn_lt(t.ref_cmd_sn, t.cmd_sn)
+                {
+                    // Never received (RFC 7143 §11.6.1 b): "Function
+                    // complete", and its CmdSN counts as received, so the
+                    // commands after it are no gap (a later hole stays).
+                    if t.ref_cmd_sn == self.window.exp_cmd_sn() {
+                        let _ = self.window.check(t.ref_cmd_sn, false, false);
+                    }
+                    tmf_response::COMPLETE
                 } else {
+                    // Answered already, or outside the window (c).
                     tmf_response::NO_TASK
                 }
             }

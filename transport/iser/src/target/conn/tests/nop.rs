@@ -230,3 +230,36 @@ fn a_login_in_progress_restarts_the_login_silence() {
     tick(&mut fx, TIMEOUT - MS);
     assert!(!fx.conn.is_closed());
 }
+
+/// A NOP-Out ping's data comes back in the NOP-In (RFC 7143 §11.18.5:
+/// "Ping data are reflected in the NOP-In Response"), cut to what the
+/// initiator declared it can receive.
+#[test]
+fn ping_data_is_echoed_in_the_nop_in() {
+    let mut fx = logged_in();
+    let ping = |fx: &mut Fx, itt: u32, data: &[u8]| {
+        let o = NopOut {
+            immediate: true,
+            lun: Lun::default(),
+            itt,
+            ttt: RESERVED_TAG,
+            cmd_sn: fx.cmd_sn,
+            exp_stat_sn: 0,
+        };
+        let mut v = Bhs::NopOut(o).encode(0, data.len() as u32).to_vec();
+        v.extend_from_slice(data);
+        assert!(fx.pdu(IserHeader::PLAIN, &v));
+        let p = fx.last();
+        let Bhs::NopIn(n) = p.bhs else {
+            panic!("no NOP-In");
+        };
+        (n.itt, n.ttt, p.data.to_vec())
+    };
+    let data = pattern(7, 100);
+    assert_eq!(ping(&mut fx, 5, &data), (5, RESERVED_TAG, data));
+    assert_eq!(ping(&mut fx, 6, &[]), (6, RESERVED_TAG, Vec::new()));
+    // 8192 bytes fit the initiator's InitiatorRecvDataSegmentLength
+    // (262144 in the fixture's login).
+    let big = pattern(9, 8192);
+    assert_eq!(ping(&mut fx, 7, &big).2, big);
+}

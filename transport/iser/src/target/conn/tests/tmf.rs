@@ -75,3 +75,46 @@ fn a_logical_unit_reset_releases_the_reserve6_reservation() {
         (Access::All, Access::All)
     );
 }
+
+/// ABORT TASK of a task the target never received (RFC 7143 §11.6.1 b):
+/// RefCmdSN within the window and before the request's own CmdSN is
+/// "Function complete" and the CmdSN counts as received, so that the
+/// initiator's next command is not dropped as a gap; a RefCmdSN outside
+/// the window (a task that already finished) is "Task does not exist"
+/// (c), as LIO answers both.
+#[test]
+fn abort_task_of_a_command_never_received_completes_and_fills_the_gap() {
+    let mut fx = fixture(true);
+    on_lun(0);
+    fx.login(INI, "Normal");
+    let tur = [0u8; 6];
+    assert_eq!(fx.cmd(&tur, 0, None, 0).0.exp_cmd_sn, 2);
+    let abort = |fx: &mut Fx, ref_cmd_sn: u32, cmd_sn: u32| {
+        fx.itt += 1;
+        let tmf = TmfRequest {
+            immediate: true,
+            function: TmfFunction::AbortTask,
+            lun: Lun::from_index(0),
+            itt: fx.itt,
+            ref_task_tag: 0x4242,
+            cmd_sn,
+            exp_stat_sn: 0,
+            ref_cmd_sn,
+            exp_data_sn: 0,
+        };
+        fx.pdu(IserHeader::PLAIN, &Bhs::TmfReq(tmf).encode(0, 0));
+        let Bhs::TmfRsp(r) = fx.last().bhs else {
+            panic!("no TMF response");
+        };
+        r
+    };
+    // CmdSN 1 was answered: outside the window.
+    assert_eq!(abort(&mut fx, 1, 2).response, tmf_response::NO_TASK);
+    // CmdSN 2 never arrived; the initiator went on to CmdSN 3.
+    let r = abort(&mut fx, 2, 3);
+    assert_eq!(r.response, tmf_response::COMPLETE);
+    assert_eq!(r.exp_cmd_sn, 3);
+    fx.cmd_sn = 3;
+    let (rsp, _, _) = fx.cmd(&tur, 0, None, 0);
+    assert_eq!((rsp.status, rsp.exp_cmd_sn), (0, 4));
+}
