@@ -25,6 +25,12 @@ pub struct FrameBuffer {
     /// byte can complete an object or array, so parsing again before one
     /// arrives would be wasted work (and quadratic for a large request).
     may_be_complete: bool,
+    /// Bytes held at the last incomplete parse (0: none since the last
+    /// value). Without a closing bracket the bytes are parsed again only
+    /// once they doubled, so that bytes that are not JSON are seen
+    /// (answered -32700) without waiting for a `}` that may never come,
+    /// at a cost linear in the request's size.
+    parsed_len: usize,
 }
 
 impl FrameBuffer {
@@ -34,6 +40,7 @@ impl FrameBuffer {
             buf: Vec::new(),
             limit,
             may_be_complete: false,
+            parsed_len: 0,
         }
     }
 
@@ -83,10 +90,12 @@ impl FrameBuffer {
         }
         if self.buf.is_empty() {
             self.may_be_complete = false;
+            self.parsed_len = 0;
             return None;
         }
         let container = matches!(self.buf[0], b'{' | b'[');
-        if container && !self.may_be_complete {
+        let grown = self.parsed_len == 0 || self.buf.len() >= self.parsed_len.saturating_mul(2);
+        if container && !self.may_be_complete && !grown {
             return self.too_large();
         }
         let mut stream = serde_json::Deserializer::from_slice(&self.buf).into_iter::<Value>();
@@ -97,10 +106,12 @@ impl FrameBuffer {
                     return Some(Err(self.limit_error()));
                 }
                 self.buf.drain(..used);
+                self.parsed_len = 0;
                 Some(Ok(v))
             }
             Some(Err(e)) if e.is_eof() => {
                 self.may_be_complete = false;
+                self.parsed_len = self.buf.len();
                 self.too_large()
             }
             Some(Err(e)) => Some(Err(RpcError::parse_error(e.to_string()))),
@@ -153,6 +164,27 @@ mod tests {
         let mut fb = FrameBuffer::new(1024);
         fb.push(b"{\"a\": nope}");
         let e = fb.next_value().expect("an answer").expect_err("not JSON");
+        assert_eq!(e.code, PARSE_ERROR);
+    }
+
+    #[test]
+    fn garbage_is_seen_before_any_closing_bracket() {
+        let mut fb = FrameBuffer::new(1 << 20);
+        fb.push(b"{nope\n");
+        let e = fb.next_value().expect("an answer").expect_err("not JSON");
+        assert_eq!(e.code, PARSE_ERROR);
+        // Also when the garbage follows a valid start sent byte by byte.
+        let mut fb = FrameBuffer::new(1 << 20);
+        let text = b"{\"method\": \"m\", \"params\": [1, 2, oops";
+        let mut answer = None;
+        for b in text.iter().chain([b' '; 64].iter()) {
+            fb.push(&[*b]);
+            if let Some(r) = fb.next_value() {
+                answer = Some(r);
+                break;
+            }
+        }
+        let e = answer.expect("an answer").expect_err("not JSON");
         assert_eq!(e.code, PARSE_ERROR);
     }
 

@@ -134,6 +134,22 @@ fn malformed_json_is_answered_and_the_connection_closed() {
 }
 
 #[test]
+fn garbage_without_a_closing_bracket_is_answered_at_once() {
+    // SPDK's parser sees `{nope` is not JSON and answers -32700; it must
+    // not wait for a `}` that never comes (or for the idle timeout).
+    let (server, _) = start("garbage-open", |_| {});
+    let mut c = client(&server);
+    c.send_raw(b"{nope\n").unwrap();
+    let e = c.read_value().unwrap();
+    assert_eq!(
+        (e["id"].clone(), e["error"]["code"].clone()),
+        (Value::Null, json!(PARSE_ERROR))
+    );
+    assert!(c.closed_within(WAIT).unwrap());
+    still_serves(&server);
+}
+
+#[test]
 fn an_oversized_request_is_refused_cleanly() {
     let (server, reg) = start("big", |c| c.max_request = 4096);
     let mut c = client(&server);
