@@ -19,6 +19,12 @@ use crate::io::{BdevError, BdevIo, IoCompletion, IoStatus, IoTag, IoType};
 /// The default number of I/Os a channel keeps in flight.
 pub const DEFAULT_QUEUE_DEPTH: usize = 1024;
 
+/// The most I/Os a channel keeps in flight (the entries of the largest NVMe
+/// queue). A channel preallocates its request table, about 200 bytes a slot
+/// per core: [`BdevSpec::validate`](crate::BdevSpec::validate) refuses a
+/// deeper `depth`, and a backend asking for more gets this many.
+pub const MAX_QUEUE_DEPTH: usize = 65536;
+
 /// The shared, `Send + Sync` half of a backend: one per bdev.
 pub trait BdevBackend: Send + Sync + 'static {
     /// Name, geometry, metadata layout.
@@ -32,7 +38,8 @@ pub trait BdevBackend: Send + Sync + 'static {
     /// The most I/Os one channel may have in flight. The generic layer sizes
     /// its request table from this and refuses more with
     /// [`IoError::ChannelFull`](crate::IoError::ChannelFull), so a backend may
-    /// size its own queues from it and never grow them.
+    /// size its own queues from it and never grow them. The generic layer
+    /// takes at most [`MAX_QUEUE_DEPTH`] of them.
     fn queue_depth(&self) -> usize {
         DEFAULT_QUEUE_DEPTH
     }

@@ -18,7 +18,7 @@ use std::rc::{Rc, Weak};
 use pollux_reactor::{AwakeHold, PollStatus, PollerGuard, Reactor};
 
 use crate::backend::{
-    BackendChannel, Completions, IoSlot, ReadyQueue, SlotReq, SlotState, Submitted,
+    BackendChannel, Completions, IoSlot, ReadyQueue, SlotReq, SlotState, Submitted, MAX_QUEUE_DEPTH,
 };
 use crate::bdev::{type_bit, Bdev};
 use crate::io::{
@@ -196,7 +196,7 @@ impl ChannelCore {
     /// `queue_depth` slots.
     pub(crate) fn new(bdev: &Bdev, reactor: &Reactor) -> Result<Self, BdevError> {
         let info = bdev.info();
-        let depth = bdev.backend().queue_depth().clamp(1, u32::MAX as usize);
+        let depth = bdev.backend().queue_depth().clamp(1, MAX_QUEUE_DEPTH);
         let backend = bdev.backend().create_channel(reactor)?;
         Ok(Self {
             reactor: reactor.clone(),

@@ -108,7 +108,9 @@ pub mod pi;
 mod registry;
 
 pub use aio::{AioBackend, AioEngineKind, AioOptions, OptionValueError};
-pub use backend::{BackendChannel, BdevBackend, Completions, Submitted, DEFAULT_QUEUE_DEPTH};
+pub use backend::{
+    BackendChannel, BdevBackend, Completions, Submitted, DEFAULT_QUEUE_DEPTH, MAX_QUEUE_DEPTH,
+};
 pub use bdev::{Bdev, BdevDesc};
 pub use channel::{ChannelCore, ChannelStats, IoChannel};
 pub use info::{BdevInfo, PiType, PI_TUPLE_SIZE, SUPPORTED_BLOCK_SIZES, SUPPORTED_MD_SIZES};

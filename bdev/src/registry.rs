@@ -13,7 +13,7 @@
 //! | `md` | all | metadata bytes per block: 0, 8, 16, 32, 64 or 128 (default 0) |
 //! | `md_interleave` | all | `true`/`false`: metadata interleaved with the data (default false) |
 //! | `pi` | all | T10 PI type 0..3 (needs `md` >= 8; the tuple is the last 8 metadata bytes; null and malloc only, aio takes no metadata). See `pollux_bdev::pi` |
-//! | `depth` | all | I/Os in flight per channel (default 1024) |
+//! | `depth` | all | I/Os in flight per channel, 1 to 65536 (default 1024) |
 //! | `latency_us` | null | fixed completion latency in microseconds (default 0) |
 //! | `path` | aio | file or block device (required) |
 //! | `engine` | aio | `uring`, `aio` (Linux native AIO) or `auto` (default: io_uring, else AIO) |
@@ -30,7 +30,7 @@ use std::sync::{Arc, OnceLock};
 use pollux_reactor::sync::Mutex;
 
 use crate::aio::{AioBackend, AioEngineKind, AioOptions, OptionValueError};
-use crate::backend::BdevBackend;
+use crate::backend::{BdevBackend, MAX_QUEUE_DEPTH};
 use crate::bdev::Bdev;
 use crate::info::{BdevInfo, PiType};
 use crate::io::BdevError;
@@ -88,7 +88,8 @@ pub struct BdevSpec {
     pub md_interleave: bool,
     /// T10 PI type (see [`crate::pi`]).
     pub pi_type: PiType,
-    /// I/Os in flight per channel; `None` means the backend default.
+    /// I/Os in flight per channel (1 to [`MAX_QUEUE_DEPTH`]); `None` means
+    /// the backend default.
     pub queue_depth: Option<usize>,
     /// Backend type and its options.
     pub backend: BackendSpec,
@@ -218,8 +219,14 @@ impl BdevSpec {
         if self.md_interleave && self.md_size == 0 {
             return Err(spec_err("md_interleave", "needs md=N".into()));
         }
-        if self.queue_depth == Some(0) || self.queue_depth.is_some_and(|d| d > u32::MAX as usize) {
-            return Err(spec_err("depth", "must be between 1 and 2^32-1".into()));
+        if self
+            .queue_depth
+            .is_some_and(|d| d == 0 || d > MAX_QUEUE_DEPTH)
+        {
+            return Err(spec_err(
+                "depth",
+                format!("must be between 1 and {MAX_QUEUE_DEPTH}"),
+            ));
         }
         match (self.size, &self.backend) {
             (None, BackendSpec::Null { .. } | BackendSpec::Malloc) => {
@@ -571,6 +578,43 @@ mod tests {
             assert!(err.to_string().contains(key), "{spec}: {err}");
             assert_eq!(key_of(err), key, "{spec}");
         }
+    }
+
+    #[test]
+    fn a_depth_no_channel_can_allocate_is_refused_with_a_spec_error() {
+        // Accepted up to 2^32-1 before, and the first channel aborted the
+        // process allocating its request table (755 GB for 2^32-1).
+        for spec in [
+            "null:size=1M,depth=65537",
+            "malloc:size=1M,depth=4294967295",
+        ] {
+            let err = BdevSpec::parse(spec).expect_err(spec);
+            assert_eq!(key_of(err), "depth", "{spec}");
+        }
+        let mut s = BdevSpec::parse("null:size=1M").unwrap();
+        s.queue_depth = Some(usize::MAX);
+        assert_eq!(
+            key_of(BdevRegistry::new().create_from(&s).unwrap_err()),
+            "depth"
+        );
+        let b = BdevRegistry::new()
+            .create("null:size=1M,depth=65536")
+            .unwrap();
+        assert_eq!(b.backend().queue_depth(), MAX_QUEUE_DEPTH);
+    }
+
+    #[test]
+    fn a_backend_asking_for_a_deeper_channel_gets_the_maximum() {
+        let info = BdevInfo::new("deep", NullBackend::PRODUCT, 512, 8).unwrap();
+        let opts = NullOptions {
+            queue_depth: Some(u32::MAX as usize),
+            ..NullOptions::default()
+        };
+        let b = Bdev::new(Arc::new(NullBackend::new(info, opts)));
+        let desc = b.open(false).unwrap();
+        let cluster = pollux_reactor::TestCluster::new(1);
+        let depth = cluster.on(0, |r| desc.channel(r).unwrap().queue_depth());
+        assert_eq!(depth, MAX_QUEUE_DEPTH);
     }
 
     #[test]
