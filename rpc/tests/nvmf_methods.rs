@@ -523,3 +523,51 @@ fn the_tcp_transport_starts_on_every_core_and_changes_wait_for_every_core() {
     set.stop_all();
     set.join().unwrap();
 }
+
+#[test]
+fn a_listener_takes_spdks_sock_impl() {
+    // `spdk-rpc nvmf_subsystem_add_listener -S posix` sends `sock_impl`:
+    // the socket implementation Pollux's TCP transport is; another one is
+    // refused (-95) and leaves no listener.
+    let f = fixture();
+    populated(&f, common::free_port());
+    let port = common::free_port();
+    let e = err(
+        &f,
+        "nvmf_subsystem_add_listener",
+        json!({"nqn": NQN, "listen_address": listen_address(port), "sock_impl": "uring"}),
+    );
+    assert_eq!(e.code, -95, "{e}");
+    assert!(e.data.as_deref().unwrap_or("").contains("sock_impl"), "{e}");
+    assert_eq!(
+        subsystems(&f)[1]["listen_addresses"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    call(
+        &f,
+        "nvmf_subsystem_add_listener",
+        json!({"nqn": NQN, "listen_address": listen_address(port), "sock_impl": "posix"}),
+    );
+    assert_eq!(
+        subsystems(&f)[1]["listen_addresses"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    call(
+        &f,
+        "nvmf_subsystem_remove_listener",
+        json!({"nqn": NQN, "listen_address": listen_address(port), "sock_impl": "posix"}),
+    );
+    assert_eq!(
+        subsystems(&f)[1]["listen_addresses"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+}

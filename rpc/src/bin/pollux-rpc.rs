@@ -526,6 +526,7 @@ fn nvmf_request(verb: Verb) -> Result<(String, Option<Value>, Print), String> {
             tgt_name: None,
             secure_channel: None,
             ana_state: None,
+            sock_impl: None,
         })
     };
     let host = |nqn, host| {

@@ -910,6 +910,16 @@ impl NvmfSubsystem {
             ));
         }
         let trid = parse_trid(&req.listen_address)?;
+        if let Some(other) = req
+            .sock_impl
+            .as_deref()
+            .filter(|s| *s != "posix" && trid.trtype == TrType::Tcp)
+        {
+            return Err(RpcError::errno(
+                Errno::NotSupported,
+                format!("sock_impl `{other}`: Pollux's TCP transport uses posix sockets only"),
+            ));
+        }
         let st = self.lock();
         let sub = self.listening_subsystem(&req.nqn)?;
         if self

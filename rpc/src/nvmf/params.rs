@@ -288,6 +288,10 @@ pub struct ListenerParams {
     /// Accepted when absent or `optimized` only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ana_state: Option<String>,
+    /// The socket implementation of a TCP listener: accepted when absent
+    /// or `posix` (what Pollux's TCP transport uses) only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sock_impl: Option<String>,
 }
 
 /// `nvmf_subsystem_add_host` and `nvmf_subsystem_remove_host`.
