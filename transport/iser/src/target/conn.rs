@@ -224,6 +224,12 @@ pub struct Connection {
     sink: Rc<Sink>,
     cb: Rc<dyn IoCompletion>,
     text_out: Vec<u8>,
+    /// Bytes of a Text answer in `text_out` already sent.
+    text_sent: usize,
+    /// ITT of a Text answer with more to send (reserved: none).
+    text_itt: u32,
+    /// The Target Transfer Tag that asks for the rest of that answer.
+    text_ttt: u32,
     stats: ConnStats,
     /// This core's task-buffer cache and retired-session list.
     core: Rc<CoreCtx>,
@@ -285,6 +291,9 @@ impl Connection {
             sink,
             cb,
             text_out: Vec::with_capacity(8192),
+            text_sent: 0,
+            text_itt: RESERVED_TAG,
+            text_ttt: 0,
             stats: ConnStats::default(),
             core,
             buf_wait: VecDeque::new(),
@@ -570,6 +579,19 @@ impl Connection {
         if !t.immediate && self.window.check(t.sn, false, false) == CmdSnCheck::Drop {
             return;
         }
+        if t.ttt != RESERVED_TAG {
+            // A follow-on for the rest of a long answer: only with the tag
+            // this target gave it (RFC 7143 §11.10.4).
+            if self.text_itt == RESERVED_TAG || t.itt != self.text_itt || t.ttt != self.text_ttt {
+                let raw = Bhs::TextReq(*t).encode(0, data.len() as u32);
+                self.reject(&raw, reject_reason::INVALID_PDU_FIELD, ops);
+                return;
+            }
+            return self.send_text(t, ops);
+        }
+        // A new request ends any unfinished answer.
+        self.text_itt = RESERVED_TAG;
+        self.text_sent = 0;
         self.text_out.clear();
         let initiator = self
             .outcome
@@ -592,33 +614,54 @@ impl Connection {
                 return;
             }
         }
-        // Long answers would need the C bit (not implemented): cut at the
-        // initiator's limit on a pair boundary.
+        self.send_text(t, ops);
+    }
+
+    /// Send the next part of the answer in `text_out` to Text Request `t`:
+    /// at most what the initiator can receive (and 8 KiB per send), cut on
+    /// a pair boundary where one fits. A part that is not the last goes
+    /// with C=1, F=0 and a Target Transfer Tag the initiator echoes to ask
+    /// for the rest (RFC 7143 §11.11).
+    fn send_text(&mut self, t: &TextPdu, ops: &mut dyn ConnOps) {
         let limit = self
             .outcome
             .as_ref()
             .map_or(8192, |o| o.params.target_send_dsl as usize)
             .min(8192);
-        if self.text_out.len() > limit {
-            let cut = self.text_out[..limit]
-                .iter()
-                .rposition(|&b| b == 0)
-                .map_or(0, |p| p + 1);
-            self.text_out.truncate(cut);
+        let start = self.text_sent.min(self.text_out.len());
+        let rest = &self.text_out[start..];
+        let mut n = rest.len().min(limit);
+        if n < rest.len() {
+            if let Some(p) = rest[..n].iter().rposition(|&b| b == 0) {
+                n = p + 1;
+            }
         }
+        let more = n < rest.len();
+        let ttt = if more {
+            self.text_ttt = match self.text_ttt.wrapping_add(1) {
+                RESERVED_TAG => 0,
+                v => v,
+            };
+            self.text_itt = t.itt;
+            self.text_ttt
+        } else {
+            self.text_itt = RESERVED_TAG;
+            RESERVED_TAG
+        };
+        self.text_sent = start + n;
         let r = TextPdu {
             immediate: false,
-            final_: true,
-            cont: false,
+            final_: !more,
+            cont: more,
             lun: t.lun,
             itt: t.itt,
-            ttt: RESERVED_TAG,
+            ttt,
             sn: self.next_stat_sn(),
             exp_sn: self.window.exp_cmd_sn(),
             max_cmd_sn: self.window.max_cmd_sn(),
         };
-        let bhs = Bhs::TextRsp(r).encode(0, self.text_out.len() as u32);
-        if !ops.send_pdu(&bhs, &self.text_out, None) {
+        let bhs = Bhs::TextRsp(r).encode(0, n as u32);
+        if !ops.send_pdu(&bhs, &self.text_out[start..start + n], None) {
             self.close(ops);
         }
     }

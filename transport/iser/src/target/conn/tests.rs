@@ -366,6 +366,7 @@ mod reinstatement;
 mod report_luns;
 mod residuals;
 mod sbc;
+mod send_targets;
 mod tmf;
 mod unexpected;
 mod unmapped_lun;
