@@ -532,12 +532,18 @@ impl QueuePair {
                     return Err(NvmeStatus::DATA_SGL_LENGTH_INVALID);
                 }
                 // Only what the command uses moves (a longer SGL's tail
-                // is never touched).
+                // is never touched). A descriptor of length 0 describes no
+                // data, so its key names no registration to invalidate,
+                // whatever its subtype: the Linux target
+                // (`nvmet_rdma_map_sgl_keyed` returns before it records the
+                // key) and SPDK (no transfer: the SGL is not parsed) answer
+                // it with a plain SEND; a SEND_WITH_INV of it fails at the
+                // host's NIC and ends the queue.
                 req.remote = Some(super::transport::RemoteBuf {
                     addr,
                     len: plan.len,
                     key,
-                    invalidate,
+                    invalidate: invalidate && len > 0,
                 });
             }
             SglDescriptor::Transport { len } => {

@@ -3,6 +3,7 @@
 
 mod host;
 mod placement;
+mod sgl;
 mod teardown;
 
 use std::rc::Rc;
