@@ -361,8 +361,21 @@ impl IscsiTarget {
     /// `TargetName=` / `TargetAddress=addr,tag` pairs for every node it may
     /// see.
     pub fn send_targets(&self, initiator: &str, out: &mut Vec<u8>) {
+        self.send_targets_of(initiator, None, out);
+    }
+
+    /// The SendTargets answer for `SendTargets=<name>`: the pairs of node
+    /// `name` if `initiator` may see it, else nothing.
+    pub fn send_target(&self, initiator: &str, name: &str, out: &mut Vec<u8>) {
+        self.send_targets_of(initiator, Some(name), out);
+    }
+
+    fn send_targets_of(&self, initiator: &str, only: Option<&str>, out: &mut Vec<u8>) {
         let groups = self.portal_groups();
         for n in Self::lock(&self.nodes).iter() {
+            if only.is_some_and(|o| o != n.name) {
+                continue;
+            }
             if !n.allowed_initiators.is_empty()
                 && !n.allowed_initiators.iter().any(|i| i == initiator)
             {

@@ -468,6 +468,13 @@ impl Connection {
         immediate && self.unexpected >= limit
     }
 
+    /// Whether this is a discovery session.
+    fn is_discovery(&self) -> bool {
+        self.outcome
+            .as_ref()
+            .is_some_and(|o| o.session_type == SessionType::Discovery)
+    }
+
     fn on_login_pdu(&mut self, pdu: &Pdu<'_>, ops: &mut dyn ConnOps) {
         let Bhs::LoginReq(req) = pdu.bhs else {
             self.close(ops);
@@ -598,11 +605,28 @@ impl Connection {
             .as_ref()
             .map(|o| o.initiator_name.clone())
             .unwrap_or_default();
+        // `SendTargets=` (no value) names the session's target (RFC 7143
+        // Appendix D); a discovery session has none.
+        let own = self
+            .outcome
+            .as_ref()
+            .and_then(|o| o.target_name.clone())
+            .filter(|_| !self.is_discovery());
         match parse_text(data) {
             Ok(pairs) => {
                 for (k, v) in pairs {
                     if k == "SendTargets" && v == "All" {
                         self.target.send_targets(&initiator, &mut self.text_out);
+                    } else if k == "SendTargets" {
+                        let name = if v.is_empty() {
+                            own.as_deref()
+                        } else {
+                            Some(v)
+                        };
+                        if let Some(name) = name {
+                            self.target
+                                .send_target(&initiator, name, &mut self.text_out);
+                        }
                     } else {
                         push_pair(&mut self.text_out, k, "NotUnderstood");
                     }
@@ -809,10 +833,7 @@ impl Connection {
         (write, read): (Option<Stag>, Option<Stag>),
         ops: &mut dyn ConnOps,
     ) {
-        let discovery = self
-            .outcome
-            .as_ref()
-            .is_some_and(|o| o.session_type == SessionType::Discovery);
+        let discovery = self.is_discovery();
         let raw = Bhs::ScsiCmd(*cmd).encode(0, data.len() as u32);
         if discovery {
             self.reject(&raw, reject_reason::PROTOCOL_ERROR, ops);

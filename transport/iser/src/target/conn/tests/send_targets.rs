@@ -88,3 +88,44 @@ fn a_long_send_targets_answer_continues_over_several_responses() {
     fx.pdu(IserHeader::PLAIN, &Bhs::TextReq(tp).encode(0, 0));
     assert!(matches!(fx.last().bhs, Bhs::Reject(_)));
 }
+
+/// `SendTargets=<target name>` answers for that target only (nothing for
+/// an unknown one), and on a normal session `SendTargets=` (no value)
+/// answers for the session's target (RFC 7143 Appendix D); neither is
+/// NotUnderstood.
+#[test]
+fn send_targets_for_one_target_and_for_the_session_target() {
+    let mut fx = fixture(false);
+    fx.target
+        .add_node(TargetNode {
+            name: "iqn.2024-01.io.pollux:other".into(),
+            alias: None,
+            luns: Vec::new(),
+            allowed_initiators: Vec::new(),
+            portal_groups: vec![1],
+        })
+        .expect("node");
+    discovery_with_dsl(&mut fx, 8192);
+    let ask = |fx: &mut Fx, itt: u32, v: &str| {
+        let mut q = Vec::new();
+        push_pair(&mut q, "SendTargets", v);
+        let (r, d) = text_req(fx, itt, RESERVED_TAG, &q);
+        assert!(r.final_);
+        String::from_utf8(d).expect("utf-8")
+    };
+    assert_eq!(
+        ask(&mut fx, 1, TGT),
+        format!("TargetName={TGT}\0TargetAddress=@t,1\0")
+    );
+    assert_eq!(ask(&mut fx, 2, "iqn.2024-01.io.pollux:nope"), "");
+    let mut fx = fixture(false);
+    assert!(fx.login(INI, "Normal").is_some_and(|r| r.status_class == 0));
+    fx.cmd_sn = 1;
+    let mut q = Vec::new();
+    push_pair(&mut q, "SendTargets", "");
+    let (_, d) = text_req(&mut fx, 3, RESERVED_TAG, &q);
+    assert_eq!(
+        d,
+        format!("TargetName={TGT}\0TargetAddress=@t,1\0").into_bytes()
+    );
+}
