@@ -748,6 +748,9 @@ impl Connection {
                     tmf_response::COMPLETE
                 }
             }
+            // Reassignment needs ErrorRecoveryLevel 2; this session is at 0
+            // (RFC 7143 §11.6.1).
+            TmfFunction::TaskReassign => tmf_response::NO_REASSIGN,
             _ => tmf_response::NOT_SUPPORTED,
         };
         let r = TmfResponse {

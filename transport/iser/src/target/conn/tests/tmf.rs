@@ -118,3 +118,21 @@ fn abort_task_of_a_command_never_received_completes_and_fills_the_gap() {
     let (rsp, _, _) = fx.cmd(&tur, 0, None, 0);
     assert_eq!((rsp.status, rsp.exp_cmd_sn), (0, 4));
 }
+
+/// TASK REASSIGN on a session at ErrorRecoveryLevel 0 is "task allegiance
+/// reassignment not supported" (RFC 7143 §11.6.1, response 4; LIO
+/// answers ISCSI_TMF_RSP_NO_FAILOVER), not "function not supported".
+#[test]
+fn task_reassign_at_erl0_is_reassignment_not_supported() {
+    let mut fx = fixture(true);
+    on_lun(0);
+    fx.login(INI, "Normal");
+    assert_eq!(
+        fx.tmf(TmfFunction::TaskReassign, 0),
+        tmf_response::NO_REASSIGN
+    );
+    assert_eq!(
+        fx.tmf(TmfFunction::ClearAca, 0),
+        tmf_response::NOT_SUPPORTED
+    );
+}
