@@ -8,9 +8,125 @@
 //! grows past the stated limit, is an error after which the connection
 //! cannot be resynchronised (the server answers -32700 and closes it).
 
+use std::collections::HashSet;
+
+use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
 use crate::error::RpcError;
+
+/// One step of the path to a JSON value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PathSeg {
+    /// An object's member.
+    Key(String),
+    /// An array's element.
+    Index(usize),
+}
+
+/// A key given twice in one object of a received value (SPDK's decoders
+/// refuse it; a [`Value`] keeps only the last).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DuplicateKey {
+    /// The path to the object, from the top.
+    pub path: Vec<PathSeg>,
+    /// The key.
+    pub key: String,
+}
+
+/// The first key given twice in one object of `json` (a whole, valid
+/// JSON value), if any.
+pub fn duplicate_key(json: &[u8]) -> Option<DuplicateKey> {
+    let mut path = Vec::new();
+    let mut found = None;
+    let mut de = serde_json::Deserializer::from_slice(json);
+    let _ = Scan {
+        path: &mut path,
+        found: &mut found,
+    }
+    .deserialize(&mut de);
+    found
+}
+
+/// Walks a value, noting the first repeated key.
+struct Scan<'a> {
+    path: &'a mut Vec<PathSeg>,
+    found: &'a mut Option<DuplicateKey>,
+}
+
+impl<'de> DeserializeSeed<'de> for Scan<'_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Scan<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        for i in 0.. {
+            self.path.push(PathSeg::Index(i));
+            let more = seq.next_element_seed(Scan {
+                path: &mut *self.path,
+                found: &mut *self.found,
+            })?;
+            self.path.pop();
+            if more.is_none() {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let mut seen = HashSet::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if self.found.is_none() && !seen.insert(key.clone()) {
+                *self.found = Some(DuplicateKey {
+                    path: self.path.clone(),
+                    key: key.clone(),
+                });
+            }
+            self.path.push(PathSeg::Key(key));
+            map.next_value_seed(Scan {
+                path: &mut *self.path,
+                found: &mut *self.found,
+            })?;
+            self.path.pop();
+        }
+        Ok(())
+    }
+}
 
 /// The default largest request, in bytes (1 MiB; SPDK's own receive
 /// buffer is 256 KiB, and `load_config` carries a whole configuration).
@@ -31,6 +147,8 @@ pub struct FrameBuffer {
     /// (answered -32700) without waiting for a `}` that may never come,
     /// at a cost linear in the request's size.
     parsed_len: usize,
+    /// The first key repeated in the value last handed out.
+    duplicate: Option<DuplicateKey>,
 }
 
 impl FrameBuffer {
@@ -41,6 +159,7 @@ impl FrameBuffer {
             limit,
             may_be_complete: false,
             parsed_len: 0,
+            duplicate: None,
         }
     }
 
@@ -63,6 +182,12 @@ impl FrameBuffer {
     /// than the limit (the next [`FrameBuffer::next_value`] reports it).
     pub fn wants_more(&self) -> bool {
         self.buf.len() <= self.limit
+    }
+
+    /// The first key given twice in one object of the value
+    /// [`FrameBuffer::next_value`] last handed out (taken: asked once).
+    pub fn take_duplicate(&mut self) -> Option<DuplicateKey> {
+        self.duplicate.take()
     }
 
     /// Appends received bytes.
@@ -105,6 +230,7 @@ impl FrameBuffer {
                 if used > self.limit {
                     return Some(Err(self.limit_error()));
                 }
+                self.duplicate = self.buf.get(..used).and_then(duplicate_key);
                 self.buf.drain(..used);
                 self.parsed_len = 0;
                 Some(Ok(v))
@@ -186,6 +312,20 @@ mod tests {
         }
         let e = answer.expect("an answer").expect_err("not JSON");
         assert_eq!(e.code, PARSE_ERROR);
+    }
+
+    #[test]
+    fn repeated_keys_are_found_where_they_are() {
+        let mut fb = FrameBuffer::new(1024);
+        fb.push(br#"{"a": 1, "b": {"c": 1}, "d": [{"c": 1}, {"e": 1, "f": [], "e": 2}]} {"a": 1}"#);
+        fb.next_value().expect("a value").expect("valid");
+        let d = fb.take_duplicate().expect("a repeated key");
+        assert_eq!(d.key, "e");
+        let path = [PathSeg::Key("d".into()), PathSeg::Index(1)];
+        assert_eq!(d.path, path);
+        assert_eq!(fb.take_duplicate(), None);
+        fb.next_value().expect("a value").expect("valid");
+        assert_eq!(fb.take_duplicate(), None);
     }
 
     #[test]

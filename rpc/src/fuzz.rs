@@ -57,7 +57,8 @@ pub fn request_stream(data: &[u8]) {
                     decode_all(req.params.as_ref());
                 }
             }
-            if let Some(answer) = service().handle(v) {
+            let duplicate = frames.take_duplicate();
+            if let Some(answer) = service().handle_checked(v, duplicate.as_ref()) {
                 assert!(serde_json::from_str::<Value>(&answer).is_ok(), "{answer}");
             }
         }

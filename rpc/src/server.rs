@@ -251,7 +251,8 @@ impl Conn {
             match self.frames.next_value() {
                 None => break,
                 Some(Ok(v)) => {
-                    if let Some(text) = svc.handle(v) {
+                    let duplicate = self.frames.take_duplicate();
+                    if let Some(text) = svc.handle_checked(v, duplicate.as_ref()) {
                         self.out.extend_from_slice(text.as_bytes());
                         self.out.push(b'\n');
                     }

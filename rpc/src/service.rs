@@ -20,6 +20,7 @@ use serde_json::{Map, Value};
 use crate::config::ConfigEntry;
 use crate::cores::CoreBus;
 use crate::error::{RpcError, INVALID_STATE};
+use crate::framing::{DuplicateKey, PathSeg};
 use crate::protocol::{response, Request};
 
 /// The framework's state, as SPDK's: methods say in which they may run.
@@ -325,6 +326,59 @@ impl RpcService {
             }
             other => self.handle_one(other),
         }
+    }
+
+    /// [`RpcService::handle`] for a value in which `duplicate` (see
+    /// [`crate::framing::FrameBuffer::take_duplicate`]) was given twice:
+    /// that request is refused as SPDK's decoders refuse it, -32602 when
+    /// the key is among its parameters (of a method that exists), else
+    /// -32600; the other requests of a batch are handled.
+    pub fn handle_checked(&self, v: Value, duplicate: Option<&DuplicateKey>) -> Option<String> {
+        let Some(dup) = duplicate else {
+            return self.handle(v);
+        };
+        match (v, dup.path.split_first()) {
+            (Value::Array(items), Some((PathSeg::Index(at), rest))) if !items.is_empty() => {
+                let answers: Vec<String> = items
+                    .into_iter()
+                    .enumerate()
+                    .filter_map(|(i, item)| {
+                        if i == *at {
+                            self.refuse_duplicate(item, rest, &dup.key)
+                        } else {
+                            self.handle_one(item)
+                        }
+                    })
+                    .collect();
+                (!answers.is_empty()).then(|| format!("[{}]", answers.join(",")))
+            }
+            (v @ Value::Object(_), _) => self.refuse_duplicate(v, &dup.path, &dup.key),
+            (v, _) => self.handle(v),
+        }
+    }
+
+    /// The answer to request `v` in which `key` was given twice in the
+    /// object at `path` (from the request).
+    fn refuse_duplicate(&self, v: Value, path: &[PathSeg], key: &str) -> Option<String> {
+        let req = match Request::from_value(v) {
+            Ok(req) => req,
+            Err((id, e)) => return response(id.as_ref(), Err(e)),
+        };
+        let error = match path.first() {
+            None => RpcError::invalid_request(format!("member `{key}` given twice")),
+            Some(PathSeg::Key(k)) if k == "params" => {
+                if !self.has_method(&req.method) {
+                    return response(
+                        req.id.as_ref(),
+                        Err(RpcError::method_not_found(&req.method)),
+                    );
+                }
+                RpcError::invalid_params(format!("key `{key}` given twice"))
+            }
+            Some(_) => RpcError::invalid_request(format!("key `{key}` given twice")),
+        };
+        log::debug!("rpc: {} refused: {error}", req.method);
+        response(req.id.as_ref(), Err(error))
     }
 
     fn handle_one(&self, v: Value) -> Option<String> {

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use pollux_bdev::BdevRegistry;
 use pollux_rpc::bdev::BdevSubsystem;
-use pollux_rpc::error::{INVALID_PARAMS, METHOD_NOT_FOUND, PARSE_ERROR};
+use pollux_rpc::error::{INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR};
 use pollux_rpc::{
     ClientError, CoreBus, RpcClient, RpcServer, RpcService, ServerConfig, ServerError,
 };
@@ -146,6 +146,58 @@ fn garbage_without_a_closing_bracket_is_answered_at_once() {
         (Value::Null, json!(PARSE_ERROR))
     );
     assert!(c.closed_within(WAIT).unwrap());
+    still_serves(&server);
+}
+
+#[test]
+fn a_key_given_twice_is_refused_as_spdks_decoders_do() {
+    // SPDK's object decoders refuse a repeated key: -32602 among the
+    // parameters, -32600 among the request's members; nothing is made
+    // and the connection stays open.
+    let (server, reg) = start("dup", |_| {});
+    let mut c = client(&server);
+    c.send_raw(br#"{"method": "bdev_malloc_create", "id": 1, "params": {"name": "a", "block_size": 512, "num_blocks": 8, "name": "b"}}"#)
+        .unwrap();
+    let e = c.read_value().unwrap();
+    assert_eq!(
+        (e["id"].clone(), e["error"]["code"].clone()),
+        (json!(1), json!(INVALID_PARAMS)),
+        "{e}"
+    );
+    assert!(e["error"]["data"].as_str().unwrap().contains("name"), "{e}");
+    c.send_raw(br#"{"method": "bdev_malloc_delete", "method": "spdk_get_version", "id": 2}"#)
+        .unwrap();
+    let e = c.read_value().unwrap();
+    assert_eq!(e["error"]["code"], json!(INVALID_REQUEST), "{e}");
+    // In a batch, only the element with the repeated key is refused.
+    c.send_raw(br#"[{"method": "spdk_get_version", "id": 3}, {"method": "bdev_null_create", "id": 4, "params": {"name": "n", "block_size": 512, "block_size": 4096, "num_blocks": 8}}]"#)
+        .unwrap();
+    let a = c.read_value().unwrap();
+    assert!(a[0]["result"]["version"].is_string(), "{a}");
+    assert_eq!(
+        (a[1]["id"].clone(), a[1]["error"]["code"].clone()),
+        (json!(4), json!(INVALID_PARAMS)),
+        "{a}"
+    );
+    // Repeated keys deeper in the parameters count too; keys repeated in
+    // different objects do not.
+    let v = c
+        .call(
+            "bdev_get_bdevs",
+            Some(json!({"name": "nope", "timeout": 0})),
+        )
+        .unwrap_err();
+    assert!(matches!(v, ClientError::Rpc(ref r) if r.code == -19), "{v}");
+    c.send_raw(br#"{"method": "bdev_malloc_create", "id": 5, "params": {"name": "ok", "block_size": 512, "num_blocks": 8, "uuid": null}}"#)
+        .unwrap();
+    assert_eq!(c.read_value().unwrap()["result"], json!("ok"));
+    assert_eq!(
+        reg.list()
+            .iter()
+            .map(|b| b.name().to_owned())
+            .collect::<Vec<_>>(),
+        ["ok"]
+    );
     still_serves(&server);
 }
 
