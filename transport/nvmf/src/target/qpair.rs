@@ -26,6 +26,7 @@ use super::transport::{
 use crate::spec::cmd::SQE_SIZE;
 use crate::spec::cpl::{NvmeCompletion, NvmeStatus, SQHD_DISABLED};
 use crate::spec::log_page::ErrorLogEntry;
+use crate::spec::rdma_cm::ADMIN_QUEUE_MAX_DEPTH;
 use crate::spec::sgl::{SglDescriptor, SglError};
 use crate::spec::transport_id::{TrType, TransportId};
 
@@ -216,7 +217,18 @@ impl QueuePair {
         requests: u16,
     ) -> Result<QueuePair, TargetError> {
         let opts = target.options();
-        let depth = params.depth.clamp(1, opts.max_queue_depth);
+        // The admin queue is as deep as its host asks, up to 32 (the
+        // NVMe/RDMA CM request was checked against that), whatever the I/O
+        // queue limit: Linux always asks for 32 (`NVME_AQ_DEPTH`), and the
+        // Linux target (`NVME_AQ_DEPTH`) and SPDK (`max_aq_depth`) size it
+        // apart from the I/O queues. Clamped to a shallower
+        // `max_queue_depth`, its Connect (SQSIZE 31) was refused.
+        let limit = if params.qid == Some(0) {
+            opts.max_queue_depth.max(ADMIN_QUEUE_MAX_DEPTH)
+        } else {
+            opts.max_queue_depth
+        };
+        let depth = params.depth.clamp(1, limit);
         let nreq = requests.max(depth);
         let icd_size = params.in_capsule_data_size.min(opts.in_capsule_data_size);
         // In-capsule data does not need the slot: the RDMA transport lends

@@ -312,6 +312,46 @@ fn bad_cm_private_data_is_rejected_with_its_status() {
     assert_eq!(fx.pg.connections(), 0);
 }
 
+/// The admin queue is 32 entries deep whatever the target's I/O queue
+/// limit (Linux always connects it with HSQSIZE and SQSIZE 31; the Linux
+/// target and SPDK size it apart): on a target whose `max_queue_depth` is
+/// 16 it connects and is enabled, its I/O queues are held to 16 entries
+/// (a CM request for 32 is refused with INVALID_HSQSIZE) and serve I/O.
+#[test]
+fn a_target_shallower_than_32_entries_still_takes_a_32_entry_admin_queue() {
+    let topts = TargetOptions {
+        in_capsule_data_size: 16384,
+        max_queue_depth: 16,
+        ..TargetOptions::for_tests()
+    };
+    let fx = fixture_with(1, RdmaOptions::for_tests(), topts);
+    let (mut admin, cntlid) = fx.admin();
+    let mut id = NvmeCmd::new(0x06, 3);
+    id.cdw10 = 1;
+    id.set_sgl(&admin.keyed(0, 4096, false));
+    assert!(admin.exec(&fx.cl, &id, &[]).cpl.status.is_success());
+    let maxcmd = u16::from_le_bytes([admin.data(514, 1)[0], admin.data(515, 1)[0]]);
+    assert_eq!(maxcmd, 16, "MAXCMD is the I/O queue limit");
+    let req = CmRequest {
+        recfmt: 0,
+        qid: 1,
+        hrqsize: 32,
+        hsqsize: 31,
+        cntlid,
+    };
+    match Host::connect_raw(&fx.cl, &fx.addr, &req.encode(), 32) {
+        ConnectOutcome::Rejected(st) => assert_eq!(st, Some(CmRejectStatus::InvalidHsqsize)),
+        ConnectOutcome::Connected(_) => panic!("a 32-entry I/O queue was accepted"),
+    }
+    let mut io = fx.io(cntlid, 16);
+    let data = pattern(5, 4096);
+    let w = rw(0x01, 7, 0, 4096, &SglDescriptor::in_capsule(0, 4096));
+    assert!(io.exec(&fx.cl, &w, &data).cpl.status.is_success());
+    let r = rw(0x02, 8, 0, 4096, &io.keyed(0, 4096, false));
+    assert!(io.exec(&fx.cl, &r, &[]).cpl.status.is_success());
+    assert!(io.data(0, 4096) == &data[..]);
+}
+
 impl CmRequest {
     fn with_hsq(mut self, hsqsize: u16) -> Self {
         self.hsqsize = hsqsize;
