@@ -163,7 +163,7 @@ impl QueuePair {
             if cc.qid > ctrl.io_queues() {
                 return bad_sqe(sqe_off::QID);
             }
-            if u32::from(cc.sqsize) >= u32::from(self.target.options().max_queue_depth) {
+            if u32::from(cc.sqsize) >= u32::from(self.io_depth_limit()) {
                 return bad_sqe(sqe_off::SQSIZE);
             }
             if !ctrl.add_io_qid(cc.qid) {

@@ -223,7 +223,9 @@ impl QueuePair {
         // Linux target (`NVME_AQ_DEPTH`) and SPDK (`max_aq_depth`) size it
         // apart from the I/O queues. Clamped to a shallower
         // `max_queue_depth`, its Connect (SQSIZE 31) was refused.
-        let limit = if params.qid == Some(0) {
+        // A queue whose QID its transport does not know yet (NVMe/TCP: the
+        // Connect says) may be the admin queue: the same.
+        let limit = if params.qid.map_or(true, |q| q == 0) {
             opts.max_queue_depth.max(ADMIN_QUEUE_MAX_DEPTH)
         } else {
             opts.max_queue_depth

@@ -28,6 +28,7 @@ use super::quiet::QuietSet;
 use super::refusal::{Refusal, MAX_REFUSALS};
 use super::transport::{TcpInbox, TcpTransport};
 use super::wake;
+use crate::spec::rdma_cm::ADMIN_QUEUE_MAX_DEPTH;
 use crate::spec::transport_id::TransportId;
 
 /// Sockets accepted per listener per poll at most.
@@ -518,8 +519,11 @@ impl Ctx {
             sock.set_tcp_keepalive(&ka)
                 .map_err(|e| format!("TCP keep-alive: {e}"))?;
         }
+        // Admin or I/O queue: the Connect will say. An admin queue takes
+        // up to 32 entries (Linux asks for 32) whatever the I/O limit,
+        // which the Connect of an I/O queue is checked against.
         let params = QpairParams {
-            depth: t.opts.max_queue_depth,
+            depth: t.opts.max_queue_depth.max(ADMIN_QUEUE_MAX_DEPTH),
             in_capsule_data_size: t.opts.capsule_limit(),
             listener: trid,
             qid: None,

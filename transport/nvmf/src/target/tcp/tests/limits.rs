@@ -6,11 +6,12 @@
 
 use pollux_reactor::mem::{BufPool, BufPoolOptions};
 
-use super::raw::Raw;
+use super::raw::{connect_cmd, Raw};
 use super::*;
 use crate::host::test_io::write_read_verify;
 use crate::host::{Controller, CtrlOptions};
 use crate::spec::cpl::{NvmeCompletion, NvmeStatus};
+use crate::spec::sgl::SglDescriptor;
 use crate::spec::tcp::{Digests, PduType};
 
 /// A new connection's admin Connect and its completion.
@@ -176,23 +177,55 @@ fn a_refusal_speaks_the_digests_it_granted() {
 /// A TCP transport shallower than the target: its controllers report the
 /// transport's depth (CAP.MQES + 1 and MAXCMD, what Linux's host sizes its
 /// I/O queues by), and an I/O queue that deep connects. The target's own
-/// depth (128) was reported, so a host asking for it was refused.
+/// depth (128) was reported, so a host asking for it was refused. Below 32
+/// the admin queue still takes the 32 entries Linux's host asks for (its
+/// Connect was refused), and an I/O queue deeper than the limit is not.
 #[test]
 fn controllers_report_the_transports_queue_depth() {
+    for depth in [32u16, 16] {
+        let f = fixture(TcpOptions {
+            max_queue_depth: depth,
+            ..TcpOptions::default()
+        });
+        assert_eq!(f.target.options().max_queue_depth, 128);
+        let t = f.host(false, false);
+        f.cl.on(0, |_| {
+            let c = Controller::connect(&t, who(), CtrlOptions::default()).unwrap();
+            let info = c.info();
+            assert_eq!((info.cap.mqes, info.ident.maxcmd), (depth - 1, depth));
+            assert_eq!(info.max_io_entries(), depth);
+            let qp = c.connect_io(&t, 1, depth, None).unwrap();
+            drop(qp);
+            drop(c);
+        });
+        f.settle();
+    }
+}
+
+/// With the I/O queue limit at 16, an I/O queue's Connect for 32 entries
+/// (the admin queue's depth) is refused with an invalid SQSIZE.
+#[test]
+fn an_io_queue_deeper_than_the_transport_is_refused() {
     let f = fixture(TcpOptions {
-        max_queue_depth: 32,
+        max_queue_depth: 16,
         ..TcpOptions::default()
     });
-    assert_eq!(f.target.options().max_queue_depth, 128);
     let t = f.host(false, false);
-    f.cl.on(0, |_| {
-        let c = Controller::connect(&t, who(), CtrlOptions::default()).unwrap();
-        let info = c.info();
-        assert_eq!((info.cap.mqes, info.ident.maxcmd), (31, 32));
-        assert_eq!(info.max_io_entries(), 32);
-        let qp = c.connect_io(&t, 1, 32, None).unwrap();
-        drop(qp);
-        drop(c);
+    let c = f.cl.on(0, |_| {
+        Controller::connect(&t, who(), CtrlOptions::default()).unwrap()
     });
+    let cntlid = c.info().cntlid;
+    for (entries, ok) in [(32u16, false), (17, false), (16, true)] {
+        let mut r = Raw::handshake(&f, Digests::default());
+        let (mut cmd, data) = connect_cmd(1, cntlid, SglDescriptor::in_capsule(0, 1024));
+        // CDW11 bits 15:0: SQSIZE, 0's based.
+        cmd.cdw11 = (cmd.cdw11 & !0xFFFF) | u32::from(entries - 1);
+        let p = r.capsule(&cmd, &data);
+        r.send(&p);
+        let rsp = r.pdu(&f);
+        let cpl = NvmeCompletion::parse(&rsp[8..24]).unwrap();
+        assert_eq!(cpl.status.is_success(), ok, "{entries} entries: {cpl:?}");
+    }
+    f.cl.on(0, |_| drop(c));
     f.settle();
 }
