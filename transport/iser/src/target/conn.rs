@@ -1230,6 +1230,27 @@ impl Connection {
         }
     }
 
+    /// FUA: flush the range task `idx` wrote (`io`, on LUN `l`) before its
+    /// GOOD; the flush completes as step `next`. A flush the channel refuses
+    /// answers the task at once.
+    fn flush_for_fua(&mut self, idx: u16, l: usize, io: BlockIo, next: u8, ops: &mut dyn ConnOps) {
+        let t = &mut self.tasks[usize::from(idx)];
+        t.step = next;
+        t.state = TaskState::Bdev;
+        let submitted = self.luns[l].ch.submit(
+            pollux_bdev::IoType::Flush,
+            io.lba,
+            io.blocks,
+            SgList::new(),
+            &self.cb,
+            u64::from(idx),
+        );
+        if submitted.is_err() {
+            t.result = Err(Sense::INTERNAL_FAILURE);
+            self.respond(idx, ops);
+        }
+    }
+
     fn on_bdev_done(
         &mut self,
         idx: u16,
@@ -1271,20 +1292,7 @@ impl Connection {
         if let (Some(io), Some(l)) = (io, t.lun) {
             if io.op == BlockOp::Write && io.fua && t.step == 0 {
                 // FUA: the written range is flushed before GOOD.
-                t.step = 1;
-                let submitted = self.luns[l].ch.submit(
-                    pollux_bdev::IoType::Flush,
-                    io.lba,
-                    io.blocks,
-                    SgList::new(),
-                    &self.cb,
-                    u64::from(idx),
-                );
-                if submitted.is_err() {
-                    t.result = Err(Sense::INTERNAL_FAILURE);
-                    return self.respond(idx, ops);
-                }
-                return;
+                return self.flush_for_fua(idx, l, io, 1, ops);
             }
             if io.op == BlockOp::Read {
                 let info = &self.luns[l].disk.info;

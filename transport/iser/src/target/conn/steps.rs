@@ -32,21 +32,7 @@ impl Connection {
         };
         if io.op == BlockOp::CompareAndWrite && io.fua && t.step == 2 {
             // Compared equal and written: FUA flushes the range first.
-            t.step = 3;
-            t.state = TaskState::Bdev;
-            let submitted = self.luns[l].ch.submit(
-                pollux_bdev::IoType::Flush,
-                io.lba,
-                io.blocks,
-                SgList::new(),
-                &self.cb,
-                u64::from(idx),
-            );
-            if submitted.is_err() {
-                t.result = Err(Sense::INTERNAL_FAILURE);
-                return self.respond(idx, ops);
-            }
-            return;
+            return self.flush_for_fua(idx, l, io, 3, ops);
         }
         let info = &self.luns[l].disk.info;
         let bs = info.block_size as usize;

@@ -90,21 +90,22 @@ struct Fx {
 }
 
 fn fixture(send_with_inv: bool) -> Fx {
-    fixture_with(
-        send_with_inv,
-        TargetOptions {
-            limits: TargetLimits {
-                queue_depth: 4,
-                ..TargetLimits::default()
-            },
-            max_io_bytes: 64 * 1024,
-            task_buffers: 16,
+    fixture_with(send_with_inv, small_target())
+}
+
+/// The fixtures' target options: 4 tasks, 64 KiB I/Os, 16 task buffers.
+fn small_target() -> TargetOptions {
+    TargetOptions {
+        limits: TargetLimits {
+            queue_depth: 4,
+            ..TargetLimits::default()
         },
-    )
+        max_io_bytes: 64 * 1024,
+        task_buffers: 16,
+    }
 }
 
 fn fixture_with(send_with_inv: bool, opts: TargetOptions) -> Fx {
-    let cl = TestCluster::new(1);
     let reg = BdevRegistry::new();
     let plain = reg
         .create("malloc:size=4M,block=512,name=plain")
@@ -112,6 +113,20 @@ fn fixture_with(send_with_inv: bool, opts: TargetOptions) -> Fx {
     let pi_bdev = reg
         .create("malloc:size=4M,block=512,md=8,md_interleave=true,pi=1,name=pi")
         .expect("pi bdev");
+    let luns = vec![(0, plain), (1, pi_bdev.clone())];
+    fixture_node(send_with_inv, opts, Some("disk"), luns, pi_bdev)
+}
+
+/// A connection to a target whose one node, [`TGT`] (its alias `alias`),
+/// maps `luns`; `pi_bdev` is the fixture's PI LU.
+fn fixture_node(
+    send_with_inv: bool,
+    opts: TargetOptions,
+    alias: Option<&str>,
+    luns: Vec<(u16, Arc<pollux_bdev::Bdev>)>,
+    pi_bdev: Arc<pollux_bdev::Bdev>,
+) -> Fx {
+    let cl = TestCluster::new(1);
     let target = IscsiTarget::new(opts).expect("target");
     target
         .add_portal_group(PortalGroup {
@@ -122,8 +137,8 @@ fn fixture_with(send_with_inv: bool, opts: TargetOptions) -> Fx {
     target
         .add_node(TargetNode {
             name: TGT.into(),
-            alias: Some("disk".into()),
-            luns: vec![(0, plain), (1, pi_bdev.clone())],
+            alias: alias.map(Into::into),
+            luns,
             allowed_initiators: vec![INI.into()],
             portal_groups: vec![1],
         })

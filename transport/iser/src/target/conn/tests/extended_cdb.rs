@@ -10,55 +10,11 @@ use crate::scsi::cdb::{rw32_cdb, PiTags};
 
 /// The fixture's target with a PI Type 2 LU as LUN 0.
 fn type2_fixture() -> Fx {
-    let cl = TestCluster::new(1);
     let reg = BdevRegistry::new();
     let bdev = reg
         .create("malloc:size=4M,block=512,md=8,md_interleave=true,pi=2,name=t2")
         .expect("type 2 bdev");
-    let target = IscsiTarget::new(TargetOptions {
-        limits: TargetLimits {
-            queue_depth: 4,
-            ..TargetLimits::default()
-        },
-        max_io_bytes: 64 * 1024,
-        task_buffers: 16,
-    })
-    .expect("target");
-    target
-        .add_portal_group(PortalGroup {
-            tag: 1,
-            addrs: vec!["@t".into()],
-        })
-        .expect("pg");
-    target
-        .add_node(TargetNode {
-            name: TGT.into(),
-            alias: None,
-            luns: vec![(0, bdev.clone())],
-            allowed_initiators: vec![INI.into()],
-            portal_groups: vec![1],
-        })
-        .expect("node");
-    let conn = cl.on(0, |r| {
-        Connection::new(
-            &target,
-            r,
-            ConnParams {
-                portal_tag: 1,
-                send_with_inv: false,
-                nop: NopPing::default(),
-            },
-        )
-    });
-    Fx {
-        cl,
-        target,
-        conn,
-        ops: Fake::default(),
-        cmd_sn: 1,
-        itt: 100,
-        pi_bdev: bdev,
-    }
+    fixture_node(false, small_target(), None, vec![(0, bdev.clone())], bdev)
 }
 
 impl Fx {

@@ -6,55 +6,12 @@ use super::*;
 
 #[test]
 fn report_luns_lists_more_than_256_luns() {
-    let cl = TestCluster::new(1);
     let reg = BdevRegistry::new();
     let bdev = reg
         .create("malloc:size=1M,block=512,name=shared")
         .expect("bdev");
-    let target = IscsiTarget::new(TargetOptions {
-        limits: TargetLimits {
-            queue_depth: 4,
-            ..TargetLimits::default()
-        },
-        max_io_bytes: 64 * 1024,
-        task_buffers: 16,
-    })
-    .expect("target");
-    target
-        .add_portal_group(PortalGroup {
-            tag: 1,
-            addrs: vec!["@t".into()],
-        })
-        .expect("pg");
-    target
-        .add_node(TargetNode {
-            name: TGT.into(),
-            alias: None,
-            luns: (0..300u16).map(|l| (l, bdev.clone())).collect(),
-            allowed_initiators: vec![INI.into()],
-            portal_groups: vec![1],
-        })
-        .expect("node");
-    let conn = cl.on(0, |r| {
-        Connection::new(
-            &target,
-            r,
-            ConnParams {
-                portal_tag: 1,
-                send_with_inv: false,
-                nop: NopPing::default(),
-            },
-        )
-    });
-    let mut fx = Fx {
-        cl,
-        target,
-        conn,
-        ops: Fake::default(),
-        cmd_sn: 1,
-        itt: 100,
-        pi_bdev: bdev,
-    };
+    let luns = (0..300u16).map(|l| (l, bdev.clone())).collect();
+    let mut fx = fixture_node(false, small_target(), None, luns, bdev);
     on_lun(0);
     fx.login(INI, "Normal");
     let mut rl = [0u8; 12];
