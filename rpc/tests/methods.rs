@@ -759,3 +759,39 @@ fn a_uuid_is_one_bdevs_and_the_null_uuid_means_none() {
     assert!(z.iter().all(|u| **u != null), "{z:?}");
     assert_ne!(z[0], z[1]);
 }
+
+#[test]
+fn a_bdev_is_found_by_its_uuid_which_is_its_alias() {
+    // SPDK registers a bdev's UUID as an alias: `bdev_get_bdevs` lists it
+    // under `aliases` and finds the bdev by it.
+    let (svc, _) = service();
+    let uuid = "913fc008-79a7-447f-b2c4-c73543638c31";
+    svc.call(
+        "bdev_malloc_create",
+        Some(json!({"name": "M", "block_size": 512, "num_blocks": 8, "uuid": uuid})),
+    )
+    .unwrap();
+    svc.call(
+        "bdev_null_create",
+        Some(json!({"name": "N", "block_size": 512, "num_blocks": 8})),
+    )
+    .unwrap();
+    for b in bdevs(&svc) {
+        assert_eq!(b["aliases"], json!([b["uuid"]]), "{b}");
+    }
+    let got = svc
+        .call("bdev_get_bdevs", Some(json!({"name": uuid.to_uppercase()})))
+        .unwrap();
+    assert_eq!(got[0]["name"], "M");
+    let n_uuid = bdevs(&svc)[1]["uuid"].as_str().unwrap().to_owned();
+    let got = svc
+        .call("bdev_get_bdevs", Some(json!({"name": n_uuid})))
+        .unwrap();
+    assert_eq!(got[0]["name"], "N");
+    let e = err(
+        &svc,
+        "bdev_get_bdevs",
+        json!({"name": "00000000-0000-0000-0000-000000000001"}),
+    );
+    assert_eq!(e.code, -19);
+}

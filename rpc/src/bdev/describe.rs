@@ -52,9 +52,16 @@ fn io_type(name: &str) -> Option<IoType> {
 /// which Pollux lets share a bdev (`read_many_write_shared`).
 pub(super) fn bdev_json(b: &Arc<Bdev>, spec: Option<&BdevSpec>, uuid: Uuid) -> Value {
     let info = b.info();
+    // SPDK registers the UUID as an alias (unless it is the name).
+    let uuid_text = uuid.to_string();
+    let aliases: Vec<&str> = if uuid_text == b.name() {
+        Vec::new()
+    } else {
+        vec![uuid_text.as_str()]
+    };
     let mut v = json!({
         "name": b.name(),
-        "aliases": [],
+        "aliases": aliases,
         "product_name": info.product(),
         "block_size": info.buf_block_size(),
         "num_blocks": info.num_blocks(),

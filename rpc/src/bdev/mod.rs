@@ -127,6 +127,12 @@ impl BdevSubsystem {
             .map(|(name, _)| name.clone())
     }
 
+    /// The bdev whose UUID (its alias, as SPDK's) is `text`.
+    fn by_uuid(&self, text: &str) -> Option<Arc<Bdev>> {
+        let name = self.holder_of(Uuid::parse(text).ok()?)?;
+        self.registry.get(&name)
+    }
+
     /// Makes the bdev of `spec` with `uuid` (all or nothing). A null UUID
     /// is none (a random one is made, as SPDK does); one another bdev has
     /// is refused with -17, as SPDK, which registers it as a bdev name.
@@ -298,7 +304,7 @@ impl BdevSubsystem {
         let wait = Duration::from_millis(req.timeout.unwrap_or(0).min(MAX_WAIT_MS));
         let deadline = Instant::now() + wait;
         loop {
-            if let Some(b) = self.registry.get(&name) {
+            if let Some(b) = self.registry.get(&name).or_else(|| self.by_uuid(&name)) {
                 return Ok(Value::Array(vec![self.describe(&b)?]));
             }
             if Instant::now() >= deadline {
