@@ -468,18 +468,31 @@ impl QueuePair {
         status: NvmeStatus,
         ops: &mut dyn QpairOps,
     ) -> Result<(), CapsuleError> {
+        let slot = self.start_request(sqe)?;
+        self.finish(slot, status);
+        self.process(slot, ops);
+        Ok(())
+    }
+
+    /// Take a request for the command `sqe`: its slot, parsed in place,
+    /// counted.
+    #[inline(always)]
+    fn start_request(&mut self, sqe: &[u8]) -> Result<u16, CapsuleError> {
         if self.disconnect_sent {
             return Err(CapsuleError::Disconnecting);
         }
         let Some(sqe) = sqe.first_chunk::<SQE_SIZE>() else {
             return Err(CapsuleError::Malformed(sqe.len()));
         };
+        if self.free.len() == self.reqs.len() && self.qid.is_some_and(|q| q != 0) {
+            // Idle to busy: the controller busy time starts.
+            self.busy_since = Some(self.reactor.now_ns());
+        }
         let slot = self.free.pop().ok_or(CapsuleError::QueueFull)?;
         self.stats.commands += 1;
+        // Parsed straight into the request: no copy of the command.
         self.reqs[usize::from(slot)].start(sqe);
-        self.finish(slot, status);
-        self.process(slot, ops);
-        Ok(())
+        Ok(slot)
     }
 
     fn submit_parts(
@@ -488,21 +501,11 @@ impl QueuePair {
         icd: Icd<'_>,
         ops: &mut dyn QpairOps,
     ) -> Result<(), CapsuleError> {
-        if self.disconnect_sent {
-            return Err(CapsuleError::Disconnecting);
-        }
-        let Some(sqe) = sqe.first_chunk::<SQE_SIZE>() else {
-            return Err(CapsuleError::Malformed(sqe.len() + icd.len()));
-        };
-        if self.free.len() == self.reqs.len() && self.qid.is_some_and(|q| q != 0) {
-            // Idle to busy: the controller busy time starts.
-            self.busy_since = Some(self.reactor.now_ns());
-        }
-        let slot = self.free.pop().ok_or(CapsuleError::QueueFull)?;
-        self.stats.commands += 1;
-        let si = usize::from(slot);
-        // Parsed straight into the request: no copy of the command.
-        self.reqs[si].start(sqe);
+        let slot = self.start_request(sqe).map_err(|e| match e {
+            // The whole capsule's length, in-capsule data included.
+            CapsuleError::Malformed(n) => CapsuleError::Malformed(n + icd.len()),
+            e => e,
+        })?;
         match self.prepare(slot, icd) {
             Ok(()) => {}
             Err(st) => self.finish(slot, st),
