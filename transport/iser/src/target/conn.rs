@@ -468,6 +468,15 @@ impl Connection {
         immediate && self.unexpected >= limit
     }
 
+    /// Most data this target sends in one PDU: what the initiator can
+    /// receive (InitiatorRecvDataSegmentLength), at most 8 KiB.
+    fn send_limit(&self) -> usize {
+        self.outcome
+            .as_ref()
+            .map_or(8192, |o| o.params.target_send_dsl as usize)
+            .min(8192)
+    }
+
     /// Whether this is a discovery session.
     fn is_discovery(&self) -> bool {
         self.outcome
@@ -571,11 +580,7 @@ impl Connection {
             exp_cmd_sn: self.window.exp_cmd_sn(),
             max_cmd_sn: self.window.max_cmd_sn(),
         };
-        let limit = self
-            .outcome
-            .as_ref()
-            .map_or(8192, |o| o.params.target_send_dsl as usize)
-            .min(8192);
+        let limit = self.send_limit();
         let echo = &data[..data.len().min(limit)];
         if !ops.send_pdu(&Bhs::NopIn(r).encode(0, echo.len() as u32), echo, None) {
             self.close(ops);
@@ -647,11 +652,7 @@ impl Connection {
     /// with C=1, F=0 and a Target Transfer Tag the initiator echoes to ask
     /// for the rest (RFC 7143 §11.11).
     fn send_text(&mut self, t: &TextPdu, ops: &mut dyn ConnOps) {
-        let limit = self
-            .outcome
-            .as_ref()
-            .map_or(8192, |o| o.params.target_send_dsl as usize)
-            .min(8192);
+        let limit = self.send_limit();
         let start = self.text_sent.min(self.text_out.len());
         let rest = &self.text_out[start..];
         let mut n = rest.len().min(limit);
