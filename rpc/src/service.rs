@@ -313,19 +313,7 @@ impl RpcService {
     /// Handles one received JSON value (a request or a batch) and returns
     /// the text to send back, if any (see [`crate::protocol`]).
     pub fn handle(&self, v: Value) -> Option<String> {
-        match v {
-            Value::Array(items) if items.is_empty() => {
-                response(None, Err(RpcError::invalid_request("an empty batch")))
-            }
-            Value::Array(items) => {
-                let answers: Vec<String> = items
-                    .into_iter()
-                    .filter_map(|item| self.handle_one(item))
-                    .collect();
-                (!answers.is_empty()).then(|| format!("[{}]", answers.join(",")))
-            }
-            other => self.handle_one(other),
-        }
+        self.handle_checked(v, None)
     }
 
     /// [`RpcService::handle`] for a value in which `duplicate` (see
@@ -334,26 +322,30 @@ impl RpcService {
     /// the key is among its parameters (of a method that exists), else
     /// -32600; the other requests of a batch are handled.
     pub fn handle_checked(&self, v: Value, duplicate: Option<&DuplicateKey>) -> Option<String> {
-        let Some(dup) = duplicate else {
-            return self.handle(v);
-        };
-        match (v, dup.path.split_first()) {
-            (Value::Array(items), Some((PathSeg::Index(at), rest))) if !items.is_empty() => {
+        match v {
+            Value::Array(items) if items.is_empty() => {
+                response(None, Err(RpcError::invalid_request("an empty batch")))
+            }
+            Value::Array(items) => {
+                // The batch element the repeated key is in, and where.
+                let dup = duplicate.and_then(|d| match d.path.split_first() {
+                    Some((PathSeg::Index(at), rest)) => Some((*at, rest, d.key.as_str())),
+                    _ => None,
+                });
                 let answers: Vec<String> = items
                     .into_iter()
                     .enumerate()
-                    .filter_map(|(i, item)| {
-                        if i == *at {
-                            self.refuse_duplicate(item, rest, &dup.key)
-                        } else {
-                            self.handle_one(item)
-                        }
+                    .filter_map(|(i, item)| match dup {
+                        Some((at, rest, key)) if at == i => self.refuse_duplicate(item, rest, key),
+                        _ => self.handle_one(item),
                     })
                     .collect();
                 (!answers.is_empty()).then(|| format!("[{}]", answers.join(",")))
             }
-            (v @ Value::Object(_), _) => self.refuse_duplicate(v, &dup.path, &dup.key),
-            (v, _) => self.handle(v),
+            other => match duplicate {
+                Some(d) if other.is_object() => self.refuse_duplicate(other, &d.path, &d.key),
+                _ => self.handle_one(other),
+            },
         }
     }
 
